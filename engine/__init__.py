@@ -1,0 +1,1 @@
+"""kspec engine: model runtime, decoding, prompt building and post-processing."""

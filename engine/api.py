@@ -1,0 +1,88 @@
+"""The request/response contract between editors' front ends and the engine.
+
+Everything that talks to an engine (CLI, `kspec eval`, the language server, the daemon
+protocol) uses these plain dataclasses; they serialise to dicts with `to_dict` /
+`from_dict` for msgpack and JSON.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """One keystroke's question: complete the text between `prefix` and `suffix`."""
+
+    prefix: str
+    suffix: str = ""
+    language: str = ""  # LSP languageId ("python", "typescript", ...) or "" when unknown
+    path: str = ""  # file path, for language detection and display only
+    k: int = 4  # number of alternatives wanted
+    max_tokens: int = 48
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    deadline_ms: float = 5000.0  # wall-clock budget; the engine returns what is complete by then
+    raw: bool = False  # skip trimming/ranking (for comparison)
+    request_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CompletionRequest":
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+
+@dataclass
+class Completion:
+    """One alternative: the text to insert at the cursor and its ranking score."""
+
+    text: str
+    score: float
+    logprob: float = 0.0  # sum of the model's token log-probabilities
+    n_tokens: int = 0
+    finish_reason: str = ""  # "stop", "length", "eos", "deadline", "cancelled"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class CompletionResult:
+    completions: list[Completion]
+    model: str
+    timing_ms: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "completions": [c.to_dict() for c in self.completions],
+            "timing_ms": dict(self.timing_ms),
+            "model": self.model,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CompletionResult":
+        return cls(
+            completions=[Completion(**c) for c in data["completions"]],
+            model=data["model"],
+            timing_ms=dict(data.get("timing_ms", {})),
+        )
+
+
+class CancelToken:
+    """Set by whoever wants a request stopped; checked by decoding every round."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()

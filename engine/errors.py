@@ -1,0 +1,17 @@
+"""Errors a user can act on. The CLI prints their message on one line and exits non-zero."""
+
+
+class KspecError(Exception):
+    """Base class: the message alone must tell the user what to do."""
+
+
+class ModelLoadError(KspecError):
+    """A model path, format or architecture that cannot be loaded."""
+
+
+class InputError(KspecError):
+    """A bad file, position or request."""
+
+
+class CancelledError(KspecError):
+    """The request was cancelled before it produced anything."""

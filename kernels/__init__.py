@@ -1,0 +1,1 @@
+"""Attention kernels: bifurcated (shared prefix + per-branch) attention."""

@@ -1,0 +1,1 @@
+"""kspec language server and command-line interface."""
