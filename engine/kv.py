@@ -1,0 +1,156 @@
+"""KV caches the decoder writes into and attends over.
+
+The model talks to a cache through three calls per forward pass:
+`prepare(T)` (positions and masks for T new tokens per row, computed once for all
+layers), `attend(layer, q, k, v, step)` (write the new K/V by index, attend over the
+row's whole history) and, after the pass, `advance(n)` (how many of the T new tokens
+each row keeps; the rest is rolled back by simply not counting it).
+
+`RaggedKVCache` is the plain cache: one preallocated buffer per row, rows may have
+different lengths (a batch of prompts of different lengths, or branches that accepted
+different numbers of draft tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from engine.errors import InputError
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What one forward pass of T new tokens per row needs, shared by every layer."""
+
+    positions: Tensor  # [B, T] absolute positions of the new tokens (rotary + masks)
+    n_new: int  # T
+
+
+class KVCache(Protocol):
+    def prepare(self, n_new: int) -> StepContext: ...
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, step: StepContext) -> Tensor: ...
+
+    def advance(self, n_kept: int | Sequence[int]) -> None: ...
+
+
+@dataclass(frozen=True)
+class CacheShape:
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True)
+class _RaggedStep(StepContext):
+    kv_len: int = 0  # keys attended: [0, kv_len)
+    uniform_start: int | None = None  # all rows start at this length (slice writes), else None
+    mask: Tensor | None = None  # [B or 1, 1, T, kv_len] bool, True = attend; None = everything visible
+    is_causal: bool = False
+
+
+class RaggedKVCache:
+    """K/V buffers [layers, B, Hkv, capacity, D] with one length per row, written by index."""
+
+    def __init__(self, shape: CacheShape, batch: int, capacity: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
+        if batch <= 0 or capacity <= 0:
+            raise ValueError(f"batch and capacity must be > 0, got {batch}, {capacity}")
+        self.shape = shape
+        self.capacity = capacity
+        buffer_shape = (shape.n_layers, batch, shape.n_kv_heads, capacity, shape.head_dim)
+        self.keys = torch.zeros(buffer_shape, dtype=dtype, device=device)  # [L, B, Hkv, C, D]
+        self.values = torch.zeros(buffer_shape, dtype=dtype, device=device)  # [L, B, Hkv, C, D]
+        self.lengths: list[int] = [0] * batch
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.numel() * self.keys.element_size() * 2
+
+    def prepare(self, n_new: int) -> StepContext:
+        device = self.keys.device
+        start = max(self.lengths)
+        kv_len = start + n_new
+        if kv_len > self.capacity:
+            raise InputError(f"context of {kv_len} tokens exceeds the cache capacity of {self.capacity}")
+        offsets = torch.arange(n_new, device=device)  # [T]
+        if all(length == start for length in self.lengths):
+            positions = (start + offsets).expand(self.batch, n_new)  # [B, T]
+            mask, is_causal = self._uniform_mask(start, n_new, device)
+            return _RaggedStep(positions, n_new, kv_len, start, mask, is_causal)
+        lengths = torch.tensor(self.lengths, device=device)  # [B]
+        positions = lengths[:, None] + offsets  # [B, T]
+        key_positions = torch.arange(kv_len, device=device)  # [S]
+        mask = key_positions[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        mask = self._apply_window(mask, positions, key_positions)
+        return _RaggedStep(positions, n_new, kv_len, None, mask[:, None], False)
+
+    def _uniform_mask(self, start: int, n_new: int, device: torch.device) -> tuple[Tensor | None, bool]:
+        window = self.shape.sliding_window
+        windowed = window is not None and start + n_new > window
+        if n_new == 1 and not windowed:
+            return None, False
+        if start == 0 and not windowed:
+            return None, True
+        positions = start + torch.arange(n_new, device=device)  # [T]
+        key_positions = torch.arange(start + n_new, device=device)  # [S]
+        mask = key_positions[None, :] <= positions[:, None]  # [T, S]
+        mask = self._apply_window(mask, positions, key_positions)
+        return mask[None, None], False
+
+    def _apply_window(self, mask: Tensor, positions: Tensor, key_positions: Tensor) -> Tensor:
+        window = self.shape.sliding_window
+        if window is None:
+            return mask
+        return mask & (positions[..., :, None] - key_positions < window)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, step: StepContext) -> Tensor:
+        """q [B, H, T, D], k/v [B, Hkv, T, D] -> [B, H, T, D]."""
+        assert isinstance(step, _RaggedStep)
+        keys, values = self.keys[layer], self.values[layer]  # [B, Hkv, C, D]
+        if step.uniform_start is not None:
+            stop = step.uniform_start + step.n_new
+            keys[:, :, step.uniform_start : stop] = k
+            values[:, :, step.uniform_start : stop] = v
+        else:
+            rows = torch.arange(self.batch, device=q.device)[:, None]  # [B, 1]
+            keys[rows, :, step.positions] = k.transpose(1, 2)  # [B, T, Hkv, D] by index
+            values[rows, :, step.positions] = v.transpose(1, 2)
+        return F.scaled_dot_product_attention(
+            q,
+            keys[:, :, : step.kv_len],
+            values[:, :, : step.kv_len],
+            attn_mask=step.mask,
+            is_causal=step.is_causal,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+
+    def advance(self, n_kept: int | Sequence[int]) -> None:
+        kept = [n_kept] * self.batch if isinstance(n_kept, int) else list(n_kept)
+        if len(kept) != self.batch:
+            raise ValueError(f"advance: got {len(kept)} counts for {self.batch} rows")
+        self.lengths = [length + n for length, n in zip(self.lengths, kept)]
+
+    def truncate(self, row: int, length: int) -> None:
+        """Roll row back to its first `length` entries."""
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(f"truncate row {row} to {length}: it holds {self.lengths[row]}")
+        self.lengths[row] = length
+
+    def replicate_row(self, row: int, batch: int) -> "RaggedKVCache":
+        """A new cache of `batch` rows, each a copy of `row` (one copy, at set-up time)."""
+        length = self.lengths[row]
+        copy = RaggedKVCache(self.shape, batch, self.capacity, self.keys.dtype, self.keys.device)
+        copy.keys[:, :, :, :length] = self.keys[:, row : row + 1, :, :length]
+        copy.values[:, :, :, :length] = self.values[:, row : row + 1, :, :length]
+        copy.lengths = [length] * batch
+        return copy

@@ -1,0 +1,192 @@
+"""Turn a GGUF file into an HF model folder (config.json, model.safetensors, tokenizer.json).
+
+Quantized tensors are dequantized once with the `gguf` package; the folder is written
+to a temporary directory and renamed into place, so a failed conversion leaves nothing
+half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from engine.errors import ModelLoadError
+
+# GGUF architecture -> HF model_type
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "starcoder2": "starcoder2"}
+
+_TENSOR_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output_norm.bias": "model.norm.bias",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_STARCODER2_BLOCK_NAMES = {**_BLOCK_NAMES, "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+
+# GGUF tokenizer.ggml.pre -> how text is split before byte-level BPE
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SUPPORTED_PRE_TOKENIZERS = ("smollm", "starcoder", "qwen2", "gpt2", "default")
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def gguf_config(reader: Any) -> dict[str, Any]:
+    arch = _field(reader, "general.architecture", "")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
+        )
+    n_heads = int(_field(reader, f"{arch}.attention.head_count"))
+    dim = int(_field(reader, f"{arch}.embedding_length"))
+    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    has_output = any(t.name == "output.weight" for t in reader.tensors)
+    eps_key = f"{arch}.attention.layer_norm_epsilon" if arch == "starcoder2" else f"{arch}.attention.layer_norm_rms_epsilon"
+    config: dict[str, Any] = {
+        "model_type": GGUF_ARCHITECTURES[arch],
+        "vocab_size": int(_field(reader, f"{arch}.vocab_size", len(tokens))),
+        "hidden_size": dim,
+        "intermediate_size": int(_field(reader, f"{arch}.feed_forward_length")),
+        "num_hidden_layers": int(_field(reader, f"{arch}.block_count")),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
+        "head_dim": int(_field(reader, f"{arch}.rope.dimension_count", dim // n_heads)),
+        "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 4096)),
+        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "tie_word_embeddings": not has_output,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "torch_dtype": "float32",
+    }
+    config["rms_norm_eps" if arch != "starcoder2" else "norm_epsilon"] = float(_field(reader, eps_key, 1e-5))
+    if arch == "starcoder2":
+        config["use_bias"] = any(t.name == "blk.0.attn_q.bias" for t in reader.tensors)
+    return config
+
+
+def _hf_name(gguf_name: str, arch: str) -> str:
+    if gguf_name in _TENSOR_NAMES:
+        return _TENSOR_NAMES[gguf_name]
+    match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+    names = _STARCODER2_BLOCK_NAMES if arch == "starcoder2" else _BLOCK_NAMES
+    if not match or match.group(2) not in names:
+        raise ModelLoadError(f"GGUF tensor {gguf_name!r} has no place in a {arch} model")
+    return f"model.layers.{match.group(1)}.{names[match.group(2)]}.{match.group(3)}"
+
+
+def _unpermute_rotary(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp interleaves the rotary halves of q/k rows for llama; undo it. weight [out, ...]."""
+    out = weight.shape[0]
+    return weight.reshape(n_heads, out // n_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def gguf_state_dict(reader: Any, config: dict[str, Any], progress: bool) -> dict[str, torch.Tensor]:
+    from gguf import quants
+
+    arch = _field(reader, "general.architecture")
+    state: dict[str, torch.Tensor] = {}
+    for tensor in tqdm(reader.tensors, desc="dequantizing GGUF", unit="tensor", disable=not progress):
+        name = _hf_name(tensor.name, arch)
+        array = quants.dequantize(tensor.data, tensor.tensor_type)
+        array = np.asarray(array, dtype=np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
+        if arch == "llama" and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
+            array = _unpermute_rotary(array, config["num_attention_heads"])
+        elif arch == "llama" and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
+            array = _unpermute_rotary(array, config["num_key_value_heads"])
+        state[name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+    return state
+
+
+def gguf_tokenizer_json(reader: Any) -> str:
+    """A `tokenizers` JSON for the byte-level BPE vocabulary stored in the GGUF file."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    model_kind = _field(reader, "tokenizer.ggml.model")
+    if model_kind != "gpt2":
+        raise ModelLoadError(
+            f"GGUF tokenizer type {model_kind!r} is not supported (only byte-level BPE, 'gpt2'); "
+            "use the model's HF folder instead"
+        )
+    pre = _field(reader, "tokenizer.ggml.pre", "default")
+    if pre not in SUPPORTED_PRE_TOKENIZERS:
+        raise ModelLoadError(
+            f"GGUF pre-tokenizer {pre!r} is not supported; supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)}"
+        )
+    tokens: list[str] = list(_field(reader, "tokenizer.ggml.tokens"))
+    token_types: list[int] = list(_field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens))
+    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges") or []]
+    tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre != "qwen2")
+    if pre in ("smollm", "starcoder"):
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif pre == "qwen2":
+        split = pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated")
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
+    else:
+        tokenizer.pre_tokenizer = byte_level
+    tokenizer.decoder = decoders.ByteLevel()
+    control = 3  # GGUF token type CONTROL; USER_DEFINED (4) tokens are added too, not special
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t, kind in zip(tokens, token_types) if kind == 4])
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, token_types) if kind == control])
+    return tokenizer.to_str()
+
+
+def convert_gguf(path: Path, destination: Path, progress: bool = True) -> Path:
+    """Write the HF folder for GGUF `path` at `destination` atomically; returns destination."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+        config = gguf_config(reader)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # the gguf package raises many kinds on a truncated or corrupt file
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=destination.parent))
+    try:
+        try:
+            state = gguf_state_dict(reader, config, progress)
+            tokenizer_json = gguf_tokenizer_json(reader)
+        except ModelLoadError:
+            raise
+        except Exception as exc:
+            raise ModelLoadError(f"{path}: corrupt GGUF data ({type(exc).__name__}: {exc})") from exc
+        save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt", "source": path.name})
+        (staging / "config.json").write_text(json.dumps(config, indent=1))
+        (staging / "tokenizer.json").write_text(tokenizer_json)
+        try:
+            staging.rename(destination)
+        except OSError:
+            if not (destination / "model.safetensors").is_file():  # not a concurrent conversion: a real error
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return destination

@@ -1,0 +1,68 @@
+"""Load our Transformer from an HF model folder: config.json + *.safetensors (sharded or not)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from engine.errors import ModelLoadError
+from engine.models.args import ModelArgs
+from engine.models.rope import inverse_frequencies
+from engine.models.transformer import Transformer
+
+
+def read_args(folder: Path) -> ModelArgs:
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"{folder}: no config.json (expected an HF model folder or a .gguf file)")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{config_path}: unreadable config ({exc})") from exc
+    return ModelArgs.from_hf_config(config)
+
+
+def weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, json.JSONDecodeError, KeyError) as exc:
+            raise ModelLoadError(f"{index}: unreadable shard index ({exc})") from exc
+        return [folder / name for name in names]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder}: no *.safetensors weights (PyTorch .bin checkpoints are not supported)")
+    return files
+
+
+def load_transformer(folder: Path, dtype: torch.dtype, device: str = "cpu") -> Transformer:
+    args = read_args(folder)
+    with torch.device("meta"):
+        model = Transformer(args)
+    state: dict[str, torch.Tensor] = {}
+    for path in weight_files(folder):
+        try:
+            shard = load_file(str(path), device="cpu")
+        except (OSError, SafetensorError) as exc:
+            raise ModelLoadError(f"{path}: unreadable safetensors file ({exc})") from exc
+        state.update({name: tensor.to(dtype) for name, tensor in shard.items()})
+    if args.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = {name for name, _ in model.named_parameters()}
+    missing = expected - set(state)
+    if missing:
+        raise ModelLoadError(f"{folder}: weights missing from the checkpoint: {', '.join(sorted(missing)[:5])}")
+    unused = [name for name in state if name not in expected]
+    for name in unused:
+        state.pop(name)
+    model.load_state_dict(state, strict=False, assign=True)  # completeness checked above
+    if args.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    # buffers were created on the meta device; rotary frequencies are computed, not loaded
+    model.inv_freq = inverse_frequencies(args.head_dim, args.rope_theta, args.rope_scaling)
+    return model.to(device).eval()

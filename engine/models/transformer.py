@@ -1,0 +1,155 @@
+"""The decoder: llama family (Llama, Qwen2, Mistral) and StarCoder2 in one short module.
+
+Module names follow the HF checkpoints (`model.layers.N.self_attn.q_proj`, ...) so a
+state dict loads as is. Attention goes through a KV cache object (engine/kv.py) that
+owns the buffers, the positions and the masks; the model never copies KV.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.kv import CacheShape, KVCache, StepContext
+from engine.models.args import ModelArgs
+from engine.models.rope import apply_rotary, inverse_frequencies, rotary_cos_sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def _norm(args: ModelArgs) -> nn.Module:
+    return nn.LayerNorm(args.dim, eps=args.norm_eps) if args.layer_norm else RMSNorm(args.dim, args.norm_eps)
+
+
+def _activation(name: str) -> nn.Module:
+    return nn.SiLU() if name == "silu" else nn.GELU(approximate="tanh" if name == "gelu_pytorch_tanh" else "none")
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        self.q_proj = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=args.qkv_bias)
+        self.k_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=args.qkv_bias)
+        self.v_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=args.o_bias)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, step: StepContext) -> Tensor:
+        batch, n_new, _ = x.shape  # [B, T, dim]
+        q = self.q_proj(x).view(batch, n_new, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        k = self.k_proj(x).view(batch, n_new, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        v = self.v_proj(x).view(batch, n_new, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = cache.attend(layer, q, k, v, step)  # [B, H, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(batch, n_new, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gated = args.gated_mlp
+        self.act = _activation(args.activation)
+        if self.gated:
+            self.gate_proj = nn.Linear(args.dim, args.intermediate_size, bias=args.mlp_bias)
+            self.up_proj = nn.Linear(args.dim, args.intermediate_size, bias=args.mlp_bias)
+            self.down_proj = nn.Linear(args.intermediate_size, args.dim, bias=args.mlp_bias)
+        else:
+            self.c_fc = nn.Linear(args.dim, args.intermediate_size, bias=args.mlp_bias)
+            self.c_proj = nn.Linear(args.intermediate_size, args.dim, bias=args.mlp_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.gated:
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.c_proj(self.act(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.input_layernorm = _norm(args)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = _norm(args)
+        self.mlp = MLP(args)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, step: StepContext) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, step)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    """`model.*` in HF checkpoints: embeddings, blocks, final norm."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = _norm(args)
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = Decoder(args)
+        self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer(
+            "inv_freq", inverse_frequencies(args.head_dim, args.rope_theta, args.rope_scaling), persistent=False
+        )
+
+    @property
+    def cache_shape(self) -> CacheShape:
+        a = self.args
+        return CacheShape(a.n_layers, a.n_kv_heads, a.head_dim, a.sliding_window)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def forward(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        """tokens [B, T] -> final hidden states [B, T, dim]. The caller advances the cache."""
+        step = cache.prepare(tokens.shape[1])
+        cos, sin = rotary_cos_sin(step.positions, self.inv_freq, self.dtype)  # [B, 1, T, D]
+        x = self.model.embed_tokens(tokens)  # [B, T, dim]
+        for index, block in enumerate(self.model.layers):
+            x = block(x, cos, sin, cache, index, step)
+        return self.model.norm(x)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """hidden [..., dim] -> float32 logits [..., V]."""
+        return self.lm_head(hidden).float()
+
+    def step(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        """One decode step for every row: tokens [B, T] -> logits of the last position [B, V]; advances T."""
+        hidden = self(tokens, cache)
+        cache.advance(tokens.shape[1])
+        return self.logits(hidden[:, -1])
+
+
+def init_random(args: ModelArgs, seed: int, dtype: torch.dtype = torch.float32) -> Transformer:
+    """A randomly initialised model (tests and benchmarks), deterministic for a seed."""
+    generator = torch.Generator().manual_seed(seed)
+    model = Transformer(args)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=generator)
+    return model.to(dtype).eval()
