@@ -1,0 +1,205 @@
+"""Reference bifurcated attention against a float64 per-query oracle on replicated KV.
+
+Tolerances (output vs float64 oracle run on the same, already rounded inputs):
+  fp32: atol 1e-5, rtol 1e-4
+  bf16: atol 1e-2, rtol 1.6e-2 (scores/softmax in fp32; only the output is rounded)
+  fp16: atol 2e-3, rtol 2e-3
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels.bench import bench_attention
+from kernels.bifurcated import (
+    bifurcated_attention,
+    dense_attention,
+    naive_attention,
+    reference_bifurcated_attention,
+    replicated_attention,
+)
+
+TOL = {
+    torch.float32: dict(atol=1e-5, rtol=1e-4),
+    torch.bfloat16: dict(atol=1e-2, rtol=1.6e-2),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+}
+
+Case = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def make_case(
+    k: int, heads: int, kv_heads: int, new: int, dim: int, prefix: int, capacity: int,
+    lengths: list[int], dtype: torch.dtype = torch.float32, seed: int = 0, junk: float = 0.0,
+) -> Case:
+    """Random q / prefix / branch tensors; entries beyond each length hold ``junk`` noise."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    q = rand(k, heads, new, dim)  # [k, H, T, D]
+    pk, pv = rand(1, kv_heads, prefix, dim), rand(1, kv_heads, prefix, dim)  # [1, Hkv, P, D]
+    bk, bv = rand(k, kv_heads, capacity, dim), rand(k, kv_heads, capacity, dim)  # [k, Hkv, S, D]
+    for b, n in enumerate(lengths):
+        bk[b, :, n:] = (rand(kv_heads, capacity - n, dim).float() * junk).to(dtype)
+        bv[b, :, n:] = (rand(kv_heads, capacity - n, dim).float() * junk).to(dtype)
+    return q, pk, pv, bk, bv, torch.tensor(lengths, dtype=torch.int64)
+
+
+def valid_rows(lengths: torch.Tensor, heads: int, new: int) -> torch.Tensor:
+    """[k, H, T] True where query t has its own position in its branch (len - T + t >= 0)."""
+    ok = (lengths[:, None] - new + torch.arange(new)) >= 0  # [k, T]
+    return ok[:, None, :].expand(-1, heads, -1)
+
+
+def assert_close(out: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), want.double(), **TOL[dtype])
+
+
+# name, (k, H, Hkv, T, D, P, S, lengths, window)
+CASES = {
+    "decode_gqa_smollm": (4, 9, 3, 1, 64, 37, 12, [12, 5, 1, 9], None),
+    "verify_ragged": (3, 4, 2, 5, 32, 20, 16, [16, 5, 9], None),
+    "no_prefix": (2, 4, 1, 3, 16, 0, 8, [8, 3], None),
+    "no_branch_kv": (3, 2, 2, 1, 8, 11, 0, [0, 0, 0], None),
+    "single_branch": (1, 8, 8, 2, 16, 5, 4, [3], None),
+    "shorter_than_T": (4, 6, 3, 4, 16, 6, 10, [10, 2, 0, 4], None),
+    "empty_everything": (2, 2, 1, 2, 8, 0, 0, [0, 0], None),
+    "mha_long_prefix": (5, 4, 4, 1, 32, 300, 7, [7, 1, 3, 6, 2], None),
+    "window_in_branch": (3, 4, 2, 3, 16, 30, 12, [12, 3, 7], 5),
+    "window_into_prefix": (3, 4, 2, 3, 16, 30, 12, [12, 3, 7], 20),
+    "window_self_only": (2, 4, 2, 3, 16, 9, 6, [6, 3], 1),
+    "window_no_prefix": (2, 6, 3, 2, 16, 0, 9, [9, 4], 3),
+    "window_covers_all": (2, 6, 3, 2, 16, 25, 9, [9, 4], 1000),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_naive(name: str, dtype: torch.dtype) -> None:
+    k, h, hkv, t, d, p, s, lengths, window = CASES[name]
+    case = make_case(k, h, hkv, t, d, p, s, lengths, dtype, seed=len(name), junk=3.0)
+    out = bifurcated_attention(*case, sliding_window=window)
+    assert out.shape == (k, h, t, d) and out.dtype == dtype
+    # The oracle shares the documented don't-care semantics (prefix only, or 0), so every
+    # row is compared, including rows of branches shorter than T.
+    assert_close(out, naive_attention(*case, sliding_window=window), dtype)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_replicated_baseline_agrees_on_valid_rows(name: str) -> None:
+    k, h, hkv, t, d, p, s, lengths, window = CASES[name]
+    case = make_case(k, h, hkv, t, d, p, s, lengths, seed=1)
+    ok = valid_rows(case[5], h, t)
+    rep = replicated_attention(*case, sliding_window=window)
+    assert torch.isfinite(rep).all()
+    want = naive_attention(*case, sliding_window=window)
+    torch.testing.assert_close(rep.double()[ok], want[ok], **TOL[torch.float32])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    k=st.integers(1, 5),
+    kv_heads=st.integers(1, 3),
+    group=st.integers(1, 4),
+    new=st.integers(1, 5),
+    dim=st.sampled_from([4, 8, 16, 24]),
+    prefix=st.integers(0, 40),
+    capacity=st.integers(0, 20),
+    window=st.one_of(st.none(), st.integers(1, 50)),
+    scale=st.one_of(st.none(), st.floats(0.05, 2.0)),
+    data=st.data(),
+)
+def test_random_shapes_fp32(
+    k: int, kv_heads: int, group: int, new: int, dim: int, prefix: int, capacity: int,
+    window: int | None, scale: float | None, data: st.DataObject,
+) -> None:
+    lengths = data.draw(st.lists(st.integers(0, capacity), min_size=k, max_size=k))
+    case = make_case(k, kv_heads * group, kv_heads, new, dim, prefix, capacity, lengths, junk=5.0)
+    out = bifurcated_attention(*case, scale=scale, sliding_window=window)
+    assert_close(out, naive_attention(*case, scale=scale, sliding_window=window), torch.float32)
+
+
+def test_unused_capacity_never_leaks() -> None:
+    """Entries at or beyond a branch's length get no weight: changing them changes nothing."""
+    a = make_case(3, 6, 2, 2, 16, 10, 12, [12, 4, 2], junk=0.0)
+    b = make_case(3, 6, 2, 2, 16, 10, 12, [12, 4, 2], junk=1e4)
+    torch.testing.assert_close(bifurcated_attention(*a), bifurcated_attention(*b), atol=0, rtol=0)
+
+
+def test_default_scale_is_inverse_sqrt_dim() -> None:
+    case = make_case(2, 4, 2, 2, 16, 7, 5, [5, 3])
+    torch.testing.assert_close(bifurcated_attention(*case), bifurcated_attention(*case, scale=0.25))
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(bifurcated_attention(*case), bifurcated_attention(*case, scale=0.5))
+
+
+def test_dense_attention_is_the_p0_case() -> None:
+    q, pk, pv, bk, bv, lengths = make_case(3, 6, 3, 2, 16, 0, 9, [9, 5, 2])
+    torch.testing.assert_close(dense_attention(q, bk, bv, lengths), bifurcated_attention(q, pk, pv, bk, bv, lengths))
+
+
+def test_cpu_dispatch_is_the_reference() -> None:
+    case = make_case(3, 6, 3, 2, 16, 21, 9, [9, 5, 2])
+    torch.testing.assert_close(bifurcated_attention(*case), reference_bifurcated_attention(*case), atol=0, rtol=0)
+
+
+def test_non_contiguous_inputs() -> None:
+    q, pk, pv, bk, bv, lengths = make_case(3, 6, 3, 2, 16, 21, 9, [9, 5, 2])
+    q_nc = q.transpose(1, 2).contiguous().transpose(1, 2)  # same values, [k, H, T, D] with T-major strides
+    bk_nc = bk.transpose(2, 3).contiguous().transpose(2, 3)
+    assert not q_nc.is_contiguous() and not bk_nc.is_contiguous()
+    torch.testing.assert_close(
+        bifurcated_attention(q_nc, pk, pv, bk_nc, bv, lengths), bifurcated_attention(q, pk, pv, bk, bv, lengths)
+    )
+
+
+def test_sliding_window_changes_result() -> None:
+    """Guards against a window that is silently ignored."""
+    case = make_case(2, 4, 2, 2, 16, 30, 8, [8, 5])
+    full = bifurcated_attention(*case)
+    windowed = bifurcated_attention(*case, sliding_window=4)
+    assert (full - windowed).abs().max() > 1e-3
+    torch.testing.assert_close(bifurcated_attention(*case, sliding_window=10_000), full)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda c: (c[0][:, :5], *c[1:]), "multiple of Hkv"),
+        (lambda c: (*c[:5], torch.tensor([9, 1])), r"\[0, S=8\]"),
+        (lambda c: (*c[:5], torch.tensor([1.0, 2.0])), "integer tensor"),
+        (lambda c: (c[0].double(), *c[1:]), "dtype"),
+        (lambda c: (c[0][0], *c[1:]), r"\[k, H, T, D\]"),
+        (lambda c: (c[0], c[1], c[2][:, :, :3], *c[3:]), "differ"),
+        (lambda c: (c[0], c[1], c[2], c[3][:1], *c[4:]), "branch_k"),
+    ],
+)
+def test_bad_inputs_raise_value_error(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    case = make_case(2, 6, 2, 1, 8, 4, 8, [8, 3])
+    with pytest.raises(ValueError, match=message):
+        bifurcated_attention(*mutate(case))
+
+
+def test_bad_window_raises() -> None:
+    with pytest.raises(ValueError, match="sliding_window"):
+        bifurcated_attention(*make_case(2, 2, 1, 1, 8, 4, 4, [4, 1]), sliding_window=0)
+
+
+def test_bench_attention_report_shape() -> None:
+    report = bench_attention(ks=[2, 3], contexts=[64], repeats=2, heads=4, kv_heads=2, head_dim=16, branch_tokens=8)
+    json.dumps(report)
+    cases = report["cases"]
+    assert [(c["k"], c["context"]) for c in cases] == [(2, 64), (3, 64)]
+    for c in cases:
+        assert set(c) == {"k", "context", "replicated_ms", "bifurcated_ms", "ratio"}
+        assert c["replicated_ms"] > 0 and c["bifurcated_ms"] > 0
+        assert math.isclose(c["ratio"], c["replicated_ms"] / c["bifurcated_ms"], rel_tol=1e-2)
