@@ -22,7 +22,8 @@ class CompletionRequest:
     path: str = ""  # file path, for language detection and display only
     k: int = 4  # number of alternatives wanted
     max_tokens: int = 48
-    temperature: float = 0.0
+    mode: str = "diverse"  # "diverse": k most likely distinct first tokens, then greedy; "sample": k samples
+    temperature: float = 0.0  # used by mode "sample" (0 there means 0.8)
     top_p: float = 1.0
     seed: int = 0
     deadline_ms: float = 5000.0  # wall-clock budget; the engine returns what is complete by then

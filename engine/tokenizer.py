@@ -37,6 +37,7 @@ class Tokenizer:
         self.fim = self._find_fim()
         stops = {tid for tid in (tokenizer.token_to_id(s) for s in STOP_TOKEN_SPELLINGS) if tid is not None}
         self.stop_ids: frozenset[int] = frozenset(stops | set(eos_ids))
+        self._token_texts: list[str] | None = None
 
     @classmethod
     def from_folder(cls, folder: Path, eos_ids: tuple[int, ...] = ()) -> "Tokenizer":
@@ -70,6 +71,12 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
+
+    def token_texts(self) -> list[str]:
+        """The text of every token id on its own (computed once per tokenizer)."""
+        if self._token_texts is None:
+            self._token_texts = [self._tok.decode([i], skip_special_tokens=False) for i in range(self.vocab_size)]
+        return self._token_texts
 
     def vocabulary(self) -> dict[str, int]:
         return self._tok.get_vocab(with_added_tokens=True)

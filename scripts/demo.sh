@@ -3,4 +3,4 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup.sh"
-exec "$root/.venv/bin/kspec" complete "$root/examples/demo.py:12:5" -k 4 "$@"
+exec "$root/.venv/bin/kspec" complete "$root/examples/demo.py:16:5" -k 4 "$@"

@@ -1,0 +1,35 @@
+"""Engine configuration: validated dataclasses with defaults that work on a laptop CPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MODES = ("diverse", "sample")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # None: the embedded default model
+    draft: str | None = None  # a draft model with the target's tokenizer (speculative decoding)
+    dtype: str = "float32"
+    device: str = "cpu"
+    prompt_tokens: int = 1536  # token budget for prefix + suffix
+    threads: int | None = None  # torch intra-op threads; None keeps torch's default
+    progress: bool = True  # progress bar while converting a GGUF file
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.prompt_tokens < 16:
+            raise ValueError(f"prompt_tokens must be >= 16, got {self.prompt_tokens}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]

@@ -1,0 +1,61 @@
+"""Token choice from logits: greedy, temperature, top-p; seeded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.temperature <= 10.0:
+            raise ValueError(f"temperature must be in [0, 10], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def probabilities(logits: Tensor, params: SamplingParams) -> Tensor:
+    """logits [..., V] -> the distribution tokens are drawn from [..., V] (temperature + top-p)."""
+    probs = torch.softmax(logits.float() / max(params.temperature, 1e-6), dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        cumulative = sorted_probs.cumsum(dim=-1)
+        drop = cumulative - sorted_probs > params.top_p  # keep the smallest set reaching top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def choose_tokens(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """logits [B, V] -> (tokens [B], model log-probabilities of those tokens at temperature 1 [B])."""
+    logits = logits.float()
+    if params.greedy:
+        tokens = logits.argmax(dim=-1)
+    else:
+        tokens = torch.multinomial(probabilities(logits, params), 1, generator=generator).squeeze(-1)
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens, logprobs
+
+
+def distinct_first_tokens(logits: Tensor, k: int, banned: frozenset[int]) -> tuple[Tensor, Tensor]:
+    """logits [V] (may hold -inf) -> the k most likely tokens, none banned (e.g. end-of-text) [k],
+    and their log-probabilities [k]. With fewer than k allowed tokens the best one repeats."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [V]
+    allowed = logprobs.clone()
+    if banned:
+        allowed[torch.tensor(sorted(banned), device=logits.device)] = float("-inf")
+    top = allowed.topk(min(k, allowed.shape[-1]))
+    tokens = torch.where(torch.isfinite(top.values), top.indices, top.indices[0])  # fewer than k allowed: repeat the best
+    return tokens, logprobs[tokens]

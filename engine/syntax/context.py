@@ -1,0 +1,150 @@
+"""What the text around the cursor says about the unit a completion should fill.
+
+Built once per request from (prefix, suffix, language) and shared by every alternative and
+every early-stop call of that request: the cursor line, whether the cursor is inside a
+string or comment, which brackets are open at the cursor and how many of them the suffix
+already closes, and the suffix's next line (to notice a completion that repeats it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.syntax.languages import LanguageSpec, normalize_language, spec_for
+from engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, OPEN, LexState, lex, unmatched_openers
+
+# How much of the suffix is lexed to learn which open brackets it closes.
+SUFFIX_SCAN_CHARS = 4000
+# How many of the innermost open brackets at the cursor are remembered.
+MAX_OPEN_BRACKETS = 32
+
+
+def indent_of(line: str) -> int:
+    """Indentation width of a line (tabs to 8 columns)."""
+    expanded = line.expandtabs(8)
+    return len(expanded) - len(expanded.lstrip(" \t"))
+
+
+@dataclass(frozen=True)
+class CursorContext:
+    language: str | None
+    spec: LanguageSpec | None
+    line_prefix: str  # the cursor line up to the cursor
+    mid_line: bool  # the cursor line has code before the cursor
+    start_state: LexState | None  # the cursor is inside this string / comment
+    open_brackets: tuple[str, ...]  # brackets open at the cursor, outermost first
+    suffix_closes: int  # how many of the innermost open brackets the suffix closes
+    suffix_line_rest: str  # the cursor line after the cursor
+    suffix_next_line: str | None  # the next non-blank suffix line, at its absolute indentation
+    prev_line_opens_block: bool  # the last non-blank line above the cursor line opens a block
+    cursor_line_opens_block: bool  # the cursor line (up to the cursor) opens a block
+
+    @property
+    def string_closed_by_suffix(self) -> bool:
+        state = self.start_state
+        return (
+            state is not None
+            and state.kind in ("string", "template")
+            and self.suffix_line_rest.startswith(state.close)
+        )
+
+    @property
+    def suffix_next_indent(self) -> int | None:
+        return None if self.suffix_next_line is None else indent_of(self.suffix_next_line)
+
+
+def build_context(prefix: str, suffix: str, language: str | None) -> CursorContext:
+    name = normalize_language(language)
+    spec = spec_for(name)
+    line_start = prefix.rfind("\n") + 1
+    line_prefix = prefix[line_start:]
+    newline = suffix.find("\n")
+    suffix_line_rest = suffix if newline < 0 else suffix[:newline]
+
+    start_state: LexState | None = None
+    open_brackets: tuple[str, ...] = ()
+    suffix_closes = 0
+    if spec is not None:
+        prefix_lex = lex(prefix, spec, newlines=False)
+        start_state = prefix_lex.end_state
+        openers = unmatched_openers(prefix_lex.tokens)[-MAX_OPEN_BRACKETS:]
+        open_brackets = tuple(tok.char for tok in openers)
+        suffix_closes = _closed_by(open_brackets, suffix[:SUFFIX_SCAN_CHARS], spec, start_state)
+
+    mid_line = line_prefix.strip() != ""
+    return CursorContext(
+        language=name,
+        spec=spec,
+        line_prefix=line_prefix,
+        mid_line=mid_line,
+        start_state=start_state,
+        open_brackets=open_brackets,
+        suffix_closes=suffix_closes,
+        suffix_line_rest=suffix_line_rest,
+        suffix_next_line=_suffix_next_line(line_prefix, mid_line, suffix, newline),
+        prev_line_opens_block=_opens_block(_last_nonblank_line(prefix[: max(line_start - 1, 0)]), spec),
+        cursor_line_opens_block=mid_line and _opens_block(line_prefix, spec),
+    )
+
+
+def _closed_by(open_brackets: tuple[str, ...], suffix: str, spec: LanguageSpec, state: LexState | None) -> int:
+    """How many of the innermost `open_brackets` the suffix closes, innermost first."""
+    closed, depth = 0, 0
+    for tok in lex(suffix, spec, state, newlines=False).tokens:
+        if tok.kind == OPEN:
+            depth += 1
+        elif tok.kind == CLOSE:
+            if depth > 0:
+                depth -= 1
+                continue
+            if closed >= len(open_brackets) or CLOSERS[tok.char] != open_brackets[-1 - closed]:
+                break
+            closed += 1
+    return closed
+
+
+def _suffix_next_line(line_prefix: str, mid_line: bool, suffix: str, newline: int) -> str | None:
+    """The first non-blank line the suffix puts after the cursor, with its full indentation."""
+    first = suffix if newline < 0 else suffix[:newline]
+    if first.strip() and not mid_line:
+        return (line_prefix + first).rstrip()
+    if newline < 0:
+        return None
+    pos = newline + 1
+    while pos < len(suffix):
+        end = suffix.find("\n", pos)
+        line = suffix[pos:] if end < 0 else suffix[pos:end]
+        if line.strip():
+            return line.rstrip()
+        if end < 0:
+            return None
+        pos = end + 1
+    return None
+
+
+def _last_nonblank_line(text: str) -> str:
+    end = len(text)
+    while end > 0:
+        start = text.rfind("\n", 0, end) + 1
+        line = text[start:end]
+        if line.strip():
+            return line
+        end = start - 1
+    return ""
+
+
+def code_of_line(line: str, spec: LanguageSpec | None) -> str:
+    """The line without a trailing comment and trailing whitespace."""
+    if spec is None:
+        return line.rstrip()
+    tokens = lex(line, spec, newlines=False).tokens
+    if tokens and tokens[-1].kind == COMMENT:
+        line = line[: tokens[-1].start]
+    return line.rstrip()
+
+
+def _opens_block(line: str, spec: LanguageSpec | None) -> bool:
+    if spec is None or not line.strip():
+        return False
+    code = code_of_line(line, spec)
+    return code.endswith(":") if spec.family == "python" else code.endswith("{")

@@ -1,0 +1,313 @@
+"""Cut a raw completion where it leaves the syntactic unit the cursor is in.
+
+The unit depends on where the cursor is:
+
+* mid-line (code before the cursor on its line): the rest of that statement — up to the
+  line end, or further while brackets the completion opened are open, or through the body
+  of a block the line opens (Python `:`, a `{` on the line);
+* at the start of a line: the statement (simple or compound, with its `else`/`except`/...
+  clauses) that begins there;
+* at the start of an empty body (the line above opens a block, the suffix has no body):
+  the whole body, up to the first line indented less than it;
+* inside a string or comment: the rest of it (a line comment: the rest of the line).
+
+Whatever the unit, the cut also comes earlier: before a closing bracket the completion did
+not open when the suffix already closes it; where the completion starts repeating the
+suffix (its next line, or the rest of the cursor line); at a dedent below the cursor's
+block. A last line cut off by the token budget is dropped first.
+
+This module is lexical (see lexer.py) and pure: `find_cut` is what both trimming and the
+early-stop hook use. Whether the result parses is checked by checks.py; postprocess.py
+falls back to the earlier line ends listed in `Cut.line_ends` when it does not.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from engine.syntax.context import CursorContext, code_of_line, indent_of
+from engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, STRING, Tok, lex
+
+MIDLINE, STATEMENT, BODY = "midline", "statement", "body"
+
+# Reasons a cut is made; the inline ones do not end at a line end.
+UNIT, DEDENT, REPEAT, END, BRACKET, REPEAT_INLINE, STRING_END, COMMENT_END = (
+    "unit", "dedent", "repeat", "end", "bracket", "repeat-inline", "string-end", "comment-end",
+)
+INLINE_REASONS = frozenset({BRACKET, REPEAT_INLINE, STRING_END})
+
+# A C-family line that ends in one of these continues on the next line.
+_C_CONTINUATION = frozenset(",([{=+-*/%&|^<>?.:!")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Cut:
+    end: int  # keep completion[:end]
+    reason: str
+    line_ends: tuple[int, ...] = ()  # earlier line ends inside the unit, latest first (fallbacks)
+
+
+@dataclass(frozen=True)
+class _NextLine:
+    text: str  # the line (absolute: it starts at column 0)
+    complete: bool  # a newline follows it (its first word and indentation are final)
+
+
+def drop_truncated_line(completion: str) -> str:
+    """Drop the last line when the token budget cut it off (keep it if it is the only one)."""
+    newline = completion.rfind("\n")
+    if newline < 0 or not completion[:newline].strip():
+        return completion
+    return completion[: newline + 1]
+
+
+def find_cut(ctx: CursorContext, completion: str, *, final: bool = True) -> Cut | None:
+    """Where the unit ends in `completion`.
+
+    With `final=False` the completion is still being generated: None means "not decided
+    yet" (the unit may still go on), and a Cut is returned only when text after it shows
+    the unit is over.
+    """
+    if ctx.spec is None:
+        tokens = [Tok(NEWLINE, m.start(), m.end()) for m in re.finditer("\n", completion)]
+        lex_open = False
+    else:
+        result = lex(completion, ctx.spec, ctx.start_state)
+        tokens, lex_open = result.tokens, result.end_state is not None
+    return _Scanner(ctx, completion, tokens, lex_open, final).run()
+
+
+def finalize(ctx: CursorContext, completion: str, cut: Cut | int) -> str | None:
+    """The text to show for a cut: trailing whitespace normalised; None if nothing is left."""
+    end, reason = (cut, UNIT) if isinstance(cut, int) else (cut.end, cut.reason)
+    text = completion[:end]
+    inline = reason in INLINE_REASONS and "\n" not in text
+    if not inline:
+        text = text.rstrip()
+    if not text.strip():
+        return None
+    if not inline and not ctx.mid_line and ctx.suffix_line_rest.strip():
+        # The cursor sits before code on its line: that code must stay on a line of its own.
+        text += "\n" + ctx.line_prefix
+    return text
+
+
+def trim(ctx: CursorContext, completion: str, *, truncated: bool = False) -> str | None:
+    """The trimmed completion, or None when nothing worth showing is left."""
+    if truncated:
+        completion = drop_truncated_line(completion)
+    cut = find_cut(ctx, completion, final=True) or Cut(len(completion), END)
+    return finalize(ctx, completion, cut)
+
+
+class _Scanner:
+    def __init__(self, ctx: CursorContext, text: str, tokens: list[Tok], lex_open: bool, final: bool) -> None:
+        self.ctx = ctx
+        self.text = text
+        self.tokens = tokens
+        self.lex_open = lex_open  # the text ends inside a literal or comment
+        self.final = final
+        self.python = ctx.spec is not None and ctx.spec.family == "python"
+        self.clauses = ctx.spec.clause_keywords if ctx.spec is not None else frozenset()
+        self.annotations = ctx.spec.annotation_prefixes if ctx.spec is not None else ()
+        self.line_ends: list[int] = []
+
+    def cut(self, end: int, reason: str) -> Cut:
+        return Cut(end, reason, tuple(e for e in reversed(self.line_ends) if e < end))
+
+    def undecided(self) -> Cut | None:
+        return self.cut(len(self.text), END) if self.final else None
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def run(self) -> Cut | None:
+        ctx, text = self.ctx, self.text
+        state = ctx.start_state
+        if state is not None and self.tokens:
+            first = self.tokens[0]
+            if state.kind == "line_comment":
+                return self.cut(first.end, COMMENT_END) if first.end < len(text) else self.undecided()
+            if ctx.string_closed_by_suffix and self._closes_string(first):
+                return self.cut(first.end - len(state.close), STRING_END)
+
+        first_newline = text.find("\n")
+        first_line = text if first_newline < 0 else text[:first_newline]
+        at_eol = ctx.mid_line and state is None and first_newline >= 0 and not first_line.strip()
+        if ctx.mid_line and not at_eol:
+            return self.scan(MIDLINE, indent_of(ctx.line_prefix), self._inline_repeat(first_line))
+
+        # The unit begins on the first non-blank line of the completion.
+        head = None if at_eol else ctx.line_prefix + first_line
+        if head is not None and head.strip():
+            unit_indent = indent_of(head)
+            if ctx.suffix_next_line is not None and head.rstrip() == ctx.suffix_next_line:
+                if first_newline >= 0 or self.final:
+                    return self.cut(0, REPEAT)
+                return None
+        else:
+            line = _next_nonblank(text, 0 if first_newline < 0 else first_newline + 1)
+            if line is None:
+                return self.undecided()
+            unit_indent = indent_of(line.text)
+        opens = ctx.cursor_line_opens_block if at_eol else ctx.prev_line_opens_block
+        next_indent = ctx.suffix_next_indent
+        body_empty = (
+            next_indent is None
+            or next_indent < unit_indent
+            or (ctx.suffix_next_line or "").lstrip()[:1] in (")", "]", "}")
+        )
+        return self.scan(BODY if opens and body_empty else STATEMENT, unit_indent, None)
+
+    def _closes_string(self, first: Tok) -> bool:
+        close = self.ctx.start_state.close if self.ctx.start_state else ""
+        body = self.text[: first.end]
+        if first.end == len(self.text) and self.lex_open:
+            return False
+        return len(body) >= len(close) and body.endswith(close) and not body.endswith("\\" + close)
+
+    def _inline_repeat(self, first_line: str) -> int | None:
+        """Where the completion's first line starts repeating the rest of the cursor line."""
+        rest = self.ctx.suffix_line_rest.strip()
+        if not rest:
+            return None
+        pos = first_line.find(rest)
+        while pos >= 0:
+            boundary = not (_WORD.match(rest[0]) and pos > 0 and (first_line[pos - 1].isalnum() or first_line[pos - 1] == "_"))
+            inside_literal = any(t.start < pos < t.end - 1 for t in self.tokens if t.kind in (STRING, COMMENT))
+            if boundary and not inside_literal:
+                return pos
+            pos = first_line.find(rest, pos + 1)
+        return None
+
+    # -- the scan -------------------------------------------------------------------------
+
+    def scan(self, mode: str, unit_indent: int, repeat_at: int | None) -> Cut | None:
+        ctx, text = self.ctx, self.text
+        stack: list[str] = []
+        closed_prefix = 0
+        finishing = False  # closed a bracket the suffix does not close: the unit ends on this line
+        seen_code = mode == MIDLINE
+        has_block = False  # the unit opened a block (Python `:` line, `{` at the unit's level)
+        first_word = ""
+        line_start = 0
+        last_comment: Tok | None = None
+
+        for tok in self.tokens:
+            if repeat_at is not None and tok.start >= repeat_at:
+                return self.cut(repeat_at, REPEAT_INLINE)
+            kind = tok.kind
+            if kind == OPEN:
+                if not stack and tok.char == "{":
+                    has_block = True
+                stack.append(tok.char)
+            elif kind == CLOSE:
+                if stack:
+                    stack.pop()
+                    continue
+                j = closed_prefix
+                if j >= len(ctx.open_brackets) or CLOSERS[tok.char] != ctx.open_brackets[-1 - j]:
+                    return self.cut(tok.start, BRACKET)
+                if j < ctx.suffix_closes:
+                    return self.cut(tok.start, BRACKET)
+                closed_prefix += 1
+                finishing = True
+            elif kind == COMMENT:
+                last_comment = tok
+            elif kind == NEWLINE:
+                newline = tok.start
+                line = text[line_start:newline]
+                if last_comment is not None and last_comment.start >= line_start:
+                    line = text[line_start : last_comment.start]
+                last_comment = None
+                if stack:
+                    line_start = newline + 1
+                    continue
+                code = code_of_line(line, None)
+                if mode == MIDLINE and line_start == 0:
+                    code = code_of_line(ctx.line_prefix, ctx.spec) + code
+                stripped = code.strip()
+                if stripped and not stripped.startswith(self.annotations or ("\0",)):
+                    if not seen_code:
+                        match = _WORD.match(stripped)
+                        first_word = match.group() if match else ""
+                    seen_code = True
+                if finishing and seen_code:
+                    return self.cut(newline, UNIT)
+                decided = self.at_line_end(
+                    mode, unit_indent, newline, stripped, seen_code, has_block, first_word
+                )
+                if decided is not _CONTINUE:
+                    return decided  # a Cut, or None (undecided while generating)
+                if self.python and stripped.endswith(":"):
+                    has_block = True
+                if seen_code:
+                    self.line_ends.append(newline)
+                line_start = newline + 1
+
+        if repeat_at is not None:
+            return self.cut(repeat_at, REPEAT_INLINE)
+        return self.undecided()
+
+    def at_line_end(
+        self, mode: str, unit_indent: int, newline: int, code: str, seen_code: bool,
+        has_block: bool, first_word: str,
+    ) -> Cut | None | object:
+        """At a line end outside brackets: cut here, go on (_CONTINUE), or undecided (None)."""
+        ctx = self.ctx
+        nxt = _next_nonblank(self.text, newline + 1)
+        if nxt is None:
+            return self.cut(newline, END) if self.final else None
+        undecided_line = not nxt.complete and not self.final
+        if ctx.suffix_next_line is not None:
+            if nxt.text.rstrip() == ctx.suffix_next_line and not undecided_line:
+                return self.cut(newline, REPEAT)
+            if undecided_line and ctx.suffix_next_line.startswith(nxt.text):
+                return None
+        if not seen_code:
+            return _CONTINUE
+        last = code[-1:]
+        if last == "\\":
+            return _CONTINUE
+        if self.python and last == ":":
+            return _CONTINUE
+        if not self.python and last in _C_CONTINUATION and not code.endswith(("++", "--")):
+            return _CONTINUE
+        body = nxt.text.lstrip()
+        if body[:1] in (")", "]", "}"):
+            return _CONTINUE  # the closer decides (see the bracket rule)
+        next_indent = indent_of(nxt.text)
+        word_match = _WORD.match(body)
+        word = word_match.group() if word_match else ""
+        if undecided_line and word_match is not None and word_match.end() == len(body):
+            if any(k.startswith(word) for k in self.clauses):
+                return None  # "el" may become "else"
+        if next_indent < unit_indent:
+            return self.cut(newline, DEDENT)
+        if mode == BODY:
+            return _CONTINUE
+        if self.python:
+            if has_block and (next_indent > unit_indent or word in self.clauses):
+                return _CONTINUE
+            return self.cut(newline, UNIT)
+        if word in self.clauses and last in (";", "}") and (word != "while" or first_word == "do"):
+            return _CONTINUE
+        if next_indent > unit_indent and last not in (";", "}"):
+            return _CONTINUE
+        return self.cut(newline, UNIT)
+
+
+_CONTINUE = object()
+
+
+def _next_nonblank(text: str, pos: int) -> _NextLine | None:
+    while pos < len(text):
+        end = text.find("\n", pos)
+        line = text[pos:] if end < 0 else text[pos:end]
+        if line.strip():
+            return _NextLine(line, end >= 0)
+        if end < 0:
+            return None
+        pos = end + 1
+    return None

@@ -1,0 +1,133 @@
+"""`kspec` command line: complete, eval, bench (and, as they land, lsp and engine)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from engine.errors import KspecError
+
+
+def _engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "-m", default=None, help="HF model folder, .gguf file or cached hub id (default: embedded SmolLM2-135M demo model)")
+    parser.add_argument("--draft", default=None, help="draft model with the target's tokenizer")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+
+
+def _generation_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-k", type=int, default=4, help="number of alternatives (default 4)")
+    parser.add_argument("--max-tokens", type=int, default=48, help="new tokens per alternative (default 48)")
+    parser.add_argument("--mode", choices=["diverse", "sample"], default="diverse")
+    parser.add_argument("--temperature", type=float, default=0.0, help="for --mode sample (0 = 0.8)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--deadline-ms", type=float, default=60000.0)
+    parser.add_argument("--raw", action="store_true", help="show untrimmed alternatives")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kspec", description="k alternative code completions at a cursor")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    complete = commands.add_parser("complete", help="complete at PATH:LINE:COL (1-based)")
+    complete.add_argument("location", help="PATH:LINE:COL, 1-based")
+    complete.add_argument("--json", action="store_true", help="print one JSON object")
+    _engine_args(complete)
+    _generation_args(complete)
+
+    evaluate = commands.add_parser("eval", help="complete every case of a JSONL file")
+    evaluate.add_argument("cases", help='JSONL: {"id", "prefix", "suffix", "language", ...} per line')
+    evaluate.add_argument("--out", required=True, help="results JSONL, one line per case in case order")
+    _engine_args(evaluate)
+    _generation_args(evaluate)
+
+    bench = commands.add_parser("bench", help="measure speed, side by side in one run")
+    bench.add_argument("what", choices=["generate"], help="generate: our batched decoding vs transformers generate()")
+    bench.add_argument("--json", action="store_true")
+    bench.add_argument("--ks", default="1,4,8", help="comma-separated k values")
+    bench.add_argument("--max-tokens", type=int, default=32)
+    bench.add_argument("--repeats", type=int, default=3)
+    _engine_args(bench)
+    return parser
+
+
+def _engine_config(args: argparse.Namespace, progress: bool = True):
+    from engine.config import EngineConfig
+
+    try:
+        return EngineConfig(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device, progress=progress)
+    except ValueError as exc:
+        raise KspecError(str(exc)) from exc
+
+
+def _request_fields(args: argparse.Namespace) -> dict:
+    return {
+        "k": args.k,
+        "max_tokens": args.max_tokens,
+        "mode": args.mode,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "seed": args.seed,
+        "deadline_ms": args.deadline_ms,
+        "raw": args.raw,
+    }
+
+
+def run_complete(args: argparse.Namespace) -> int:
+    from engine.api import CompletionRequest
+    from engine.completion import CompletionEngine
+    from lsp_server.cursor import cursor_context
+
+    context = cursor_context(args.location)  # validate the file before loading a model
+    engine = CompletionEngine.load(_engine_config(args))
+    request = CompletionRequest(prefix=context.prefix, suffix=context.suffix, path=str(context.path), **_request_fields(args))
+    result = engine.complete(request)
+    if args.json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+        return 0
+    print(f"model: {result.model}    {result.timing_ms.get('total', 0):.0f} ms")
+    for index, completion in enumerate(result.completions, 1):
+        print(f"--- {index}/{len(result.completions)}  score {completion.score:.3f}  ({completion.finish_reason})")
+        print(completion.text)
+    if not result.completions:
+        print("(no suggestion)")
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from engine.completion import CompletionEngine
+    from engine.evaluate import evaluate_file
+
+    engine = CompletionEngine.load(_engine_config(args))
+    summary = evaluate_file(engine, args.cases, args.out, _request_fields(args))
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from engine.bench import bench_generate
+
+    ks = [int(k) for k in args.ks.split(",") if k]
+    report = bench_generate(_engine_config(args, progress=False), ks, args.max_tokens, args.repeats)
+    print(json.dumps(report, indent=None if args.json else 1))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"complete": run_complete, "eval": run_eval, "bench": run_bench}
+    try:
+        return handlers[args.command](args)
+    except KspecError as exc:
+        print(f"kspec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kspec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
