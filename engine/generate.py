@@ -159,3 +159,40 @@ def _interrupted(branches: list[Branch], limits: DecodeLimits, cancel: CancelTok
             if not branch.done:
                 branch.finish_reason = reason
     return bool(reason)
+
+
+def greedy_batch(model: Transformer, prompts: list[list[int]], new_tokens: int, use_cache: bool = True) -> list[list[int]]:
+    """Greedy continuation of a batch of prompts of different lengths (ragged rows, one
+    prefill). use_cache=False recomputes every sequence from scratch at each step (the
+    reference the cached path must agree with)."""
+    if not prompts or any(not p for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    sequences = [list(p) for p in prompts]
+    with torch.inference_mode():
+        if use_cache:
+            cache = RaggedKVCache(model.cache_shape, len(prompts), max(map(len, prompts)) + new_tokens, model.dtype, model.device)
+            logits = _ragged_forward(model, sequences, cache)  # [B, V]
+            for _ in range(new_tokens):
+                tokens = logits.argmax(dim=-1)  # [B]
+                for seq, token in zip(sequences, tokens.tolist()):
+                    seq.append(token)
+                if len(sequences[0]) - len(prompts[0]) == new_tokens:
+                    break
+                logits = model.step(tokens[:, None], cache)
+        else:
+            for _ in range(new_tokens):
+                for seq in sequences:
+                    cache = RaggedKVCache(model.cache_shape, 1, len(seq), model.dtype, model.device)
+                    seq.append(int(model.step(torch.tensor([seq], device=model.device), cache).argmax()))
+    return [seq[len(p) :] for seq, p in zip(sequences, prompts)]
+
+
+def _ragged_forward(model: Transformer, sequences: list[list[int]], cache: RaggedKVCache) -> torch.Tensor:
+    """Prefill right-padded rows; each row keeps only its own tokens. -> logits at each row's last token [B, V]."""
+    lengths = [len(s) for s in sequences]
+    width = max(lengths)
+    padded = torch.tensor([s + [0] * (width - len(s)) for s in sequences], device=model.device)  # [B, T]
+    hidden = model(padded, cache)  # [B, T, dim]
+    cache.advance(lengths)
+    last = torch.tensor(lengths, device=model.device) - 1  # [B]
+    return model.logits(hidden[torch.arange(len(sequences)), last])

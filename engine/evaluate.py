@@ -1,0 +1,87 @@
+"""`kspec eval`: complete every case of a JSONL file, write results in case order, summarise."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Iterator
+
+from engine.api import CompletionRequest
+from engine.completion import CompletionEngine
+from engine.errors import InputError
+
+REFERENCE_FIELDS = ("reference", "middle", "canonical_solution")
+
+
+def read_cases(path: str) -> Iterator[dict[str, Any]]:
+    source = Path(path)
+    if not source.is_file():
+        raise InputError(f"{path}: no such file")
+    with source.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                case = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(case, dict) or "id" not in case or "prefix" not in case:
+                raise InputError(f'{path}:{number}: a case needs at least "id" and "prefix"')
+            yield case
+
+
+def _normalized(text: str) -> str:
+    return " ".join(text.split())
+
+
+def evaluate_file(engine: CompletionEngine, cases_path: str, out_path: str, request_fields: dict[str, Any]) -> dict[str, Any]:
+    latencies: list[float] = []
+    exact_top = exact_any = with_reference = shown = 0
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as results:
+        for case in read_cases(cases_path):
+            request = CompletionRequest(
+                prefix=case["prefix"],
+                suffix=case.get("suffix", ""),
+                language=case.get("language", ""),
+                path=case.get("path", ""),
+                request_id=str(case["id"]),
+                **request_fields,
+            )
+            result = engine.complete(request)
+            latency = result.timing_ms.get("total", 0.0)
+            latencies.append(latency)
+            texts = [c.text for c in result.completions]
+            shown += len(texts)
+            reference = next((case[f] for f in REFERENCE_FIELDS if isinstance(case.get(f), str)), None)
+            if reference is not None:
+                with_reference += 1
+                wanted = _normalized(reference)
+                exact_top += bool(texts) and _normalized(texts[0]) == wanted
+                exact_any += any(_normalized(t) == wanted for t in texts)
+            extra = {key: value for key, value in case.items() if key not in ("prefix", "suffix")}
+            line = {**extra, "id": case["id"], "completions": [c.to_dict() for c in result.completions], "latency_ms": latency}
+            results.write(json.dumps(line, ensure_ascii=False) + "\n")
+    return summarize(latencies, shown, with_reference, exact_top, exact_any)
+
+
+def summarize(latencies: list[float], shown: int, with_reference: int, exact_top: int, exact_any: int) -> dict[str, Any]:
+    ordered = sorted(latencies)
+
+    def percentile(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+    return {
+        "cases": len(latencies),
+        "suggestions_shown": shown,
+        "exact_match_top1": exact_top / with_reference if with_reference else None,
+        "exact_match_best_of_k": exact_any / with_reference if with_reference else None,
+        "cases_with_reference": with_reference,
+        "latency_ms": {
+            "p50": statistics.median(ordered) if ordered else 0.0,
+            "p90": percentile(0.9),
+            "p99": percentile(0.99),
+        },
+    }

@@ -1,0 +1,33 @@
+"""Shared fixtures: small random models on disk and the embedded default model (loaded once)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def random_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from engine.models.testing import write_random_model
+
+    return write_random_model(tmp_path_factory.mktemp("llama"), "llama", seed=0)
+
+
+@pytest.fixture(scope="session")
+def default_engine():
+    from engine.completion import CompletionEngine
+    from engine.config import EngineConfig
+
+    return CompletionEngine.load(EngineConfig(progress=False))
+
+
+@pytest.fixture(scope="session")
+def random_engine(random_llama_dir: Path):
+    from engine.completion import CompletionEngine
+    from engine.config import EngineConfig
+
+    return CompletionEngine.load(EngineConfig(model=str(random_llama_dir), progress=False))
