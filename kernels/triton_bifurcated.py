@@ -42,7 +42,8 @@ TRITON_AVAILABLE: bool = triton is not None
 
 __all__ = ["TRITON_AVAILABLE", "triton_bifurcated_attention", "launch", "plan_splits"]
 
-BLOCK_N = 64  # keys per tile
+BLOCK_N = 64  # keys per tile (half types); splits are whole multiples of it
+BLOCK_N_FP32 = 32  # fp32 tiles are twice the bytes: keep shared memory under ~75 KB
 MAX_PREFIX_SPLITS = 64
 BRANCH_SPLIT_KEYS = 512  # keys per branch split
 MAX_BRANCH_SPLITS = 16
@@ -284,8 +285,10 @@ def launch(
     block_d = max(16, triton.next_power_of_2(d.dim))
     has_window = sliding_window is not None
     window = sliding_window if has_window else 0
+    fp32 = q.dtype == torch.float32
     common = dict(
-        HAS_WINDOW=has_window, BLOCK_N=BLOCK_N, BLOCK_D=block_d, PRECISION="ieee", num_warps=4,
+        HAS_WINDOW=has_window, BLOCK_N=BLOCK_N_FP32 if fp32 else BLOCK_N, BLOCK_D=block_d,
+        PRECISION="ieee", num_warps=4, num_stages=2 if fp32 else 3,
     )
     if p_splits:
         pk, pv = prefix_k[0], prefix_v[0]  # [Hkv, P, D]
