@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.syntax.languages import LanguageSpec, normalize_language, spec_for
-from engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, OPEN, LexState, lex, unmatched_openers
+from engine.syntax.languages import SPECS, LanguageSpec, normalize_language, spec_for
+from engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, LexState, Tok, lex, unmatched_openers
 
 # How much of the suffix is lexed to learn which open brackets it closes.
 SUFFIX_SCAN_CHARS = 4000
@@ -38,6 +38,12 @@ class CursorContext:
     suffix_next_line: str | None  # the next non-blank suffix line, at its absolute indentation
     prev_line_opens_block: bool  # the last non-blank line above the cursor line opens a block
     cursor_line_opens_block: bool  # the cursor line (up to the cursor) opens a block
+    suffix_following_line: str | None = None  # the first non-blank suffix line after the cursor line
+    # Python only: the indentation levels open at the cursor line (outermost first), as
+    # Python's tokenizer keeps them, and whether the last logical line before the cursor
+    # line ends with ":" (so the next line must be indented deeper).
+    indent_stack: tuple[int, ...] = (0,)
+    expects_indent: bool = False
 
     @property
     def string_closed_by_suffix(self) -> bool:
@@ -64,9 +70,14 @@ def build_context(prefix: str, suffix: str, language: str | None) -> CursorConte
     start_state: LexState | None = None
     open_brackets: tuple[str, ...] = ()
     suffix_closes = 0
+    indent_stack: tuple[int, ...] = (0,)
+    expects_indent = False
     if spec is not None:
-        prefix_lex = lex(prefix, spec, newlines=False)
+        python = spec.family == "python"
+        prefix_lex = lex(prefix, spec, newlines=python)
         start_state = prefix_lex.end_state
+        if python:
+            indent_stack, expects_indent = _python_indentation(prefix, line_start, prefix_lex.tokens)
         openers = unmatched_openers(prefix_lex.tokens)[-MAX_OPEN_BRACKETS:]
         open_brackets = tuple(tok.char for tok in openers)
         suffix_closes = _closed_by(open_brackets, suffix[:SUFFIX_SCAN_CHARS], spec, start_state)
@@ -84,7 +95,62 @@ def build_context(prefix: str, suffix: str, language: str | None) -> CursorConte
         suffix_next_line=_suffix_next_line(line_prefix, mid_line, suffix, newline),
         prev_line_opens_block=_opens_block(_last_nonblank_line(prefix[: max(line_start - 1, 0)]), spec),
         cursor_line_opens_block=mid_line and _opens_block(line_prefix, spec),
+        suffix_following_line=_suffix_next_line("", True, suffix, newline),
+        indent_stack=indent_stack,
+        expects_indent=expects_indent,
     )
+
+
+def logical_line_starts(text: str, tokens: list[Tok], depth: int = 0) -> list[int]:
+    """Offsets after each line end that ends a Python logical line (outside brackets, no `\\`)."""
+    starts = []
+    for tok in tokens:
+        if tok.kind == OPEN:
+            depth += 1
+        elif tok.kind == CLOSE:
+            depth = max(depth - 1, 0)
+        elif tok.kind == NEWLINE and depth == 0 and not _continued(text, tok.start):
+            starts.append(tok.end)
+    return starts
+
+
+def _continued(text: str, newline: int) -> bool:
+    """Whether the line ending at `newline` ends with a backslash (an explicit line join)."""
+    i = newline - 1
+    while i >= 0 and text[i] in " \t\r":
+        i -= 1
+    return i >= 0 and text[i] == "\\"
+
+
+def _python_indentation(prefix: str, cursor_line_start: int, tokens: list[Tok]) -> tuple[tuple[int, ...], bool]:
+    """Python's indentation stack at the cursor line, and whether a deeper indent is expected."""
+    levels: list[int] = []  # innermost first, walking back
+    expects: bool | None = None
+    starts = [0, *logical_line_starts(prefix, tokens)]
+    for index in range(len(starts) - 1, -1, -1):
+        start = starts[index]
+        if start >= cursor_line_start:
+            continue  # the cursor line itself is not a finished logical line
+        end = starts[index + 1] - 1 if index + 1 < len(starts) else cursor_line_start - 1
+        first_line_end = prefix.find("\n", start)
+        first_line = prefix[start : first_line_end if first_line_end >= 0 else len(prefix)]
+        if not first_line.strip() or first_line.lstrip().startswith("#"):
+            continue
+        if expects is None:
+            last_line = prefix[prefix.rfind("\n", 0, max(end, start)) + 1 : end]
+            expects = last_line.strip() != "" and _ends_with_colon(last_line)
+        indent = indent_of(first_line)
+        if not levels or indent < levels[-1]:
+            levels.append(indent)
+            if indent == 0:
+                break
+    if not levels or levels[-1] != 0:
+        levels.append(0)
+    return tuple(reversed(levels)), bool(expects)
+
+
+def _ends_with_colon(line: str) -> bool:
+    return code_of_line(line, SPECS["python"]).endswith(":")
 
 
 def _closed_by(open_brackets: tuple[str, ...], suffix: str, spec: LanguageSpec, state: LexState | None) -> int:

@@ -264,7 +264,17 @@ class _Scanner:
             if nxt.text.rstrip() == ctx.suffix_next_line and not undecided_line:
                 return self.cut(newline, REPEAT)
             if undecided_line and ctx.suffix_next_line.startswith(nxt.text):
-                return None
+                # It may turn into a repeat of the suffix: only a cut here is certain.
+                decided = self.structure(mode, unit_indent, newline, code, seen_code, has_block, first_word, nxt)
+                return decided if isinstance(decided, Cut) else None
+        return self.structure(mode, unit_indent, newline, code, seen_code, has_block, first_word, nxt)
+
+    def structure(
+        self, mode: str, unit_indent: int, newline: int, code: str, seen_code: bool,
+        has_block: bool, first_word: str, nxt: _NextLine,
+    ) -> Cut | None | object:
+        """The decision from indentation, continuation and clause keywords alone."""
+        undecided_line = not nxt.complete and not self.final
         if not seen_code:
             return _CONTINUE
         last = code[-1:]

@@ -1,0 +1,41 @@
+"""Tree-sitter post-processing of completions: languages, trimming, checks, ranking.
+
+Public API (other packages import from here):
+
+* `detect_language(language_id, path)` -> canonical name or None
+* `Candidate` — one raw alternative from decoding
+* `postprocess(prefix, suffix, language, candidates, raw=False)` -> ranked `engine.api.Completion`s
+* `unit_complete(prefix, completion_so_far, suffix, language)` — the early-stop hook
+  (`UnitPredicate` is the same with the request's context built once)
+"""
+
+from engine.syntax.checks import ANALYSIS, Checker, CheckResult
+from engine.syntax.early_stop import UnitPredicate, unit_complete
+from engine.syntax.languages import LANGUAGES, detect_language, normalize_language
+from engine.syntax.postprocess import (
+    Candidate,
+    PostprocessConfig,
+    Ranked,
+    postprocess,
+    rank_alternatives,
+)
+from engine.syntax.rank import RankConfig
+from engine.syntax.trim import trim
+
+__all__ = [
+    "ANALYSIS",
+    "LANGUAGES",
+    "Candidate",
+    "CheckResult",
+    "Checker",
+    "PostprocessConfig",
+    "RankConfig",
+    "Ranked",
+    "UnitPredicate",
+    "detect_language",
+    "normalize_language",
+    "postprocess",
+    "rank_alternatives",
+    "trim",
+    "unit_complete",
+]

@@ -1,0 +1,143 @@
+"""Static checks of one alternative in its file: syntax errors it introduces, and for Python
+undefined names it reads and local variables it binds but never uses.
+
+The prefix + suffix is parsed once per request (`Checker`); each alternative is then an
+edit of that tree (tree-sitter reparses incrementally: ~0.2 ms for a 9 kB file instead of
+~1 ms). "Introduces" is literal: an ERROR or MISSING node of the assembled file counts
+unless the file without the completion has the same node (same kind, same place once the
+completion's length is taken out), so a file that was already broken at the cursor is not
+held against the completion. tree-sitter-python does not see indentation errors (an empty
+block, an unexpected indent); pyindent.py adds those. Python names: pyscope.py (tree-sitter
+scopes, not pyflakes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tree_sitter
+
+from engine.syntax import pyscope
+from engine.syntax.context import CursorContext, build_context
+from engine.syntax.languages import new_parser, normalize_language
+from engine.syntax.pyindent import indentation_errors
+
+ANALYSIS = (
+    "tree-sitter ERROR/MISSING nodes new relative to prefix+suffix (+ Python indentation rules); "
+    "Python names by tree-sitter scopes"
+)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    syntax_errors: int = 0  # error nodes the completion introduces
+    undefined_names: tuple[str, ...] = ()
+    unused_variables: tuple[str, ...] = ()
+
+    @property
+    def breaks_parse(self) -> bool:
+        return self.syntax_errors > 0
+
+    @property
+    def static_errors(self) -> int:
+        return len(self.undefined_names) + len(self.unused_variables)
+
+
+def error_nodes(root: tree_sitter.Node) -> list[tree_sitter.Node]:
+    """ERROR and MISSING nodes, visiting only subtrees that contain one."""
+    found: list[tree_sitter.Node] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.is_error or node.is_missing:
+            found.append(node)
+            if node.is_missing:
+                continue
+        if node.has_error:
+            stack.extend(child for child in node.children if child.has_error or child.is_missing)
+    return found
+
+
+def _point_after(text: bytes, start: tree_sitter.Point) -> tree_sitter.Point:
+    newlines = text.count(b"\n")
+    if newlines == 0:
+        return tree_sitter.Point(start.row, start.column + len(text))
+    return tree_sitter.Point(start.row + newlines, len(text) - text.rfind(b"\n") - 1)
+
+
+class Checker:
+    """Checks the alternatives of one request against its prefix and suffix."""
+
+    def __init__(
+        self, prefix: str, suffix: str, language: str | None, ctx: CursorContext | None = None
+    ) -> None:
+        self.language = normalize_language(language)
+        self.prefix = prefix.encode("utf-8", "surrogatepass")
+        self.suffix = suffix.encode("utf-8", "surrogatepass")
+        self.cursor = len(self.prefix)
+        self.cursor_point = _point_after(self.prefix, tree_sitter.Point(0, 0))
+        if self.language is None:
+            return
+        self.parser = new_parser(self.language)
+        self.baseline = self.parser.parse(self.prefix + self.suffix)
+        self.baseline_errors = {self._signature(node, 0) for node in error_nodes(self.baseline.root_node)}
+        self.outer: pyscope.Bindings | None = None
+        self.ctx: CursorContext | None = None
+        if self.language == "python":
+            self.outer = pyscope.collect_bindings(self.baseline.root_node)
+            self.ctx = ctx if ctx is not None else build_context(prefix, suffix, self.language)
+            self.baseline_indentation = indentation_errors(self.ctx, "")
+
+    def _signature(self, node: tree_sitter.Node, inserted: int) -> tuple[str, int, int]:
+        """(kind, start, end) in prefix+suffix coordinates; -1 for a place inside the completion."""
+        end_of_completion = self.cursor + inserted
+
+        def mapped(position: int) -> int:
+            if position <= self.cursor:
+                return position
+            if position >= end_of_completion:
+                return position - inserted
+            return -1
+
+        kind = ("MISSING " + node.type) if node.is_missing else "ERROR"
+        return kind, mapped(node.start_byte), mapped(node.end_byte)
+
+    def parse(self, completion: str) -> tuple[tree_sitter.Tree, int]:
+        """The tree of prefix + completion + suffix (an incremental reparse) and the completion's byte length."""
+        inserted = completion.encode("utf-8", "surrogatepass")
+        tree = self.baseline.copy()
+        tree.edit(
+            start_byte=self.cursor,
+            old_end_byte=self.cursor,
+            new_end_byte=self.cursor + len(inserted),
+            start_point=self.cursor_point,
+            old_end_point=self.cursor_point,
+            new_end_point=_point_after(inserted, self.cursor_point),
+        )
+        return self.parser.parse(self.prefix + inserted + self.suffix, tree), len(inserted)
+
+    def syntax_errors(self, tree: tree_sitter.Tree, inserted: int) -> int:
+        new = 0
+        for node in error_nodes(tree.root_node):
+            signature = self._signature(node, inserted)
+            if -1 in signature[1:] or signature not in self.baseline_errors:
+                new += 1
+        return new
+
+    def check(self, completion: str, *, names: bool = True) -> CheckResult:
+        """Syntax errors introduced; with `names`, also the Python name checks."""
+        if self.language is None or not completion:
+            return CheckResult()
+        tree, inserted = self.parse(completion)
+        errors = self.syntax_errors(tree, inserted)
+        if self.ctx is not None:
+            errors += len(indentation_errors(self.ctx, completion) - self.baseline_indentation)
+        if not names or self.outer is None:
+            return CheckResult(errors)
+        root, start, end = tree.root_node, self.cursor, self.cursor + inserted
+        inner = pyscope.collect_bindings(root, start, end)
+        return CheckResult(
+            errors,
+            tuple(pyscope.undefined_names(root, start, end, self.outer, inner)),
+            tuple(pyscope.unused_variables(root, start, end)),
+        )

@@ -1,0 +1,145 @@
+"""Trim, check, deduplicate and rank the k alternatives of one request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.api import Completion
+from engine.syntax.checks import Checker, CheckResult
+from engine.syntax.context import CursorContext, build_context
+from engine.syntax.languages import normalize_language
+from engine.syntax.rank import RankConfig, Scored, dedupe_key, normalized_logprob, order, score
+from engine.syntax.trim import END, Cut, drop_truncated_line, find_cut, finalize
+
+
+@dataclass
+class Candidate:
+    """One raw alternative from decoding."""
+
+    text: str
+    logprob: float  # sum of the token log-probabilities
+    n_tokens: int
+    finish_reason: str = ""  # "length": cut by the token budget
+
+
+@dataclass(frozen=True)
+class PostprocessConfig:
+    drop_broken: bool = True  # a suggestion that breaks the file is worse than none
+    max_fallbacks: int = 4  # earlier line ends tried when the trimmed text does not parse
+    check_names: bool = True  # Python: undefined names and unused variables
+    rank: RankConfig = field(default_factory=RankConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_fallbacks, int) or self.max_fallbacks < 0:
+            raise ValueError(f"PostprocessConfig.max_fallbacks must be an int >= 0, got {self.max_fallbacks!r}")
+        if not isinstance(self.rank, RankConfig):
+            raise ValueError("PostprocessConfig.rank must be a RankConfig")
+
+
+DEFAULT_CONFIG = PostprocessConfig()
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A shown alternative with what was found about it."""
+
+    completion: Completion
+    check: CheckResult
+    agreeing: int
+    source_index: int  # the candidate it came from
+
+
+def trim_and_check(
+    ctx: CursorContext, checker: Checker, candidate: Candidate, config: PostprocessConfig,
+    checked: dict[str, CheckResult],
+) -> tuple[str, CheckResult] | None:
+    """The trimmed text (falling back to earlier line ends if it breaks the parse) and its check."""
+    completion = candidate.text
+    if candidate.finish_reason == "length":
+        completion = drop_truncated_line(completion)
+    cut = find_cut(ctx, completion, final=True) or Cut(len(completion), END)
+    options = [cut, *cut.line_ends[: config.max_fallbacks]]
+    first: tuple[str, CheckResult] | None = None
+    for option in options:
+        text = finalize(ctx, completion, option)
+        if text is None:
+            continue
+        result = checked.get(text)
+        if result is None:
+            result = checker.check(text, names=False)
+            checked[text] = result
+        if first is None:
+            first = (text, result)
+        if not result.breaks_parse:
+            return text, result
+    return first
+
+
+def rank_alternatives(
+    prefix: str, suffix: str, language: str | None, candidates: list[Candidate], *,
+    raw: bool = False, config: PostprocessConfig = DEFAULT_CONFIG,
+) -> list[Ranked]:
+    """`postprocess` with the checks kept (for benchmarks and debugging)."""
+    if raw:
+        return _raw(candidates)
+    name = normalize_language(language)
+    ctx = build_context(prefix, suffix, name)
+    checker = Checker(prefix, suffix, name, ctx)
+    checked: dict[str, CheckResult] = {}
+    groups: dict[str, list[tuple[int, str, CheckResult]]] = {}
+    for index, candidate in enumerate(candidates):
+        trimmed = trim_and_check(ctx, checker, candidate, config, checked)
+        if trimmed is None:
+            continue
+        text, result = trimmed
+        if result.breaks_parse and config.drop_broken:
+            continue
+        groups.setdefault(dedupe_key(text), []).append((index, text, result))
+
+    scored: list[Scored] = []
+    for members in groups.values():
+        # The group's representative: the most confident member (the engine's order breaks ties).
+        index, text, result = max(
+            members,
+            key=lambda m: (normalized_logprob(candidates[m[0]].logprob, candidates[m[0]].n_tokens), -m[0]),
+        )
+        if config.check_names and name == "python":
+            result = checker.check(text)
+        candidate = candidates[index]
+        value = score(text, candidate.logprob, candidate.n_tokens, result, len(members), config.rank)
+        scored.append(Scored(index, text, value, result, len(members)))
+    return [_ranked(candidates[item.index], item) for item in order(scored)]
+
+
+def _raw(candidates: list[Candidate]) -> list[Ranked]:
+    items = [
+        Scored(i, c.text, normalized_logprob(c.logprob, c.n_tokens), CheckResult(), 1)
+        for i, c in enumerate(candidates)
+    ]
+    return [_ranked(candidates[item.index], item) for item in order(items)]
+
+
+def _ranked(candidate: Candidate, item: Scored) -> Ranked:
+    completion = Completion(
+        text=item.text,
+        score=item.score,
+        logprob=candidate.logprob,
+        n_tokens=candidate.n_tokens,
+        finish_reason=candidate.finish_reason,
+    )
+    return Ranked(completion, item.check, item.agreeing, item.index)
+
+
+def postprocess(
+    prefix: str, suffix: str, language: str | None, candidates: list[Candidate], *,
+    raw: bool = False, config: PostprocessConfig = DEFAULT_CONFIG,
+) -> list[Completion]:
+    """Trim, check, deduplicate and rank `candidates`; best first.
+
+    `language`: a canonical name or an LSP languageId; None or unknown means line-based
+    trimming and no checks. With `raw=True` the texts are returned untrimmed and unchecked,
+    ordered by length-normalised log-probability (what the model alone would show).
+    Alternatives that trim to nothing, or that introduce a syntax error (unless
+    `config.drop_broken` is off), are left out, so the list may be shorter than k or empty.
+    """
+    return [r.completion for r in rank_alternatives(prefix, suffix, language, candidates, raw=raw, config=config)]

@@ -1,0 +1,99 @@
+"""Python indentation errors, which tree-sitter-python does not report.
+
+tree-sitter-python accepts an empty block (`if x:` followed by a dedent), an unexpected
+indent and a dedent to a level that was never opened; CPython rejects all three, and a
+code model produces them often (a header line cut off before its body, a body at the
+wrong depth). This replays Python's tokenizer rule — a stack of indentation levels — over
+the cursor line, the lines the completion adds and the first suffix line after them,
+starting from the stack at the cursor (CursorContext.indent_stack). Lexical: microseconds.
+"""
+
+from __future__ import annotations
+
+from engine.syntax.context import CursorContext, code_of_line, indent_of, logical_line_starts
+from engine.syntax.languages import LanguageSpec
+from engine.syntax.lexer import lex
+
+
+# An error: (what, where). `where` is ("prefix", offset), ("suffix", offset without the
+# completion) or ("completion", -1), so that the same error with and without the completion
+# compares equal and any error the completion's own lines cause is new.
+IndentError = tuple[str, tuple[str, int]]
+
+
+class _Stack:
+    def __init__(self, levels: tuple[int, ...], expects: bool, place: "_Places") -> None:
+        self.levels = list(levels) or [0]
+        self.expects = expects
+        self.expects_at = ("prefix", -1)  # where the ':' that opened the expected block is
+        self.place = place
+        self.errors: set[IndentError] = set()
+
+    def start_line(self, indent: int, at: int) -> None:
+        """A logical line starts at `indent`; its first character is at offset `at`."""
+        top = self.levels[-1]
+        if self.expects:
+            if indent <= top:
+                self.errors.add(("expected an indented block", self.expects_at))
+            self.levels.append(max(indent, top + 1))
+        elif indent > top:
+            self.errors.add(("unexpected indent", self.place(at)))
+            self.levels.append(indent)
+        elif indent < top:
+            while self.levels and self.levels[-1] > indent:
+                self.levels.pop()
+            if not self.levels or self.levels[-1] != indent:
+                self.errors.add(("unindent does not match", self.place(at)))
+                self.levels.append(indent)
+        self.expects = False
+
+
+class _Places:
+    """Maps an offset in line_prefix + completion + suffix to a completion-independent place."""
+
+    def __init__(self, prefix_length: int, completion_length: int) -> None:
+        self.prefix_length = prefix_length
+        self.completion_length = completion_length
+
+    def __call__(self, offset: int) -> tuple[str, int]:
+        if offset < self.prefix_length:
+            return "prefix", offset
+        if offset < self.prefix_length + self.completion_length:
+            return "completion", -1
+        return "suffix", offset - self.completion_length
+
+
+def indentation_errors(ctx: CursorContext, completion: str) -> set[IndentError]:
+    """Indentation errors from the cursor line to the first suffix line after the completion."""
+    spec = ctx.spec
+    if spec is None or spec.family != "python" or ctx.start_state is not None:
+        return set()
+    local = ctx.line_prefix + completion + ctx.suffix_line_rest
+    following = ctx.suffix_following_line
+    text = local + "\n" + (following or "")
+    depth = len(ctx.open_brackets)
+    starts = ([] if depth else [0]) + logical_line_starts(text, lex(text, spec).tokens, depth)
+    stack = _Stack(ctx.indent_stack, ctx.expects_indent, _Places(len(ctx.line_prefix), len(completion)))
+    for start in starts:
+        if start > 0:
+            _note_line_end(stack, text, start - 1, spec)
+        end = text.find("\n", start)
+        line = text[start:] if end < 0 else text[start:end]
+        if line.strip() and not line.lstrip().startswith("#"):
+            stack.start_line(indent_of(line), start + len(line) - len(line.lstrip()))
+    if following is None and (len(local) + 1) in starts:
+        _note_line_end(stack, text, len(local), spec)
+        if stack.expects:  # a block header with no body at the end of the file
+            stack.errors.add(("expected an indented block", stack.expects_at))
+    return stack.errors
+
+
+def _note_line_end(stack: _Stack, text: str, newline: int, spec: LanguageSpec) -> None:
+    """A logical line ended at `newline`: a non-blank one that ends with ':' opens a block."""
+    start = text.rfind("\n", 0, newline) + 1
+    line = text[start:newline]
+    if line.strip() and not line.lstrip().startswith("#"):
+        code = code_of_line(line, spec)
+        stack.expects = code.endswith(":")
+        if stack.expects:
+            stack.expects_at = stack.place(start + len(code) - 1)
