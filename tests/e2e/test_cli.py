@@ -1,0 +1,73 @@
+"""The `kspec` command as a user runs it: output contract and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "demo.py"
+
+
+def kspec(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lsp_server.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_complete_json_with_default_model():
+    run = kspec("complete", f"{DEMO}:16:5", "-k", "2", "--max-tokens", "8", "--json")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert set(result) >= {"completions", "timing_ms", "model"}
+    assert "SmolLM2" in result["model"]
+    assert 1 <= len(result["completions"]) <= 2
+    assert all(isinstance(c["text"], str) and c["text"].strip() and isinstance(c["score"], float) for c in result["completions"])
+
+
+def test_eval_writes_results_in_case_order(tmp_path: Path, random_llama_dir: Path):
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text(
+        "\n".join(
+            json.dumps({"id": f"c{i}", "prefix": f"def f{i}(x):\n    return ", "suffix": "\n", "language": "python", "reference": "x", "tag": i})
+            for i in range(3)
+        )
+    )
+    out = tmp_path / "results.jsonl"
+    run = kspec("eval", str(cases), "--out", str(out), "-k", "2", "--max-tokens", "4", "--model", str(random_llama_dir))
+    assert run.returncode == 0, run.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["id"] for line in lines] == ["c0", "c1", "c2"]
+    assert [line["tag"] for line in lines] == [0, 1, 2]  # extra fields carried through
+    assert all("completions" in line and line["latency_ms"] > 0 for line in lines)
+    summary = json.loads(run.stdout)
+    assert summary["cases"] == 3 and summary["cases_with_reference"] == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("complete", "no/such/file.py:1:1"), "no such file"),
+        (("complete", f"{DEMO}:999:1"), "line 999 is outside the file"),
+        (("complete", f"{DEMO}:1:99"), "column 99 is outside the line"),
+        (("complete", f"{DEMO}"), "expected PATH:LINE:COL"),
+        (("complete", f"{DEMO}:1:1", "--model", "no/such/model.gguf"), "does not exist"),
+        (("complete", f"{DEMO}:1:1", "-k", "0"), "k must be between"),
+        (("eval", "no/such/cases.jsonl", "--out", "/dev/null"), "no such file"),
+    ],
+)
+def test_errors_are_one_clear_line(args: tuple[str, ...], message: str):
+    run = kspec(*args)
+    assert run.returncode == 2
+    assert message in run.stderr
+    assert "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_unreadable_gguf_is_one_clear_line(tmp_path: Path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"\x00" * 1000)
+    run = kspec("complete", f"{DEMO}:1:1", "--model", str(bad))
+    assert run.returncode == 2 and "GGUF" in run.stderr and "Traceback" not in run.stderr

@@ -1,0 +1,92 @@
+"""Prompt building (FIM templates, budgets, token healing) and the line/block stop rules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.healing import HealingBias, consume, split_for_healing
+from engine.prompt import PromptBudget, build_prompt
+from engine.stopping import StopRule, rule_for_cursor
+from engine.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(random_llama_dir: Path) -> Tokenizer:
+    return Tokenizer.from_folder(random_llama_dir)
+
+
+@pytest.fixture(scope="module")
+def fim_tokenizer(random_llama_dir: Path, tmp_path_factory) -> Tokenizer:
+    """The default tokenizer plus Qwen2.5-Coder's FIM tokens."""
+    data = json.loads((random_llama_dir / "tokenizer.json").read_text())
+    base = len(data["model"]["vocab"])
+    for offset, content in enumerate(("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")):
+        data["added_tokens"].append(
+            {"id": base + offset, "content": content, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+        )
+    folder = tmp_path_factory.mktemp("fim")
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    return Tokenizer.from_folder(folder)
+
+
+def test_prefix_only_prompt_without_fim(tokenizer: Tokenizer):
+    prompt = build_prompt(tokenizer, "def f(x):\n    return x", "\n\nprint(f(1))\n", PromptBudget(64))
+    assert not prompt.uses_fim
+    assert tokenizer.decode(prompt.ids) + prompt.healed_text == "def f(x):\n    return x"
+
+
+def test_fim_prompt_in_psm_order(fim_tokenizer: Tokenizer):
+    fim = fim_tokenizer.fim
+    assert fim is not None
+    prompt = build_prompt(fim_tokenizer, "def f(x):\n    return ", "\n\nprint(f(1))\n", PromptBudget(64))
+    assert prompt.uses_fim
+    assert prompt.ids[0] == fim.prefix and prompt.ids[-1] == fim.middle
+    suffix_at = prompt.ids.index(fim.suffix)
+    assert fim_tokenizer.decode(prompt.ids[suffix_at + 1 : -1]) == "\n\nprint(f(1))\n"
+
+
+def test_budget_keeps_the_end_of_the_prefix(tokenizer: Tokenizer):
+    prefix = "".join(f"line_{i} = {i}\n" for i in range(500))
+    prompt = build_prompt(tokenizer, prefix, "", PromptBudget(100))
+    assert len(prompt.ids) <= 100
+    assert prefix.endswith(tokenizer.decode(prompt.ids) + prompt.healed_text)
+
+
+def test_healing_holds_back_trailing_whitespace_and_one_word(tokenizer: Tokenizer):
+    ids = tokenizer.encode("if ready:\n        ")
+    kept, healed = split_for_healing(tokenizer, ids)
+    assert healed.strip() and healed.endswith("        ")
+    assert tokenizer.decode(kept) + healed == "if ready:\n        "
+
+
+def test_healing_bias_allows_only_agreeing_tokens(tokenizer: Tokenizer):
+    import torch
+
+    bias = HealingBias(tokenizer, tokenizer.vocab_size, torch.device("cpu"))("    re")
+    allowed = {tokenizer.token_texts()[i] for i in torch.nonzero(bias == 0).flatten().tolist()}
+    assert allowed and all(t.startswith("    re") or "    re".startswith(t) for t in allowed)
+    assert consume("    re", "  ") == "  re" and consume("    re", "    return") == ""
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "expected"),
+    [
+        ("x = foo(", ")\n", StopRule(single_line=True)),
+        ("def f():\n    ", "\n", StopRule(block_mode=True, block_indent=4)),
+        ("def f():\n", "", StopRule(block_mode=True)),
+    ],
+)
+def test_rule_for_cursor(prefix: str, suffix: str, expected: StopRule):
+    assert rule_for_cursor(prefix, suffix) == expected
+
+
+def test_block_rule_stops_at_dedent_and_blank_line():
+    rule = StopRule(block_mode=True, block_indent=4)
+    assert rule.cut("x = 1\n    y = 2\nprint(x)") == ("x = 1\n    y = 2", True)
+    assert rule.cut("x = 1\n\n    y = 2") == ("x = 1", True)
+    assert rule.cut("x = 1\n    y") == ("x = 1\n    y", False)
+    first_line_sets_indent = StopRule(block_mode=True)
+    assert first_line_sets_indent.cut("    a\n        b\n    c\nd") == ("    a\n        b\n    c", True)
