@@ -1,0 +1,166 @@
+// Settings: VS Code's `kspec.*` configuration, validated, and mapped onto the flat
+// object the server reads from `initializationOptions` and
+// `workspace/didChangeConfiguration` (DESIGN.md §3). No `vscode` import: the node
+// tests run this file as it is.
+
+import * as os from 'os';
+import * as path from 'path';
+
+/** What the server understands, key for key (the server's names). */
+export interface ServerSettings {
+	model: string | null;
+	draft: string | null;
+	k: number;
+	maxTokens: number;
+	mode: 'diverse' | 'sample';
+	temperature: number;
+	debounceMs: number;
+	deadlineMs: number;
+	languages: string[];
+	enabled: boolean;
+}
+
+/** Client-only settings: how to start the server. */
+export interface ServerLaunchSettings {
+	/** Empty: find `kspec` in the project's environment (see serverCommand.ts). */
+	command: string;
+	args: string[];
+	env: Record<string, string>;
+}
+
+export interface KspecSettings extends ServerSettings {
+	server: ServerLaunchSettings;
+}
+
+/** The defaults; package.json's `contributes.configuration` must say the same (tested). */
+export const DEFAULTS: KspecSettings = {
+	model: null,
+	draft: null,
+	k: 4,
+	maxTokens: 48,
+	mode: 'diverse',
+	temperature: 0,
+	debounceMs: 75,
+	deadlineMs: 2000,
+	languages: [],
+	enabled: true,
+	server: { command: '', args: ['lsp'], env: {} },
+};
+
+/** The keys sent to the server, in the order the server documents them. */
+export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
+	'model', 'draft', 'k', 'maxTokens', 'mode', 'temperature', 'debounceMs', 'deadlineMs', 'languages', 'enabled',
+];
+
+/** The part of `vscode.WorkspaceConfiguration` we use (section `kspec`). */
+export interface ConfigSource {
+	get<T>(key: string): T | undefined;
+}
+
+/** Where `~` and `${workspaceFolder}` point when a path setting uses them. */
+export interface PathContext {
+	home: string;
+	workspaceFolder?: string;
+}
+
+export interface ReadResult {
+	settings: KspecSettings;
+	/** One line per setting that was ignored (wrong type, out of range); shown in the log. */
+	problems: string[];
+}
+
+export function defaultPathContext(workspaceFolder?: string): PathContext {
+	return { home: os.homedir(), workspaceFolder };
+}
+
+/** `~/x`, `${workspaceFolder}/x`, `${env:NAME}`; relative paths are resolved against the workspace folder. */
+export function expandPath(value: string, ctx: PathContext, env: Record<string, string | undefined> = process.env): string {
+	let out = value.trim();
+	out = out.replace(/\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}/g, (_m, name: string) => env[name] ?? '');
+	if (ctx.workspaceFolder !== undefined) {
+		out = out.replace(/\$\{workspaceFolder\}/g, ctx.workspaceFolder);
+	}
+	if (out === '~') {
+		out = ctx.home;
+	} else if (out.startsWith('~/') || out.startsWith('~\\')) {
+		out = path.join(ctx.home, out.slice(2));
+	}
+	if (out !== '' && !path.isAbsolute(out) && ctx.workspaceFolder !== undefined && /[\\/]/.test(out)) {
+		out = path.resolve(ctx.workspaceFolder, out);
+	}
+	return out;
+}
+
+function isInt(value: unknown): value is number {
+	return typeof value === 'number' && Number.isInteger(value);
+}
+
+/**
+ * Read and validate. A bad value falls back to the default with a message,
+ * never an exception: a typo in settings.json must not take completions away.
+ */
+export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathContext()): ReadResult {
+	const problems: string[] = [];
+	const s: KspecSettings = { ...DEFAULTS, languages: [...DEFAULTS.languages], server: { ...DEFAULTS.server, args: [...DEFAULTS.server.args], env: {} } };
+
+	function take<T>(key: string, ok: (v: unknown) => v is T, expected: string, apply: (v: T) => void): void {
+		const value = cfg.get<unknown>(key);
+		if (value === undefined || value === null) {
+			return;
+		}
+		if (ok(value)) {
+			apply(value);
+		} else {
+			problems.push(`kspec.${key}: expected ${expected}, got ${JSON.stringify(value)}; using the default`);
+		}
+	}
+	const isBool = (v: unknown): v is boolean => typeof v === 'boolean';
+	const isString = (v: unknown): v is string => typeof v === 'string';
+	const intIn = (lo: number, hi: number) => (v: unknown): v is number => isInt(v) && v >= lo && v <= hi;
+	const numIn = (lo: number, hi: number) => (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v) && v >= lo && v <= hi;
+	const isStringList = (v: unknown): v is string[] => Array.isArray(v) && v.every((x) => typeof x === 'string');
+	const isMode = (v: unknown): v is 'diverse' | 'sample' => v === 'diverse' || v === 'sample';
+	const isEnv = (v: unknown): v is Record<string, string> =>
+		typeof v === 'object' && v !== null && !Array.isArray(v) && Object.values(v).every((x) => typeof x === 'string');
+
+	take('enabled', isBool, 'true or false', (v) => { s.enabled = v; });
+	take('model', isString, 'a path (or empty for the embedded demo model)', (v) => { s.model = v.trim() === '' ? null : expandPath(v, ctx); });
+	take('draft', isString, 'a path (or empty for none)', (v) => { s.draft = v.trim() === '' ? null : expandPath(v, ctx); });
+	take('k', intIn(1, 16), 'an integer from 1 to 16', (v) => { s.k = v; });
+	take('maxTokens', intIn(1, 512), 'an integer from 1 to 512', (v) => { s.maxTokens = v; });
+	take('mode', isMode, '"diverse" or "sample"', (v) => { s.mode = v; });
+	take('temperature', numIn(0, 2), 'a number from 0 to 2', (v) => { s.temperature = v; });
+	take('debounceMs', intIn(0, 5000), 'an integer from 0 to 5000', (v) => { s.debounceMs = v; });
+	take('deadlineMs', intIn(50, 600000), 'an integer from 50 to 600000', (v) => { s.deadlineMs = v; });
+	take('languages', isStringList, 'a list of language ids', (v) => { s.languages = v.map((x) => x.trim()).filter((x) => x !== ''); });
+	take('server.command', isString, 'a command or path', (v) => { s.server.command = v.trim(); });
+	take('server.args', isStringList, 'a list of strings', (v) => { s.server.args = [...v]; });
+	take('server.env', isEnv, 'an object of string values', (v) => { s.server.env = { ...v }; });
+	return { settings: s, problems };
+}
+
+/** The flat object the server reads. */
+export function toServerSettings(s: KspecSettings): ServerSettings {
+	return {
+		model: s.model,
+		draft: s.draft,
+		k: s.k,
+		maxTokens: s.maxTokens,
+		mode: s.mode,
+		temperature: s.temperature,
+		debounceMs: s.debounceMs,
+		deadlineMs: s.deadlineMs,
+		languages: [...s.languages],
+		enabled: s.enabled,
+	};
+}
+
+/** Whether to ask the server at all for a document of this language. */
+export function shouldComplete(s: ServerSettings, languageId: string): boolean {
+	return s.enabled && (s.languages.length === 0 || s.languages.includes(languageId));
+}
+
+/** Did a configuration change touch something that needs a new server process? */
+export function needsRestart(before: KspecSettings, after: KspecSettings): boolean {
+	return JSON.stringify(before.server) !== JSON.stringify(after.server);
+}

@@ -1,0 +1,145 @@
+// The status bar item's state: fed by `$/kspec/status` notifications and by the
+// client's own life cycle (starting, stopped, failed to start, disabled). No `vscode`
+// import; extension.ts copies `view()` onto a StatusBarItem.
+
+export const STATUS_METHOD = '$/kspec/status';
+
+export type ServerState = 'loading' | 'ready' | 'error';
+
+export interface StatusParams {
+	state: ServerState;
+	message: string;
+	progress: number | null;
+	lastLatencyMs: number | null;
+}
+
+/** Validate a notification's params; undefined for anything malformed (logged, ignored). */
+export function parseStatus(raw: unknown): StatusParams | undefined {
+	if (typeof raw !== 'object' || raw === null) {
+		return undefined;
+	}
+	const r = raw as Record<string, unknown>;
+	if (r.state !== 'loading' && r.state !== 'ready' && r.state !== 'error') {
+		return undefined;
+	}
+	const num = (v: unknown): number | null => (typeof v === 'number' && Number.isFinite(v) ? v : null);
+	return {
+		state: r.state,
+		message: typeof r.message === 'string' ? r.message : '',
+		progress: num(r.progress),
+		lastLatencyMs: num(r.lastLatencyMs),
+	};
+}
+
+export type ClientPhase = 'starting' | 'running' | 'stopped' | 'failed';
+
+export type Severity = 'normal' | 'warning' | 'error';
+
+export interface StatusView {
+	text: string;
+	tooltip: string;
+	/** Command id run on click. */
+	command: string;
+	severity: Severity;
+}
+
+export const COMMANDS = {
+	toggle: 'kspec.toggle',
+	restart: 'kspec.restart',
+	showLog: 'kspec.showLog',
+} as const;
+
+/** Progress as a whole percentage; the server sends a fraction in [0, 1]. */
+export function percent(progress: number): number {
+	return Math.round(Math.min(1, Math.max(0, progress)) * 100);
+}
+
+function ms(value: number): string {
+	return value >= 10000 ? `${(value / 1000).toFixed(1)} s` : `${Math.round(value)} ms`;
+}
+
+export class StatusModel {
+	private enabled = true;
+	private phase: ClientPhase = 'starting';
+	private phaseMessage = '';
+	private server: StatusParams | undefined;
+	/** The last latency the server reported; kept when a later `ready` carries none. */
+	private lastLatencyMs: number | null = null;
+
+	setEnabled(enabled: boolean): void {
+		this.enabled = enabled;
+	}
+
+	/** The client's life cycle. A new start forgets the previous server's state. */
+	setPhase(phase: ClientPhase, message = ''): void {
+		if (phase === 'starting') {
+			this.server = undefined;
+			this.lastLatencyMs = null;
+		}
+		this.phase = phase;
+		this.phaseMessage = message;
+	}
+
+	onServerStatus(params: StatusParams): void {
+		this.server = params;
+		if (params.lastLatencyMs !== null) {
+			this.lastLatencyMs = params.lastLatencyMs;
+		}
+	}
+
+	view(): StatusView {
+		const clickLog = `Click to show the log.`;
+		if (this.phase === 'failed' || this.phase === 'stopped') {
+			const what = this.phase === 'failed' ? 'could not start' : 'stopped';
+			return {
+				text: '$(error) kspec',
+				tooltip: `kspec server ${what}${this.phaseMessage ? ': ' + this.phaseMessage : ''}. ${clickLog}`,
+				command: COMMANDS.showLog,
+				severity: 'error',
+			};
+		}
+		if (this.server?.state === 'error') {
+			return {
+				text: '$(error) kspec',
+				tooltip: `kspec: ${this.server.message || 'error'}. ${clickLog}`,
+				command: COMMANDS.showLog,
+				severity: 'error',
+			};
+		}
+		if (!this.enabled) {
+			return {
+				text: '$(circle-slash) kspec',
+				tooltip: 'kspec completions are off. Click to turn them on.',
+				command: COMMANDS.toggle,
+				severity: 'warning',
+			};
+		}
+		if (this.phase === 'starting' || this.server === undefined) {
+			return {
+				text: '$(loading~spin) kspec',
+				tooltip: 'kspec: starting the server. Click to turn completions off.',
+				command: COMMANDS.toggle,
+				severity: 'normal',
+			};
+		}
+		if (this.server.state === 'loading') {
+			const pct = this.server.progress === null ? '' : ` ${percent(this.server.progress)}%`;
+			return {
+				text: `$(loading~spin) kspec${pct}`,
+				tooltip: `kspec: ${this.server.message || 'loading the model'}${pct}. Click to turn completions off.`,
+				command: COMMANDS.toggle,
+				severity: 'normal',
+			};
+		}
+		const latency = this.lastLatencyMs === null ? '' : ` ${ms(this.lastLatencyMs)}`;
+		return {
+			text: `$(check) kspec${latency}`,
+			tooltip:
+				`kspec: ${this.server.message || 'ready'}` +
+				(this.lastLatencyMs === null ? '' : ` (last completion ${ms(this.lastLatencyMs)})`) +
+				'. Click to turn completions off.',
+			command: COMMANDS.toggle,
+			severity: 'normal',
+		};
+	}
+}

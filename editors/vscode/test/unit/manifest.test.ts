@@ -1,0 +1,48 @@
+// package.json is the UI of the settings and commands: it must agree with the code.
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+import { DEFAULTS, SERVER_KEYS } from '../../src/settings';
+import { COMMANDS } from '../../src/status';
+
+const root = path.resolve(__dirname, '..', '..', '..');
+const manifest = JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8'));
+const props: Record<string, { default: unknown }> = manifest.contributes.configuration.properties;
+
+describe('package.json', () => {
+	it('declares every server setting with the same default as the code', () => {
+		for (const key of SERVER_KEYS) {
+			const prop = props[`kspec.${key}`];
+			assert.ok(prop, `kspec.${key} missing from contributes.configuration`);
+			assert.deepEqual(prop.default, DEFAULTS[key], `default of kspec.${key}`);
+		}
+	});
+
+	it('declares the launch settings with the same defaults', () => {
+		assert.equal(props['kspec.server.command'].default, DEFAULTS.server.command);
+		assert.deepEqual(props['kspec.server.args'].default, DEFAULTS.server.args);
+		assert.deepEqual(props['kspec.server.env'].default, DEFAULTS.server.env);
+	});
+
+	it('declares nothing the code does not read (besides trace.server, read by the client library)', () => {
+		const known = new Set([...SERVER_KEYS.map((k) => `kspec.${k}`), 'kspec.server.command', 'kspec.server.args', 'kspec.server.env', 'kspec.trace.server']);
+		assert.deepEqual(Object.keys(props).filter((k) => !known.has(k)), []);
+	});
+
+	it('contributes every command the status bar and the extension use', () => {
+		const declared = new Set(manifest.contributes.commands.map((c: { command: string }) => c.command));
+		for (const id of Object.values(COMMANDS)) {
+			assert.ok(declared.has(id), id);
+		}
+	});
+
+	it('points main at the compiled extension and asks for a VS Code the client library supports', () => {
+		assert.equal(manifest.main, './out/src/extension.js');
+		assert.ok(fs.existsSync(path.join(root, manifest.main)), 'compile first');
+		const client = JSON.parse(fs.readFileSync(path.join(root, 'node_modules/vscode-languageclient/package.json'), 'utf8'));
+		assert.equal(manifest.engines.vscode, client.engines.vscode);
+		const [major] = client.version.split('.').map(Number);
+		assert.ok(major >= 10, `vscode-languageclient ${client.version} < 10 has no inline completion by default`);
+	});
+});

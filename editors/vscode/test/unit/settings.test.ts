@@ -1,0 +1,97 @@
+import assert from 'node:assert/strict';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+import { DEFAULTS, expandPath, needsRestart, readSettings, SERVER_KEYS, shouldComplete, toServerSettings } from '../../src/settings';
+
+/** A stand-in for vscode.WorkspaceConfiguration: nested keys as 'server.command'. */
+function config(values: Record<string, unknown>) {
+	return { get: <T>(key: string): T | undefined => values[key] as T | undefined };
+}
+const ctx = { home: '/home/u', workspaceFolder: '/proj' };
+
+describe('readSettings', () => {
+	it('gives the defaults when nothing is set', () => {
+		const { settings, problems } = readSettings(config({}), ctx);
+		assert.deepEqual(settings, DEFAULTS);
+		assert.deepEqual(problems, []);
+	});
+
+	it('takes every valid value and maps it onto the server keys', () => {
+		const { settings, problems } = readSettings(config({
+			enabled: false, model: '~/models/qwen', draft: '${workspaceFolder}/draft.gguf', k: 7, maxTokens: 100,
+			mode: 'sample', temperature: 0.6, debounceMs: 10, deadlineMs: 900, languages: ['python', ' go ', ''],
+			'server.command': ' /opt/kspec/bin/kspec ', 'server.args': ['lsp', '--log', 'debug'], 'server.env': { KSPEC_X: '1' },
+		}), ctx);
+		assert.deepEqual(problems, []);
+		assert.deepEqual(toServerSettings(settings), {
+			model: '/home/u/models/qwen', draft: '/proj/draft.gguf', k: 7, maxTokens: 100, mode: 'sample',
+			temperature: 0.6, debounceMs: 10, deadlineMs: 900, languages: ['python', 'go'], enabled: false,
+		});
+		assert.deepEqual(settings.server, { command: '/opt/kspec/bin/kspec', args: ['lsp', '--log', 'debug'], env: { KSPEC_X: '1' } });
+	});
+
+	it('sends exactly the server keys, none of the client-only ones', () => {
+		const sent = toServerSettings(readSettings(config({ 'server.command': 'x' }), ctx).settings);
+		assert.deepEqual(Object.keys(sent).sort(), [...SERVER_KEYS].sort());
+		assert.ok(!('server' in sent));
+	});
+
+	it('empty model and draft mean null (the embedded default, no draft)', () => {
+		const s = readSettings(config({ model: '  ', draft: '' }), ctx).settings;
+		assert.equal(s.model, null);
+		assert.equal(s.draft, null);
+	});
+
+	it('falls back to the default, with one message per bad value, never throws', () => {
+		const { settings, problems } = readSettings(config({
+			k: 0, maxTokens: 2.5, mode: 'greedy', temperature: -1, debounceMs: '50', deadlineMs: 10,
+			languages: 'python', enabled: 'yes', model: 3, 'server.args': 'lsp', 'server.env': { A: 1 },
+		}), ctx);
+		const expected = { ...DEFAULTS, server: { ...DEFAULTS.server } };
+		assert.deepEqual(settings, expected);
+		assert.equal(problems.length, 11);
+		assert.ok(problems.some((p) => p.startsWith('kspec.k: expected an integer from 1 to 16')));
+		assert.ok(problems.some((p) => p.startsWith('kspec.mode: expected "diverse" or "sample", got "greedy"')));
+	});
+
+	it('does not share arrays with DEFAULTS (a later mutation cannot leak)', () => {
+		const s = readSettings(config({}), ctx).settings;
+		s.languages.push('x');
+		s.server.args.push('y');
+		assert.deepEqual(DEFAULTS.languages, []);
+		assert.deepEqual(DEFAULTS.server.args, ['lsp']);
+	});
+});
+
+describe('expandPath', () => {
+	it('expands ~, ${workspaceFolder}, ${env:X} and resolves relative paths in the workspace', () => {
+		assert.equal(expandPath('~', ctx), '/home/u');
+		assert.equal(expandPath('~/m', ctx), path.join('/home/u', 'm'));
+		assert.equal(expandPath('${workspaceFolder}/m', ctx), '/proj/m');
+		assert.equal(expandPath('${env:MODELS}/q', ctx, { MODELS: '/data' }), '/data/q');
+		assert.equal(expandPath('models/q.gguf', ctx), path.resolve('/proj', 'models/q.gguf'));
+	});
+	it('leaves bare names alone (hub ids, commands on PATH)', () => {
+		assert.equal(expandPath('kspec', ctx), 'kspec');
+		assert.equal(expandPath('/abs/x', { home: '/h' }), '/abs/x');
+	});
+});
+
+describe('shouldComplete', () => {
+	it('is off when disabled, on for every language when the list is empty, else only listed', () => {
+		const on = { ...DEFAULTS };
+		assert.equal(shouldComplete(on, 'python'), true);
+		assert.equal(shouldComplete({ ...on, enabled: false }, 'python'), false);
+		assert.equal(shouldComplete({ ...on, languages: ['go'] }, 'python'), false);
+		assert.equal(shouldComplete({ ...on, languages: ['go', 'python'] }, 'python'), true);
+	});
+});
+
+describe('needsRestart', () => {
+	it('only for the launch settings; model/k/... go through didChangeConfiguration', () => {
+		const a = readSettings(config({}), ctx).settings;
+		assert.equal(needsRestart(a, readSettings(config({ k: 2, model: '/m' }), ctx).settings), false);
+		assert.equal(needsRestart(a, readSettings(config({ 'server.command': '/x/kspec' }), ctx).settings), true);
+		assert.equal(needsRestart(a, readSettings(config({ 'server.env': { A: 'b' } }), ctx).settings), true);
+	});
+});

@@ -1,0 +1,116 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { COMMANDS, parseStatus, percent, StatusModel } from '../../src/status';
+
+const ready = (lastLatencyMs: number | null, message = 'ready') => ({ state: 'ready' as const, message, progress: null, lastLatencyMs });
+
+describe('parseStatus', () => {
+	it('accepts the contract shape', () => {
+		assert.deepEqual(parseStatus({ state: 'loading', message: 'loading model', progress: 0.25, lastLatencyMs: null }),
+			{ state: 'loading', message: 'loading model', progress: 0.25, lastLatencyMs: null });
+	});
+	it('tolerates missing optional fields', () => {
+		assert.deepEqual(parseStatus({ state: 'ready' }), { state: 'ready', message: '', progress: null, lastLatencyMs: null });
+	});
+	it('rejects what is not a status', () => {
+		for (const bad of [null, undefined, 'ready', 42, [], {}, { state: 'READY' }, { state: 'done', message: 'x' }]) {
+			assert.equal(parseStatus(bad), undefined, JSON.stringify(bad));
+		}
+	});
+	it('drops non-finite numbers', () => {
+		assert.deepEqual(parseStatus({ state: 'ready', progress: 'x', lastLatencyMs: Number.NaN }),
+			{ state: 'ready', message: '', progress: null, lastLatencyMs: null });
+	});
+});
+
+describe('StatusModel', () => {
+	it('shows starting until the server says something', () => {
+		const m = new StatusModel();
+		assert.match(m.view().text, /loading~spin/);
+		m.setPhase('running');
+		assert.match(m.view().text, /loading~spin/);
+		assert.equal(m.view().command, COMMANDS.toggle);
+	});
+
+	it('shows loading progress as a percentage', () => {
+		const m = new StatusModel();
+		m.setPhase('running');
+		m.onServerStatus({ state: 'loading', message: 'dequantizing', progress: 0.424, lastLatencyMs: null });
+		const v = m.view();
+		assert.equal(v.text, '$(loading~spin) kspec 42%');
+		assert.match(v.tooltip, /dequantizing 42%/);
+		m.onServerStatus({ state: 'loading', message: 'loading', progress: null, lastLatencyMs: null });
+		assert.equal(m.view().text, '$(loading~spin) kspec');
+	});
+
+	it('shows ready with the last latency, kept when a later ready has none', () => {
+		const m = new StatusModel();
+		m.setPhase('running');
+		m.onServerStatus(ready(null));
+		assert.equal(m.view().text, '$(check) kspec');
+		m.onServerStatus(ready(123.6));
+		assert.equal(m.view().text, '$(check) kspec 124 ms');
+		m.onServerStatus(ready(null));
+		assert.equal(m.view().text, '$(check) kspec 124 ms');
+		m.onServerStatus(ready(12345));
+		assert.equal(m.view().text, '$(check) kspec 12.3 s');
+		assert.equal(m.view().severity, 'normal');
+	});
+
+	it('shows a server error with a click that opens the log', () => {
+		const m = new StatusModel();
+		m.setPhase('running');
+		m.onServerStatus({ state: 'error', message: 'engine died', progress: null, lastLatencyMs: null });
+		const v = m.view();
+		assert.equal(v.text, '$(error) kspec');
+		assert.equal(v.command, COMMANDS.showLog);
+		assert.equal(v.severity, 'error');
+		assert.match(v.tooltip, /engine died/);
+		// and recovers when the server does
+		m.onServerStatus(ready(50));
+		assert.equal(m.view().command, COMMANDS.toggle);
+	});
+
+	it('an error outranks "disabled"; "disabled" outranks loading and ready', () => {
+		const m = new StatusModel();
+		m.setPhase('running');
+		m.onServerStatus(ready(10));
+		m.setEnabled(false);
+		assert.equal(m.view().text, '$(circle-slash) kspec');
+		assert.equal(m.view().severity, 'warning');
+		m.onServerStatus({ state: 'error', message: 'x', progress: null, lastLatencyMs: null });
+		assert.equal(m.view().severity, 'error');
+	});
+
+	it('a process that failed to start or stopped is an error with the log on click', () => {
+		const m = new StatusModel();
+		m.setPhase('failed', 'kspec was not found');
+		assert.equal(m.view().command, COMMANDS.showLog);
+		assert.match(m.view().tooltip, /could not start: kspec was not found/);
+		m.setPhase('starting');
+		m.setPhase('running');
+		m.onServerStatus(ready(5));
+		m.setPhase('stopped', 'the process exited');
+		assert.equal(m.view().severity, 'error');
+		assert.match(m.view().tooltip, /stopped: the process exited/);
+	});
+
+	it('a restart forgets the previous server state and latency', () => {
+		const m = new StatusModel();
+		m.setPhase('running');
+		m.onServerStatus(ready(99));
+		m.setPhase('starting');
+		m.setPhase('running');
+		assert.match(m.view().text, /loading~spin/);
+		m.onServerStatus(ready(null));
+		assert.equal(m.view().text, '$(check) kspec');
+	});
+});
+
+describe('percent', () => {
+	it('clamps to 0..100', () => {
+		assert.equal(percent(-1), 0);
+		assert.equal(percent(0.5), 50);
+		assert.equal(percent(3), 100);
+	});
+});
