@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from engine.generate import Branch, BranchTracker, DecodeLimits, decode_regular
 from engine.models.hf_folder import load_transformer
 from engine.models.resolve import resolve_model
 from engine.models.transformer import Transformer
+from engine.prefix_cache import PrefixCache, PrefixCacheConfig
 from engine.prompt import PromptBudget, build_prompt
 from engine.sampling import SamplingParams
 from engine.stopping import rule_for_cursor
@@ -74,6 +76,8 @@ def sampling_params(request: CompletionRequest) -> SamplingParams:
 class CompletionEngine:
     def __init__(self, target: LoadedModel, config: EngineConfig, draft: LoadedModel | None = None):
         self.target, self.draft, self.config = target, draft, config
+        self.prefix_cache = PrefixCache(PrefixCacheConfig(max_bytes=config.prefix_cache_mb * 1024 * 1024))
+        self._busy = threading.Lock()  # one request at a time: the model and caches are not re-entrant
 
     @classmethod
     def load(cls, config: EngineConfig) -> "CompletionEngine":
@@ -91,6 +95,10 @@ class CompletionEngine:
 
     def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult:
         validate_request(request)
+        with self._busy:
+            return self._complete(request, cancel)
+
+    def _complete(self, request: CompletionRequest, cancel: CancelToken | None) -> CompletionResult:
         started = time.perf_counter()
         deadline = time.monotonic() + request.deadline_ms / 1000
         tokenizer = self.target.tokenizer
@@ -104,11 +112,15 @@ class CompletionEngine:
             prompt.ids,
             prompt.healed_text,
         )
-        output = decode_regular(self.target.model, tracker, request.k, sampling_params(request), cancel, diverse=request.mode == "diverse")
+        prefill = self.prefix_cache.prefill(self.target.model, prompt.ids)
+        output = decode_regular(
+            self.target.model, tracker, request.k, sampling_params(request), cancel, request.mode == "diverse", prefill
+        )
         post_started = time.perf_counter()
         completions = rank_plain(output.branches)
         timing = {
-            "prefill": output.prefill_ms,
+            "prefill": (post_started - started) * 1000 - output.decode_ms,
+            "reused_prompt_tokens": float(prefill.reused_tokens),
             "decode": output.decode_ms,
             "postprocess": (time.perf_counter() - post_started) * 1000,
             "total": (time.perf_counter() - started) * 1000,

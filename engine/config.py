@@ -19,6 +19,7 @@ class EngineConfig:
     prompt_tokens: int = 1536  # token budget for prefix + suffix
     threads: int | None = None  # torch intra-op threads; None keeps torch's default
     progress: bool = True  # progress bar while converting a GGUF file
+    prefix_cache_mb: int = 512  # KV of recent prompts kept for reuse across keystrokes; 0 disables
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -27,6 +28,8 @@ class EngineConfig:
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.prompt_tokens < 16:
             raise ValueError(f"prompt_tokens must be >= 16, got {self.prompt_tokens}")
+        if self.prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 

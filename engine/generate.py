@@ -11,7 +11,8 @@ import torch
 
 from engine.api import CancelToken
 from engine.healing import HealingBias, consume
-from engine.kv import RaggedKVCache
+from engine.kv import BranchKVCache, KVCache, RaggedKVCache
+from engine.prefix_cache import Prefill, prefill_uncached
 from engine.models.transformer import Transformer
 from engine.sampling import SamplingParams, choose_tokens, distinct_first_tokens
 from engine.stopping import StopRule
@@ -107,9 +108,14 @@ def decode_regular(
     params: SamplingParams,
     cancel: CancelToken | None = None,
     diverse: bool = False,
+    prefill: Prefill | None = None,
+    shared_prefix: bool = True,
 ) -> DecodeOutput:
     """k sequences from `tracker.prompt_ids`, one token per sequence per step.
 
+    The prompt's KV comes from `prefill` (e.g. from the prefix cache) or is computed once
+    at batch 1. shared_prefix: branches attend over one stored copy of it (bifurcated
+    attention); False copies it into k rows (the replicated baseline).
     diverse: the k branches start from the k most likely distinct first tokens, then
     continue with `params` (greedy when its temperature is 0)."""
     prompt_ids = tracker.prompt_ids
@@ -117,16 +123,14 @@ def decode_regular(
         raise ValueError("the prompt is empty")
     limits = tracker.limits
     generator = torch.Generator().manual_seed(params.seed)
-    capacity = len(prompt_ids) + limits.max_new_tokens + 1
     started = time.perf_counter()
     with torch.inference_mode():
-        prompt_cache = RaggedKVCache(model.cache_shape, 1, capacity, model.dtype, model.device)
-        hidden = model(torch.tensor([prompt_ids], device=model.device), prompt_cache)  # [1, P, dim]
-        prompt_cache.advance(len(prompt_ids))
-        logits = model.logits(hidden[:, -1]).expand(k, -1)  # [k, V]
-        healing = HealingBias(tracker.tokenizer, logits.shape[-1], logits.device)
-        cache = prompt_cache.replicate_row(0, k) if k > 1 else prompt_cache
+        if prefill is None:
+            prefill = prefill_uncached(model, prompt_ids)
+        cache = _branch_cache(prefill.cache, k, limits.max_new_tokens + 1, shared_prefix)
+        logits = prefill.last_logits[None].expand(k, -1)  # [k, V]
         prefill_ms = (time.perf_counter() - started) * 1000
+        healing = HealingBias(tracker.tokenizer, logits.shape[-1], logits.device)
         branches = [Branch(heal_remaining=tracker.healed_text) for _ in range(k)]
         detoks = [tracker.new_detokenizer() for _ in range(k)]
         steps = 0
@@ -146,6 +150,17 @@ def decode_regular(
             logits = model.step(tokens[:, None], cache)  # [k, V]
     decode_ms = (time.perf_counter() - started) * 1000 - prefill_ms
     return DecodeOutput(branches, prefill_ms, decode_ms, steps)
+
+
+def _branch_cache(prompt: RaggedKVCache, k: int, new_tokens: int, shared_prefix: bool) -> KVCache:
+    if shared_prefix:
+        return BranchKVCache.from_prompt(prompt, k, new_tokens)
+    replicated = RaggedKVCache(prompt.shape, k, prompt.lengths[0] + new_tokens, prompt.keys.dtype, prompt.keys.device)
+    length = prompt.lengths[0]
+    replicated.keys[:, :, :, :length] = prompt.keys[:, :1, :, :length]
+    replicated.values[:, :, :, :length] = prompt.values[:, :1, :, :length]
+    replicated.lengths = [length] * k
+    return replicated
 
 
 def _interrupted(branches: list[Branch], limits: DecodeLimits, cancel: CancelToken | None) -> bool:

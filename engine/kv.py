@@ -14,7 +14,7 @@ different numbers of draft tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol, Sequence, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -31,12 +31,21 @@ class StepContext:
     n_new: int  # T
 
 
+_StepT = TypeVar("_StepT", bound=StepContext)
+
+
 class KVCache(Protocol):
     def prepare(self, n_new: int) -> StepContext: ...
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, step: StepContext) -> Tensor: ...
 
     def advance(self, n_kept: int | Sequence[int]) -> None: ...
+
+
+def _expect(step: StepContext, kind: type[_StepT]) -> _StepT:
+    if not isinstance(step, kind):
+        raise TypeError(f"{type(step).__name__} was prepared by another cache (expected {kind.__name__})")
+    return step
 
 
 @dataclass(frozen=True)
@@ -115,7 +124,7 @@ class RaggedKVCache:
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, step: StepContext) -> Tensor:
         """q [B, H, T, D], k/v [B, Hkv, T, D] -> [B, H, T, D]."""
-        assert isinstance(step, _RaggedStep)
+        step = _expect(step, _RaggedStep)
         keys, values = self.keys[layer], self.values[layer]  # [B, Hkv, C, D]
         if step.uniform_start is not None:
             stop = step.uniform_start + step.n_new
@@ -146,11 +155,111 @@ class RaggedKVCache:
             raise ValueError(f"truncate row {row} to {length}: it holds {self.lengths[row]}")
         self.lengths[row] = length
 
-    def replicate_row(self, row: int, batch: int) -> "RaggedKVCache":
-        """A new cache of `batch` rows, each a copy of `row` (one copy, at set-up time)."""
-        length = self.lengths[row]
-        copy = RaggedKVCache(self.shape, batch, self.capacity, self.keys.dtype, self.keys.device)
-        copy.keys[:, :, :, :length] = self.keys[:, row : row + 1, :, :length]
-        copy.values[:, :, :, :length] = self.values[:, row : row + 1, :, :length]
-        copy.lengths = [length] * batch
-        return copy
+
+@dataclass(frozen=True)
+class _BranchStep(StepContext):
+    write_positions: Tensor = None  # type: ignore[assignment]  # [k, T] slots in each branch buffer
+    lengths_after: Tensor = None  # type: ignore[assignment]  # [k] branch entries incl. the T new ones
+
+
+class BranchKVCache:
+    """k branches over one shared prompt: the prompt's KV is stored once (batch 1), each
+    branch owns only the KV of the tokens it generated, preallocated and written by index.
+    Attention is bifurcated (kernels/bifurcated.py): one matmul over the prefix for all
+    branches, one per branch over its own entries, merged with log-sum-exp.
+
+    prefix_keys/values [L, 1, Hkv, P, D]; branch buffers [L, k, Hkv, capacity, D].
+    """
+
+    def __init__(
+        self,
+        shape: CacheShape,
+        prefix_keys: Tensor,
+        prefix_values: Tensor,
+        k: int,
+        capacity: int,
+    ):
+        if k <= 0 or capacity <= 0:
+            raise ValueError(f"k and capacity must be > 0, got {k}, {capacity}")
+        self.shape = shape
+        self.prefix_keys, self.prefix_values = prefix_keys, prefix_values  # [L, 1, Hkv, P, D]
+        self.prefix_len = prefix_keys.shape[3]
+        self.capacity = capacity
+        buffer_shape = (shape.n_layers, k, shape.n_kv_heads, capacity, shape.head_dim)
+        dtype, device = prefix_keys.dtype, prefix_keys.device
+        self.keys = torch.zeros(buffer_shape, dtype=dtype, device=device)  # [L, k, Hkv, S, D]
+        self.values = torch.zeros(buffer_shape, dtype=dtype, device=device)  # [L, k, Hkv, S, D]
+        self.lengths: list[int] = [0] * k  # generated entries per branch
+
+    @classmethod
+    def from_prompt(cls, prompt: RaggedKVCache, k: int, capacity: int) -> "BranchKVCache":
+        """Branches over row 0 of a prefilled batch-1 cache (a view, not a copy)."""
+        length = prompt.lengths[0]
+        keys = prompt.keys[:, :1, :, :length]  # [L, 1, Hkv, P, D]
+        values = prompt.values[:, :1, :, :length]
+        return cls(prompt.shape, keys, values, k, capacity)
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the prefix once plus every branch buffer."""
+        element = self.keys.element_size()
+        return 2 * element * (self.prefix_keys[:, :, :, : self.prefix_len].numel() + self.keys.numel())
+
+    def prepare(self, n_new: int) -> StepContext:
+        device = self.keys.device
+        if max(self.lengths) + n_new > self.capacity:
+            raise InputError(f"branch length {max(self.lengths) + n_new} exceeds the branch capacity of {self.capacity}")
+        lengths = torch.tensor(self.lengths, device=device)  # [k]
+        write_positions = lengths[:, None] + torch.arange(n_new, device=device)  # [k, T]
+        return _BranchStep(self.prefix_len + write_positions, n_new, write_positions, lengths + n_new)
+
+    def write(self, layer: int, k: Tensor, v: Tensor, step: StepContext) -> None:
+        """k/v [k, Hkv, T, D] into each branch's next T slots."""
+        step = _expect(step, _BranchStep)
+        rows = torch.arange(self.batch, device=k.device)[:, None]  # [k, 1]
+        self.keys[layer][rows, :, step.write_positions] = k.transpose(1, 2)  # [k, T, Hkv, D] by index
+        self.values[layer][rows, :, step.write_positions] = v.transpose(1, 2)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, step: StepContext) -> Tensor:
+        """q [k, H, T, D], k/v [k, Hkv, T, D] -> [k, H, T, D]."""
+        from kernels.bifurcated import bifurcated_attention
+
+        step = _expect(step, _BranchStep)
+        self.write(layer, k, v, step)
+        return bifurcated_attention(
+            q,
+            self.prefix_keys[layer],
+            self.prefix_values[layer],
+            self.keys[layer],
+            self.values[layer],
+            step.lengths_after,
+            sliding_window=self.shape.sliding_window,
+        )
+
+    def advance(self, n_kept: int | Sequence[int]) -> None:
+        kept = [n_kept] * self.batch if isinstance(n_kept, int) else list(n_kept)
+        if len(kept) != self.batch:
+            raise ValueError(f"advance: got {len(kept)} counts for {self.batch} branches")
+        self.lengths = [length + n for length, n in zip(self.lengths, kept)]
+
+    def truncate(self, branch: int, length: int) -> None:
+        """Roll a branch back to its first `length` generated entries (rejected drafts)."""
+        if not 0 <= length <= self.lengths[branch]:
+            raise ValueError(f"truncate branch {branch} to {length}: it holds {self.lengths[branch]}")
+        self.lengths[branch] = length
+
+    def fork(self, source: int, target: int) -> None:
+        """Make branch `target` a copy of branch `source` (its entries and length)."""
+        length = self.lengths[source]
+        self.keys[:, target, :, :length] = self.keys[:, source, :, :length]
+        self.values[:, target, :, :length] = self.values[:, source, :, :length]
+        self.lengths[target] = length
+
+    def branch_entries(self, branch: int) -> tuple[Tensor, Tensor]:
+        """The valid K and V of one branch: [L, Hkv, len, D] each (views)."""
+        length = self.lengths[branch]
+        return self.keys[:, branch, :, :length], self.values[:, branch, :, :length]
