@@ -4,26 +4,28 @@ undefined names it reads and local variables it binds but never uses.
 The prefix + suffix is parsed once per request (`Checker`); each alternative is then an
 edit of that tree (tree-sitter reparses incrementally: ~0.2 ms for a 9 kB file instead of
 ~1 ms). "Introduces" is literal: an ERROR or MISSING node of the assembled file counts
-unless the file without the completion has the same node (same kind, same place once the
-completion's length is taken out), so a file that was already broken at the cursor is not
-held against the completion. tree-sitter-python does not see indentation errors (an empty
-block, an unexpected indent); pyindent.py adds those. Python names: pyscope.py (tree-sitter
-scopes, not pyflakes).
+unless the file without the completion has an error around the same place (once the
+completion's length is taken out), so a file that was already broken is not held against
+the completion. For Python, pylines.py adds the line-structure errors tree-sitter-python
+accepts (an empty block, a bad indent, a line ending in an operator) and Python 2
+`print x` statements count as errors. Python names: pyscope.py (tree-sitter scopes, not
+pyflakes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import tree_sitter
 
 from engine.syntax import pyscope
 from engine.syntax.context import CursorContext, build_context
-from engine.syntax.languages import new_parser, normalize_language
-from engine.syntax.pyindent import indentation_errors
+from engine.syntax.languages import new_parser, normalize_language, ts_language
+from engine.syntax.pylines import line_errors
 
 ANALYSIS = (
-    "tree-sitter ERROR/MISSING nodes new relative to prefix+suffix (+ Python indentation rules); "
+    "tree-sitter ERROR/MISSING nodes new relative to prefix+suffix (+ Python line rules); "
     "Python names by tree-sitter scopes"
 )
 
@@ -41,6 +43,11 @@ class CheckResult:
     @property
     def static_errors(self) -> int:
         return len(self.undefined_names) + len(self.unused_variables)
+
+
+@lru_cache(maxsize=None)
+def _python2_query() -> tree_sitter.Query:
+    return tree_sitter.Query(ts_language("python"), "(print_statement) @s (exec_statement) @s")
 
 
 def error_nodes(root: tree_sitter.Node) -> list[tree_sitter.Node]:
@@ -86,7 +93,7 @@ class Checker:
         if self.language == "python":
             self.outer = pyscope.collect_bindings(self.baseline.root_node)
             self.ctx = ctx if ctx is not None else build_context(prefix, suffix, self.language)
-            self.baseline_indentation = indentation_errors(self.ctx, "")
+            self.baseline_lines = line_errors(self.ctx, "")
 
     def _signature(self, node: tree_sitter.Node, inserted: int) -> tuple[str, int, int]:
         """(kind, start, end) in prefix+suffix coordinates; -1 for a place inside the completion."""
@@ -117,12 +124,26 @@ class Checker:
         return self.parser.parse(self.prefix + inserted + self.suffix, tree), len(inserted)
 
     def syntax_errors(self, tree: tree_sitter.Tree, inserted: int) -> int:
+        """Error nodes of the assembled file that prefix + suffix does not explain.
+
+        An error explains another when its span (completion taken out) contains it: error
+        recovery often re-cuts a pre-existing ERROR node once text is inserted before it.
+        Any error with an end inside the completion is the completion's.
+        """
         new = 0
         for node in error_nodes(tree.root_node):
-            signature = self._signature(node, inserted)
-            if -1 in signature[1:] or signature not in self.baseline_errors:
+            _, start, end = self._signature(node, inserted)
+            if start == -1 or end == -1 or not any(
+                old_start <= start and end <= old_end for _, old_start, old_end in self.baseline_errors
+            ):
                 new += 1
         return new
+
+    def _python2_statements(self, tree: tree_sitter.Tree, inserted: int) -> int:
+        """`print x` / `exec code`: tree-sitter-python still parses Python 2 statements."""
+        cursor = tree_sitter.QueryCursor(_python2_query())
+        cursor.set_byte_range(self.cursor, self.cursor + inserted)
+        return sum(len(nodes) for nodes in cursor.captures(tree.root_node).values())
 
     def check(self, completion: str, *, names: bool = True) -> CheckResult:
         """Syntax errors introduced; with `names`, also the Python name checks."""
@@ -131,7 +152,8 @@ class Checker:
         tree, inserted = self.parse(completion)
         errors = self.syntax_errors(tree, inserted)
         if self.ctx is not None:
-            errors += len(indentation_errors(self.ctx, completion) - self.baseline_indentation)
+            errors += len(line_errors(self.ctx, completion) - self.baseline_lines)
+            errors += self._python2_statements(tree, inserted)
         if not names or self.outer is None:
             return CheckResult(errors)
         root, start, end = tree.root_node, self.cursor, self.cursor + inserted

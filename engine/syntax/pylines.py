@@ -1,14 +1,18 @@
-"""Python indentation errors, which tree-sitter-python does not report.
+"""Python line-structure errors that tree-sitter-python does not report.
 
 tree-sitter-python accepts an empty block (`if x:` followed by a dedent), an unexpected
-indent and a dedent to a level that was never opened; CPython rejects all three, and a
-code model produces them often (a header line cut off before its body, a body at the
-wrong depth). This replays Python's tokenizer rule — a stack of indentation levels — over
-the cursor line, the lines the completion adds and the first suffix line after them,
-starting from the stack at the cursor (CursorContext.indent_stack). Lexical: microseconds.
+indent, a dedent to a level that was never opened, and a logical line that ends in an
+operator (it reads `x = a +` NEWLINE `y = 2` as one expression); CPython rejects all of
+them, and a code model produces them often (a header cut off before its body, a body at
+the wrong depth, a line cut mid-expression). This replays Python's tokenizer rules — a
+stack of indentation levels, logical lines ending outside brackets — over the cursor line,
+the lines the completion adds and the first suffix line after them, starting from the
+stack at the cursor (CursorContext.indent_stack). Lexical: microseconds.
 """
 
 from __future__ import annotations
+
+import re
 
 from engine.syntax.context import CursorContext, code_of_line, indent_of, logical_line_starts
 from engine.syntax.languages import LanguageSpec
@@ -63,8 +67,8 @@ class _Places:
         return "suffix", offset - self.completion_length
 
 
-def indentation_errors(ctx: CursorContext, completion: str) -> set[IndentError]:
-    """Indentation errors from the cursor line to the first suffix line after the completion."""
+def line_errors(ctx: CursorContext, completion: str) -> set[IndentError]:
+    """Line-structure errors from the cursor line to the first suffix line after the completion."""
     spec = ctx.spec
     if spec is None or spec.family != "python" or ctx.start_state is not None:
         return set()
@@ -88,6 +92,21 @@ def indentation_errors(ctx: CursorContext, completion: str) -> set[IndentError]:
     return stack.errors
 
 
+_DANGLING_CHARS = frozenset("+-*/%@&|^~<>=.")
+_DANGLING_WORDS = frozenset({"and", "or", "not", "in", "is", "if", "else", "lambda"})
+_WORD_AT_END = re.compile(r"(?<![\w.])([A-Za-z_]+)$")
+
+
+def dangling(code: str) -> bool:
+    """Whether a logical line's code ends where an operand must follow."""
+    if not code or code.endswith("...") or code.endswith("import *"):
+        return False
+    if code[-1] in _DANGLING_CHARS:
+        return True
+    word = _WORD_AT_END.search(code)
+    return word is not None and word.group(1) in _DANGLING_WORDS
+
+
 def _note_line_end(stack: _Stack, text: str, newline: int, spec: LanguageSpec) -> None:
     """A logical line ended at `newline`: a non-blank one that ends with ':' opens a block."""
     start = text.rfind("\n", 0, newline) + 1
@@ -97,3 +116,5 @@ def _note_line_end(stack: _Stack, text: str, newline: int, spec: LanguageSpec) -
         stack.expects = code.endswith(":")
         if stack.expects:
             stack.expects_at = stack.place(start + len(code) - 1)
+        elif dangling(code):
+            stack.errors.add(("incomplete expression", stack.place(start + len(code) - 1)))

@@ -172,11 +172,19 @@ class _Scanner:
         rest = self.ctx.suffix_line_rest.strip()
         if not rest:
             return None
+        # The literal the cursor is in (if any) is where a repeat of its closing part shows up.
+        literals = [
+            t for i, t in enumerate(self.tokens)
+            if t.kind in (STRING, COMMENT) and not (i == 0 and self.ctx.start_state is not None)
+        ]
         pos = first_line.find(rest)
         while pos >= 0:
-            boundary = not (_WORD.match(rest[0]) and pos > 0 and (first_line[pos - 1].isalnum() or first_line[pos - 1] == "_"))
-            inside_literal = any(t.start < pos < t.end - 1 for t in self.tokens if t.kind in (STRING, COMMENT))
-            if boundary and not inside_literal:
+            glued = _WORD.match(rest[0]) and pos > 0 and (first_line[pos - 1].isalnum() or first_line[pos - 1] == "_")
+            inside_literal = any(t.start < pos < t.end - 1 for t in literals)
+            if not glued and not inside_literal:
+                if self.ctx.suffix_line_rest[:1].isspace():  # the suffix brings its own space
+                    while pos > 0 and first_line[pos - 1] in " \t":
+                        pos -= 1
                 return pos
             pos = first_line.find(rest, pos + 1)
         return None

@@ -1,0 +1,163 @@
+"""The individual trim rules: suffix repeats, truncated lines, dedents, newlines, fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.syntax.context import build_context
+from engine.syntax.languages import detect_language
+from engine.syntax.trim import BRACKET, DEDENT, REPEAT, REPEAT_INLINE, drop_truncated_line, find_cut, trim
+
+
+def trimmed(prefix: str, completion: str, suffix: str, language: str | None, **kw: bool) -> str | None:
+    return trim(build_context(prefix, suffix, language), completion, **kw)
+
+
+# --------------------------------------------------------------------------- suffix repeat
+
+def test_cut_where_completion_repeats_the_next_suffix_lines() -> None:
+    prefix = "def f(xs):\n    ys = sorted(xs)\n"
+    suffix = "    return ys[0] + ys[-1]\n"
+    completion = "    ys.reverse()\n    return ys[0] + ys[-1]\n\n\nprint(f([1]))\n"
+    ctx = build_context(prefix, suffix, "python")
+    cut = find_cut(ctx, completion)
+    assert cut is not None and cut.reason == REPEAT
+    # The cursor was before code on its line: the suggestion ends with a line break.
+    assert trim(ctx, completion) == "    ys.reverse()\n"
+
+
+def test_repeat_must_match_the_indentation_too() -> None:
+    # `return 1` at a deeper indentation is the body of the new `if`, not the suffix's line.
+    prefix = "def f(x):\n"
+    suffix = "    return 1\n"
+    completion = "    if x:\n        return 1\n    return 1\n"
+    assert trimmed(prefix, completion, suffix, "python") == "    if x:\n        return 1\n"
+
+
+def test_cut_where_completion_repeats_the_rest_of_the_cursor_line() -> None:
+    prefix = "def f(x):\n    if x >"
+    suffix = ":\n        return x\n"
+    ctx = build_context(prefix, suffix, "python")
+    cut = find_cut(ctx, " 0 and x < 10:\n        return x\n")
+    assert cut is not None and cut.reason == REPEAT_INLINE
+    assert trim(ctx, " 0 and x < 10:\n        return x\n") == " 0 and x < 10"
+
+
+def test_repeat_of_a_word_only_counts_at_a_word_boundary() -> None:
+    # The suffix rest is "x)": "max)" contains it but not at a boundary, so the bracket rule decides.
+    assert trimmed("y = f(", "max)\n", "x)\n", "python") == "max"
+
+
+def test_completion_that_only_repeats_the_suffix_is_dropped() -> None:
+    prefix = "def f():\n"
+    suffix = "    return 1\n"
+    assert trimmed(prefix, "    return 1\n", suffix, "python") is None
+
+
+# ----------------------------------------------------------------------------- brackets
+
+def test_closer_the_suffix_does_not_have_is_kept_and_ends_the_unit() -> None:
+    assert trimmed("x = max(a, ", "b)\ny = 2\n", "\n", "python") == "b)"
+
+
+def test_mismatched_closer_cuts() -> None:
+    ctx = build_context("x = [1, ", "\n", "python")
+    cut = find_cut(ctx, "2)\n")
+    assert cut is not None and cut.reason == BRACKET
+    assert trim(ctx, "2)\n") == "2"
+
+
+def test_brackets_the_completion_opens_span_lines() -> None:
+    completion = "foo(\n    1,\n    2,\n)\nbar()\n"
+    assert trimmed("x = ", completion, "\n", "python") == "foo(\n    1,\n    2,\n)"
+
+
+def test_brackets_inside_strings_and_comments_do_not_count() -> None:
+    completion = 'foo(")", 1)  # (\nbar()\n'
+    assert trimmed("x = ", completion, "\n", "python") == 'foo(")", 1)  # ('
+
+
+# ------------------------------------------------------------------------------ dedents
+
+def test_stop_at_a_dedent_below_the_cursor_block() -> None:
+    prefix = "class A:\n    def f(self):\n"
+    completion = "        a = 1\n        return a\n\n    def g(self):\n        pass\n"
+    ctx = build_context(prefix, "", "python")
+    cut = find_cut(ctx, completion)
+    assert cut is not None and cut.reason == DEDENT
+    assert trim(ctx, completion) == "        a = 1\n        return a"
+
+
+def test_c_family_body_start_without_closer_in_suffix_keeps_the_closer() -> None:
+    completion = "  return 1;\n}\n\nint g(void) { return 2; }\n"
+    assert trimmed("int f(void) {\n", completion, "", "c") == "  return 1;\n}"
+
+
+def test_go_without_semicolons_cuts_at_the_line_end() -> None:
+    prefix = "package main\n\nfunc f() int {\n\tx := 1\n\t"
+    assert trimmed(prefix, "y := x + 1\n\treturn y\n}\n", "\n}\n", "go") == "y := x + 1"
+
+
+def test_continuation_lines_belong_to_the_statement() -> None:
+    prefix = "function f(p) {\n  "
+    completion = "return p\n    .then(a)\n    .catch(b);\n  g();\n}\n"
+    suffix = "\n  return 0;\n}\n"
+    assert trimmed(prefix, completion, suffix, "javascript") == "return p\n    .then(a)\n    .catch(b);"
+
+
+# ---------------------------------------------------------------- truncation, whitespace
+
+def test_last_line_cut_by_the_token_budget_is_dropped() -> None:
+    assert drop_truncated_line("a = 1\nb = foo(1, 2") == "a = 1\n"
+    assert drop_truncated_line("a = foo(1, 2") == "a = foo(1, 2"  # nothing else to show
+    prefix = "def f():\n"
+    completion = "    a = 1\n    b = 2\n    return a + b +"
+    assert trimmed(prefix, completion, "", "python", truncated=True) == "    a = 1\n    b = 2"
+    assert trimmed(prefix, completion, "", "python") == "    a = 1\n    b = 2\n    return a + b +"
+
+
+@pytest.mark.parametrize("completion", ["", " ", "\n\n", "\t\n  \n"])
+def test_never_empty_or_whitespace_only(completion: str) -> None:
+    for language in ("python", "c", None):
+        assert trimmed("x = ", completion, "\n", language) is None
+        assert trimmed("def f():\n    ", completion, "\n", language) is None
+
+
+def test_line_start_before_existing_code_ends_with_newline_and_indent() -> None:
+    prefix = "def f():\n    "
+    suffix = "return x\n"
+    assert trimmed(prefix, "x = 1\n    return x\n", suffix, "python") == "x = 1\n    "
+
+
+# --------------------------------------------------------------------- unknown language
+
+def test_unknown_language_falls_back_to_lines() -> None:
+    assert trimmed("SELECT * FROM t WHERE ", "a = 1\nORDER BY b\n", "\n", None) == "a = 1"
+    block = "  step one\n  step two\ndone\n"
+    assert trimmed("task:\n", block, "", "cobol") == "  step one"
+    assert trimmed("x = (", "1, 2)\n", ")\n", "plaintext") == "1, 2"  # the suffix-repeat rule
+
+
+# ------------------------------------------------------------------------------ language
+
+@pytest.mark.parametrize(
+    ("language_id", "path", "expected"),
+    [
+        ("python", "", "python"),
+        ("typescriptreact", "x.txt", "tsx"),
+        ("javascriptreact", "", "javascript"),
+        ("", "src/main.rs", "rust"),
+        ("plaintext", "a/B.java", "java"),
+        ("", "x.H", "cpp"),
+        ("", "x.c", "c"),
+        ("cpp", "x.c", "cpp"),  # the languageId wins
+        ("", "kernel.cu", "cpp"),
+        ("go", "", "go"),
+        ("", "x.mts", "typescript"),
+        ("", "Makefile", None),
+        ("haskell", "x.hs", None),
+        ("", "", None),
+    ],
+)
+def test_detect_language(language_id: str, path: str, expected: str | None) -> None:
+    assert detect_language(language_id, path) == expected
