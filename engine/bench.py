@@ -95,3 +95,78 @@ def bench_generate(config: EngineConfig, ks: list[int], new_tokens: int, repeats
         "threads": torch.get_num_threads(),
         "cases": cases,
     }
+
+
+def bench_decode_step(config: EngineConfig, k: int, contexts: list[int], repeats: int) -> dict[str, Any]:
+    """One decode step of the whole model at k branches: shared prefix (bifurcated) vs
+    the prompt KV replicated into k rows, interleaved; plus the KV bytes of each."""
+    from engine.generate import _branch_cache
+    from engine.prefix_cache import prefill_uncached
+
+    engine = CompletionEngine.load(config)
+    model = engine.target.model
+    source = inspect.getsource(json.decoder) * 8
+    cases = []
+    for context in contexts:
+        ids = engine.target.tokenizer.encode(source)[:context]
+        prefill = prefill_uncached(model, ids)
+        caches = {name: _branch_cache(prefill.cache, k, 64, shared) for name, shared in (("bifurcated", True), ("replicated", False))}
+        tokens = torch.full((k, 1), 5, dtype=torch.long)
+        for cache in caches.values():  # 16 generated tokens in each branch, like mid-completion
+            with torch.inference_mode():
+                model(torch.full((k, 16), 7, dtype=torch.long), cache)
+            cache.advance(16)
+        times: dict[str, list[float]] = {name: [] for name in caches}
+        for _ in range(repeats):
+            for name, cache in caches.items():
+                with torch.inference_mode():
+                    started = time.perf_counter()
+                    model(tokens, cache)
+                    times[name].append((time.perf_counter() - started) * 1000)
+        bifurcated, replicated = statistics.median(times["bifurcated"]), statistics.median(times["replicated"])
+        cases.append(
+            {
+                "k": k,
+                "context": len(ids),
+                "replicated_ms": round(replicated, 2),
+                "bifurcated_ms": round(bifurcated, 2),
+                "ratio": round(replicated / bifurcated, 2),
+                "replicated_kv_bytes": caches["replicated"].nbytes,
+                "bifurcated_kv_bytes": caches["bifurcated"].nbytes,
+            }
+        )
+    return {"model": engine.model_name, "threads": torch.get_num_threads(), "cases": cases}
+
+
+def bench_keystroke(config: EngineConfig, prompt_tokens: int, points: int, repeats: int) -> dict[str, Any]:
+    """Time to the first new token after typing one character into a ~prompt_tokens
+    prompt: with the previous keystroke's KV in the prefix cache vs a cold prefill."""
+    from engine.api import CompletionRequest
+
+    engine = CompletionEngine.load(config)
+    source = inspect.getsource(json.decoder)
+    tokenizer = engine.target.tokenizer
+    # typing points: line ends late enough in the file that the prompt holds ~prompt_tokens
+    offsets = [i for i, ch in enumerate(source) if ch == "\n" and len(tokenizer.encode(source[:i])) >= prompt_tokens]
+    offsets = offsets[:: max(1, len(offsets) // points)][:points]
+    cold: list[float] = []
+    warm: list[float] = []
+    for _ in range(repeats):
+        for offset in offsets:
+            before = source[max(0, offset - 6 * prompt_tokens) : offset - 1]
+            typed = source[max(0, offset - 6 * prompt_tokens) : offset]  # one more character
+            request = CompletionRequest(prefix=typed, k=1, max_tokens=1, deadline_ms=60000)
+            engine.prefix_cache.clear()
+            cold.append(engine.complete(request).timing_ms["total"])
+            engine.prefix_cache.clear()
+            engine.complete(CompletionRequest(prefix=before, k=1, max_tokens=1, deadline_ms=60000))
+            warm.append(engine.complete(request).timing_ms["total"])
+    cold_ms, warm_ms = statistics.median(cold), statistics.median(warm)
+    return {
+        "model": engine.model_name,
+        "prompt_tokens": prompt_tokens,
+        "samples": len(cold),
+        "cold_ms": round(cold_ms, 1),
+        "warm_ms": round(warm_ms, 1),
+        "ratio": round(cold_ms / warm_ms, 2),
+    }

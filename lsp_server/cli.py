@@ -45,11 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
     _generation_args(evaluate)
 
     bench = commands.add_parser("bench", help="measure speed, side by side in one run")
-    bench.add_argument("what", choices=["generate"], help="generate: our batched decoding vs transformers generate()")
+    bench.add_argument(
+        "what",
+        choices=["generate", "attention", "step", "keystroke"],
+        help="generate: our batched decoding vs transformers generate(); attention: bifurcated vs replicated "
+        "attention alone; step: a whole decode step, shared vs replicated prefix; keystroke: prefix-cache hit vs cold prefill",
+    )
     bench.add_argument("--json", action="store_true")
-    bench.add_argument("--ks", default="1,4,8", help="comma-separated k values")
+    bench.add_argument("--ks", default=None, help="comma-separated k values")
+    bench.add_argument("--contexts", default=None, help="comma-separated context lengths (tokens)")
     bench.add_argument("--max-tokens", type=int, default=32)
-    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--repeats", type=int, default=None)
     _engine_args(bench)
     return parser
 
@@ -107,11 +113,24 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    from engine.bench import bench_generate
+def _ints(text: str | None, default: list[int]) -> list[int]:
+    return [int(part) for part in text.split(",") if part] if text else default
 
-    ks = [int(k) for k in args.ks.split(",") if k]
-    report = bench_generate(_engine_config(args, progress=False), ks, args.max_tokens, args.repeats)
+
+def run_bench(args: argparse.Namespace) -> int:
+    from engine import bench
+
+    config = _engine_config(args, progress=False)
+    if args.what == "generate":
+        report = bench.bench_generate(config, _ints(args.ks, [1, 4, 8]), args.max_tokens, args.repeats or 3)
+    elif args.what == "attention":
+        from kernels.bench import bench_attention
+
+        report = bench_attention(_ints(args.ks, [4, 8, 16, 32]), _ints(args.contexts, [1024, 4096, 8192]), args.repeats or 9)
+    elif args.what == "step":
+        report = bench.bench_decode_step(config, _ints(args.ks, [8])[0], _ints(args.contexts, [1024, 4096]), args.repeats or 7)
+    else:
+        report = bench.bench_keystroke(config, _ints(args.contexts, [1024])[0], points=4, repeats=args.repeats or 2)
     print(json.dumps(report, indent=None if args.json else 1))
     return 0
 
