@@ -10,6 +10,8 @@ import * as path from 'path';
 export interface ServerSettings {
 	model: string | null;
 	draft: string | null;
+	device: string;
+	dtype: 'float32' | 'bfloat16' | 'float16';
 	k: number;
 	maxTokens: number;
 	mode: 'diverse' | 'sample';
@@ -36,12 +38,14 @@ export interface KspecSettings extends ServerSettings {
 export const DEFAULTS: KspecSettings = {
 	model: null,
 	draft: null,
-	k: 4,
+	device: 'cpu',
+	dtype: 'float32',
+	k: 3,
 	maxTokens: 48,
 	mode: 'diverse',
 	temperature: 0,
-	debounceMs: 75,
-	deadlineMs: 2000,
+	debounceMs: 40,
+	deadlineMs: 3000,
 	languages: [],
 	enabled: true,
 	server: { command: '', args: ['lsp'], env: {} },
@@ -49,7 +53,7 @@ export const DEFAULTS: KspecSettings = {
 
 /** The keys sent to the server, in the order the server documents them. */
 export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
-	'model', 'draft', 'k', 'maxTokens', 'mode', 'temperature', 'debounceMs', 'deadlineMs', 'languages', 'enabled',
+	'model', 'draft', 'device', 'dtype', 'k', 'maxTokens', 'mode', 'temperature', 'debounceMs', 'deadlineMs', 'languages', 'enabled',
 ];
 
 /** The part of `vscode.WorkspaceConfiguration` we use (section `kspec`). */
@@ -119,6 +123,8 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 	const intIn = (lo: number, hi: number) => (v: unknown): v is number => isInt(v) && v >= lo && v <= hi;
 	const numIn = (lo: number, hi: number) => (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v) && v >= lo && v <= hi;
 	const isStringList = (v: unknown): v is string[] => Array.isArray(v) && v.every((x) => typeof x === 'string');
+	const isDevice = (v: unknown): v is string => typeof v === 'string' && /^(cpu|cuda(:\d+)?)$/.test(v.trim());
+	const isDtype = (v: unknown): v is 'float32' | 'bfloat16' | 'float16' => v === 'float32' || v === 'bfloat16' || v === 'float16';
 	const isMode = (v: unknown): v is 'diverse' | 'sample' => v === 'diverse' || v === 'sample';
 	const isEnv = (v: unknown): v is Record<string, string> =>
 		typeof v === 'object' && v !== null && !Array.isArray(v) && Object.values(v).every((x) => typeof x === 'string');
@@ -126,12 +132,14 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 	take('enabled', isBool, 'true or false', (v) => { s.enabled = v; });
 	take('model', isString, 'a path (or empty for the embedded demo model)', (v) => { s.model = v.trim() === '' ? null : expandPath(v, ctx); });
 	take('draft', isString, 'a path (or empty for none)', (v) => { s.draft = v.trim() === '' ? null : expandPath(v, ctx); });
-	take('k', intIn(1, 16), 'an integer from 1 to 16', (v) => { s.k = v; });
+	take('device', isDevice, '"cpu" or "cuda[:N]"', (v) => { s.device = v.trim(); });
+	take('dtype', isDtype, '"float32", "bfloat16" or "float16"', (v) => { s.dtype = v; });
+	take('k', intIn(1, 32), 'an integer from 1 to 32', (v) => { s.k = v; });
 	take('maxTokens', intIn(1, 512), 'an integer from 1 to 512', (v) => { s.maxTokens = v; });
 	take('mode', isMode, '"diverse" or "sample"', (v) => { s.mode = v; });
 	take('temperature', numIn(0, 2), 'a number from 0 to 2', (v) => { s.temperature = v; });
-	take('debounceMs', intIn(0, 5000), 'an integer from 0 to 5000', (v) => { s.debounceMs = v; });
-	take('deadlineMs', intIn(50, 600000), 'an integer from 50 to 600000', (v) => { s.deadlineMs = v; });
+	take('debounceMs', intIn(0, 2000), 'an integer from 0 to 2000', (v) => { s.debounceMs = v; });
+	take('deadlineMs', intIn(50, 120000), 'an integer from 50 to 120000', (v) => { s.deadlineMs = v; });
 	take('languages', isStringList, 'a list of language ids', (v) => { s.languages = v.map((x) => x.trim()).filter((x) => x !== ''); });
 	take('server.command', isString, 'a command or path', (v) => { s.server.command = v.trim(); });
 	take('server.args', isStringList, 'a list of strings', (v) => { s.server.args = [...v]; });
@@ -144,6 +152,8 @@ export function toServerSettings(s: KspecSettings): ServerSettings {
 	return {
 		model: s.model,
 		draft: s.draft,
+		device: s.device,
+		dtype: s.dtype,
 		k: s.k,
 		maxTokens: s.maxTokens,
 		mode: s.mode,

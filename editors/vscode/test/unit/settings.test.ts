@@ -18,13 +18,13 @@ describe('readSettings', () => {
 
 	it('takes every valid value and maps it onto the server keys', () => {
 		const { settings, problems } = readSettings(config({
-			enabled: false, model: '~/models/qwen', draft: '${workspaceFolder}/draft.gguf', k: 7, maxTokens: 100,
+			enabled: false, model: '~/models/qwen', draft: '${workspaceFolder}/draft.gguf', device: 'cuda:1', dtype: 'bfloat16', k: 7, maxTokens: 100,
 			mode: 'sample', temperature: 0.6, debounceMs: 10, deadlineMs: 900, languages: ['python', ' go ', ''],
 			'server.command': ' /opt/kspec/bin/kspec ', 'server.args': ['lsp', '--log', 'debug'], 'server.env': { KSPEC_X: '1' },
 		}), ctx);
 		assert.deepEqual(problems, []);
 		assert.deepEqual(toServerSettings(settings), {
-			model: '/home/u/models/qwen', draft: '/proj/draft.gguf', k: 7, maxTokens: 100, mode: 'sample',
+			model: '/home/u/models/qwen', draft: '/proj/draft.gguf', device: 'cuda:1', dtype: 'bfloat16', k: 7, maxTokens: 100, mode: 'sample',
 			temperature: 0.6, debounceMs: 10, deadlineMs: 900, languages: ['python', 'go'], enabled: false,
 		});
 		assert.deepEqual(settings.server, { command: '/opt/kspec/bin/kspec', args: ['lsp', '--log', 'debug'], env: { KSPEC_X: '1' } });
@@ -44,13 +44,13 @@ describe('readSettings', () => {
 
 	it('falls back to the default, with one message per bad value, never throws', () => {
 		const { settings, problems } = readSettings(config({
-			k: 0, maxTokens: 2.5, mode: 'greedy', temperature: -1, debounceMs: '50', deadlineMs: 10,
+			k: 0, device: "gpu", dtype: "fp8", maxTokens: 2.5, mode: 'greedy', temperature: -1, debounceMs: '50', deadlineMs: 10,
 			languages: 'python', enabled: 'yes', model: 3, 'server.args': 'lsp', 'server.env': { A: 1 },
 		}), ctx);
 		const expected = { ...DEFAULTS, server: { ...DEFAULTS.server } };
 		assert.deepEqual(settings, expected);
-		assert.equal(problems.length, 11);
-		assert.ok(problems.some((p) => p.startsWith('kspec.k: expected an integer from 1 to 16')));
+		assert.equal(problems.length, 13);
+		assert.ok(problems.some((p) => p.startsWith('kspec.k: expected an integer from 1 to 32')));
 		assert.ok(problems.some((p) => p.startsWith('kspec.mode: expected "diverse" or "sample", got "greedy"')));
 	});
 

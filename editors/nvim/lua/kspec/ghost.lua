@@ -1,0 +1,522 @@
+-- Ghost text for Neovim 0.10 / 0.11 (and for inline = 'plugin' on 0.12+).
+--
+-- TextChangedI (debounced) sends textDocument/inlineCompletion; the k items come back
+-- and the current one is drawn as virtual text at the cursor (first line inline or
+-- overlay, further lines as virt_lines) with " (i/k)" at the end of the line.
+-- Typing the next characters of the shown text keeps it (no new request); moving the
+-- cursor, leaving insert mode or leaving the buffer cancels the request and hides it.
+local M = {}
+
+local api = vim.api
+local uv = vim.uv or vim.loop
+
+M.namespace = api.nvim_create_namespace('kspec.ghost')
+
+local TRIGGER_INVOKED, TRIGGER_AUTOMATIC = 1, 2 -- LSP 3.18 InlineCompletionTriggerKind
+
+--- bufnr -> state
+--- state = {
+---   client_id, opts, timer, seq,
+---   pending = { client, id } | nil,       -- request in flight
+---   anchor = { row, col, before } | nil,  -- cursor (0-based row, byte col) the items are for
+---   tick,                                 -- b:changedtick the anchor/typed were computed at
+---   items = { { text, insert, row, scol, ecol } } | nil,  -- text: what follows the anchor
+---   index, typed,                         -- current item; characters typed since the anchor
+--- }
+local buffers = {}
+
+local function has011()
+  return vim.fn.has('nvim-0.11') == 1
+end
+
+local function client_request(client, method, params, handler, bufnr)
+  if has011() then
+    return client:request(method, params, handler, bufnr)
+  end
+  return client.request(method, params, handler, bufnr)
+end
+
+local function client_cancel(client, id)
+  if has011() then
+    return client:cancel_request(id)
+  end
+  return client.cancel_request(id)
+end
+
+--- Byte column of an LSP `character` in `line` for the client's position encoding.
+function M.byte_col(line, character, encoding)
+  if character <= 0 then
+    return 0
+  end
+  if encoding == 'utf-8' then
+    return math.min(character, #line)
+  end
+  local ok, col
+  if has011() then
+    ok, col = pcall(vim.str_byteindex, line, encoding, character, false)
+  else
+    ok, col = pcall(vim.str_byteindex, line, character, encoding == 'utf-16')
+  end
+  if ok and col then
+    return math.min(col, #line)
+  end
+  return #line
+end
+
+local function cursor()
+  local pos = api.nvim_win_get_cursor(0)
+  return pos[1] - 1, pos[2]
+end
+
+local function line_at(bufnr, row)
+  return api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
+end
+
+local function in_insert()
+  return api.nvim_get_mode().mode:sub(1, 1) == 'i'
+end
+
+local function hide(bufnr)
+  if api.nvim_buf_is_valid(bufnr) then
+    api.nvim_buf_clear_namespace(bufnr, M.namespace, 0, -1)
+  end
+end
+
+local function cancel_pending(st)
+  if st.timer then
+    st.timer:stop()
+  end
+  if st.pending then
+    pcall(client_cancel, st.pending.client, st.pending.id)
+    st.pending = nil
+  end
+end
+
+--- Hide the ghost text, forget the items and cancel what is in flight.
+function M.clear(bufnr)
+  bufnr = bufnr or api.nvim_get_current_buf()
+  local st = buffers[bufnr]
+  if not st then
+    return
+  end
+  st.seq = st.seq + 1 -- late answers are dropped
+  cancel_pending(st)
+  st.items, st.index, st.typed, st.anchor = nil, nil, '', nil
+  hide(bufnr)
+end
+
+local function current_item(st)
+  return st and st.items and st.items[st.index] or nil
+end
+
+--- The text still to show for the current item ('' when none).
+local function rest_of(st)
+  local item = current_item(st)
+  return item and item.text:sub(#st.typed + 1) or ''
+end
+
+local function render(bufnr)
+  local st = buffers[bufnr]
+  hide(bufnr)
+  local item = current_item(st)
+  if not item then
+    return
+  end
+  local rest = rest_of(st)
+  local lines = vim.split(rest, '\n', { plain = true })
+  local row, col = st.anchor.row, st.anchor.col + #st.typed
+  local virt_lines = {}
+  for i = 2, #lines do
+    virt_lines[#virt_lines + 1] = { { lines[i], 'KspecGhost' } }
+  end
+  api.nvim_buf_set_extmark(bufnr, M.namespace, row, math.min(col, #line_at(bufnr, row)), {
+    virt_text = { { lines[1], 'KspecGhost' } },
+    virt_text_pos = st.opts.ghost.position,
+    virt_lines = #virt_lines > 0 and virt_lines or nil,
+    hl_mode = 'combine',
+    priority = 200,
+  })
+  if st.opts.ghost.show_count then
+    api.nvim_buf_set_extmark(bufnr, M.namespace, row, 0, {
+      virt_text = { { (' (%d/%d)'):format(st.index, #st.items), 'KspecGhostCount' } },
+      virt_text_pos = 'eol',
+      hl_mode = 'combine',
+      priority = 200,
+    })
+  end
+end
+
+--- Turn a response into items that continue the text at the anchor; drop the rest.
+local function to_items(bufnr, result, encoding, anchor)
+  local raw_items = type(result) == 'table' and (result.items or result) or {}
+  local out, seen = {}, {}
+  local line = line_at(bufnr, anchor.row)
+  for _, raw in ipairs(raw_items) do
+    local text = raw.insertText
+    if type(text) == 'table' then
+      text = text.value -- a snippet shown and inserted as plain text
+    end
+    if type(text) == 'string' then
+      local scol, ecol = anchor.col, anchor.col
+      local ok = true
+      if type(raw.range) == 'table' then
+        local s, e = raw.range.start, raw.range['end']
+        if s.line ~= anchor.row or e.line ~= anchor.row then
+          ok = false -- multi-line replacements cannot be shown as ghost text
+        else
+          scol = M.byte_col(line, s.character, encoding)
+          ecol = M.byte_col(line, e.character, encoding)
+          ok = scol <= anchor.col and ecol >= anchor.col
+        end
+      end
+      if ok then
+        local typed = line:sub(scol + 1, anchor.col)
+        if text:sub(1, #typed) == typed then
+          local rest = text:sub(#typed + 1)
+          if rest ~= '' and not seen[rest] then
+            seen[rest] = true
+            out[#out + 1] = { text = rest, insert = text, row = anchor.row, scol = scol, ecol = ecol }
+          end
+        end
+      end
+    end
+  end
+  return out
+end
+
+local function find_client(st)
+  local client = vim.lsp.get_client_by_id(st.client_id)
+  if client and not client:is_stopped() then
+    return client
+  end
+  return nil
+end
+
+local function send(bufnr, seq, trigger)
+  local st = buffers[bufnr]
+  if not st or st.seq ~= seq or not in_insert() or api.nvim_get_current_buf() ~= bufnr then
+    return
+  end
+  if api.nvim_buf_get_changedtick(bufnr) ~= st.tick then
+    return
+  end
+  local row, col = cursor()
+  if not st.anchor or row ~= st.anchor.row or col ~= st.anchor.col then
+    return
+  end
+  local client = find_client(st)
+  if not client then
+    return
+  end
+  local params = vim.lsp.util.make_position_params(0, client.offset_encoding)
+  params.context = { triggerKind = trigger }
+  local ok, id = client_request(client, 'textDocument/inlineCompletion', params, function(err, result)
+    if st.seq ~= seq then
+      return -- superseded or cancelled
+    end
+    st.pending = nil
+    if err then
+      vim.lsp.log.warn('kspec: inlineCompletion failed', err)
+      return
+    end
+    if not in_insert() or api.nvim_get_current_buf() ~= bufnr or api.nvim_buf_get_changedtick(bufnr) ~= st.tick then
+      return
+    end
+    local r, c = cursor()
+    if r ~= st.anchor.row or c ~= st.anchor.col then
+      return
+    end
+    local items = to_items(bufnr, result, client.offset_encoding, st.anchor)
+    if #items == 0 then
+      return
+    end
+    st.items, st.index, st.typed = items, 1, ''
+    render(bufnr)
+  end, bufnr)
+  if ok and id then
+    st.pending = { client = client, id = id }
+  end
+end
+
+--- Anchor a new request at the cursor; send it after `delay` ms.
+local function schedule(bufnr, delay, trigger)
+  local st = buffers[bufnr]
+  M.clear(bufnr)
+  local row, col = cursor()
+  st.anchor = { row = row, col = col, before = line_at(bufnr, row):sub(1, col) }
+  st.typed = ''
+  st.tick = api.nvim_buf_get_changedtick(bufnr)
+  local seq = st.seq
+  if delay <= 0 then
+    send(bufnr, seq, trigger)
+    return
+  end
+  st.timer:stop()
+  st.timer:start(delay, 0, vim.schedule_wrap(function()
+    send(bufnr, seq, trigger)
+  end))
+end
+
+--- The user typed characters the shown item continues with: keep showing its rest.
+local function typeahead(bufnr, st)
+  if not st.items or not st.anchor then
+    return false
+  end
+  local row, col = cursor()
+  if row ~= st.anchor.row or col < st.anchor.col then
+    return false
+  end
+  local line = line_at(bufnr, row)
+  if line:sub(1, st.anchor.col) ~= st.anchor.before then
+    return false
+  end
+  local typed = line:sub(st.anchor.col + 1, col)
+  local kept, index = {}, 1
+  for i, item in ipairs(st.items) do
+    if #item.text > #typed and item.text:sub(1, #typed) == typed then
+      kept[#kept + 1] = item
+      if i == st.index then
+        index = #kept
+      end
+    end
+  end
+  if #kept == 0 then
+    return false
+  end
+  st.items, st.index, st.typed = kept, index, typed
+  st.tick = api.nvim_buf_get_changedtick(bufnr)
+  render(bufnr)
+  return true
+end
+
+local function enabled(st)
+  return st.is_enabled == nil or st.is_enabled()
+end
+
+local function on_text_changed(bufnr)
+  local st = buffers[bufnr]
+  if not st then
+    return
+  end
+  if not enabled(st) then
+    M.clear(bufnr)
+    return
+  end
+  if typeahead(bufnr, st) then
+    return
+  end
+  schedule(bufnr, st.opts.ghost.debounce_ms, TRIGGER_AUTOMATIC)
+end
+
+local function on_cursor_moved(bufnr)
+  local st = buffers[bufnr]
+  if not st or not st.anchor then
+    return
+  end
+  if api.nvim_buf_get_changedtick(bufnr) ~= st.tick then
+    return -- the text changed: TextChangedI (which comes next) decides
+  end
+  local row, col = cursor()
+  if row == st.anchor.row and col == st.anchor.col + #st.typed then
+    return
+  end
+  M.clear(bufnr)
+end
+
+--- Is a suggestion shown in this buffer?
+function M.visible(bufnr)
+  return current_item(buffers[bufnr or api.nvim_get_current_buf()]) ~= nil
+end
+
+--- What is shown: { index, count, text (still to insert), items (texts) } or nil.
+function M.shown(bufnr)
+  local st = buffers[bufnr or api.nvim_get_current_buf()]
+  if not current_item(st) then
+    return nil
+  end
+  local texts = {}
+  for i, item in ipairs(st.items) do
+    texts[i] = item.text:sub(#st.typed + 1)
+  end
+  return { index = st.index, count = #st.items, text = rest_of(st), items = texts }
+end
+
+--- Accept the whole current suggestion. false when nothing is shown.
+function M.accept(bufnr)
+  bufnr = bufnr or api.nvim_get_current_buf()
+  local st = buffers[bufnr]
+  local item = current_item(st)
+  if not item then
+    return false
+  end
+  local typed = st.typed
+  M.clear(bufnr)
+  local lines = vim.split(item.insert, '\n', { plain = true })
+  local ecol = math.min(item.ecol + #typed, #line_at(bufnr, item.row))
+  api.nvim_buf_set_text(bufnr, item.row, item.scol, item.row, ecol, lines)
+  local col = (#lines == 1 and item.scol or 0) + #lines[#lines]
+  api.nvim_win_set_cursor(0, { item.row + #lines, col })
+  return true
+end
+
+--- Accept part of the current suggestion: the next word or the rest of the line.
+--- The remaining text stays shown.
+local function accept_part(bufnr, what)
+  bufnr = bufnr or api.nvim_get_current_buf()
+  local st = buffers[bufnr]
+  if not current_item(st) then
+    return false
+  end
+  local rest = rest_of(st)
+  local piece
+  if what == 'word' then
+    piece = rest:match('^\n[ \t]*') or rest:match('^[ \t]*[%w_]+') or rest:match('^[ \t]*[^%w_%s]+') or rest:match('^%s+')
+  else
+    piece = rest:match('^[^\n]+') or rest:match('^\n[^\n]*')
+  end
+  if not piece or piece == '' then
+    return false
+  end
+  if piece == rest then
+    return M.accept(bufnr)
+  end
+  -- Surviving items continue after the accepted piece; they become plain insertions.
+  local prefix = st.typed .. piece
+  local survivors, index = {}, 1
+  for i, item in ipairs(st.items) do
+    if #item.text > #prefix and item.text:sub(1, #prefix) == prefix then
+      survivors[#survivors + 1] = item.text:sub(#prefix + 1)
+      if i == st.index then
+        index = #survivors
+      end
+    end
+  end
+  local row, col = cursor()
+  M.clear(bufnr)
+  local lines = vim.split(piece, '\n', { plain = true })
+  api.nvim_buf_set_text(bufnr, row, col, row, col, lines)
+  local new_row = row + #lines - 1
+  local new_col = (#lines == 1 and col or 0) + #lines[#lines]
+  api.nvim_win_set_cursor(0, { new_row + 1, new_col })
+  st.anchor = { row = new_row, col = new_col, before = line_at(bufnr, new_row):sub(1, new_col) }
+  st.tick = api.nvim_buf_get_changedtick(bufnr)
+  st.typed = ''
+  st.items = {}
+  for i, text in ipairs(survivors) do
+    st.items[i] = { text = text, insert = text, row = new_row, scol = new_col, ecol = new_col }
+  end
+  st.index = index
+  if #st.items == 0 then
+    st.items = nil
+  end
+  render(bufnr)
+  return true
+end
+
+function M.accept_word(bufnr)
+  return accept_part(bufnr, 'word')
+end
+
+function M.accept_line(bufnr)
+  return accept_part(bufnr, 'line')
+end
+
+--- Show the next (delta = 1) or previous (-1) alternative; with nothing shown, ask now.
+function M.cycle(delta, bufnr)
+  bufnr = bufnr or api.nvim_get_current_buf()
+  local st = buffers[bufnr]
+  if not st then
+    return false
+  end
+  if not current_item(st) then
+    if enabled(st) then
+      schedule(bufnr, 0, TRIGGER_INVOKED)
+    end
+    return false
+  end
+  st.index = (st.index - 1 + delta) % #st.items + 1
+  render(bufnr)
+  return true
+end
+
+--- Hide the suggestion; false when nothing was shown.
+function M.dismiss(bufnr)
+  bufnr = bufnr or api.nvim_get_current_buf()
+  local shown = M.visible(bufnr)
+  M.clear(bufnr)
+  return shown
+end
+
+--- Ask for completions now, without waiting for a keystroke.
+function M.trigger(bufnr)
+  bufnr = bufnr or api.nvim_get_current_buf()
+  if buffers[bufnr] then
+    schedule(bufnr, 0, TRIGGER_INVOKED)
+  end
+end
+
+--- Start ghost text in a buffer for a client.
+--- @param is_enabled fun(): boolean
+function M.attach(bufnr, client_id, opts, is_enabled)
+  if buffers[bufnr] then
+    buffers[bufnr].client_id = client_id
+    return
+  end
+  local st = { client_id = client_id, opts = opts, timer = uv.new_timer(), seq = 0, typed = '', is_enabled = is_enabled }
+  buffers[bufnr] = st
+  local group = api.nvim_create_augroup('kspec.ghost.' .. bufnr, { clear = true })
+  api.nvim_create_autocmd('TextChangedI', {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      on_text_changed(bufnr)
+    end,
+  })
+  api.nvim_create_autocmd('CursorMovedI', {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      on_cursor_moved(bufnr)
+    end,
+  })
+  api.nvim_create_autocmd({ 'InsertLeave', 'BufLeave' }, {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      M.clear(bufnr)
+    end,
+  })
+  api.nvim_create_autocmd({ 'BufUnload', 'BufWipeout' }, {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      M.detach(bufnr)
+    end,
+  })
+end
+
+function M.detach(bufnr)
+  local st = buffers[bufnr]
+  if not st then
+    return
+  end
+  M.clear(bufnr)
+  if st.timer and not st.timer:is_closing() then
+    st.timer:close()
+  end
+  buffers[bufnr] = nil
+  pcall(api.nvim_del_augroup_by_name, 'kspec.ghost.' .. bufnr)
+end
+
+function M.attached(bufnr)
+  return buffers[bufnr or api.nvim_get_current_buf()] ~= nil
+end
+
+--- Clear every buffer (completions turned off).
+function M.clear_all()
+  for bufnr in pairs(buffers) do
+    M.clear(bufnr)
+  end
+end
+
+return M

@@ -1,0 +1,99 @@
+-- The engine's state from `$/kspec/status` notifications, for the statusline,
+-- :KspecStatus and :checkhealth kspec.
+local M = {}
+
+M.METHOD = '$/kspec/status'
+
+--- client_id -> { state, message, progress, lastLatencyMs }
+M.by_client = {}
+M.notify_errors = true
+local last_notified = {}
+
+local function num(v)
+  return type(v) == 'number' and v == v and v ~= math.huge and v ~= -math.huge and v or nil
+end
+
+--- Validate params; nil when malformed.
+function M.parse(params)
+  if type(params) ~= 'table' then
+    return nil
+  end
+  local state = params.state
+  if state ~= 'loading' and state ~= 'ready' and state ~= 'error' then
+    return nil
+  end
+  return {
+    state = state,
+    message = type(params.message) == 'string' and params.message or '',
+    progress = num(params.progress),
+    lastLatencyMs = num(params.lastLatencyMs),
+  }
+end
+
+--- LSP notification handler (vim.lsp.Config.handlers['$/kspec/status']).
+function M.handler(_, params, ctx)
+  local s = M.parse(params)
+  if not s or not ctx then
+    return
+  end
+  local prev = M.by_client[ctx.client_id]
+  if s.lastLatencyMs == nil and prev and s.state == 'ready' then
+    s.lastLatencyMs = prev.lastLatencyMs -- keep the last one seen
+  end
+  M.by_client[ctx.client_id] = s
+  if s.state == 'error' then
+    if M.notify_errors and last_notified[ctx.client_id] ~= s.message then
+      last_notified[ctx.client_id] = s.message
+      vim.schedule(function()
+        vim.notify('kspec: ' .. (s.message ~= '' and s.message or 'engine error') .. ' (:checkhealth kspec, :KspecLog)', vim.log.levels.ERROR)
+      end)
+    end
+  else
+    last_notified[ctx.client_id] = nil
+  end
+  vim.schedule(function()
+    vim.api.nvim_exec_autocmds('User', { pattern = 'KspecStatus', modeline = false })
+  end)
+end
+
+function M.forget(client_id)
+  M.by_client[client_id] = nil
+  last_notified[client_id] = nil
+end
+
+--- The status of the first kspec client with one, or nil.
+function M.current()
+  local ids = vim.tbl_keys(M.by_client)
+  table.sort(ids)
+  return ids[1] and M.by_client[ids[1]] or nil
+end
+
+local function ms(v)
+  if v >= 10000 then
+    return ('%.1fs'):format(v / 1000)
+  end
+  return ('%dms'):format(math.floor(v + 0.5))
+end
+
+--- One short string for a statusline: "kspec 42%", "kspec 85ms", "kspec error", "kspec off".
+--- @param enabled boolean|nil
+function M.text(s, enabled)
+  if s and s.state == 'error' then
+    return 'kspec error'
+  end
+  if enabled == false then
+    return 'kspec off'
+  end
+  if not s then
+    return 'kspec …'
+  end
+  if s.state == 'loading' then
+    if s.progress then
+      return ('kspec %d%%'):format(math.floor(math.min(1, math.max(0, s.progress)) * 100 + 0.5))
+    end
+    return 'kspec …'
+  end
+  return s.lastLatencyMs and ('kspec ' .. ms(s.lastLatencyMs)) or 'kspec'
+end
+
+return M
