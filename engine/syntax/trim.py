@@ -192,6 +192,14 @@ class _Scanner:
     # -- the scan -------------------------------------------------------------------------
 
     def scan(self, mode: str, unit_indent: int, repeat_at: int | None) -> Cut | None:
+        cut, pending = self._scan(mode, unit_indent, repeat_at)
+        if pending is not None and cut is not None and cut.end > pending:
+            # Generating, and the line after `pending` may repeat the suffix: either way
+            # the unit ends no later than the cut found after it.
+            return self.cut(pending, REPEAT)
+        return cut
+
+    def _scan(self, mode: str, unit_indent: int, repeat_at: int | None) -> tuple[Cut | None, int | None]:
         ctx, text = self.ctx, self.text
         stack: list[str] = []
         closed_prefix = 0
@@ -201,10 +209,11 @@ class _Scanner:
         first_word = ""
         line_start = 0
         last_comment: Tok | None = None
+        pending: int | None = None  # a line end where the unit may already have ended
 
         for tok in self.tokens:
             if repeat_at is not None and tok.start >= repeat_at:
-                return self.cut(repeat_at, REPEAT_INLINE)
+                return self.cut(repeat_at, REPEAT_INLINE), pending
             kind = tok.kind
             if kind == OPEN:
                 if not stack and tok.char == "{":
@@ -216,9 +225,9 @@ class _Scanner:
                     continue
                 j = closed_prefix
                 if j >= len(ctx.open_brackets) or CLOSERS[tok.char] != ctx.open_brackets[-1 - j]:
-                    return self.cut(tok.start, BRACKET)
+                    return self.cut(tok.start, BRACKET), pending
                 if j < ctx.suffix_closes:
-                    return self.cut(tok.start, BRACKET)
+                    return self.cut(tok.start, BRACKET), pending
                 closed_prefix += 1
                 finishing = True
             elif kind == COMMENT:
@@ -242,12 +251,14 @@ class _Scanner:
                         first_word = match.group() if match else ""
                     seen_code = True
                 if finishing and seen_code:
-                    return self.cut(newline, UNIT)
+                    return self.cut(newline, UNIT), pending
                 decided = self.at_line_end(
                     mode, unit_indent, newline, stripped, seen_code, has_block, first_word
                 )
-                if decided is not _CONTINUE:
-                    return decided  # a Cut, or None (undecided while generating)
+                if decided is _PENDING:
+                    pending = newline
+                elif decided is not _CONTINUE:
+                    return decided, pending  # a Cut, or None (undecided while generating)
                 if self.python and stripped.endswith(":"):
                     has_block = True
                 if seen_code:
@@ -255,8 +266,8 @@ class _Scanner:
                 line_start = newline + 1
 
         if repeat_at is not None:
-            return self.cut(repeat_at, REPEAT_INLINE)
-        return self.undecided()
+            return self.cut(repeat_at, REPEAT_INLINE), pending
+        return self.undecided(), pending
 
     def at_line_end(
         self, mode: str, unit_indent: int, newline: int, code: str, seen_code: bool,
@@ -272,9 +283,9 @@ class _Scanner:
             if nxt.text.rstrip() == ctx.suffix_next_line and not undecided_line:
                 return self.cut(newline, REPEAT)
             if undecided_line and ctx.suffix_next_line.startswith(nxt.text):
-                # It may turn into a repeat of the suffix: only a cut here is certain.
+                # It may turn into a repeat of the suffix: the unit ends here or later.
                 decided = self.structure(mode, unit_indent, newline, code, seen_code, has_block, first_word, nxt)
-                return decided if isinstance(decided, Cut) else None
+                return decided if isinstance(decided, Cut) else _PENDING
         return self.structure(mode, unit_indent, newline, code, seen_code, has_block, first_word, nxt)
 
     def structure(
@@ -317,6 +328,7 @@ class _Scanner:
 
 
 _CONTINUE = object()
+_PENDING = object()  # generating: the line being written may yet repeat the suffix
 
 
 def _next_nonblank(text: str, pos: int) -> _NextLine | None:

@@ -1,0 +1,134 @@
+"""postprocess: dedupe, ranking, stable order, raw mode, dropping broken suggestions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine.api import Completion
+from engine.syntax import Candidate, PostprocessConfig, RankConfig, postprocess, rank_alternatives
+from engine.syntax.checks import CheckResult
+from engine.syntax.rank import dedupe_key, score
+
+PREFIX = "def total(xs):\n    t = 0\n    for x in xs:\n"
+SUFFIX = "    return t\n"
+
+
+def texts(completions: list[Completion]) -> list[str]:
+    return [c.text for c in completions]
+
+
+def test_returns_engine_api_completions_best_first() -> None:
+    candidates = [
+        Candidate("        t += x\n    return t\n", logprob=-2.0, n_tokens=8),
+        Candidate("        t = t + x\n", logprob=-4.0, n_tokens=8),
+    ]
+    out = postprocess(PREFIX, SUFFIX, "python", candidates)
+    assert all(isinstance(c, Completion) for c in out)
+    assert texts(out) == ["        t += x\n", "        t = t + x\n"]
+    assert out[0].score > out[1].score
+    assert out[0].logprob == -2.0 and out[0].n_tokens == 8
+
+
+def test_alternatives_equal_after_trimming_are_merged() -> None:
+    candidates = [
+        Candidate("        t += x\n    return t\n", -3.0, 8),
+        Candidate("        t  +=  x\n", -2.0, 6),  # same after whitespace normalisation
+        Candidate("        t += x\n\n\nprint(total([1]))\n", -6.0, 12),
+        Candidate("        t = t + x\n", -2.5, 8),
+    ]
+    ranked = rank_alternatives(PREFIX, SUFFIX, "python", candidates)
+    keys = [dedupe_key(r.completion.text) for r in ranked]
+    assert len(keys) == len(set(keys)) == 2
+    merged = next(r for r in ranked if r.agreeing == 3)
+    assert merged.source_index == 1  # the most confident of the three represents them
+    assert merged.completion.text == "        t  +=  x\n"
+
+
+def test_static_errors_rank_below_clean_alternatives() -> None:
+    candidates = [
+        Candidate("        t += undefined_thing(x)\n", -1.0, 6),  # more likely but undefined name
+        Candidate("        unused = x\n", -1.0, 6),  # unused variable
+        Candidate("        t += x\n", -1.5, 6),
+    ]
+    ranked = rank_alternatives(PREFIX, SUFFIX, "python", candidates)
+    assert ranked[0].completion.text == "        t += x\n"
+    assert ranked[1].check.unused_variables == ("unused",)
+    assert ranked[2].check.undefined_names == ("undefined_thing",)
+
+
+def test_suggestions_that_break_the_file_are_dropped_unless_asked() -> None:
+    candidates = [Candidate("        t += (x\n", -0.1, 5), Candidate("        t += x\n", -2.0, 5)]
+    assert texts(postprocess(PREFIX, SUFFIX, "python", candidates)) == ["        t += x\n"]
+    kept = postprocess(PREFIX, SUFFIX, "python", candidates, config=PostprocessConfig(drop_broken=False))
+    assert texts(kept) == ["        t += x\n", "        t += (x\n"]  # penalised, so last
+
+
+def test_a_broken_tail_falls_back_to_an_earlier_line_end() -> None:
+    prefix = "def f(x):\n"
+    completion = "    y = x + 1\n    z = y * 2\n    return (z\n"
+    out = postprocess(prefix, "", "python", [Candidate(completion, -3.0, 20)])
+    assert texts(out) == ["    y = x + 1\n    z = y * 2"]
+
+
+def test_equal_scores_keep_the_engine_order() -> None:
+    candidates = [Candidate("a", -1.0, 1), Candidate("b", -1.0, 1), Candidate("c", -1.0, 1)]
+    # `a`, `b`, `c` are undefined names, equally penalised: the order must be the input order.
+    out = texts(postprocess("a = b = c = 0\nx = ", "\n", "python", candidates))
+    assert out == ["a", "b", "c"]
+    assert texts(postprocess("a = b = c = 0\nx = ", "\n", "python", candidates[::-1])) == ["c", "b", "a"]
+
+
+def test_raw_keeps_text_untrimmed_and_orders_by_normalised_logprob() -> None:
+    candidates = [
+        Candidate("        t += x\n    return t\n", -4.0, 8),  # -0.5 per token
+        Candidate("        t += (x\n", -1.0, 4),  # -0.25 per token, broken: raw keeps it
+        Candidate("        t += (x\n", -1.0, 4),  # duplicates are kept too
+    ]
+    out = postprocess(PREFIX, SUFFIX, "python", candidates, raw=True)
+    assert texts(out) == ["        t += (x\n", "        t += (x\n", "        t += x\n    return t\n"]
+    assert [c.score for c in out] == [-0.25, -0.25, -0.5]
+
+
+def test_nothing_to_show_gives_an_empty_list() -> None:
+    assert postprocess(PREFIX, SUFFIX, "python", []) == []
+    assert postprocess(PREFIX, SUFFIX, "python", [Candidate("   \n", -1.0, 2)]) == []
+    assert postprocess(PREFIX, SUFFIX, "python", [Candidate("    return t\n", -1.0, 2)]) == []
+
+
+def test_truncated_candidates_lose_their_last_line() -> None:
+    candidate = Candidate("    y = 1\n    return y +", -2.0, 6, finish_reason="length")
+    assert texts(postprocess("def f():\n", "", "python", [candidate])) == ["    y = 1"]
+
+
+def test_unknown_language_and_language_ids_are_accepted() -> None:
+    candidates = [Candidate("a = 1\nmore\n", -1.0, 3)]
+    assert texts(postprocess("x\n", "", None, candidates)) == ["a = 1"]
+    assert texts(postprocess("x\n", "", "plaintext", candidates)) == ["a = 1"]
+    js = [Candidate("1, 2];\nfoo();\n", -1.0, 4)]
+    assert texts(postprocess("const a = [", "];\n", "javascriptreact", js)) == ["1, 2"]
+
+
+def test_score_terms() -> None:
+    config = RankConfig()
+    clean = CheckResult()
+    base = score("x", -2.0, 4, clean, 1, config)
+    assert base == pytest.approx(-0.5 + config.length_weight * math.log(2))
+    assert score("x", -2.0, 4, CheckResult(syntax_errors=1), 1, config) == pytest.approx(base - 10.0)
+    assert score("x", -2.0, 4, CheckResult(undefined_names=("a", "b")), 1, config) == pytest.approx(base - 4.0)
+    assert score("x", -2.0, 4, CheckResult(unused_variables=("a",)), 1, config) == pytest.approx(base - 1.0)
+    assert score("x", -2.0, 4, clean, 3, config) > base
+    assert score("xxxxxxxx", -2.0, 4, clean, 1, config) > base
+    assert score("x", -2.0, 0, clean, 1, config) == pytest.approx(-2.0 + config.length_weight * math.log(2))
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_rank_config_is_validated(bad: float) -> None:
+    with pytest.raises(ValueError):
+        RankConfig(undefined_name_penalty=bad)
+
+
+def test_postprocess_config_is_validated() -> None:
+    with pytest.raises(ValueError):
+        PostprocessConfig(max_fallbacks=-1)
