@@ -211,11 +211,14 @@ class _Scanner:
         last_comment: Tok | None = None
         pending: int | None = None  # a line end where the unit may already have ended
 
-        for tok in self.tokens:
+        reopen_at = -1  # an opener that takes the place of a prefix bracket just closed
+        for index, tok in enumerate(self.tokens):
             if repeat_at is not None and tok.start >= repeat_at:
                 return self.cut(repeat_at, REPEAT_INLINE), pending
             kind = tok.kind
             if kind == OPEN:
+                if tok.start == reopen_at:
+                    continue  # `} else {`: the prefix's block goes on under a new brace
                 if not stack and tok.char == "{":
                     has_block = True
                 stack.append(tok.char)
@@ -227,6 +230,9 @@ class _Scanner:
                 if j >= len(ctx.open_brackets) or CLOSERS[tok.char] != ctx.open_brackets[-1 - j]:
                     return self.cut(tok.start, BRACKET), pending
                 if j < ctx.suffix_closes:
+                    reopen_at = self._reopened_on_line(index)
+                    if reopen_at >= 0:
+                        continue
                     return self.cut(tok.start, BRACKET), pending
                 closed_prefix += 1
                 finishing = True
@@ -268,6 +274,27 @@ class _Scanner:
         if repeat_at is not None:
             return self.cut(repeat_at, REPEAT_INLINE), pending
         return self.undecided(), pending
+
+    def _reopened_on_line(self, index: int) -> int:
+        """Offset of an opener of the same kind that the line of closer `index` leaves open, else -1.
+
+        `} else {`, `} catch (e) {`, `}, {`: the closer ends the prefix's bracket but the line
+        opens another in its place, which the suffix's closer then ends; no cut there.
+        """
+        closer = self.tokens[index]
+        open_on_line: list[Tok] = []
+        for tok in self.tokens[index + 1 :]:
+            if tok.kind == NEWLINE:
+                break
+            if tok.kind == OPEN:
+                open_on_line.append(tok)
+            elif tok.kind == CLOSE:
+                if not open_on_line:
+                    return -1
+                open_on_line.pop()
+        if open_on_line and open_on_line[0].char == CLOSERS[closer.char]:
+            return open_on_line[0].start
+        return -1
 
     def at_line_end(
         self, mode: str, unit_indent: int, newline: int, code: str, seen_code: bool,

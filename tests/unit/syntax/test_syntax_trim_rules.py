@@ -161,3 +161,11 @@ def test_unknown_language_falls_back_to_lines() -> None:
 )
 def test_detect_language(language_id: str, path: str, expected: str | None) -> None:
     assert detect_language(language_id, path) == expected
+
+
+def test_closer_that_reopens_on_the_same_line_is_no_cut() -> None:
+    # `} else {` ends the prefix's block but opens another that the suffix's `}` then closes.
+    prefix = "void f(int x) {\n    if (x) {\n        a();\n    "
+    suffix = "\n        b();\n    }\n}\n"
+    assert trimmed(prefix, "} else {\n        b();\n    }\n}\n", suffix, "java") == "} else {"
+    assert trimmed(prefix, "}\n}\n", suffix, "java") is None  # only closes what the suffix closes
