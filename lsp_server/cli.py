@@ -8,6 +8,7 @@ import sys
 from typing import Sequence
 
 from engine.errors import KspecError
+from lsp_server.commands import add_engine_parser, add_lsp_parser, run_engine, run_lsp
 
 
 def _engine_args(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-tokens", type=int, default=32)
     bench.add_argument("--repeats", type=int, default=None)
     _engine_args(bench)
+
+    add_lsp_parser(commands)
+    add_engine_parser(commands)
     return parser
 
 
@@ -137,7 +141,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"complete": run_complete, "eval": run_eval, "bench": run_bench}
+    handlers = {"complete": run_complete, "eval": run_eval, "bench": run_bench, "lsp": run_lsp, "engine": run_engine}
     try:
         return handlers[args.command](args)
     except KspecError as exc:

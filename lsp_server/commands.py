@@ -1,0 +1,92 @@
+"""`kspec lsp` and `kspec engine`: arguments and entry points (wired into cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sys
+from pathlib import Path
+
+from engine.errors import KspecError
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _address(value: str) -> tuple[str, int]:
+    """PORT or HOST:PORT; the host defaults to loopback."""
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected PORT or HOST:PORT, got {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def _warn_if_public(host: str, what: str) -> None:
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        print(f"kspec {what}: warning: listening on {host}, reachable from other machines", file=sys.stderr)
+
+
+def add_lsp_parser(commands: argparse._SubParsersAction) -> None:
+    lsp = commands.add_parser("lsp", help="language server on stdio (inline completions)")
+    lsp.add_argument("--tcp", type=_address, default=None, metavar="[HOST:]PORT", help="serve one client over TCP instead (debugging; loopback by default)")
+    lsp.add_argument("--engine", choices=["inprocess", "daemon"], default=None, help="where the model runs (default: the 'engine' setting, i.e. the shared daemon)")
+    lsp.add_argument("--engine-idle-timeout", type=float, default=900.0, help="seconds a daemon this server starts waits without clients before exiting")
+    lsp.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="stderr log level (document text is logged only with the debugLog setting)")
+
+
+def add_engine_parser(commands: argparse._SubParsersAction) -> None:
+    engine = commands.add_parser("engine", help="the shared engine daemon (normally started by `kspec lsp`)")
+    engine.add_argument("--model", "-m", default=None, help="HF model folder, .gguf file or cached hub id (default: embedded demo model)")
+    engine.add_argument("--draft", default=None, help="draft model with the target's tokenizer")
+    engine.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    engine.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    engine.add_argument("--socket", type=Path, default=None, help="Unix socket path (default: in the user's runtime dir, named after the model)")
+    engine.add_argument("--idle-timeout", type=float, default=900.0, help="exit after this many seconds without clients")
+    engine.add_argument("--tcp", type=_address, default=None, metavar="[HOST:]PORT", help="listen on TCP instead (loopback by default; clients must send the token)")
+    engine.add_argument("--token-file", type=Path, default=None, help="with --tcp: read the token from this file (default: write a new one next to the socket)")
+
+
+def run_lsp(args: argparse.Namespace) -> int:
+    from lsp_server.server import KspecServer, Redactor, ServerOptions
+
+    redactor = Redactor()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(redactor)
+    handler.setFormatter(logging.Formatter("%(asctime)s kspec-lsp %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler], force=True)
+    options = ServerOptions(engine=args.engine, daemon_idle_timeout_s=args.engine_idle_timeout, redactor=redactor)
+    server = KspecServer(options)
+    if args.tcp is not None:
+        _warn_if_public(args.tcp[0], "lsp")
+        server.start_tcp(*args.tcp)
+    else:
+        server.start_io()
+    return server.exit_code
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    from lsp_server.daemon import run_daemon
+    from lsp_server.protocol import EngineSpec, new_token, runtime_dir
+
+    spec = EngineSpec(args.model, args.draft, args.dtype, args.device)
+    token = None
+    if args.tcp is not None:
+        _warn_if_public(args.tcp[0], "engine")
+        token_file = args.token_file or runtime_dir() / f"engine-tcp-{args.tcp[1]}.token"
+        if args.token_file is not None:
+            try:
+                token = args.token_file.read_text().strip()
+            except OSError as exc:
+                raise KspecError(f"cannot read the token file {args.token_file}: {exc.strerror}") from exc
+            if not token:
+                raise KspecError(f"the token file {args.token_file} is empty")
+        else:
+            token = new_token()
+            token_file.touch(mode=0o600)
+            token_file.write_text(token)
+        print(f"kspec engine: token in {token_file}", file=sys.stderr, flush=True)
+    return run_daemon(spec, args.socket, args.idle_timeout, tcp=args.tcp, token=token)

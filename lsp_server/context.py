@@ -1,0 +1,64 @@
+"""The cursor's context for the engine: prefix and suffix under character budgets.
+
+Only the lines around the cursor are read, so a huge document costs no more than a
+small one (apart from `offset`, one sum over the line lengths before the cursor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lsp_server.documents import Cursor, Document, line_body
+
+
+@dataclass(frozen=True)
+class Budgets:
+    prefix_chars: int = 6000
+    suffix_chars: int = 2000
+
+    def __post_init__(self) -> None:
+        if self.prefix_chars < 1 or self.suffix_chars < 0:
+            raise ValueError(f"budgets must be positive, got {self.prefix_chars}, {self.suffix_chars}")
+
+
+@dataclass(frozen=True)
+class EditorContext:
+    prefix: str  # the last `prefix_chars` characters before the cursor
+    suffix: str  # the first `suffix_chars` characters after it
+    line_suffix: str  # the rest of the cursor's line, without its terminator
+    offset: int  # code points before the cursor in the document
+    length: int  # code points in the document
+
+
+def cursor_context(document: Document, cursor: Cursor, budgets: Budgets) -> EditorContext:
+    lines = document.lines
+    current = lines[cursor.line]
+    pieces = [current[: cursor.column]]
+    size = cursor.column
+    line = cursor.line - 1
+    while size < budgets.prefix_chars and line >= 0:
+        pieces.append(lines[line])
+        size += len(lines[line])
+        line -= 1
+    prefix = "".join(reversed(pieces))[-budgets.prefix_chars :]
+
+    pieces = [current[cursor.column :]]
+    size = len(pieces[0])
+    line = cursor.line + 1
+    while size < budgets.suffix_chars and line < len(lines):
+        pieces.append(lines[line])
+        size += len(lines[line])
+        line += 1
+    suffix = "".join(pieces)[: budgets.suffix_chars]
+    return EditorContext(
+        prefix=prefix,
+        suffix=suffix,
+        line_suffix=line_body(current)[cursor.column :],
+        offset=document.offset(cursor),
+        length=document.length,
+    )
+
+
+def looks_binary(context: EditorContext) -> bool:
+    """NUL characters near the cursor: a binary file opened as text."""
+    return "\0" in context.prefix or "\0" in context.suffix

@@ -1,0 +1,251 @@
+"""`kspec engine`: one warm model shared by every editor window of this user.
+
+Start-up order keeps a second daemon cheap and harmless: take the lock (another daemon
+holds it -> exit 0 at once), bind the socket (0600, in the 0700 runtime dir), then load
+the model on the worker thread while already answering handshakes ("loading"). Requests
+run one at a time in arrival order; `cancel(id)` stops one at its next decode round; a
+client that disconnects has its requests cancelled. With no client for
+`--idle-timeout` seconds the daemon exits and removes its socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from engine.api import CompletionRequest
+from engine.errors import InputError, KspecError
+from lsp_server.protocol import (
+    PROTOCOL_VERSION,
+    DaemonPaths,
+    EngineSpec,
+    ProtocolError,
+    read_frame,
+    tokens_match,
+    write_frame,
+)
+from lsp_server.runner import (
+    DeadlineExceeded,
+    EngineFactory,
+    EngineRunner,
+    EngineUnavailable,
+    Status,
+    default_engine_factory,
+)
+
+log = logging.getLogger("kspec.daemon")
+MAX_UNIX_PATH = 107
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+def status_to_wire(status: Status) -> dict[str, Any]:
+    return {
+        "type": "status",
+        "state": status.state,
+        "message": status.message,
+        "progress": status.progress,
+        "model": status.model,
+        "latency_ms": status.latency_ms,
+    }
+
+
+def request_from_wire(data: Any) -> CompletionRequest:
+    """A CompletionRequest from an untrusted map: known fields only, each of its declared type."""
+    if not isinstance(data, dict):
+        raise InputError("'request' must be a map")
+    defaults = CompletionRequest(prefix="")
+    values: dict[str, Any] = {}
+    for spec in fields(CompletionRequest):
+        if spec.name not in data:
+            continue
+        value, expected = data[spec.name], type(getattr(defaults, spec.name))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if type(value) is not expected:
+            raise InputError(f"request field {spec.name!r} must be {expected.__name__}")
+        values[spec.name] = value
+    if "prefix" not in values:
+        raise InputError("request field 'prefix' is required")
+    return CompletionRequest(**values)
+
+
+class _Peer:
+    def __init__(self, writer: asyncio.StreamWriter):
+        self.writer = writer
+        self.jobs: dict[str, asyncio.Task] = {}
+
+    def send(self, message: dict[str, Any]) -> None:
+        if not self.writer.is_closing():
+            write_frame(self.writer, message)
+
+
+class Daemon:
+    def __init__(self, config: Any, factory: EngineFactory = default_engine_factory, idle_timeout_s: float = 900.0, token: str | None = None):
+        self.runner = EngineRunner(config, factory, self._broadcast)
+        self.idle_timeout_s = idle_timeout_s
+        self.token = token
+        self._peers: set[_Peer] = set()
+        self._stop = asyncio.Event()
+        self._idle: asyncio.TimerHandle | None = None
+
+    async def serve_unix(self, path: Path) -> None:
+        if len(os.fsencode(str(path))) > MAX_UNIX_PATH:
+            raise KspecError(f"socket path {path} is too long for a Unix socket; set XDG_RUNTIME_DIR to a shorter folder")
+        path.unlink(missing_ok=True)  # we hold the lock: any socket file there is stale
+        umask = os.umask(0o177)  # created 0600, no window where others could connect
+        try:
+            server = await asyncio.start_unix_server(self._serve_peer, str(path))
+        finally:
+            os.umask(umask)
+        os.chmod(path, 0o600)
+        log.info("listening on %s", path)
+        try:
+            await self._run(server)
+        finally:
+            path.unlink(missing_ok=True)
+
+    async def serve_tcp(self, host: str, port: int) -> int:
+        server = await asyncio.start_server(self._serve_peer, host, port)
+        bound = server.sockets[0].getsockname()[1]
+        print(f"kspec engine: listening on {host}:{bound}", file=sys.stderr, flush=True)
+        await self._run(server)
+        return bound
+
+    async def _run(self, server: asyncio.AbstractServer) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._stop.set)
+        self.runner.start()
+        self._arm_idle()
+        async with server:
+            await self._stop.wait()
+        for peer in list(self._peers):
+            peer.writer.close()
+        self.runner.stop()
+
+    def _arm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = asyncio.get_running_loop().call_later(self.idle_timeout_s, self._idle_exit)
+
+    def _idle_exit(self) -> None:
+        if not self._peers:
+            log.info("no client for %.0f s: exiting", self.idle_timeout_s)
+            self._stop.set()
+
+    def _broadcast(self, status: Status) -> None:
+        message = status_to_wire(status)
+        for peer in list(self._peers):
+            peer.send(message)
+
+    async def _serve_peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = _Peer(writer)
+        try:
+            if not await self._handshake(peer, reader):
+                return
+            self._peers.add(peer)
+            if self._idle is not None:
+                self._idle.cancel()
+            while (message := await read_frame(reader)) is not None:
+                self._handle(peer, message)
+        except (ProtocolError, ConnectionError) as exc:
+            log.warning("dropping a client: %s", exc)
+        finally:
+            self._peers.discard(peer)
+            for job in peer.jobs.values():
+                job.cancel()
+            writer.close()
+            if not self._peers:
+                self._arm_idle()
+
+    async def _handshake(self, peer: _Peer, reader: asyncio.StreamReader) -> bool:
+        try:
+            hello = await asyncio.wait_for(read_frame(reader), HANDSHAKE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return False
+        if hello is None or hello.get("type") != "hello":
+            peer.send({"type": "error", "id": None, "kind": "protocol", "message": "expected a hello"})
+            return False
+        if not tokens_match(self.token, hello.get("token")):
+            peer.send({"type": "error", "id": None, "kind": "protocol", "message": "bad token"})
+            return False
+        peer.send({"type": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(), "status": status_to_wire(self.runner.status)})
+        if hello.get("version") != PROTOCOL_VERSION:
+            log.warning("client speaks protocol %r, we speak %d", hello.get("version"), PROTOCOL_VERSION)
+            return False
+        return True
+
+    def _handle(self, peer: _Peer, message: dict[str, Any]) -> None:
+        kind, request_id = message["type"], str(message.get("id"))
+        if kind == "cancel":
+            job = peer.jobs.get(request_id)
+            if job is not None:
+                job.cancel()
+        elif kind == "complete":
+            if request_id in peer.jobs:
+                peer.send({"type": "error", "id": request_id, "kind": "input", "message": "duplicate request id"})
+                return
+            peer.jobs[request_id] = asyncio.ensure_future(self._complete(peer, request_id, message.get("request")))
+        else:
+            peer.send({"type": "error", "id": request_id, "kind": "protocol", "message": f"unknown message type {kind!r}"})
+
+    async def _complete(self, peer: _Peer, request_id: str, data: Any) -> None:
+        try:
+            result = await self.runner.complete(request_from_wire(data))
+            peer.send({"type": "result", "id": request_id, "result": result.to_dict()})
+        except asyncio.CancelledError:
+            peer.send({"type": "error", "id": request_id, "kind": "cancelled", "message": "cancelled"})
+        except InputError as exc:
+            peer.send({"type": "error", "id": request_id, "kind": "input", "message": str(exc)})
+        except DeadlineExceeded as exc:
+            peer.send({"type": "error", "id": request_id, "kind": "deadline", "message": str(exc)})
+        except (EngineUnavailable, KspecError) as exc:
+            peer.send({"type": "error", "id": request_id, "kind": "unavailable", "message": str(exc)})
+        finally:
+            peer.jobs.pop(request_id, None)
+
+
+def _lock(path: Path) -> int | None:
+    """Hold an exclusive flock on `path` for this process's life and write our pid into it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def run_daemon(spec: EngineSpec, socket: Path | None, idle_timeout_s: float, tcp: tuple[str, int] | None = None, token: str | None = None) -> int:
+    """Entry point of `kspec engine`; returns the exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s kspec-engine[%(process)d] %(levelname)s %(message)s")
+    paths = DaemonPaths.for_spec(spec) if socket is None else DaemonPaths(socket, socket.with_suffix(".lock"), socket.with_suffix(".log"))
+    lock = _lock(paths.lock)  # before importing torch: a second daemon costs almost nothing
+    if lock is None:
+        print(f"kspec engine: already running (pid {paths.daemon_pid()}) at {paths.socket}", file=sys.stderr)
+        return 0
+    from engine.config import EngineConfig
+
+    try:
+        config = EngineConfig(model=spec.model, draft=spec.draft, dtype=spec.dtype, device=spec.device, progress=False)
+    except ValueError as exc:
+        os.close(lock)
+        raise KspecError(str(exc)) from exc
+    daemon = Daemon(config, idle_timeout_s=idle_timeout_s, token=token)
+    try:
+        if tcp is not None:
+            asyncio.run(daemon.serve_tcp(*tcp))
+        else:
+            asyncio.run(daemon.serve_unix(paths.socket))
+    finally:
+        os.close(lock)
+    return 0

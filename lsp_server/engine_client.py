@@ -1,0 +1,381 @@
+"""The language server's view of an engine: in this process, or the shared daemon.
+
+Both sides offer `start()` (returns at once; loading or connecting goes on in the
+background and is reported through `on_status`), `complete(request)` (raises
+EngineUnavailable / DeadlineExceeded / InputError; cancelling the awaiting task stops
+the request in the engine at its next round) and `close()`.
+
+The daemon client connects to the daemon for its EngineSpec, starting one when none
+answers (under a spawn lock, so two editors starting together start one daemon), checks
+the protocol version, and when the connection drops while in use it reports that once
+and starts the daemon again (giving up after `max_restarts` crashes in a short while).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import itertools
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable, Protocol
+
+from engine.api import CompletionRequest, CompletionResult
+from engine.errors import InputError
+from lsp_server.protocol import (
+    PROTOCOL_VERSION,
+    DaemonPaths,
+    EngineSpec,
+    ProtocolError,
+    read_frame,
+    write_frame,
+)
+from lsp_server.runner import (
+    ERROR,
+    LOADING,
+    DeadlineExceeded,
+    EngineFactory,
+    EngineRunner,
+    EngineUnavailable,
+    Status,
+    default_engine_factory,
+)
+
+log = logging.getLogger("kspec.client")
+
+StatusCallback = Callable[[Status], None]  # ERROR statuses are shown to the user, once each
+
+
+class EngineClient(Protocol):
+    @property
+    def status(self) -> Status: ...
+
+    async def start(self) -> None: ...
+
+    async def complete(self, request: CompletionRequest) -> CompletionResult: ...
+
+    def close(self) -> None: ...
+
+    def join(self, timeout_s: float) -> bool: ...
+
+
+class InProcessEngine:
+    """The engine on a worker thread of this process (tests, a single editor)."""
+
+    def __init__(self, config: Any, on_status: StatusCallback, factory: EngineFactory = default_engine_factory):
+        self._runner = EngineRunner(config, factory, on_status)
+
+    @property
+    def status(self) -> Status:
+        return self._runner.status
+
+    async def start(self) -> None:
+        self._runner.start()
+
+    async def complete(self, request: CompletionRequest) -> CompletionResult:
+        return await self._runner.complete(request)
+
+    def close(self) -> None:
+        self._runner.stop()
+
+    def join(self, timeout_s: float) -> bool:
+        return self._runner.join(timeout_s)
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    spec: EngineSpec = field(default_factory=EngineSpec)
+    folder: Path | None = None  # runtime dir; None: $XDG_RUNTIME_DIR/kspec or a private temp dir
+    connect_timeout_s: float = 120.0  # a cold start imports torch and loads the model
+    handshake_timeout_s: float = 10.0
+    idle_timeout_s: float = 900.0  # passed to a daemon we start
+    max_restarts: int = 3
+    restart_window_s: float = 300.0
+    python: str = sys.executable
+
+    def paths(self) -> DaemonPaths:
+        return DaemonPaths.for_spec(self.spec, self.folder)
+
+
+@dataclass
+class _Connection:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    pid: int | None
+    pending: dict[str, asyncio.Future] = field(default_factory=dict)
+    reader_task: asyncio.Task | None = None
+    alive: bool = True
+
+
+_ERROR_KINDS: dict[str, type[Exception]] = {
+    "input": InputError,
+    "deadline": DeadlineExceeded,
+    "unavailable": EngineUnavailable,
+}
+
+
+class DaemonEngine:
+    """Client of the shared `kspec engine` daemon."""
+
+    def __init__(self, options: DaemonOptions, on_status: StatusCallback):
+        self.options = options
+        self.paths = options.paths()
+        self._on_status = on_status
+        self._status = Status(LOADING, "connecting to the engine daemon", progress=0.0, model=options.spec.model or "default")
+        self._connection: _Connection | None = None
+        self._connecting: asyncio.Task | None = None
+        self._closing = False
+        self._crashes: list[float] = []
+        self._gave_up = False
+        self._ids = itertools.count(1)
+        self._children: list[subprocess.Popen] = []
+
+    @property
+    def status(self) -> Status:
+        return self._status
+
+    async def start(self) -> None:
+        self._begin_connecting()
+
+    async def complete(self, request: CompletionRequest) -> CompletionResult:
+        connection = await self._wait_connection(request.deadline_ms / 1000)
+        request_id = f"r{next(self._ids)}"
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        connection.pending[request_id] = future
+        try:
+            write_frame(connection.writer, {"type": "complete", "id": request_id, "request": request.to_dict()})
+            return await future
+        except asyncio.CancelledError:
+            if connection.alive:
+                write_frame(connection.writer, {"type": "cancel", "id": request_id})
+            raise
+        finally:
+            connection.pending.pop(request_id, None)
+
+    def close(self) -> None:
+        self._closing = True
+        if self._connecting is not None:
+            self._connecting.cancel()
+        if self._connection is not None:
+            self._drop(self._connection, EngineUnavailable("the engine client was closed"))
+        for child in self._children:
+            child.poll()  # reap a daemon that already exited; live ones keep serving other editors
+
+    def join(self, timeout_s: float) -> bool:
+        return True  # nothing runs in this process
+
+    # --- connection management ---------------------------------------------------
+
+    def _set_status(self, status: Status) -> None:
+        self._status = status
+        self._on_status(status)
+
+    def _begin_connecting(self) -> None:
+        if self._closing or self._gave_up:
+            return
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.ensure_future(self._connect())
+            self._connecting.add_done_callback(self._connected)
+
+    def _connected(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            message = f"cannot reach the engine daemon: {error} (log: {self.paths.log})"
+            log.error("%s", message)
+            self._set_status(Status(ERROR, message, model=self.options.spec.model or "default"))
+
+    async def _wait_connection(self, timeout_s: float) -> _Connection:
+        if self._connection is not None and self._connection.alive:
+            return self._connection
+        if self._gave_up:
+            raise EngineUnavailable(self._status.message)
+        self._begin_connecting()
+        assert self._connecting is not None
+        try:
+            await asyncio.wait_for(asyncio.shield(self._connecting), timeout_s)
+        except asyncio.TimeoutError:
+            raise DeadlineExceeded("the engine daemon is still starting") from None
+        except Exception as exc:
+            raise EngineUnavailable(str(exc)) from exc
+        if self._connection is None or not self._connection.alive:
+            raise EngineUnavailable("the engine daemon is not connected")
+        return self._connection
+
+    async def _connect(self) -> None:
+        deadline = time.monotonic() + self.options.connect_timeout_s
+        connection = await self._try_connect()
+        if connection is None:
+            connection = await self._spawn_and_connect(deadline)
+        self._connection = connection
+        connection.reader_task = asyncio.ensure_future(self._read(connection))
+
+    async def _try_connect(self) -> _Connection | None:
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(self.paths.socket))
+        except (FileNotFoundError, ConnectionRefusedError):
+            return None
+        try:
+            return await asyncio.wait_for(self._handshake(reader, writer), self.options.handshake_timeout_s)
+        except (asyncio.TimeoutError, ProtocolError, ConnectionError, asyncio.IncompleteReadError) as exc:
+            writer.close()
+            if isinstance(exc, ProtocolError):
+                raise
+            return None
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Connection:
+        write_frame(writer, {"type": "hello", "version": PROTOCOL_VERSION})
+        reply = await read_frame(reader)
+        if reply is None or reply.get("type") != "hello":
+            raise ProtocolError(f"the engine daemon at {self.paths.socket} did not answer the handshake")
+        if reply.get("version") != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"the engine daemon at {self.paths.socket} speaks protocol {reply.get('version')!r}, "
+                f"this server {PROTOCOL_VERSION}: stop it (pid {reply.get('pid')})"
+            )
+        pid = reply.get("pid") if isinstance(reply.get("pid"), int) else None
+        self._set_status(_status_from_wire(reply.get("status"), pid))
+        return _Connection(reader, writer, pid)
+
+    async def _spawn_and_connect(self, deadline: float) -> _Connection:
+        lock = _try_lock(self.paths.lock.with_suffix(".spawn"))
+        child: subprocess.Popen | None = None
+        try:
+            if lock is not None:
+                connection = await self._try_connect()  # someone may have finished starting one
+                if connection is not None:
+                    return connection
+                child = self._spawn()
+            while time.monotonic() < deadline:
+                connection = await self._try_connect()
+                if connection is not None:
+                    return connection
+                if child is not None and child.poll() not in (None, 0):
+                    raise EngineUnavailable(f"the engine daemon exited with code {child.returncode}: {_last_line(self.paths.log)}")
+                await asyncio.sleep(0.05)
+            raise EngineUnavailable(f"the engine daemon did not answer within {self.options.connect_timeout_s:.0f} s")
+        finally:
+            if lock is not None:
+                lock.close()
+
+    def _spawn(self) -> subprocess.Popen:
+        command = [
+            self.options.python, "-m", "lsp_server.cli", "engine", *self.options.spec.to_args(),
+            "--socket", str(self.paths.socket), "--idle-timeout", str(self.options.idle_timeout_s),
+        ]  # fmt: skip
+        log.info("starting the engine daemon: %s", " ".join(command))
+        with open(self.paths.log, "ab") as log_file:
+            os.chmod(self.paths.log, 0o600)
+            child = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                start_new_session=True,  # outlives this editor; serves the others
+                close_fds=True,
+                env={**os.environ, "PYTHONPATH": _package_root() + os.pathsep + os.environ.get("PYTHONPATH", "")},
+            )
+        self._children = [c for c in self._children if c.poll() is None] + [child]
+        return child
+
+    async def _read(self, connection: _Connection) -> None:
+        reason = "the engine daemon closed the connection"
+        try:
+            while (message := await read_frame(connection.reader)) is not None:
+                self._dispatch(connection, message)
+        except (ProtocolError, ConnectionError, OSError) as exc:
+            reason = f"the connection to the engine daemon failed: {exc}"
+        finally:
+            if connection.alive:
+                self._lost(connection, reason)
+
+    def _dispatch(self, connection: _Connection, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "status":
+            self._set_status(_status_from_wire(message, connection.pid))
+            return
+        future = connection.pending.get(str(message.get("id")))
+        if future is None or future.done():
+            return
+        if kind == "result":
+            try:
+                future.set_result(CompletionResult.from_dict(message["result"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                future.set_exception(EngineUnavailable(f"malformed result from the engine daemon: {exc}"))
+        elif kind == "error":
+            error_type = _ERROR_KINDS.get(str(message.get("kind")), EngineUnavailable)
+            future.set_exception(error_type(str(message.get("message", "engine error"))))
+
+    def _drop(self, connection: _Connection, error: Exception) -> None:
+        connection.alive = False
+        for future in connection.pending.values():
+            if not future.done():
+                future.set_exception(error)
+        connection.pending.clear()
+        connection.writer.close()
+        if connection.reader_task is not None and connection.reader_task is not asyncio.current_task():
+            connection.reader_task.cancel()
+        if self._connection is connection:
+            self._connection = None
+
+    def _lost(self, connection: _Connection, reason: str) -> None:
+        self._drop(connection, EngineUnavailable(reason))
+        if self._closing:
+            return
+        now = time.monotonic()
+        self._crashes = [t for t in self._crashes if now - t < self.options.restart_window_s] + [now]
+        for child in self._children:
+            child.poll()
+        if len(self._crashes) > self.options.max_restarts:
+            self._gave_up = True
+            message = f"the engine daemon stopped {len(self._crashes)} times; not restarting it (log: {self.paths.log})"
+            self._set_status(Status(ERROR, message, model=self.options.spec.model or "default"))
+            return
+        message = f"the engine daemon stopped unexpectedly ({reason}); restarting it"
+        log.warning("%s", message)
+        self._set_status(Status(ERROR, message, model=self.options.spec.model or "default"))
+        self._begin_connecting()
+
+
+def _status_from_wire(data: Any, pid: int | None) -> Status:
+    if not isinstance(data, dict):
+        return Status(LOADING, "connected", engine_pid=pid)
+    progress = data.get("progress")
+    latency = data.get("latency_ms")
+    return Status(
+        state=str(data.get("state", LOADING)),
+        message=str(data.get("message", "")),
+        progress=float(progress) if isinstance(progress, (int, float)) else None,
+        model=str(data.get("model", "")),
+        latency_ms=float(latency) if isinstance(latency, (int, float)) else None,
+        engine_pid=pid,
+    )
+
+
+def _try_lock(path: Path) -> IO[bytes] | None:
+    """An exclusive flock on `path`, or None when another process holds it."""
+    handle = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return lines[-1] if lines else "(empty log)"
+
+
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)

@@ -1,0 +1,145 @@
+"""The engine daemon's wire protocol: length-prefixed msgpack frames.
+
+A frame is a 4-byte big-endian length and a msgpack map with a "type". Client ->
+daemon: hello {version, token}, complete {id, request}, cancel {id}. Daemon -> client:
+hello {version, model, pid, state}, result {id, result}, error {id, kind, message},
+status {state, message, progress, model}. Frames over `MAX_FRAME` are a protocol error
+on either side and close the connection.
+
+The socket lives in the user's runtime directory (0700) and is created 0600; its name
+carries the protocol version and a hash of the engine settings, so daemons of other
+versions or models never answer for this one. TCP is only for an explicit request,
+loopback by default, and then a token is required.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import stat
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+MAX_FRAME = 16 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+
+
+class ProtocolError(Exception):
+    """A peer that does not speak this protocol (bad frame, size, version or token)."""
+
+
+def pack(message: dict[str, Any]) -> bytes:
+    body = msgpack.packb(message, use_bin_type=True)
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte limit")
+    return _HEADER.pack(len(body)) + body
+
+
+def unpack(body: bytes) -> dict[str, Any]:
+    try:
+        message = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise ProtocolError(f"malformed frame: {exc}") from exc
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise ProtocolError("a frame must be a map with a 'type'")
+    return message
+
+
+async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """The next message, or None at a clean end of stream."""
+    try:
+        header = await reader.readexactly(_HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise ProtocolError("stream ended inside a frame header") from exc
+        return None
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_FRAME:
+        raise ProtocolError(f"frame of {size} bytes exceeds the {MAX_FRAME}-byte limit")
+    try:
+        body = await reader.readexactly(size)
+    except asyncio.IncompleteReadError as exc:
+        raise ProtocolError("stream ended inside a frame") from exc
+    return unpack(body)
+
+
+def write_frame(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+    writer.write(pack(message))
+
+
+# --- where daemons live ------------------------------------------------------------
+
+
+def runtime_dir() -> Path:
+    """$XDG_RUNTIME_DIR/kspec, else a private per-user folder in the temp dir; 0700 and ours."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    folder = Path(base) / "kspec" if base and Path(base).is_dir() else Path(tempfile.gettempdir()) / f"kspec-{os.getuid()}"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise PermissionError(f"{folder} is not a directory owned by this user")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        folder.chmod(0o700)
+    return folder
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What a daemon serves; daemons are shared between editors with the same spec."""
+
+    model: str | None = None
+    draft: str | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    def key(self) -> str:
+        resolved = [str(Path(p).expanduser().resolve()) if p and Path(p).expanduser().exists() else p for p in (self.model, self.draft)]
+        data = json.dumps([PROTOCOL_VERSION, *resolved, self.dtype, self.device])
+        return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+    def to_args(self) -> list[str]:
+        args = ["--dtype", self.dtype, "--device", self.device]
+        if self.model:
+            args += ["--model", self.model]
+        if self.draft:
+            args += ["--draft", self.draft]
+        return args
+
+
+@dataclass(frozen=True)
+class DaemonPaths:
+    socket: Path
+    lock: Path  # held (flock) by the live daemon for its lifetime; holds its pid
+    log: Path
+
+    @classmethod
+    def for_spec(cls, spec: EngineSpec, folder: Path | None = None) -> "DaemonPaths":
+        folder = folder or runtime_dir()
+        stem = f"engine-v{PROTOCOL_VERSION}-{spec.key()}"
+        return cls(folder / f"{stem}.sock", folder / f"{stem}.lock", folder / f"{stem}.log")
+
+    def daemon_pid(self) -> int | None:
+        try:
+            text = self.lock.read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def tokens_match(expected: str | None, given: Any) -> bool:
+    if expected is None:
+        return True
+    return isinstance(given, str) and secrets.compare_digest(expected, given)

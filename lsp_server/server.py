@@ -1,0 +1,562 @@
+"""The kspec language server (pygls 2): inline completions from a warm engine.
+
+One `Session` per client connection owns the documents, settings, typeahead cache,
+in-flight requests and the engine client; each LSP feature is one method. A request:
+
+  position -> cursor context (budgets) -> typeahead hit? answer now
+           -> supersede the document's older request -> debounce (automatic triggers)
+           -> engine, raced against being superseded and against the deadline
+           -> items whose ranges replace what they repeat right of the cursor.
+
+Nothing here holds a lock; `didChange` only edits the document; every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+from lsprotocol import types as lsp
+from pygls.exceptions import JsonRpcInvalidParams
+from pygls.io_ import StdoutWriter
+from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.language_server import lsp_method
+
+from engine.api import CompletionRequest
+from engine.errors import InputError, KspecError
+from lsp_server.context import Budgets, EditorContext, cursor_context, looks_binary
+from lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Cursor, Document, DocumentStore, line_body, units_from_column
+from lsp_server.edits import replaced_chars
+from lsp_server.engine_client import DaemonEngine, DaemonOptions, EngineClient, InProcessEngine
+from lsp_server.jsonrpc import MAX_MESSAGE_BYTES, Dispatcher, frames_to_loop
+from lsp_server.protocol import EngineSpec
+from lsp_server.runner import ERROR, READY, DeadlineExceeded, EngineFactory, EngineUnavailable, Status, default_engine_factory
+from lsp_server.settings import SECTION, Settings, parse_settings
+from lsp_server.typeahead import Entry, TypeaheadCache
+
+log = logging.getLogger("kspec.lsp")
+
+VERSION = "0.1.0"
+STATUS_METHOD = "$/kspec/status"
+STATS_METHOD = "kspec/stats"
+ENGINE_GRACE_S = 0.5  # on top of the request's deadline, for the engine to return what it has
+CONFIGURATION_TIMEOUT_S = 5.0
+EXIT_JOIN_S = 3.0  # at exit, for the engine thread to leave torch code
+
+
+class Redactor(logging.Filter):
+    """Drops the arguments of pygls' log records (they carry message bodies) unless debugging."""
+
+    def __init__(self, debug: bool = False):
+        super().__init__()
+        self.debug = debug
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.debug and record.name.startswith("pygls") and record.args:
+            record.msg, record.args = f"{record.msg} [arguments hidden; enable debugLog]", ()
+        return True
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    engine: str | None = None  # forces the placement ("inprocess" / "daemon"); None: the setting decides
+    engine_factory: EngineFactory = default_engine_factory  # in-process engines (benchmarks swap it)
+    daemon_folder: Path | None = None
+    daemon_idle_timeout_s: float = 900.0
+    redactor: Redactor = field(default_factory=Redactor)
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    answered: int = 0  # with at least one item
+    empty: int = 0
+    typeahead_hits: int = 0
+    engine_calls: int = 0
+    superseded: int = 0  # dropped for a newer request on the same document
+    cancelled: int = 0  # $/cancelRequest
+    timeouts: int = 0
+    errors: int = 0
+
+
+@dataclass(frozen=True)
+class Query:
+    document: Document
+    cursor: Cursor
+    body: str  # the cursor's line at request time, without its terminator
+    context: EditorContext
+    settings: Settings
+
+
+class Ticket:
+    """The newest request of a document; set `superseded` when a newer one arrives."""
+
+    def __init__(self) -> None:
+        self.superseded = asyncio.Event()
+
+
+class KspecProtocol(LanguageServerProtocol):
+    """pygls' protocol without its own copy of every document (we keep ours, line-based)."""
+
+    @lsp_method(lsp.TEXT_DOCUMENT_DID_OPEN)
+    def lsp_text_document__did_open(self, params: lsp.DidOpenTextDocumentParams):
+        if (handler := self.fm.features.get(lsp.TEXT_DOCUMENT_DID_OPEN)) is not None:
+            yield handler, (params,), None
+
+    @lsp_method(lsp.TEXT_DOCUMENT_DID_CHANGE)
+    def lsp_text_document__did_change(self, params: lsp.DidChangeTextDocumentParams):
+        if (handler := self.fm.features.get(lsp.TEXT_DOCUMENT_DID_CHANGE)) is not None:
+            yield handler, (params,), None
+
+    @lsp_method(lsp.TEXT_DOCUMENT_DID_CLOSE)
+    def lsp_text_document__did_close(self, params: lsp.DidCloseTextDocumentParams):
+        if (handler := self.fm.features.get(lsp.TEXT_DOCUMENT_DID_CLOSE)) is not None:
+            yield handler, (params,), None
+
+
+def negotiate_encoding(capabilities: lsp.ClientCapabilities) -> str:
+    """The client's first offered encoding we support (as pygls advertises it); else UTF-16."""
+    offered = capabilities.general.position_encodings if capabilities.general else None
+    for encoding in offered or ():
+        value = getattr(encoding, "value", encoding)
+        if value in ENCODINGS:
+            return value
+    return UTF16
+
+
+def short_label(text: str, width: int = 40) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    label = lines[0] if lines else text.strip()
+    if len(label) > width:
+        return label[: width - 1] + "…"
+    return label + (" …" if len(lines) > 1 else "")
+
+
+class Session:
+    def __init__(self, server: "KspecServer", options: ServerOptions):
+        self.server = server
+        self.options = options
+        self.documents = DocumentStore()
+        self.settings = Settings() if options.engine is None else Settings(engine=options.engine)
+        self.typeahead = TypeaheadCache()
+        self.stats = Stats()
+        self.encoding = UTF16
+        self.engine: EngineClient | None = None
+        self._retired: list[EngineClient] = []  # closed engines whose thread may still be finishing
+        self._engine_key: tuple[Any, ...] | None = None
+        self._inflight: dict[str, Ticket] = {}
+        self._legacy_trigger_kinds = False
+        self._pending_problems: list[str] = []
+        self._shown: set[str] = set()  # user messages already shown since the engine was last ready
+        self._status = Status("loading", "starting")
+        self._closed = False
+
+    def register(self) -> None:
+        def feature(name: str, options: Any = None) -> Callable[[Callable], None]:
+            return lambda method: self.server.feature(name, options)(_as_function(method))
+
+        feature(lsp.INITIALIZE)(self.initialize)
+        feature(lsp.INITIALIZED)(self.initialized)
+        feature(lsp.SHUTDOWN)(self.shutdown)
+        feature(lsp.EXIT)(self.exit)
+        feature(lsp.TEXT_DOCUMENT_DID_OPEN)(self.did_open)
+        feature(lsp.TEXT_DOCUMENT_DID_CHANGE)(self.did_change)
+        feature(lsp.TEXT_DOCUMENT_DID_CLOSE)(self.did_close)
+        feature(lsp.WORKSPACE_DID_CHANGE_CONFIGURATION)(self.did_change_configuration)
+        feature(lsp.TEXT_DOCUMENT_INLINE_COMPLETION, lsp.InlineCompletionOptions())(self.inline_completion)
+        feature(lsp.TEXT_DOCUMENT_COMPLETION, lsp.CompletionOptions(resolve_provider=False))(self.completion)
+        feature(STATS_METHOD)(self.stats_request)
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def initialize(self, params: lsp.InitializeParams) -> None:
+        self.encoding = negotiate_encoding(params.capabilities)
+        parsed = parse_settings(params.initialization_options, self.settings)
+        self._set_settings(parsed.settings)
+        self._pending_problems = parsed.problems
+        log.info("initialized: position encoding %s, engine %s", self.encoding, self.settings.engine)
+
+    def initialized(self, params: lsp.InitializedParams) -> None:
+        for problem in self._pending_problems:
+            self.show(f"kspec: {problem}", lsp.MessageType.Warning)
+        self._pending_problems = []
+        self._ensure_engine()
+
+    def shutdown(self, params: None) -> None:
+        self.close()
+
+    def exit(self, params: None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for ticket in self._inflight.values():
+            ticket.superseded.set()
+        if self.engine is not None:
+            self.engine.close()
+
+    # --- documents ---------------------------------------------------------------------
+
+    def did_open(self, params: lsp.DidOpenTextDocumentParams) -> None:
+        item = params.text_document
+        document = self.documents.open(item.uri, item.language_id, item.version, item.text)
+        self.typeahead.forget(item.uri)
+        if document.too_large:
+            self._too_large(document)
+
+    def did_change(self, params: lsp.DidChangeTextDocumentParams) -> None:
+        uri = params.text_document.uri
+        if uri not in self.documents:
+            log.warning("didChange for a document that is not open (ignored)")
+            return
+        document = self.documents.get(uri)
+        for change in params.content_changes:
+            if isinstance(change, lsp.TextDocumentContentChangePartial):
+                if document.too_large:
+                    continue
+                start = document.clamped_cursor(change.range.start.line, change.range.start.character, self.encoding)
+                end = document.clamped_cursor(change.range.end.line, change.range.end.character, self.encoding)
+                document.apply_edit(start, end, change.text)
+            else:
+                document.replace_all(change.text)
+            if document.too_large:
+                self._too_large(document)
+        document.version = params.text_document.version
+
+    def did_close(self, params: lsp.DidCloseTextDocumentParams) -> None:
+        uri = params.text_document.uri
+        self.documents.close(uri)
+        self.typeahead.forget(uri)
+        ticket = self._inflight.pop(uri, None)
+        if ticket is not None:
+            ticket.superseded.set()
+
+    def join(self, timeout_s: float) -> None:
+        for engine in self._retired + ([self.engine] if self.engine else []):
+            if not engine.join(timeout_s):
+                log.warning("the engine did not stop within %.1f s", timeout_s)
+
+    def _too_large(self, document: Document) -> None:
+        self.show(f"kspec: {document.uri} is too large for completions (over {MAX_DOCUMENT_CHARS} characters)", lsp.MessageType.Warning)
+
+    # --- settings ----------------------------------------------------------------------
+
+    async def did_change_configuration(self, params: lsp.DidChangeConfigurationParams) -> None:
+        raw = params.settings
+        if not raw and self._client_pulls_configuration():
+            raw = await self._pull_configuration()
+        parsed = parse_settings(raw, self.settings)
+        for problem in parsed.problems:
+            self.show(f"kspec: {problem}", lsp.MessageType.Warning)
+        self._set_settings(parsed.settings)
+        self._ensure_engine()
+
+    def _client_pulls_configuration(self) -> bool:
+        workspace = self.server.client_capabilities.workspace
+        return bool(workspace and workspace.configuration)
+
+    async def _pull_configuration(self) -> Any:
+        request = lsp.ConfigurationParams(items=[lsp.ConfigurationItem(section=SECTION)])
+        try:
+            values = await asyncio.wait_for(self.server.workspace_configuration_async(request), CONFIGURATION_TIMEOUT_S)
+        except (asyncio.TimeoutError, Exception) as exc:
+            log.warning("workspace/configuration failed: %s", type(exc).__name__)
+            return None
+        return values[0] if values else None
+
+    def _set_settings(self, settings: Settings) -> None:
+        if self.options.engine is not None and settings.engine != self.options.engine:
+            settings = replace(settings, engine=self.options.engine)
+        self.settings = settings
+        self.options.redactor.debug = settings.debug_log
+        if not settings.typeahead:
+            self.typeahead.clear()
+
+    def _ensure_engine(self) -> None:
+        if self._closed:
+            return
+        key = self.settings.engine_key()
+        if self.engine is not None and key == self._engine_key:
+            return
+        if self.engine is not None:
+            self.engine.close()
+            self._retired = [e for e in self._retired if not e.join(0)] + [self.engine]
+            self.typeahead.clear()  # another model's suggestions
+        self._engine_key = key
+        self._shown.clear()
+        self.engine = self._make_engine(self.settings)
+        asyncio.ensure_future(self.engine.start())
+
+    def _make_engine(self, settings: Settings) -> EngineClient:
+        if settings.engine == "inprocess":
+            from engine.config import EngineConfig
+
+            config = EngineConfig(model=settings.model, draft=settings.draft, dtype=settings.dtype, device=settings.device, progress=False)
+            return InProcessEngine(config, self._on_status, self.options.engine_factory)
+        spec = EngineSpec(settings.model, settings.draft, settings.dtype, settings.device)
+        options = DaemonOptions(spec=spec, folder=self.options.daemon_folder, idle_timeout_s=self.options.daemon_idle_timeout_s)
+        return DaemonEngine(options, self._on_status)
+
+    # --- status and messages ---------------------------------------------------------
+
+    def _on_status(self, status: Status) -> None:
+        self._status = status
+        if status.state == READY:
+            self._shown.clear()
+        elif status.state == ERROR:
+            self.show(f"kspec: {status.message}", lsp.MessageType.Error)
+        self.notify_status(status)
+
+    def notify_status(self, status: Status) -> None:
+        if not self._closed:
+            self.server.protocol.notify(STATUS_METHOD, status.to_dict())
+
+    def show(self, message: str, kind: lsp.MessageType) -> None:
+        """A user-visible message, once until the engine is ready again."""
+        if message in self._shown:
+            return
+        self._shown.add(message)
+        log.warning("%s", message)
+        self.server.window_show_message(lsp.ShowMessageParams(type=kind, message=message))
+
+    def stats_request(self, params: Any) -> dict[str, Any]:
+        return {**asdict(self.stats), "documents": len(self.documents), "typeahead_entries": len(self.typeahead), "inflight": len(self._inflight)}
+
+    # --- completions -------------------------------------------------------------------
+
+    def normalize(self, message: dict[str, Any]) -> None:
+        """Accept both inline-completion trigger-kind numberings before validation.
+
+        LSP 3.18 says Invoked = 1, Automatic = 2; older clients (the proposed API) sent
+        Invoked = 0, Automatic = 1. A client that ever sends 0 uses the old numbering, so
+        its 1 means Automatic. A missing context means Invoked."""
+        if message.get("method") != lsp.TEXT_DOCUMENT_INLINE_COMPLETION or not isinstance(message.get("params"), dict):
+            return
+        params = message["params"]
+        context = params.setdefault("context", {"triggerKind": 1})
+        if not isinstance(context, dict):
+            return
+        kind = context.setdefault("triggerKind", 1)
+        if kind == 0:
+            self._legacy_trigger_kinds = True
+            context["triggerKind"] = 1
+        elif kind == 1 and self._legacy_trigger_kinds:
+            context["triggerKind"] = 2
+
+    async def inline_completion(self, params: lsp.InlineCompletionParams) -> lsp.InlineCompletionList:
+        automatic = params.context.trigger_kind == lsp.InlineCompletionTriggerKind.Automatic
+        query = self._query(params.text_document.uri, params.position)
+        texts = await self._suggest(query, debounce=automatic) if query else []
+        items = [lsp.InlineCompletionItem(insert_text=text, range=self._edit_range(query, text)) for text in texts if query]
+        return lsp.InlineCompletionList(items=items)
+
+    async def completion(self, params: lsp.CompletionParams) -> lsp.CompletionList:
+        query = self._query(params.text_document.uri, params.position)
+        texts = await self._suggest(query, debounce=True) if query else []
+        items = []
+        for index, text in enumerate(texts):
+            assert query is not None
+            items.append(
+                lsp.CompletionItem(
+                    label=short_label(text),
+                    kind=lsp.CompletionItemKind.Text,
+                    detail="kspec",
+                    documentation=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=f"```{query.document.language_id}\n{text}\n```"),
+                    sort_text=f"{index:04d}",
+                    filter_text=text,
+                    preselect=index == 0,
+                    insert_text_format=lsp.InsertTextFormat.PlainText,
+                    text_edit=lsp.TextEdit(range=self._edit_range(query, text), new_text=text),
+                )
+            )
+        return lsp.CompletionList(is_incomplete=True, items=items)
+
+    def _query(self, uri: str, position: lsp.Position) -> Query | None:
+        """The request's context, None when this document gets no completions, InvalidParams for bad input."""
+        self.stats.requests += 1
+        try:
+            document = self.documents.get(uri)
+            if document.too_large:
+                return None
+            cursor = document.cursor(position.line, position.character, self.encoding)
+        except InputError as exc:
+            self.stats.errors += 1
+            raise JsonRpcInvalidParams(str(exc)) from None
+        settings = self.settings
+        if not settings.language_enabled(document.language_id):
+            return None
+        context = cursor_context(document, cursor, Budgets(settings.prefix_chars, settings.suffix_chars))
+        if looks_binary(context):
+            self.show(f"kspec: {uri} looks binary (NUL characters); no completions there", lsp.MessageType.Info)
+            return None
+        return Query(document, cursor, line_body(document.lines[cursor.line]), context, settings)
+
+    def _edit_range(self, query: Query | None, text: str) -> lsp.Range:
+        assert query is not None
+        column = query.cursor.column
+        end = column + replaced_chars(text, query.context.line_suffix)
+        line = query.cursor.line
+        return lsp.Range(
+            start=lsp.Position(line=line, character=units_from_column(query.body, column, self.encoding)),
+            end=lsp.Position(line=line, character=units_from_column(query.body, end, self.encoding)),
+        )
+
+    async def _suggest(self, query: Query, debounce: bool) -> list[str]:
+        settings, uri = query.settings, query.document.uri
+        if settings.typeahead:
+            hit = self.typeahead.lookup(uri, query.context, settings.prefix_chars, settings.suffix_chars)
+            if hit is not None:
+                self.stats.typeahead_hits += 1
+                self.stats.answered += 1
+                return list(hit.texts[: settings.k])
+        ticket = self._begin(uri)
+        try:
+            if debounce and settings.debounce_ms > 0:
+                superseded = asyncio.ensure_future(ticket.superseded.wait())
+                try:
+                    done, _ = await asyncio.wait({superseded}, timeout=settings.debounce_ms / 1000)
+                finally:
+                    superseded.cancel()
+                if done:
+                    self.stats.superseded += 1
+                    return []
+            texts = await self._ask_engine(query, ticket)
+        except asyncio.CancelledError:
+            self.stats.cancelled += 1
+            raise
+        finally:
+            self._end(uri, ticket)
+        if texts:
+            self.stats.answered += 1
+        else:
+            self.stats.empty += 1
+        return texts
+
+    async def _ask_engine(self, query: Query, ticket: Ticket) -> list[str]:
+        settings, context = query.settings, query.context
+        if self.engine is None:
+            self._ensure_engine()
+        engine = self.engine
+        if engine is None:
+            return []
+        request = CompletionRequest(
+            prefix=context.prefix,
+            suffix=context.suffix,
+            language=query.document.language_id,
+            path=_uri_path(query.document.uri),
+            k=settings.k,
+            max_tokens=settings.max_tokens,
+            mode=settings.mode,
+            temperature=settings.temperature,
+            deadline_ms=settings.deadline_ms,
+        )
+        if settings.debug_log:
+            log.debug("request at %s:%d: ...%r | %r...", query.document.uri, query.cursor.line, context.prefix[-80:], context.suffix[:40])
+        self.stats.engine_calls += 1
+        started = time.perf_counter()
+        job = asyncio.ensure_future(engine.complete(request))
+        superseded = asyncio.ensure_future(ticket.superseded.wait())
+        try:
+            done, _ = await asyncio.wait({job, superseded}, timeout=settings.deadline_ms / 1000 + ENGINE_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            superseded.cancel()
+            if not job.done():
+                job.cancel()  # stops the engine at its next round
+        if job not in done:
+            if superseded in done:
+                self.stats.superseded += 1
+            else:
+                self.stats.timeouts += 1
+            return []
+        try:
+            result = job.result()
+        except (DeadlineExceeded, EngineUnavailable, KspecError) as exc:
+            self.stats.errors += 1
+            log.info("no completion: %s", exc)
+            return []
+        latency_ms = (time.perf_counter() - started) * 1000
+        texts = [c.text for c in result.completions if c.text]
+        if texts and settings.typeahead:
+            self.typeahead.store(query.document.uri, Entry(context, settings.prefix_chars, settings.suffix_chars, tuple(texts)))
+        self.notify_status(Status(READY, "ready", model=result.model, latency_ms=latency_ms, engine_pid=self._status.engine_pid))
+        return texts[: settings.k]
+
+    def _begin(self, uri: str) -> Ticket:
+        previous = self._inflight.get(uri)
+        if previous is not None:
+            previous.superseded.set()
+        ticket = self._inflight[uri] = Ticket()
+        return ticket
+
+    def _end(self, uri: str, ticket: Ticket) -> None:
+        if self._inflight.get(uri) is ticket:
+            del self._inflight[uri]
+
+
+def _as_function(method: Callable) -> Callable:
+    """pygls tags handlers with attributes, which bound methods cannot carry."""
+    if asyncio.iscoroutinefunction(method):
+
+        async def handler_async(params: Any) -> Any:
+            return await method(params)
+
+        return handler_async
+
+    def handler(params: Any) -> Any:
+        return method(params)
+
+    return handler
+
+
+def _uri_path(uri: str) -> str:
+    return uri[len("file://") :] if uri.startswith("file://") else uri
+
+
+class KspecServer(LanguageServer):
+    def __init__(self, options: ServerOptions | None = None):
+        super().__init__("kspec", VERSION, protocol_cls=KspecProtocol, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental)
+        self.session = Session(self, options or ServerOptions())
+        self.exit_code = 0
+        self.session.register()
+
+    def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:  # type: ignore[override]
+        self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+        self._run(stdin or sys.stdin.buffer)
+
+    def start_tcp(self, host: str, port: int) -> None:
+        """One client over TCP (debugging); prints the bound address on stderr."""
+        with socket.create_server((host, port)) as listener:
+            bound = listener.getsockname()
+            print(f"kspec lsp: listening on {bound[0]}:{bound[1]}", file=sys.stderr, flush=True)
+            connection, _ = listener.accept()
+        with connection, connection.makefile("wb") as writer:
+            self.protocol.set_writer(StdoutWriter(writer))
+            self._run(connection)  # type: ignore[arg-type]
+
+    def _run(self, stream: BinaryIO) -> None:
+        try:
+            asyncio.run(self._serve(stream))
+        except SystemExit as exc:  # the `exit` notification: 0 after `shutdown`, else 1
+            self.exit_code = exc.code if isinstance(exc.code, int) else 1
+        except (KeyboardInterrupt, BrokenPipeError):
+            self.exit_code = 1
+        finally:
+            self.session.close()
+            self.session.join(EXIT_JOIN_S)
+
+    async def _serve(self, stream: BinaryIO) -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        frames_to_loop(stream, asyncio.get_running_loop(), queue, MAX_MESSAGE_BYTES)
+        dispatcher = Dispatcher(self.protocol, self.session.normalize, lambda message: self.session.show(message, lsp.MessageType.Error))
+        while (frame := await queue.get()) is not None:
+            dispatcher.dispatch(frame)
+        log.info("the client closed the connection")

@@ -1,0 +1,162 @@
+"""Server settings from `initializationOptions` and `workspace/didChangeConfiguration`.
+
+Keys are camelCase as editors write them (snake_case is accepted too), optionally under
+a "kspec" section. Each value is checked on its own: an invalid one is reported by
+name and its default is used, the others still apply.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable
+
+# The engine's limits, repeated so that a server talking to the daemon never imports
+# torch; tests/unit/lsp/test_settings.py checks they match engine.completion / engine.config.
+MAX_K = 32
+MAX_NEW_TOKENS = 512
+DTYPES = ("float32", "bfloat16", "float16")
+MODES = ("diverse", "sample")
+PLACEMENTS = ("inprocess", "daemon")
+SECTION = "kspec"
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str | None = None  # None: the embedded default (demonstration) model
+    draft: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    engine: str = "daemon"  # "daemon": one shared warm model for all editors; "inprocess": inside this server
+    k: int = 3
+    max_tokens: int = 48
+    mode: str = "diverse"
+    temperature: float = 0.0
+    debounce_ms: float = 40.0
+    deadline_ms: float = 3000.0
+    enabled: bool = True
+    languages: tuple[str, ...] = ()  # languageIds to complete; empty (or "*") means all
+    prefix_chars: int = 6000
+    suffix_chars: int = 2000
+    typeahead: bool = True
+    debug_log: bool = False  # logs may contain document text only when this is on
+
+    def __post_init__(self) -> None:
+        for name, check in CHECKS.items():
+            problem = check(getattr(self, name))
+            if problem:
+                raise ValueError(f"{name}: {problem}")
+
+    def language_enabled(self, language_id: str) -> bool:
+        return self.enabled and (not self.languages or "*" in self.languages or language_id in self.languages)
+
+    def engine_key(self) -> tuple[Any, ...]:
+        """Settings that need a new engine (or daemon) when they change."""
+        return (self.engine, self.model, self.draft, self.device, self.dtype)
+
+
+def _optional_path(value: Any) -> str | None:
+    return None if value is None or isinstance(value, str) and value.strip() else "must be a non-empty string or null"
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
+    return lambda value: None if value in options else f"must be one of {', '.join(options)}"
+
+
+def _number(low: float, high: float, integer: bool = False) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        kind = "an integer" if integer else "a number"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not float(value).is_integer()):
+            return f"must be {kind} between {low:g} and {high:g}"
+        if not math.isfinite(value) or not low <= value <= high:
+            return f"must be {kind} between {low:g} and {high:g}"
+        return None
+
+    return check
+
+
+def _device(value: Any) -> str | None:
+    if isinstance(value, str) and re.fullmatch(r"cpu|cuda(:\d+)?", value):
+        return None
+    return "must be 'cpu' or 'cuda[:N]'"
+
+
+def _languages(value: Any) -> str | None:
+    if isinstance(value, (list, tuple)) and all(isinstance(item, str) and item for item in value):
+        return None
+    return "must be a list of languageIds (empty for all)"
+
+
+def _boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "must be true or false"
+
+
+CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "model": _optional_path,
+    "draft": _optional_path,
+    "device": _device,
+    "dtype": _choice(tuple(DTYPES)),
+    "engine": _choice(PLACEMENTS),
+    "k": _number(1, MAX_K, integer=True),
+    "max_tokens": _number(1, MAX_NEW_TOKENS, integer=True),
+    "mode": _choice(MODES),
+    "temperature": _number(0, 2),
+    "debounce_ms": _number(0, 2000),
+    "deadline_ms": _number(50, 120000),
+    "enabled": _boolean,
+    "languages": _languages,
+    "prefix_chars": _number(1, 200000, integer=True),
+    "suffix_chars": _number(0, 100000, integer=True),
+    "typeahead": _boolean,
+    "debug_log": _boolean,
+}
+INTEGERS = {"k", "max_tokens", "prefix_chars", "suffix_chars"}
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+_BY_KEY = {key: f.name for f in fields(Settings) for key in (f.name, camel(f.name))}
+
+
+@dataclass(frozen=True)
+class Parsed:
+    settings: Settings
+    problems: list[str] = field(default_factory=list)  # one line per rejected or unknown key
+
+
+def parse_settings(raw: Any, base: Settings | None = None) -> Parsed:
+    """Settings from a client's JSON object. Keys absent keep `base` (default: defaults);
+    invalid keys fall back to the default and are reported."""
+    base = base or Settings()
+    if raw is None:
+        return Parsed(base)
+    if not isinstance(raw, dict):
+        return Parsed(base, [f"settings must be an object, got {type(raw).__name__}; using the defaults"])
+    if isinstance(raw.get(SECTION), dict):
+        raw = raw[SECTION]
+    defaults = Settings()
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in raw.items():
+        name = _BY_KEY.get(key)
+        if name is None:
+            if key != SECTION:
+                problems.append(f"unknown setting {key!r} ignored")
+            continue
+        problem = CHECKS[name](value)
+        if problem:
+            problems.append(f"setting {camel(name)!r} {problem} (got {value!r:.80}); using the default {getattr(defaults, name)!r}")
+            values[name] = getattr(defaults, name)
+            continue
+        if name in INTEGERS:
+            value = int(value)
+        elif name == "languages":
+            value = tuple(value)
+        elif isinstance(value, int) and not isinstance(value, bool) and name in {"temperature", "debounce_ms", "deadline_ms"}:
+            value = float(value)
+        values[name] = value
+    return Parsed(replace(base, **values), problems)

@@ -1,0 +1,101 @@
+"""Typeahead: the user types the start of a suggestion already shown -> serve the rest.
+
+An entry remembers where the engine answered (cursor offset, document length, the
+prefix and suffix it saw) and its alternatives. A later request at offset `o + i` in a
+document of length `n + i + j` is a hit for an alternative `c` when the prefix is the
+old prefix plus `c[:i]` (the user typed the first i characters of `c`) and the suffix is
+j characters plus the old suffix, where those j characters are closers the editor
+auto-inserted (the `)` after a typed `(`) that the rest of `c` writes again, in order.
+The answer is `c[i:]` for every alternative that matches, with no engine call (its
+range then replaces those closers, see edits.py). Backspacing inside a suggestion is a
+hit too (smaller i).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from lsp_server.context import EditorContext
+from lsp_server.edits import CLOSERS
+
+
+@dataclass(frozen=True)
+class Entry:
+    context: EditorContext
+    prefix_chars: int
+    suffix_chars: int
+    texts: tuple[str, ...]  # the alternatives, best first
+
+
+@dataclass(frozen=True)
+class Hit:
+    texts: tuple[str, ...]  # what is left of each matching alternative, best first
+    typed: int  # characters typed since the engine answered
+
+
+def rewrites(text: str, inserted: str) -> bool:
+    """`inserted` is closers only, and `text` writes them all again in order."""
+    position = 0
+    for char in inserted:
+        if char not in CLOSERS or (position := text.find(char, position) + 1) == 0:
+            return False
+    return True
+
+
+def _match(entry: Entry, context: EditorContext, text: str) -> str | None:
+    old = entry.context
+    typed = context.offset - old.offset
+    inserted = context.length - old.length - typed  # after the cursor (auto-closed brackets)
+    if typed < 0 or inserted < 0 or typed >= len(text):
+        return None
+    if context.prefix != (old.prefix + text[:typed])[-entry.prefix_chars :]:
+        return None
+    rest = text[typed:]
+    if inserted > len(context.suffix) or context.suffix[inserted:] != old.suffix[: entry.suffix_chars - inserted]:
+        return None
+    if inserted and not rewrites(rest, context.suffix[:inserted]):
+        return None
+    return rest
+
+
+class TypeaheadCache:
+    """A few recent engine answers per document, newest first; bounded in documents and entries."""
+
+    def __init__(self, per_document: int = 4, documents: int = 64) -> None:
+        self.per_document = per_document
+        self.documents = documents
+        self._entries: OrderedDict[str, list[Entry]] = OrderedDict()
+
+    def store(self, uri: str, entry: Entry) -> None:
+        if not entry.texts:
+            return
+        entries = self._entries.pop(uri, [])
+        entries.insert(0, entry)
+        del entries[self.per_document :]
+        self._entries[uri] = entries
+        while len(self._entries) > self.documents:
+            self._entries.popitem(last=False)
+
+    def lookup(self, uri: str, context: EditorContext, prefix_chars: int, suffix_chars: int) -> Hit | None:
+        for entry in self._entries.get(uri, ()):
+            if (entry.prefix_chars, entry.suffix_chars) != (prefix_chars, suffix_chars):
+                continue
+            texts: list[str] = []
+            for text in entry.texts:
+                rest = _match(entry, context, text)
+                if rest is not None and rest not in texts:
+                    texts.append(rest)
+            if texts:
+                self._entries.move_to_end(uri)
+                return Hit(tuple(texts), context.offset - entry.context.offset)
+        return None
+
+    def forget(self, uri: str) -> None:
+        self._entries.pop(uri, None)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return sum(len(entries) for entries in self._entries.values())

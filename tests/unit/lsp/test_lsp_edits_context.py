@@ -1,0 +1,68 @@
+"""What a suggestion replaces right of the cursor; the cursor context under budgets."""
+
+from __future__ import annotations
+
+import pytest
+
+from lsp_server.context import Budgets, cursor_context, looks_binary
+from lsp_server.documents import Cursor, Document
+from lsp_server.edits import replaced_chars
+
+
+@pytest.mark.parametrize(
+    ("text", "line_suffix", "expected"),
+    [
+        ("a, b)", ")", 1),  # foo(|) -> foo(a, b)
+        ("hello\")", "\")", 2),  # print("|") -> print("hello")
+        ("x]", "])", 1),  # only what the suggestion writes again
+        ("x])", "])", 2),
+        ("a) + 1", ") + 1", 5),  # ends with the whole rest of the line
+        ("a) + 1", ") + 1   ", 8),  # trailing blanks go too
+        ("a)", ") + 1", 1),  # ")" written again, " + 1" kept
+        ("y = compute(x)", "x = 1", 0),  # not closers: untouched
+        ("anything", "", 0),
+        ("", ")", 0),
+        ("abc", ")", 0),  # ")" not written again
+        ("a, b", "  )", 0),  # blanks alone are never replaced
+        ("f(x)\n    return y", ")", 1),  # multi-line: the ")" on the first line
+    ],
+)
+def test_replaced_chars(text: str, line_suffix: str, expected: int) -> None:
+    assert replaced_chars(text, line_suffix) == expected
+
+
+def test_replacement_never_loses_text() -> None:
+    """Whatever is replaced reappears, in order, in the suggestion."""
+    cases = [("a, b)", ")"), ("x])", "])"), ("a)", ") + 1"), ("q'", "'), z")]
+    for text, suffix in cases:
+        n = replaced_chars(text, suffix)
+        position = 0
+        for char in suffix[:n]:
+            position = text.index(char, position) + 1
+
+
+def test_context_under_budgets() -> None:
+    text = "".join(f"line {i}\n" for i in range(100))
+    document = Document.create("file:///t", "python", 1, text)
+    cursor = Cursor(50, 4)
+    context = cursor_context(document, cursor, Budgets(prefix_chars=30, suffix_chars=20))
+    offset = sum(len(f"line {i}\n") for i in range(50)) + 4
+    assert context.prefix == text[offset - 30 : offset]
+    assert context.suffix == text[offset : offset + 20]
+    assert context.line_suffix == " 50"
+    assert context.offset == offset and context.length == len(text)
+
+
+def test_context_at_document_edges() -> None:
+    document = Document.create("file:///t", "python", 1, "ab\r\ncd")
+    start = cursor_context(document, Cursor(0, 0), Budgets(10, 10))
+    assert (start.prefix, start.suffix, start.line_suffix) == ("", "ab\r\ncd", "ab")
+    end = cursor_context(document, Cursor(1, 2), Budgets(10, 10))
+    assert (end.prefix, end.suffix, end.line_suffix) == ("ab\r\ncd", "", "")
+    assert cursor_context(document, Cursor(1, 1), Budgets(10, 0)).suffix == ""
+
+
+def test_binary_context() -> None:
+    document = Document.create("file:///t", "python", 1, "PK\x03\x04\x00\x00junk")
+    assert looks_binary(cursor_context(document, Cursor(0, 3), Budgets(10, 10)))
+    assert not looks_binary(cursor_context(Document.create("u", "python", 1, "plain"), Cursor(0, 1), Budgets(10, 10)))

@@ -1,0 +1,80 @@
+"""Engine protocol: frames, size limits, untrusted requests, runtime paths."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from engine.errors import InputError
+from lsp_server import protocol
+from lsp_server.daemon import request_from_wire
+from lsp_server.protocol import DaemonPaths, EngineSpec, ProtocolError, pack, read_frame, runtime_dir, tokens_match, unpack
+
+
+def feed(data: bytes) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    return reader
+
+
+async def test_frames_round_trip_and_end_cleanly() -> None:
+    message = {"type": "complete", "id": "r1", "request": {"prefix": "def f(\u00e9😀"}}
+    reader = feed(pack(message) + pack({"type": "cancel", "id": "r1"}))
+    assert await read_frame(reader) == message
+    assert await read_frame(reader) == {"type": "cancel", "id": "r1"}
+    assert await read_frame(reader) is None
+
+
+async def test_bad_frames_are_protocol_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ProtocolError, match="exceeds"):
+        await read_frame(feed((protocol.MAX_FRAME + 1).to_bytes(4, "big")))
+    with pytest.raises(ProtocolError, match="inside a frame"):
+        await read_frame(feed((10).to_bytes(4, "big") + b"abc"))
+    with pytest.raises(ProtocolError, match="header"):
+        await read_frame(feed(b"\x00\x01"))
+    with pytest.raises(ProtocolError, match="type"):
+        unpack(msgpack.packb([1, 2]))
+    with pytest.raises(ProtocolError, match="malformed"):
+        unpack(b"\xc1")
+    monkeypatch.setattr(protocol, "MAX_FRAME", 10)
+    with pytest.raises(ProtocolError, match="exceeds"):
+        pack({"type": "x", "data": "y" * 20})
+
+
+def test_requests_from_the_wire_are_type_checked() -> None:
+    request = request_from_wire({"prefix": "a", "k": 2, "deadline_ms": 100, "unknown": 1})
+    assert request.k == 2 and request.deadline_ms == 100.0
+    for bad in ({"prefix": 1}, {"prefix": "a", "k": "2"}, {"prefix": "a", "raw": 1}, {"k": 1}, ["prefix"]):
+        with pytest.raises(InputError):
+            request_from_wire(bad)
+
+
+def test_runtime_dir_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    folder = runtime_dir()
+    assert folder == tmp_path / "kspec"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    folder.chmod(0o755)
+    assert stat.S_IMODE(runtime_dir().stat().st_mode) == 0o700
+
+
+def test_socket_names_carry_version_and_spec(tmp_path: Path) -> None:
+    a = DaemonPaths.for_spec(EngineSpec(model=str(tmp_path)), tmp_path)
+    b = DaemonPaths.for_spec(EngineSpec(model=str(tmp_path), device="cuda"), tmp_path)
+    assert a.socket != b.socket and f"-v{protocol.PROTOCOL_VERSION}-" in a.socket.name
+    assert DaemonPaths.for_spec(EngineSpec(model=str(tmp_path) + "/"), tmp_path) == a  # same folder, same daemon
+    assert a.daemon_pid() is None
+    a.lock.write_text(f"{os.getpid()}\n")
+    assert a.daemon_pid() == os.getpid()
+
+
+def test_tokens() -> None:
+    assert tokens_match(None, None)
+    assert tokens_match("secret", "secret")
+    assert not tokens_match("secret", "guess") and not tokens_match("secret", None) and not tokens_match("secret", 1)

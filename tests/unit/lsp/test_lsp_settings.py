@@ -1,0 +1,72 @@
+"""Settings: each invalid value is named and replaced by its default; the rest still apply."""
+
+from __future__ import annotations
+
+import pytest
+
+from lsp_server import settings as settings_module
+from lsp_server.settings import Settings, parse_settings
+
+
+def test_camel_and_snake_case_keys_under_an_optional_section() -> None:
+    parsed = parse_settings({"kspec": {"maxTokens": 12, "debounce_ms": 5, "languages": ["python"], "k": 2.0}})
+    assert parsed.problems == []
+    assert parsed.settings.max_tokens == 12 and parsed.settings.debounce_ms == 5.0 and parsed.settings.k == 2
+    assert isinstance(parsed.settings.k, int)
+    assert parsed.settings.language_enabled("python") and not parsed.settings.language_enabled("rust")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "field"),
+    [
+        ("k", 0, "k"),
+        ("k", 2.5, "k"),
+        ("k", True, "k"),
+        ("maxTokens", 10_000, "max_tokens"),
+        ("temperature", "hot", "temperature"),
+        ("temperature", float("nan"), "temperature"),
+        ("mode", "greedy", "mode"),
+        ("debounceMs", -1, "debounce_ms"),
+        ("deadlineMs", 10, "deadline_ms"),
+        ("languages", "python", "languages"),
+        ("model", "", "model"),
+        ("device", "tpu", "device"),
+        ("dtype", "int8", "dtype"),
+        ("engine", "cloud", "engine"),
+        ("typeahead", "yes", "typeahead"),
+    ],
+)
+def test_invalid_value_is_named_and_defaulted(key: str, value: object, field: str) -> None:
+    base = Settings(k=7, max_tokens=9, temperature=0.5, mode="sample", debounce_ms=1, deadline_ms=999, typeahead=False)
+    parsed = parse_settings({key: value, "suffixChars": 10}, base)
+    assert len(parsed.problems) == 1 and repr(key) in parsed.problems[0]
+    assert getattr(parsed.settings, field) == getattr(Settings(), field)  # the default, not the previous value
+    assert parsed.settings.suffix_chars == 10  # valid keys next to it still apply
+
+
+def test_absent_keys_keep_the_base_and_unknown_keys_are_reported() -> None:
+    parsed = parse_settings({"k": 5, "colour": "blue"}, Settings(max_tokens=20))
+    assert parsed.settings.k == 5 and parsed.settings.max_tokens == 20
+    assert parsed.problems == ["unknown setting 'colour' ignored"]
+    assert parse_settings(None, Settings(k=4)).settings.k == 4
+    assert parse_settings([1, 2]).problems and parse_settings([1, 2]).settings == Settings()
+
+
+def test_empty_languages_and_enabled() -> None:
+    assert Settings().language_enabled("anything")
+    assert Settings(languages=("*",)).language_enabled("go")
+    assert not Settings(enabled=False).language_enabled("python")
+
+
+def test_constructor_validates() -> None:
+    with pytest.raises(ValueError, match="k"):
+        Settings(k=0)
+
+
+def test_limits_match_the_engine() -> None:
+    """Repeated in settings.py so the daemon-backed server never imports torch."""
+    from engine.completion import MAX_K, MAX_NEW_TOKENS
+    from engine.config import DTYPES, MODES
+
+    assert settings_module.MAX_K == MAX_K and settings_module.MAX_NEW_TOKENS == MAX_NEW_TOKENS
+    assert settings_module.DTYPES == tuple(DTYPES) and settings_module.MODES == tuple(MODES)

@@ -1,0 +1,85 @@
+"""Typeahead: typing the start of a suggestion serves the rest of every alternative that still matches."""
+
+from __future__ import annotations
+
+from lsp_server.context import Budgets, EditorContext, cursor_context
+from lsp_server.documents import Cursor, Document
+from lsp_server.typeahead import Entry, TypeaheadCache
+
+BUDGETS = Budgets(prefix_chars=16, suffix_chars=8)
+
+
+def context_at(text: str, offset: int) -> EditorContext:
+    document = Document.create("file:///t", "python", 1, text)
+    line = text.count("\n", 0, offset)
+    column = offset - (text.rfind("\n", 0, offset) + 1)
+    return cursor_context(document, Cursor(line, column), BUDGETS)
+
+
+def cache_with(text: str, offset: int, alternatives: tuple[str, ...]) -> TypeaheadCache:
+    cache = TypeaheadCache()
+    cache.store("file:///t", Entry(context_at(text, offset), BUDGETS.prefix_chars, BUDGETS.suffix_chars, alternatives))
+    return cache
+
+
+def lookup(cache: TypeaheadCache, text: str, offset: int):
+    return cache.lookup("file:///t", context_at(text, offset), BUDGETS.prefix_chars, BUDGETS.suffix_chars)
+
+
+def test_typing_a_suggestion_serves_every_matching_alternative() -> None:
+    before = "import os\nresult = \n"
+    cursor = before.index("= ") + 2
+    cache = cache_with(before, cursor, ("compute(x)", "compare(y)", "total"))
+    typed = before[:cursor] + "com" + before[cursor:]
+    hit = lookup(cache, typed, cursor + 3)
+    assert hit is not None and hit.texts == ("pute(x)", "pare(y)") and hit.typed == 3
+    assert lookup(cache, before, cursor).texts == ("compute(x)", "compare(y)", "total")  # same place again
+    backspaced = before[:cursor] + "co" + before[cursor:]
+    assert lookup(cache, backspaced, cursor + 2).texts == ("mpute(x)", "mpare(y)")
+
+
+def test_a_long_prefix_is_compared_through_the_budget_window() -> None:
+    before = "x" * 100 + "\nvalue = "
+    cache = cache_with(before, len(before), ("compute()",))
+    typed = before + "comp"
+    assert lookup(cache, typed, len(typed)).texts == ("ute()",)
+
+
+def test_auto_closed_bracket_right_of_the_cursor_still_matches() -> None:
+    before = "call"
+    cache = cache_with(before, 4, ("(a, b)",))
+    # The user types "(" and the editor inserts ")" after the cursor.
+    hit = lookup(cache, "call()", 5)
+    assert hit is not None and hit.texts == ("a, b)",)
+
+
+def test_misses() -> None:
+    before = "value = \n"
+    cache = cache_with(before, 8, ("compute()",))
+    assert lookup(cache, "value = cx\n", 10) is None  # typed something else
+    assert lookup(cache, "value = compute()\n", 17) is None  # typed all of it: nothing left
+    assert lookup(cache, "value = \nextra", 8) is None  # the suffix changed
+    assert lookup(cache, "# new\nvalue = com\n", 17) is None  # text inserted before the cursor
+    assert cache.lookup("file:///other", context_at(before, 8), 16, 8) is None
+    assert cache.lookup("file:///t", context_at(before, 8), 17, 8) is None  # other budgets
+
+
+def test_bounded_and_forgettable() -> None:
+    cache = TypeaheadCache(per_document=2, documents=2)
+    context = context_at("abc", 3)
+    for uri in ("a", "b", "c"):
+        for text in ("x", "y", "z"):
+            cache.store(uri, Entry(context, 16, 8, (text,)))
+    assert len(cache) == 4  # two documents, two entries each
+    assert cache.lookup("a", context, 16, 8) is None  # evicted
+    assert cache.lookup("c", context, 16, 8).texts == ("z",)  # newest first
+    cache.forget("c")
+    assert cache.lookup("c", context, 16, 8) is None
+    cache.store("d", Entry(context, 16, 8, ()))  # empty answers are not stored
+    assert cache.lookup("d", context, 16, 8) is None
+
+
+def test_inserted_text_that_is_not_a_closer_the_suggestion_writes_is_a_miss() -> None:
+    cache = cache_with("call", 4, ("(a, b)",))
+    assert lookup(cache, "call(]", 5) is None  # "]" is not in "a, b)"
+    assert lookup(cache, "call(x", 5) is None  # not a closer
