@@ -508,6 +508,21 @@ function M.detach(bufnr)
   pcall(api.nvim_del_augroup_by_name, 'kspec.ghost.' .. bufnr)
 end
 
+--- Internal state, for tests and bug reports.
+function M._debug(bufnr)
+  local st = buffers[bufnr or api.nvim_get_current_buf()]
+  if not st then
+    return nil
+  end
+  return {
+    seq = st.seq,
+    pending = st.pending ~= nil,
+    anchor = st.anchor and { row = st.anchor.row, col = st.anchor.col } or nil,
+    typed = st.typed,
+    count = st.items and #st.items or 0,
+  }
+end
+
 function M.attached(bufnr)
   return buffers[bufnr or api.nvim_get_current_buf()] ~= nil
 end

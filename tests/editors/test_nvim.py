@@ -1,0 +1,221 @@
+"""The Neovim plugin (editors/nvim) in a real headless Neovim, driven like a user
+types (nvim_input), against the real `kspec lsp` with a tiny random model.
+
+Every wait polls the plugin's extmarks or state with a deadline; none sleeps."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from nvim_rpc import Nvim
+
+REPO = Path(__file__).resolve().parents[2]
+
+PLUGIN = REPO / "editors" / "nvim"
+K = 3
+FIRST_LINE = "# "  # a comment: all k gibberish alternatives survive the server's syntax checks
+TEXT = "\ndef add(a, b):\n    return a + b\n"
+
+GHOST = "require('kspec.ghost')"
+MARKS = f"vim.api.nvim_buf_get_extmarks(0, {GHOST}.namespace, 0, -1, {{ details = true }})"
+
+
+@pytest.fixture(scope="module")
+def nvim(tmp_path_factory, nvim_bin, kspec_bin, random_llama_dir):
+    root = tmp_path_factory.mktemp("nvim")
+    project = root / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+    (project / "example.py").write_text(TEXT)
+    env = dict(os.environ)
+    for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"):
+        env[var] = str(root / var.lower())
+    # found the way a user's shell has it: through the active virtual environment
+    env["VIRTUAL_ENV"] = str(kspec_bin.parent.parent)
+    editor = Nvim([nvim_bin, "--embed", "--headless", "--clean", "-n", "--cmd", f"set rtp^={PLUGIN}"], cwd=str(project), env=env)
+    editor.log_path = root / "xdg_state_home" / "nvim" / "lsp.log"  # type: ignore[attr-defined]
+    try:
+        problems = editor.lua(
+            "require('kspec').setup(...); return require('kspec').problems",
+            {
+                "settings": {"model": str(random_llama_dir), "k": K, "maxTokens": 8, "debounceMs": 0, "deadlineMs": 60000, "engine": "inprocess"},
+                "ghost": {"debounce_ms": 20},
+            },
+        )
+        assert problems == []
+        editor.request("nvim_command", "edit example.py")
+        editor.wait_for("the kspec client to attach", "#vim.lsp.get_clients({ name = 'kspec', bufnr = 0 }) > 0", 60, diagnose=lambda: diagnose(editor))
+        yield editor
+    finally:
+        editor.close()
+
+
+def diagnose(editor: Nvim) -> str:
+    parts = []
+    try:
+        parts.append("messages: " + str(editor.request("nvim_exec2", "messages", {"output": True}, timeout=5).get("output")))
+        parts.append("ghost: " + json.dumps(editor.lua(f"return {GHOST}._debug()", timeout=5)))
+        parts.append("status: " + json.dumps(editor.lua("return require('kspec.status').current()", timeout=5)))
+    except Exception as exc:  # the editor may be the thing that broke
+        parts.append(f"(editor not answering: {exc})")
+    log = getattr(editor, "log_path", None)
+    if log and Path(log).exists():
+        parts.append("lsp.log tail:\n" + Path(log).read_text(errors="replace")[-3000:])
+    parts.append("nvim stderr: " + editor.stderr.decode(errors="replace")[-1000:])
+    return "\n".join(parts)
+
+
+def fresh_comment_line(nvim: Nvim) -> None:
+    """Normal mode, a new first line, then type FIRST_LINE in insert mode."""
+    nvim.input("<Esc>")
+    nvim.wait_for("normal mode", "vim.api.nvim_get_mode().mode == 'n'", 10)
+    nvim.request("nvim_buf_set_lines", 0, 0, -1, False, TEXT.split("\n")[:-1])
+    nvim.request("nvim_win_set_cursor", 0, [1, 0])
+    nvim.input("i" + FIRST_LINE)
+
+
+def wait_ghost(nvim: Nvim) -> dict:
+    nvim.wait_for("ghost text", f"#{MARKS} > 0 and {GHOST}.shown() ~= nil", 120, diagnose=lambda: diagnose(nvim))
+    return nvim.lua(f"return {GHOST}.shown()")
+
+
+def marks(nvim: Nvim) -> tuple[str, str]:
+    """(ghost text of the first line, the counter) as drawn in the buffer."""
+    drawn = nvim.lua(f"return {MARKS}")
+    texts = {m[3]["virt_text_pos"]: "".join(chunk[0] for chunk in m[3]["virt_text"]) for m in drawn}
+    return texts["inline"], texts["eol"]
+
+
+def kspec_bin_from(nvim: Nvim) -> str:
+    return nvim.lua("return vim.env.VIRTUAL_ENV") + "/bin/kspec"
+
+
+def buffer(nvim: Nvim) -> list[str]:
+    return nvim.request("nvim_buf_get_lines", 0, 0, -1, False)
+
+
+def test_ghost_text_appears_cycles_and_tab_accepts_the_chosen_alternative(nvim: Nvim):
+    fresh_comment_line(nvim)
+    shown = wait_ghost(nvim)
+    assert shown["count"] == K and shown["index"] == 1
+    items = shown["items"]
+    assert len(set(items)) == K, items
+    assert marks(nvim) == (items[0].split("\n")[0], f" (1/{K})")
+
+    nvim.input("<M-]>")
+    nvim.wait_for("the 2nd alternative", f"{GHOST}.shown().index == 2", 10)
+    assert marks(nvim) == (items[1].split("\n")[0], f" (2/{K})")
+    nvim.input("<M-[><M-[>")  # 2 -> 1 -> wraps to K
+    nvim.wait_for("the last alternative", f"{GHOST}.shown().index == {K}", 10)
+    assert marks(nvim) == (items[K - 1].split("\n")[0], f" ({K}/{K})")
+    nvim.input("<M-]><M-]>")  # K -> 1 -> 2
+    nvim.wait_for("the 2nd alternative again", f"{GHOST}.shown().index == 2", 10)
+    chosen = items[1]
+
+    before = buffer(nvim)
+    nvim.input("<Tab>")
+    expected_first = (FIRST_LINE + chosen).split("\n")
+    expected = expected_first[:-1] + [expected_first[-1] + before[0][len(FIRST_LINE):]] + before[1:]
+    nvim.wait_for(
+        "the accepted alternative in the buffer",
+        "vim.deep_equal(vim.api.nvim_buf_get_lines(0, 0, -1, false), a[1])",
+        10,
+        expected,
+        diagnose=lambda: f"buffer: {buffer(nvim)!r}\nexpected: {expected!r}",
+    )
+    assert buffer(nvim) == expected
+    # the cursor sits after the inserted text, still in insert mode
+    row, col = nvim.request("nvim_win_get_cursor", 0)
+    assert row == len(expected_first)
+    assert col == len(expected_first[-1].encode())
+    assert nvim.request("nvim_get_mode")["mode"] == "i"
+
+
+def test_typing_what_is_shown_keeps_the_rest_without_a_new_request(nvim: Nvim):
+    fresh_comment_line(nvim)
+    shown = wait_ghost(nvim)
+    text = shown["text"]
+    first = text[0]
+    assert first != "\n", "the comment alternatives start on the same line"
+    seq = nvim.lua(f"return {GHOST}._debug().seq")
+    nvim.input("<lt>" if first == "<" else first)
+    nvim.wait_for("the ghost text to follow the typed character", f"{GHOST}.shown() ~= nil and {GHOST}.shown().text == a[1]", 10, text[1:])
+    assert buffer(nvim)[0] == FIRST_LINE + first
+    assert nvim.lua(f"return {GHOST}._debug().seq") == seq  # no request was made
+
+
+def test_accept_word_inserts_one_word_and_keeps_showing_the_rest(nvim: Nvim):
+    fresh_comment_line(nvim)
+    text = wait_ghost(nvim)["text"]
+    nvim.input("<M-Right>")
+    nvim.wait_for("a partial accept", "vim.api.nvim_get_current_line() ~= a[1]", 10, FIRST_LINE)
+    line = buffer(nvim)[0]
+    accepted = line[len(FIRST_LINE):]
+    assert accepted and text.startswith(accepted) and len(accepted) < len(text)
+    assert accepted.strip() and " " not in accepted.strip(), f"one word, got {accepted!r}"
+    rest = nvim.lua(f"return {GHOST}.shown()")
+    assert rest is not None and accepted + rest["text"] == text
+
+
+def test_moving_the_cursor_or_leaving_insert_mode_hides_and_cancels(nvim: Nvim):
+    fresh_comment_line(nvim)
+    wait_ghost(nvim)
+    nvim.input("<Left>")
+    nvim.wait_for("the ghost text to go on CursorMovedI", f"#{MARKS} == 0 and {GHOST}._debug().anchor == nil", 10)
+
+    fresh_comment_line(nvim)
+    wait_ghost(nvim)
+    nvim.input("<Esc>")
+    nvim.wait_for("the ghost text to go on InsertLeave", f"#{MARKS} == 0 and {GHOST}._debug().anchor == nil", 10)
+
+    # a request still waiting out its debounce is dropped by a cursor move
+    nvim.lua("require('kspec').opts.ghost.debounce_ms = 600000")
+    try:
+        fresh_comment_line(nvim)
+        nvim.wait_for("a debounced request", f"{GHOST}._debug().anchor ~= nil", 10)
+        nvim.input("<Left>")
+        nvim.wait_for("the debounced request to be dropped", f"{GHOST}._debug().anchor == nil and not {GHOST}._debug().pending", 10)
+    finally:
+        nvim.lua("require('kspec').opts.ghost.debounce_ms = 20")
+
+
+def test_tab_is_a_normal_tab_when_nothing_is_shown(nvim: Nvim):
+    nvim.input("<Esc>")
+    nvim.wait_for("normal mode", "vim.api.nvim_get_mode().mode == 'n'", 10)
+    assert nvim.lua("return vim.fn.maparg('<Tab>', 'i', false, true).buffer") == 1  # our mapping is there
+    nvim.lua("require('kspec').enable(false)")
+    try:
+        nvim.request("nvim_buf_set_lines", 0, 0, -1, False, ["x = 1", ""])
+        nvim.request("nvim_win_set_cursor", 0, [2, 0])
+        nvim.input("i<Tab>")
+        # python's ftplugin: expandtab, softtabstop 4
+        nvim.wait_for("a normal <Tab>", "vim.api.nvim_get_current_line() == '    '", 10)
+        # off means off: asking explicitly (<M-]>) does not even start a request
+        nvim.input("<M-]>")
+        assert nvim.lua(f"return {GHOST}._debug().anchor") is None
+        assert nvim.lua("return vim.lsp.get_clients({ name = 'kspec' })[1].settings.enabled") is False
+    finally:
+        nvim.lua("require('kspec').enable(true)")
+
+
+def test_status_and_checkhealth_report_server_engine_and_features(nvim: Nvim):
+    fresh_comment_line(nvim)
+    wait_ghost(nvim)
+    nvim.input("<Esc>")
+    line = nvim.lua("return require('kspec').statusline()")
+    assert line.startswith("kspec"), line
+    assert nvim.lua("return require('kspec.status').current().state") == "ready"
+    nvim.request("nvim_command", "checkhealth kspec")
+    report = "\n".join(buffer(nvim))
+    nvim.request("nvim_command", "bwipeout!")
+    assert "OK Neovim 0.11" in report
+    assert "vim.lsp.config / vim.lsp.enable (0.11+): yes" in report
+    assert "vim.lsp.inline_completion (0.12+): no" in report
+    assert "completions are shown by kspec ghost text" in report
+    assert f"server command: {kspec_bin_from(nvim)} lsp ($VIRTUAL_ENV)" in report
+    assert "engine: ready" in report
+    assert "inline completion yes" in report
