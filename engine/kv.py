@@ -259,6 +259,14 @@ class BranchKVCache:
         self.values[:, target, :, :length] = self.values[:, source, :, :length]
         self.lengths[target] = length
 
+    def keep(self, rows: list[int]) -> None:
+        """Only these branches stay (in this order); the others' buffers are released.
+        Copies the branch buffers only (the prefix is shared and stays where it is)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.keys.device)
+        self.keys = self.keys.index_select(1, index)  # [L, k', Hkv, S, D]
+        self.values = self.values.index_select(1, index)
+        self.lengths = [self.lengths[row] for row in rows]
+
     def branch_entries(self, branch: int) -> tuple[Tensor, Tensor]:
         """The valid K and V of one branch: [L, Hkv, len, D] each (views)."""
         length = self.lengths[branch]

@@ -1,0 +1,207 @@
+"""BASS: batched speculative decoding of k branches over one shared prompt.
+
+Each round:
+  1. the drafter proposes up to γ tokens for every live branch (branches may differ);
+  2. the target scores all live branches' [last token, drafts...] in ONE forward pass on
+     the shared-prefix cache (bifurcated attention);
+  3. each branch accepts its own number of drafts (greedy: the longest run that matches
+     the target's argmax; sampling: exact speculative sampling), then takes one token of
+     the target's own (the correction or the bonus token);
+  4. each branch keeps the KV of what it accepted (ragged advance: the rejected drafts'
+     entries are simply not counted), finished branches leave the batch, the deadline
+     and the cancel token are checked.
+
+γ adapts (see `adapt_gamma`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from engine.api import CancelToken
+from engine.drafters import GAMMA_LIMIT, Draft, Drafter
+from engine.generate import Branch, BranchTracker, DecodeOutput, _interrupted
+from engine.healing import HealingBias
+from engine.kv import BranchKVCache
+from engine.models.transformer import Transformer
+from engine.prefix_cache import Prefill, prefill_uncached
+from engine.sampling import SamplingParams, choose_tokens, distinct_first_tokens, probabilities
+
+UnitDone = Callable[[str], bool]  # early-stop hook: this branch's text has completed its unit
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    gamma: int = 4  # starting draft length
+    gamma_min: int = 1
+    gamma_max: int = 8
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.gamma_min <= self.gamma <= self.gamma_max <= GAMMA_LIMIT:
+            raise ValueError(
+                f"need 1 <= gamma_min <= gamma <= gamma_max <= {GAMMA_LIMIT}, "
+                f"got {self.gamma_min}, {self.gamma}, {self.gamma_max}"
+            )
+
+
+def adapt_gamma(gamma: int, drafted: list[int], accepted: list[int], config: SpeculationConfig) -> int:
+    """BASS-style: grow γ by one when some branch accepted its whole (full-length) draft,
+    shrink it by one when no branch accepted anything; otherwise keep it."""
+    if not config.adaptive or not drafted:
+        return gamma
+    if any(a == d == gamma for a, d in zip(accepted, drafted)):
+        return min(gamma + 1, config.gamma_max)
+    if all(a == 0 for a in accepted):
+        return max(gamma - 1, config.gamma_min)
+    return gamma
+
+
+@dataclass
+class SpeculationStats:
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    branch_rounds: int = 0  # sum over rounds of live branches
+    gammas: list[int] = field(default_factory=list)
+
+    @property
+    def mean_accepted_per_round(self) -> float:
+        """Drafted tokens accepted per branch per round (plus 1 target token each round)."""
+        return self.accepted / self.branch_rounds if self.branch_rounds else 0.0
+
+
+@dataclass
+class SpeculativeOutput(DecodeOutput):
+    stats: SpeculationStats = field(default_factory=SpeculationStats)
+
+
+def accept_greedy(draft: list[int], target_logits: Tensor) -> tuple[int, int]:
+    """target_logits [n+1, V] for [last, d1..dn] -> (accepted count, the target's next token)."""
+    choices = target_logits.argmax(dim=-1).tolist()  # [n+1]
+    accepted = 0
+    while accepted < len(draft) and draft[accepted] == choices[accepted]:
+        accepted += 1
+    return accepted, choices[accepted]
+
+
+def accept_sampling(
+    draft: Draft, target_logits: Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[int, int]:
+    """Exact speculative sampling: accept d_j with probability min(1, p(d_j)/q(d_j)); on the
+    first rejection draw from the normalised residual max(0, p - q); if all are accepted,
+    draw the bonus token from p. Each branch's output then follows the target's
+    distribution. A draft without q is deterministic (q is one-hot)."""
+    p = probabilities(target_logits, params)  # [n+1, V]
+    for j, token in enumerate(draft.tokens):
+        q_j = draft.q[j] if draft.q is not None else None
+        q_token = float(q_j[token]) if q_j is not None else 1.0
+        if torch.rand((), generator=generator).item() * q_token < float(p[j, token]):
+            continue
+        residual = p[j] - q_j if q_j is not None else p[j].clone()
+        if q_j is None:
+            residual[token] = 0.0
+        residual = residual.clamp_min(0.0)
+        total = float(residual.sum())
+        if total <= 0.0:  # p == q: any draw from p is exact
+            residual = p[j]
+        return j, int(torch.multinomial(residual, 1, generator=generator))
+    return len(draft.tokens), int(torch.multinomial(p[len(draft.tokens)], 1, generator=generator))
+
+
+def decode_speculative(
+    model: Transformer,
+    tracker: BranchTracker,
+    k: int,
+    params: SamplingParams,
+    drafter: Drafter,
+    config: SpeculationConfig = SpeculationConfig(),
+    cancel: CancelToken | None = None,
+    diverse: bool = False,
+    prefill: Prefill | None = None,
+    unit_done: UnitDone | None = None,
+) -> SpeculativeOutput:
+    limits = tracker.limits
+    generator = torch.Generator().manual_seed(params.seed)
+    started = time.perf_counter()
+    stats = SpeculationStats()
+    with torch.inference_mode():
+        prefill = prefill or prefill_uncached(model, tracker.prompt_ids)
+        cache = BranchKVCache.from_prompt(prefill.cache, k, limits.max_new_tokens + GAMMA_LIMIT + 2)
+        prefill_ms = (time.perf_counter() - started) * 1000
+        healing = HealingBias(tracker.tokenizer, prefill.last_logits.shape[-1], prefill.last_logits.device)
+        branches = [Branch(heal_remaining=tracker.healed_text) for _ in range(k)]
+        detoks = [tracker.new_detokenizer() for _ in range(k)]
+        first_logits = tracker.constrain(prefill.last_logits[None].expand(k, -1), branches, healing)  # [k, V]
+        if diverse:
+            tokens, logprobs = distinct_first_tokens(first_logits[0], k, tracker.tokenizer.stop_ids)
+        else:
+            tokens, logprobs = choose_tokens(first_logits, params, generator)
+        for branch, detok, token, logprob in zip(branches, detoks, tokens.tolist(), logprobs.tolist()):
+            _commit(tracker, branch, detok, token, logprob, unit_done)
+        drafter.begin(tracker.prompt_ids, k, limits.max_new_tokens)
+        live = list(range(k))  # branch index of each cache row
+        gamma = config.gamma
+        while True:
+            still = [row for row, index in enumerate(live) if not branches[index].done]
+            if not still or _interrupted(branches, limits, cancel):
+                break
+            if len(still) < len(live):  # finished branches stop costing work
+                cache.keep(still)
+                drafter.keep(still)
+                live = [live[row] for row in still]
+            live_branches = [branches[index] for index in live]
+            histories = [b.token_ids for b in live_branches]
+            drafts = drafter.propose(histories, gamma)
+            for draft, branch in zip(drafts, live_branches):
+                room = max(0, limits.max_new_tokens - len(branch.token_ids))
+                if branch.heal_remaining or room == 0:
+                    draft.tokens, draft.q = [], None  # healing: the target picks, one token at a time
+                elif len(draft.tokens) > room:
+                    draft.tokens = draft.tokens[:room]
+                    draft.q = draft.q[:room] if draft.q is not None else None
+            width = 1 + max(len(d.tokens) for d in drafts)
+            rows = [[b.token_ids[-1], *d.tokens] for b, d in zip(live_branches, drafts)]
+            inputs = torch.tensor([r + [0] * (width - len(r)) for r in rows], device=model.device)  # [k', T]
+            hidden = model(inputs, cache)  # [k', T, dim]
+            logits = model.logits(hidden)  # [k', T, V]
+            logits[:, 0] = tracker.constrain(logits[:, 0], live_branches, healing)
+            log_probs = torch.log_softmax(logits, dim=-1)  # [k', T, V]
+            kept: list[int] = []
+            accepted_counts: list[int] = []
+            for row, (branch, draft) in enumerate(zip(live_branches, drafts)):
+                n = len(draft.tokens)
+                if params.greedy:
+                    accepted, next_token = accept_greedy(draft.tokens, logits[row, : n + 1])
+                else:
+                    accepted, next_token = accept_sampling(draft, logits[row, : n + 1], params, generator)
+                accepted_counts.append(accepted)
+                new_tokens = draft.tokens[:accepted] + [next_token]
+                detok = detoks[live[row]]
+                for position, token in enumerate(new_tokens):
+                    if branch.done:
+                        break
+                    _commit(tracker, branch, detok, token, float(log_probs[row, position, token]), unit_done)
+                kept.append(1 + accepted)  # the previous last token and the accepted drafts
+            cache.advance(kept)
+            stats.rounds += 1
+            stats.branch_rounds += len(live)
+            stats.drafted += sum(len(d.tokens) for d in drafts)
+            stats.accepted += sum(accepted_counts)
+            stats.gammas.append(gamma)
+            gamma = adapt_gamma(gamma, [len(d.tokens) for d in drafts], accepted_counts, config)
+    decode_ms = (time.perf_counter() - started) * 1000 - prefill_ms
+    return SpeculativeOutput(branches, prefill_ms, decode_ms, stats.rounds, stats)
+
+
+def _commit(
+    tracker: BranchTracker, branch: Branch, detok, token: int, logprob: float, unit_done: UnitDone | None
+) -> None:
+    tracker.push(branch, detok, token, logprob)
+    if not branch.done and unit_done is not None and branch.text and unit_done(branch.text):
+        branch.finish_reason = "stop"
