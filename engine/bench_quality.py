@@ -356,12 +356,19 @@ def run_quality_bench(
     data_dir: str | Path,
     config: QualityBenchConfig = QualityBenchConfig(),
     progress: Callable[[str], None] | None = None,
+    details: bool = False,
 ) -> dict[str, Any]:
-    """Complete every hole once (raw), post-process, and return {"raw", "trimmed", "meta"}."""
+    """Complete every hole once (raw), post-process, and return {"raw", "trimmed", "meta"}.
+
+    With `details`, also "cases": per hole its prefix/suffix/reference, the raw alternatives
+    (text, logprob, n_tokens, finish_reason) and the trimmed texts, to replay post-processing
+    offline without the model.
+    """
     holes = load_holes(data_dir, config)
     raw, trimmed = Column(), Column()
     engine_ms: list[float] = []
     skipped: list[str] = []
+    records: list[dict[str, Any]] = []
     for number, hole in enumerate(holes, 1):
         judge = Judge(hole)
         if not judge.valid:
@@ -382,6 +389,13 @@ def run_quality_bench(
             trimmed.postprocess_ms.append(_time_postprocess(hole, candidates, config.timing_repeats))
             wide = widen(candidates, config.timing_k)
             trimmed.postprocess_k8_ms.append(_time_postprocess(hole, wide, config.timing_repeats))
+        if details:
+            records.append({
+                "id": hole.id, "language": hole.language, "kind": hole.kind, "prefix": hole.prefix,
+                "suffix": hole.suffix, "reference": hole.reference,
+                "raw": [[c.text, c.logprob, c.n_tokens, c.finish_reason] for c in candidates],
+                "trimmed": [r.completion.text for r in ranked],
+            })
         if progress is not None:
             top = ranked[0].completion.text if ranked else ""
             progress(f"[{number}/{len(holes)}] {hole.id} ({hole.language}, {hole.kind}): top {top[:40]!r}")
@@ -389,7 +403,7 @@ def run_quality_bench(
     sample: dict[str, int] = {}
     for hole in holes:
         sample[hole.source] = sample.get(hole.source, 0) + 1
-    return {
+    report: dict[str, Any] = {
         "raw": raw.summary(cases),
         "trimmed": trimmed.summary(cases),
         "meta": {
@@ -405,3 +419,6 @@ def run_quality_bench(
             "parse_oracle": "python: ast.parse; others: new tree-sitter ERROR/MISSING nodes",
         },
     }
+    if details:
+        report["cases"] = records
+    return report

@@ -66,7 +66,7 @@ def trim_and_check(
             continue
         result = checked.get(text)
         if result is None:
-            result = checker.check(text, names=False)
+            result = checker.check(text, names=config.check_names)
             checked[text] = result
         if first is None:
             first = (text, result)
@@ -103,8 +103,6 @@ def rank_alternatives(
             members,
             key=lambda m: (normalized_logprob(candidates[m[0]].logprob, candidates[m[0]].n_tokens), -m[0]),
         )
-        if config.check_names and name == "python":
-            result = checker.check(text)
         candidate = candidates[index]
         value = score(text, candidate.logprob, candidate.n_tokens, result, len(members), config.rank)
         scored.append(Scored(index, text, value, result, len(members)))
