@@ -16,6 +16,7 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default=None, help="draft model with the target's tokenizer")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--drafter", default="auto", choices=["auto", "lookup", "model", "none"], help="speculative drafter (auto: --draft if given, else prompt lookup)")
 
 
 def _generation_args(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +69,9 @@ def _engine_config(args: argparse.Namespace, progress: bool = True):
     from engine.config import EngineConfig
 
     try:
-        return EngineConfig(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device, progress=progress)
+        return EngineConfig(
+            model=args.model, draft=args.draft, dtype=args.dtype, device=args.device, progress=progress, drafter=args.drafter
+        )
     except ValueError as exc:
         raise KspecError(str(exc)) from exc
 

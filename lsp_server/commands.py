@@ -6,6 +6,7 @@ import argparse
 import ipaddress
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from engine.errors import KspecError
@@ -35,6 +36,7 @@ def add_lsp_parser(commands: argparse._SubParsersAction) -> None:
     lsp.add_argument("--tcp", type=_address, default=None, metavar="[HOST:]PORT", help="serve one client over TCP instead (debugging; loopback by default)")
     lsp.add_argument("--engine", choices=["inprocess", "daemon"], default=None, help="where the model runs (default: the 'engine' setting, i.e. the shared daemon)")
     lsp.add_argument("--engine-idle-timeout", type=float, default=900.0, help="seconds a daemon this server starts waits without clients before exiting")
+    lsp.add_argument("--max-message-bytes", type=int, default=None, help="largest JSON-RPC message accepted (default 128 MiB)")
     lsp.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="stderr log level (document text is logged only with the debugLog setting)")
 
 
@@ -59,6 +61,8 @@ def run_lsp(args: argparse.Namespace) -> int:
     handler.setFormatter(logging.Formatter("%(asctime)s kspec-lsp %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler], force=True)
     options = ServerOptions(engine=args.engine, daemon_idle_timeout_s=args.engine_idle_timeout, redactor=redactor)
+    if args.max_message_bytes is not None:
+        options = replace(options, max_message_bytes=args.max_message_bytes)
     server = KspecServer(options)
     if args.tcp is not None:
         _warn_if_public(args.tcp[0], "lsp")

@@ -19,7 +19,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Iterator
 
-from lsprotocol.types import ResponseError
 from pygls.exceptions import JsonRpcException
 
 log = logging.getLogger("kspec.jsonrpc")
@@ -166,13 +165,16 @@ def frames_to_loop(stream: BinaryIO, loop: asyncio.AbstractEventLoop, queue: asy
 class Dispatcher:
     """Turns frames into pygls messages, answering what pygls cannot."""
 
-    def __init__(self, protocol: Any, normalize: Callable[[dict[str, Any]], None], report: Callable[[str], None]):
+    def __init__(self, protocol: Any, normalize: Callable[[dict[str, Any]], None], report: Callable[[str], None], max_bytes: int = MAX_MESSAGE_BYTES):
         self.protocol = protocol
+        self.max_bytes = max_bytes
         self.normalize = normalize  # fixes known client quirks in place before validation
         self.report = report  # a user-visible message (oversized input)
 
     def error(self, msg_id: Any, code: int, message: str) -> None:
-        self.protocol._send_response(msg_id, error=ResponseError(code=code, message=message))
+        # A plain dict: pygls' typed response drops `"id": null`, which JSON-RPC requires
+        # when the id could not be read (and without which clients take it for a notification).
+        self.protocol._send_data({"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
 
     def dispatch(self, frame: Frame) -> None:
         if isinstance(frame, BadHeader):
@@ -180,10 +182,10 @@ class Dispatcher:
             return
         if isinstance(frame, Oversized):
             match = _ID.search(frame.head)
-            log.warning("skipping a message of %d bytes (limit %d)", frame.size, MAX_MESSAGE_BYTES)
-            self.report(f"kspec: ignored a message of {frame.size} bytes (the limit is {MAX_MESSAGE_BYTES})")
+            log.warning("skipping a message of %d bytes (limit %d)", frame.size, self.max_bytes)
+            self.report(f"kspec: ignored a message of {frame.size} bytes (the limit is {self.max_bytes})")
             if match:
-                self.error(json.loads(match.group(1)), INVALID_REQUEST, f"message of {frame.size} bytes exceeds the limit of {MAX_MESSAGE_BYTES}")
+                self.error(json.loads(match.group(1)), INVALID_REQUEST, f"message of {frame.size} bytes exceeds the limit of {self.max_bytes}")
             return
         try:
             text = frame.data.decode("utf-8")

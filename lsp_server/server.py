@@ -71,6 +71,7 @@ class ServerOptions:
     daemon_folder: Path | None = None
     daemon_idle_timeout_s: float = 900.0
     redactor: Redactor = field(default_factory=Redactor)
+    max_message_bytes: int = MAX_MESSAGE_BYTES
 
 
 @dataclass
@@ -370,7 +371,7 @@ class Session:
                     label=short_label(text),
                     kind=lsp.CompletionItemKind.Text,
                     detail="kspec",
-                    documentation=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=f"```{query.document.language_id}\n{text}\n```"),
+                    documentation=self._documentation(query, text),
                     sort_text=f"{index:04d}",
                     filter_text=text,
                     preselect=index == 0,
@@ -379,6 +380,14 @@ class Session:
                 )
             )
         return lsp.CompletionList(is_incomplete=True, items=items)
+
+    def _documentation(self, query: Query, text: str) -> lsp.MarkupContent | str:
+        """The whole suggestion, as Markdown when the client says it renders it."""
+        capabilities = self.server.client_capabilities.text_document
+        completion = capabilities.completion.completion_item if capabilities and capabilities.completion else None
+        if completion and lsp.MarkupKind.Markdown in (completion.documentation_format or ()):
+            return lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=f"```{query.document.language_id}\n{text}\n```")
+        return text
 
     def _query(self, uri: str, position: lsp.Position) -> Query | None:
         """The request's context, None when this document gets no completions, InvalidParams for bad input."""
@@ -458,6 +467,7 @@ class Session:
             mode=settings.mode,
             temperature=settings.temperature,
             deadline_ms=settings.deadline_ms,
+            raw=settings.raw,
         )
         if settings.debug_log:
             log.debug("request at %s:%d: ...%r | %r...", query.document.uri, query.cursor.line, context.prefix[-80:], context.suffix[:40])
@@ -555,8 +565,9 @@ class KspecServer(LanguageServer):
 
     async def _serve(self, stream: BinaryIO) -> None:
         queue: asyncio.Queue = asyncio.Queue()
-        frames_to_loop(stream, asyncio.get_running_loop(), queue, MAX_MESSAGE_BYTES)
-        dispatcher = Dispatcher(self.protocol, self.session.normalize, lambda message: self.session.show(message, lsp.MessageType.Error))
+        limit = self.session.options.max_message_bytes
+        frames_to_loop(stream, asyncio.get_running_loop(), queue, limit)
+        dispatcher = Dispatcher(self.protocol, self.session.normalize, lambda message: self.session.show(message, lsp.MessageType.Error), limit)
         while (frame := await queue.get()) is not None:
             dispatcher.dispatch(frame)
         log.info("the client closed the connection")

@@ -40,6 +40,7 @@ class Settings:
     prefix_chars: int = 6000
     suffix_chars: int = 2000
     typeahead: bool = True
+    raw: bool = False  # untrimmed, unranked alternatives (comparisons, tests with random models)
     debug_log: bool = False  # logs may contain document text only when this is on
 
     def __post_init__(self) -> None:
@@ -109,6 +110,7 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "prefix_chars": _number(1, 200000, integer=True),
     "suffix_chars": _number(0, 100000, integer=True),
     "typeahead": _boolean,
+    "raw": _boolean,
     "debug_log": _boolean,
 }
 INTEGERS = {"k", "max_tokens", "prefix_chars", "suffix_chars"}

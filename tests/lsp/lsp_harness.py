@@ -1,0 +1,162 @@
+"""End-to-end helpers (imported by the tests as `lsp_harness`): the real `kspec lsp` process driven by pytest-lsp's client.
+
+`Editor` wraps the client with what the tests need: documents, inline requests,
+`$/kspec/status` notifications awaited with deadlines (no sleeps), raw frames for
+malformed input, and the server's `kspec/stats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types as lsp
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
+
+REPO = Path(__file__).resolve().parents[2]
+# Random weights make garbage that trimming and the syntax checks rightly drop: "raw"
+# keeps it, so every request has suggestions to check (tests/lsp/test_lsp_default_model.py
+# covers the whole pipeline).
+FAST = {"k": 2, "maxTokens": 4, "debounceMs": 0, "deadlineMs": 30000, "raw": True}
+START_TIMEOUT_S = 90.0
+
+
+def plain(value: Any) -> Any:
+    """pygls hands untyped JSON objects over as namedtuples; back to dicts and lists."""
+    if hasattr(value, "_asdict"):
+        return {key: plain(item) for key, item in value._asdict().items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    return value
+
+
+class Editor:
+    def __init__(self, client: LanguageClient):
+        self.client = client
+        self.statuses: list[dict[str, Any]] = []
+        self._arrived = asyncio.Event()
+        client.feature("$/kspec/status")(lambda params: self._on_status(params))
+        self._versions: dict[str, int] = {}
+
+    def _on_status(self, params: Any) -> None:
+        self.statuses.append(plain(params))
+        self._arrived.set()
+
+    async def wait_status(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = START_TIMEOUT_S, after: int = 0) -> dict[str, Any]:
+        """The first status (from index `after`) that satisfies `predicate`, waiting up to `timeout`."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            for status in self.statuses[after:]:
+                if predicate(status):
+                    return status
+            self._arrived.clear()
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise AssertionError(f"no matching status within {timeout} s; got {self.statuses[after:]}")
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    async def ready(self) -> dict[str, Any]:
+        return await self.wait_status(lambda s: s["state"] == "ready")
+
+    def open(self, uri: str, text: str, language: str = "python") -> None:
+        self._versions[uri] = 1
+        self.client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id=language, version=1, text=text)))
+
+    def edit(self, uri: str, start: tuple[int, int], end: tuple[int, int], text: str) -> None:
+        self._versions[uri] += 1
+        change = lsp.TextDocumentContentChangePartial(range=lsp.Range(lsp.Position(*start), lsp.Position(*end)), text=text)
+        self.client.text_document_did_change(
+            lsp.DidChangeTextDocumentParams(lsp.VersionedTextDocumentIdentifier(uri=uri, version=self._versions[uri]), [change])
+        )
+
+    def inline_params(self, uri: str, line: int, character: int, automatic: bool = False) -> lsp.InlineCompletionParams:
+        kind = lsp.InlineCompletionTriggerKind.Automatic if automatic else lsp.InlineCompletionTriggerKind.Invoked
+        return lsp.InlineCompletionParams(
+            context=lsp.InlineCompletionContext(trigger_kind=kind),
+            text_document=lsp.TextDocumentIdentifier(uri=uri),
+            position=lsp.Position(line, character),
+        )
+
+    async def inline(self, uri: str, line: int, character: int, automatic: bool = False, timeout: float = 60.0) -> list[lsp.InlineCompletionItem]:
+        result = await asyncio.wait_for(self.client.text_document_inline_completion_async(self.inline_params(uri, line, character, automatic)), timeout)
+        assert isinstance(result, lsp.InlineCompletionList)
+        return list(result.items)
+
+    async def stats(self) -> dict[str, Any]:
+        result = await asyncio.wait_for(self.client.protocol.send_request_async("kspec/stats", None), 10)
+        return plain(result)
+
+    def configure(self, settings: dict[str, Any]) -> None:
+        self.client.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(settings={"kspec": settings}))
+
+    def send_raw(self, body: bytes) -> None:
+        """A frame written as is (malformed input)."""
+        self.client.protocol.writer.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)  # type: ignore[union-attr]
+
+    async def raw_request(self, body: dict[str, Any] | bytes, msg_id: int, timeout: float = 30.0) -> Any:
+        """Send a request by hand and wait for the response to `msg_id` (its error, if any, is raised)."""
+        future = self.client.protocol._request_futures[msg_id] = asyncio.get_running_loop().create_future()
+        self.send_raw(body if isinstance(body, bytes) else json.dumps(body).encode())
+        return await asyncio.wait_for(future, timeout)
+
+    def messages(self, contains: str = "") -> list[str]:
+        return [m.message for m in self.client.messages if contains in m.message]
+
+
+def server_command(*extra: str) -> list[str]:
+    return [sys.executable, "-m", "lsp_server.cli", "lsp", *extra]
+
+
+def server_env(runtime_dir: Path | None = None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if runtime_dir is not None:
+        env["XDG_RUNTIME_DIR"] = str(runtime_dir)
+    return env
+
+
+@asynccontextmanager
+async def editor_session(
+    options: dict[str, Any],
+    *,
+    client: str = "visual-studio-code",
+    capabilities: lsp.ClientCapabilities | None = None,
+    args: tuple[str, ...] = ("--engine", "inprocess"),
+    runtime_dir: Path | None = None,
+) -> AsyncIterator[Editor]:
+    config = ClientServerConfig(server_command=server_command(*args), server_env=server_env(runtime_dir))
+    language_client = await config.start()
+    editor = Editor(language_client)  # type: ignore[arg-type]
+    try:
+        params = lsp.InitializeParams(capabilities=capabilities or client_capabilities(client), initialization_options=options)
+        editor.initialize_result = await asyncio.wait_for(language_client.initialize_session(params), START_TIMEOUT_S)  # type: ignore[attr-defined]
+        yield editor
+        await asyncio.wait_for(language_client.shutdown_session(), 30)
+    finally:
+        if language_client._server is not None and language_client._server.returncode is None:
+            language_client._server.kill()
+        await language_client.stop()
+
+
+def daemon_pids(folder: Path) -> list[int]:
+    """Live `kspec engine` processes whose socket is in `folder` (checked, so a reused pid is never hit)."""
+    pids = []
+    for lock in (folder / "kspec").glob("*.lock"):
+        text = lock.read_text().strip()
+        if not text.isdigit():
+            continue
+        try:
+            command = Path(f"/proc/{text}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"engine" in command and any(str(folder).encode() in part for part in command):
+            pids.append(int(text))
+    return pids
