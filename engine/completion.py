@@ -8,17 +8,21 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.api import CancelToken, Completion, CompletionRequest, CompletionResult
+from engine.api import CancelToken, CompletionRequest, CompletionResult
 from engine.config import MODES, EngineConfig
 from engine.errors import InputError, ModelLoadError
-from engine.generate import Branch, BranchTracker, DecodeLimits, decode_regular
+from engine.drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
+from engine.generate import BranchTracker, DecodeLimits
+from engine.healing import HealingBias, walk_healing
 from engine.models.hf_folder import load_transformer
 from engine.models.resolve import resolve_model
 from engine.models.transformer import Transformer
 from engine.prefix_cache import PrefixCache, PrefixCacheConfig
 from engine.prompt import PromptBudget, build_prompt
 from engine.sampling import SamplingParams
+from engine.speculative import SpeculationConfig, decode_speculative
 from engine.stopping import rule_for_cursor
+from engine.syntax import Candidate, UnitPredicate, detect_language, postprocess
 from engine.tokenizer import Tokenizer
 
 MAX_K = 32
@@ -77,6 +81,7 @@ class CompletionEngine:
     def __init__(self, target: LoadedModel, config: EngineConfig, draft: LoadedModel | None = None):
         self.target, self.draft, self.config = target, draft, config
         self.prefix_cache = PrefixCache(PrefixCacheConfig(max_bytes=config.prefix_cache_mb * 1024 * 1024))
+        self.draft_prefix_cache = PrefixCache(PrefixCacheConfig(max_bytes=config.prefix_cache_mb * 1024 * 1024 // 4))
         self._busy = threading.Lock()  # one request at a time: the model and caches are not re-entrant
 
     @classmethod
@@ -88,6 +93,14 @@ class CompletionEngine:
         if draft is not None:
             check_draft_compatible(target, draft)
         return cls(target, config, draft)
+
+    def _drafter(self, params: SamplingParams) -> Drafter:
+        choice = self.config.drafter
+        if choice == "auto":
+            choice = "model" if self.draft is not None else "lookup"
+        if choice == "model" and self.draft is not None:
+            return ModelDrafter(self.draft.model, params, self.draft_prefix_cache)
+        return PromptLookupDrafter() if choice == "lookup" else NoDrafter()
 
     @property
     def model_name(self) -> str:
@@ -105,38 +118,45 @@ class CompletionEngine:
         prompt = build_prompt(tokenizer, request.prefix, request.suffix, PromptBudget(self.config.prompt_tokens))
         if not prompt.ids:
             return CompletionResult([], self.model_name, {"total": 0.0})
-        tracker = BranchTracker(
-            tokenizer,
-            rule_for_cursor(request.prefix, request.suffix),
-            DecodeLimits(request.max_tokens, deadline),
-            prompt.ids,
-            prompt.healed_text,
+        model = self.target.model
+        bias = HealingBias(tokenizer, model.args.vocab_size, model.device)
+        ids, healed_text, prefill = walk_healing(
+            lambda ids: self.prefix_cache.prefill(model, ids), tokenizer, prompt.ids, prompt.healed_text, bias
         )
-        prefill = self.prefix_cache.prefill(self.target.model, prompt.ids)
-        output = decode_regular(
-            self.target.model, tracker, request.k, sampling_params(request), cancel, request.mode == "diverse", prefill
+        tracker = BranchTracker(
+            tokenizer, rule_for_cursor(request.prefix, request.suffix), DecodeLimits(request.max_tokens, deadline), ids, healed_text
+        )
+        language = detect_language(request.language, request.path)
+        params = sampling_params(request)
+        unit_done = None
+        if self.config.early_stop and not request.raw:
+            unit_done = UnitPredicate(request.prefix, request.suffix, language)
+        output = decode_speculative(
+            model,
+            tracker,
+            request.k,
+            params,
+            self._drafter(params),
+            SpeculationConfig(gamma=self.config.gamma, gamma_max=max(8, self.config.gamma)),
+            cancel,
+            diverse=request.mode == "diverse",
+            prefill=prefill,
+            unit_done=unit_done,
         )
         post_started = time.perf_counter()
-        completions = rank_plain(output.branches)
+        candidates = [
+            Candidate(b.text, b.logprob, len(b.token_ids), b.finish_reason) for b in output.branches if b.text
+        ]
+        completions = postprocess(request.prefix, request.suffix, language, candidates, raw=request.raw)
         timing = {
             "prefill": (post_started - started) * 1000 - output.decode_ms,
             "reused_prompt_tokens": float(prefill.reused_tokens),
             "decode": output.decode_ms,
             "postprocess": (time.perf_counter() - post_started) * 1000,
             "total": (time.perf_counter() - started) * 1000,
+            "rounds": float(output.stats.rounds),
+            "accepted_per_round": output.stats.mean_accepted_per_round,
         }
         return CompletionResult(completions, self.model_name, timing)
 
 
-def rank_plain(branches: list[Branch]) -> list[Completion]:
-    """Distinct non-blank texts, best mean token log-probability first (stable)."""
-    seen: set[str] = set()
-    completions: list[Completion] = []
-    for branch in branches:
-        text = branch.text.rstrip()
-        if not text.strip() or text in seen:
-            continue
-        seen.add(text)
-        score = branch.logprob / max(1, len(branch.token_ids))
-        completions.append(Completion(text, score, branch.logprob, len(branch.token_ids), branch.finish_reason))
-    return sorted(completions, key=lambda c: -c.score)

@@ -8,6 +8,7 @@ import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODES = ("diverse", "sample")
+DRAFTER_CHOICES = ("auto", "lookup", "model", "none")
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,9 @@ class EngineConfig:
     threads: int | None = None  # torch intra-op threads; None keeps torch's default
     progress: bool = True  # progress bar while converting a GGUF file
     prefix_cache_mb: int = 512  # KV of recent prompts kept for reuse across keystrokes; 0 disables
+    drafter: str = "auto"  # "auto" (the draft model if given, else prompt lookup), "lookup", "model", "none"
+    gamma: int = 4  # starting draft length (adapts per round)
+    early_stop: bool = True  # stop a branch once tree-sitter says its unit is complete
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -30,6 +34,12 @@ class EngineConfig:
             raise ValueError(f"prompt_tokens must be >= 16, got {self.prompt_tokens}")
         if self.prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
+        if self.drafter not in DRAFTER_CHOICES:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {self.drafter!r}")
+        if self.drafter == "model" and not self.draft:
+            raise ValueError("drafter 'model' needs a draft model (--draft PATH)")
+        if not 1 <= self.gamma <= 16:
+            raise ValueError(f"gamma must be in [1, 16], got {self.gamma}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 

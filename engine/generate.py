@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -43,6 +44,7 @@ class DecodeLimits:
     max_new_tokens: int = 48
     deadline: float | None = None  # time.monotonic() value
     ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
+    clock: Callable[[], float] = time.monotonic  # what the deadline is compared with
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -167,7 +169,7 @@ def _interrupted(branches: list[Branch], limits: DecodeLimits, cancel: CancelTok
     reason = ""
     if cancel is not None and cancel.cancelled:
         reason = "cancelled"
-    elif limits.deadline is not None and time.monotonic() > limits.deadline:
+    elif limits.deadline is not None and limits.clock() > limits.deadline:
         reason = "deadline"
     if reason:
         for branch in branches:

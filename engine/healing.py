@@ -4,10 +4,15 @@ does not force the model to continue from a token boundary it never saw in train
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 import torch
 from torch import Tensor
 
 from engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from engine.prefix_cache import Prefill
 
 MAX_HEALED_TOKENS = 4
 
@@ -46,3 +51,23 @@ class HealingBias:
             bias[torch.tensor(allowed, dtype=torch.long, device=self._device)] = 0.0
             self._cache[remaining] = bias
         return self._cache[remaining]
+
+
+def walk_healing(
+    prefill: Callable[[list[int]], "Prefill"], tokenizer: Tokenizer, ids: list[int], healed_text: str, bias: HealingBias
+) -> tuple[list[int], str, "Prefill"]:
+    """Regenerate the healed text greedily while the model's choice is a strict start of
+    it, extending the prompt (cheap with a prefix cache): the k branches then split where
+    the healed text ends, not inside it, so they differ in what they add.
+    -> (prompt ids, healed text still to regenerate, the prompt's prefill)."""
+    state = prefill(ids)
+    remaining = healed_text
+    while remaining:
+        token = int((state.last_logits + bias(remaining)).argmax())
+        text = tokenizer.token_texts()[token]
+        if len(text) >= len(remaining):
+            break
+        ids = ids + [token]
+        remaining = consume(remaining, text)
+        state = prefill(ids)
+    return ids, remaining, state
