@@ -8,6 +8,7 @@ already closes, and the suffix's next line (to notice a completion that repeats 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from engine.syntax.languages import SPECS, LanguageSpec, normalize_language, spec_for
@@ -59,6 +60,27 @@ class CursorContext:
         return None if self.suffix_next_line is None else indent_of(self.suffix_next_line)
 
 
+# A line that starts a top-level construct, which is outside any bracket, string or comment
+# in all but contrived files. Python: a definition, decorator or import at column 1.
+# C family: code at column 1 right after a blank line or a line that closes a `}`.
+_PY_TOP_LEVEL = re.compile(r"\n(?=(?:async\s+def|def|class|import|from)\s|@|if\s+__name__)")
+_C_TOP_LEVEL = re.compile(r"(?:\n[ \t]*\n|\n\}[^\n]*\n)(?=[A-Za-z_#@])")
+
+
+def top_level_start(prefix: str, spec: LanguageSpec) -> int:
+    """Where lexing the prefix can start: the last top-level construct before the cursor line.
+
+    Lexing only from there keeps the context cost proportional to the construct the cursor
+    is in, not to the whole prefix.
+    """
+    pattern = _PY_TOP_LEVEL if spec.family == "python" else _C_TOP_LEVEL
+    cursor_line = prefix.rfind("\n")
+    start = 0
+    for match in pattern.finditer(prefix, 0, max(cursor_line, 0)):
+        start = match.end()
+    return start
+
+
 def build_context(prefix: str, suffix: str, language: str | None) -> CursorContext:
     name = normalize_language(language)
     spec = spec_for(name)
@@ -74,10 +96,12 @@ def build_context(prefix: str, suffix: str, language: str | None) -> CursorConte
     expects_indent = False
     if spec is not None:
         python = spec.family == "python"
-        prefix_lex = lex(prefix, spec, newlines=python)
+        start = top_level_start(prefix, spec)
+        tail = prefix[start:]
+        prefix_lex = lex(tail, spec, newlines=python)
         start_state = prefix_lex.end_state
         if python:
-            indent_stack, expects_indent = _python_indentation(prefix, line_start, prefix_lex.tokens)
+            indent_stack, expects_indent = _python_indentation(tail, line_start - start, prefix_lex.tokens)
         openers = unmatched_openers(prefix_lex.tokens)[-MAX_OPEN_BRACKETS:]
         open_brackets = tuple(tok.char for tok in openers)
         suffix_closes = _closed_by(open_brackets, suffix[:SUFFIX_SCAN_CHARS], spec, start_state)

@@ -169,3 +169,37 @@ def test_closer_that_reopens_on_the_same_line_is_no_cut() -> None:
     suffix = "\n        b();\n    }\n}\n"
     assert trimmed(prefix, "} else {\n        b();\n    }\n}\n", suffix, "java") == "} else {"
     assert trimmed(prefix, "}\n}\n", suffix, "java") is None  # only closes what the suffix closes
+
+
+# ------------------------------------------------------------------- context on big files
+
+def _contexts_agree(source: str, language: str, step: int) -> int:
+    """build_context lexes from the last top-level construct; lexing everything must agree."""
+    from engine.syntax.context import MAX_OPEN_BRACKETS
+    from engine.syntax.languages import SPECS
+    from engine.syntax.lexer import lex, unmatched_openers
+
+    spec = SPECS[language]
+    checked = 0
+    for cursor in range(0, len(source), step):
+        prefix = source[:cursor]
+        ctx = build_context(prefix, source[cursor:], language)
+        whole = lex(prefix, spec, newlines=False)
+        assert ctx.start_state == whole.end_state, cursor
+        expected = tuple(t.char for t in unmatched_openers(whole.tokens))[-MAX_OPEN_BRACKETS:]
+        assert ctx.open_brackets == expected, cursor
+        checked += 1
+    return checked
+
+
+def test_context_of_a_large_python_file_matches_lexing_all_of_it() -> None:
+    import importlib
+
+    source = open(importlib.import_module("engine.syntax.trim").__file__, encoding="utf-8").read()
+    assert _contexts_agree(source, "python", 211) > 50
+
+
+def test_context_of_a_large_c_file_matches_lexing_all_of_it() -> None:
+    unit = 'static int f{n}(int x) {{\n    if (x > {n}) {{\n        return g("}}{{", x);\n    }}\n    return 0;\n}}\n\n'
+    source = "#include <stdio.h>\n\n" + "".join(unit.format(n=n) for n in range(40))
+    assert _contexts_agree(source, "c", 29) > 50
