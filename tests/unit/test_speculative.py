@@ -1,0 +1,212 @@
+"""BASS: exactness against plain decoding, exact speculative sampling, ragged edge cases."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers
+
+from engine.api import CancelToken
+from engine.drafters import Draft, ModelDrafter, NoDrafter, PromptLookupDrafter
+from engine.generate import BranchTracker, DecodeLimits, decode_regular
+from engine.models.hf_folder import load_transformer
+from engine.models.testing import write_random_model
+from engine.sampling import SamplingParams
+from engine.speculative import SpeculationConfig, SpeculationStats, adapt_gamma, decode_speculative
+from engine.stopping import StopRule
+from engine.tokenizer import Tokenizer
+
+CODE = (
+    "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n    return total / len(values)\n\n\n"
+    "def variance(values):\n    centre = mean(values)\n    total = 0\n    for value in values:\n"
+)
+
+
+@pytest.fixture(scope="module")
+def draft_model(tmp_path_factory):
+    return load_transformer(write_random_model(tmp_path_factory.mktemp("draft"), "llama", seed=1), torch.float32)
+
+
+def _tracker(engine, new_tokens: int = 20, **limits) -> BranchTracker:
+    ids = engine.target.tokenizer.encode(CODE)
+    return BranchTracker(engine.target.tokenizer, StopRule(), DecodeLimits(new_tokens, ignore_eos=True, **limits), ids)
+
+
+def _drafters(engine, draft_model):
+    target = engine.target.model
+    return {
+        "none": lambda: NoDrafter(),
+        "lookup": lambda: PromptLookupDrafter(),
+        "model-other": lambda: ModelDrafter(draft_model, SamplingParams()),
+        "model-self": lambda: ModelDrafter(target, SamplingParams()),  # accepts (almost) everything
+    }
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_branches_equal_plain_greedy_for_every_drafter(random_engine, draft_model, k):
+    model = random_engine.target.model
+    plain = decode_regular(model, _tracker(random_engine), k, SamplingParams(), diverse=True)
+    expected = [b.token_ids for b in plain.branches]
+    for name, make in _drafters(random_engine, draft_model).items():
+        for gamma in (1, 4):
+            output = decode_speculative(
+                model, _tracker(random_engine), k, SamplingParams(), make(), SpeculationConfig(gamma=gamma, gamma_min=1), diverse=True
+            )
+            assert [b.token_ids for b in output.branches] == expected, (name, gamma)
+            if name == "model-self":
+                assert output.stats.mean_accepted_per_round > 1.0  # the all-accepted path ran
+
+
+def test_greedy_on_the_default_model_with_lookup(default_engine):
+    model = default_engine.target.model
+    plain = decode_regular(model, _tracker(default_engine, 24), 3, SamplingParams(), diverse=True)
+    bass = decode_speculative(model, _tracker(default_engine, 24), 3, SamplingParams(), PromptLookupDrafter(), diverse=True)
+    assert [b.token_ids for b in bass.branches] == [b.token_ids for b in plain.branches]
+    assert bass.stats.rounds < 3 * 24  # drafts were accepted: fewer target passes than tokens
+
+
+class WrongDrafter:
+    """Always proposes tokens the target will not choose (a real drafter, deliberately bad)."""
+
+    name = "wrong"
+
+    def begin(self, prompt_ids, k, max_new_tokens):
+        pass
+
+    def propose(self, histories, gamma):
+        return [Draft([1] * gamma) for _ in histories]  # token 1 is <|im_start|>: never chosen on code
+
+    def keep(self, rows):
+        pass
+
+
+def test_every_draft_rejected_still_exact(random_engine):
+    model = random_engine.target.model
+    plain = decode_regular(model, _tracker(random_engine), 3, SamplingParams(), diverse=True)
+    output = decode_speculative(model, _tracker(random_engine), 3, SamplingParams(), WrongDrafter(), diverse=True)
+    assert [b.token_ids for b in output.branches] == [b.token_ids for b in plain.branches]
+    assert output.stats.accepted == 0 and output.stats.gammas[-1] == 1  # γ shrank to its minimum
+
+
+def test_branch_that_ends_at_once_leaves_the_batch(random_engine):
+    output = decode_speculative(
+        random_engine.target.model, _tracker(random_engine, new_tokens=1), 4, SamplingParams(), PromptLookupDrafter(), diverse=True
+    )
+    assert all(len(b.token_ids) == 1 and b.finish_reason == "length" for b in output.branches)
+    assert output.stats.rounds == 0
+
+
+def test_unit_done_hook_stops_single_branches(random_engine):
+    model = random_engine.target.model
+
+    def unit_done(text: str) -> bool:
+        return len(text) > 12
+
+    output = decode_speculative(model, _tracker(random_engine, 30), 3, SamplingParams(), PromptLookupDrafter(), diverse=True, unit_done=unit_done)
+    assert all(b.finish_reason == "stop" and len(b.text) > 12 for b in output.branches)
+    assert all(len(b.token_ids) < 30 for b in output.branches)
+
+
+def test_deadline_in_the_middle_returns_the_text_so_far(random_engine):
+    ticks = iter(range(1000))
+    tracker = _tracker(random_engine, 40, deadline=3.5, clock=lambda: float(next(ticks)))
+    output = decode_speculative(random_engine.target.model, tracker, 3, SamplingParams(), NoDrafter(), diverse=True)
+    assert all(b.finish_reason == "deadline" for b in output.branches)
+    assert all(0 < len(b.token_ids) < 40 for b in output.branches)
+
+
+def test_cancel_in_the_middle(random_engine):
+    cancel = CancelToken()
+
+    class CancellingDrafter(PromptLookupDrafter):
+        rounds = 0
+
+        def propose(self, histories, gamma):
+            self.rounds += 1
+            if self.rounds == 3:
+                cancel.cancel()
+            return super().propose(histories, gamma)
+
+    output = decode_speculative(
+        random_engine.target.model, _tracker(random_engine, 40), 2, SamplingParams(), CancellingDrafter(), cancel=cancel, diverse=True
+    )
+    assert all(b.finish_reason == "cancelled" and b.token_ids for b in output.branches)
+    assert output.stats.rounds == 3
+
+
+def test_adapt_gamma_rule():
+    config = SpeculationConfig(gamma=4, gamma_min=1, gamma_max=6)
+    assert adapt_gamma(4, [4, 4], [4, 1], config) == 5  # someone accepted a full draft
+    assert adapt_gamma(4, [4, 2], [0, 0], config) == 3  # nobody accepted anything
+    assert adapt_gamma(4, [4, 2], [1, 2], config) == 4
+    assert adapt_gamma(6, [6], [6], config) == 6 and adapt_gamma(1, [1], [0], config) == 1
+    assert SpeculationStats(rounds=2, accepted=6, branch_rounds=4).mean_accepted_per_round == 1.5
+
+
+# --- exact speculative sampling on a tiny vocabulary -------------------------------------------
+
+TINY_VOCAB = ["a", "b", "c", "d", "e", "f", "g", "h"]
+
+
+def _tiny_model_folder(root: Path, seed: int) -> Path:
+    folder = write_random_model(
+        root / f"tiny{seed}", "llama", seed=seed, vocab_size=len(TINY_VOCAB), hidden_size=32, intermediate_size=64, eos_token_id=None, bos_token_id=None
+    )
+    tokenizer = HFTokenizer(models.WordLevel({t: i for i, t in enumerate(TINY_VOCAB)}, unk_token="a"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    (folder / "tokenizer.json").write_text(tokenizer.to_str())
+    return folder
+
+
+def _chi_square_limit(df: int) -> float:
+    """~0.9999 quantile of chi-square(df) (Wilson–Hilferty)."""
+    z = 3.719
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_speculative_sampling_matches_the_target_distribution(tmp_path: Path):
+    target_dir, draft_dir = _tiny_model_folder(tmp_path, 3), _tiny_model_folder(tmp_path, 4)
+    target = load_transformer(target_dir, torch.float32)
+    draft = load_transformer(draft_dir, torch.float32)
+    with torch.no_grad():  # make both distributions far from uniform, and different
+        target.lm_head.weight.mul_(60.0)
+        draft.lm_head.weight.mul_(60.0)
+    tokenizer = Tokenizer.from_folder(target_dir)
+    prompt = [0, 3, 5, 2]
+    params = SamplingParams(temperature=1.0, top_p=1.0, seed=11)
+    samples = 4000
+    tracker = BranchTracker(tokenizer, StopRule(), DecodeLimits(3, ignore_eos=True), prompt)
+    output = decode_speculative(target, tracker, samples, params, ModelDrafter(draft, params), SpeculationConfig(gamma=2, adaptive=False))
+    pairs = torch.zeros(8, 8)
+    for branch in output.branches:
+        assert len(branch.token_ids) == 3
+        pairs[branch.token_ids[1], branch.token_ids[2]] += 1  # tokens 2 and 3 come from speculation
+    first = torch.zeros(8)
+    for branch in output.branches:
+        first[branch.token_ids[0]] += 1
+    # exact joint of tokens 2 and 3 given token 1, weighted by the empirical token-1 counts
+    expected = torch.zeros(8, 8)
+    with torch.inference_mode():
+        for t1 in range(8):
+            if first[t1] == 0:
+                continue
+            p2 = torch.softmax(_logits(target, prompt + [t1]), -1)
+            for t2 in range(8):
+                p3 = torch.softmax(_logits(target, prompt + [t1, t2]), -1)
+                expected[t2] += first[t1] * p2[t2] * p3
+    mask = expected > 5  # chi-square needs expected counts >= 5
+    statistic = (((pairs - expected) ** 2)[mask] / expected[mask]).sum().item()
+    assert statistic < _chi_square_limit(int(mask.sum()) - 1), statistic
+    assert output.stats.accepted > 0 and output.stats.accepted < output.stats.drafted  # both paths ran
+
+
+def _logits(model, ids: list[int]) -> torch.Tensor:
+    from engine.kv import RaggedKVCache
+
+    cache = RaggedKVCache(model.cache_shape, 1, len(ids), torch.float32)
+    return model.step(torch.tensor([ids]), cache)[0]
