@@ -170,3 +170,110 @@ def bench_keystroke(config: EngineConfig, prompt_tokens: int, points: int, repea
         "warm_ms": round(warm_ms, 1),
         "ratio": round(cold_ms / warm_ms, 2),
     }
+
+
+BENCH_SOURCES = ("json.decoder", "textwrap", "shlex")  # real code, shipped with every Python
+
+
+def _source_prompts(target: LoadedModel, n_tokens: int) -> list[list[int]]:
+    import importlib
+
+    return [target.tokenizer.encode(inspect.getsource(importlib.import_module(name)))[:n_tokens] for name in BENCH_SOURCES]
+
+
+def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: int, plot_path: str | None) -> dict[str, Any]:
+    """Regular batched decoding vs BASS with each drafter, and k sequential single-sequence
+    speculative runs, interleaved, greedy (diverse first tokens), same prompts; every
+    method's tokens are checked to be identical to regular decoding's."""
+    from engine.drafters import ModelDrafter, NoDrafter, PromptLookupDrafter
+    from engine.models.transformer import EarlyExit
+    from engine.speculative import decode_speculative
+
+    engine = CompletionEngine.load(config)
+    model, tokenizer = engine.target.model, engine.target.tokenizer
+    prompts = _source_prompts(engine.target, 384)
+    params = SamplingParams()
+    draft_layers = min(config.draft_layers, model.args.n_layers)
+    drafters = {
+        "lookup": lambda: PromptLookupDrafter(),
+        f"layerskip{draft_layers}": lambda: ModelDrafter(EarlyExit(model, draft_layers), params),
+        "none": lambda: NoDrafter(),
+    }
+    if engine.draft is not None:
+        drafters["model"] = lambda: ModelDrafter(engine.draft.model, params)
+
+    def tracker(prompt: list[int]) -> BranchTracker:
+        return BranchTracker(tokenizer, StopRule(), DecodeLimits(new_tokens, ignore_eos=True), prompt)
+
+    cases = []
+    for k in ks:
+        times: dict[str, list[float]] = {name: [] for name in ["regular", *drafters, "sequential-lookup"]}
+        accepted: dict[str, list[float]] = {name: [] for name in drafters}
+        for _ in range(repeats):
+            for prompt in prompts:
+                started = time.perf_counter()
+                reference = [b.token_ids for b in decode_regular(model, tracker(prompt), k, params, diverse=True).branches]
+                times["regular"].append(time.perf_counter() - started)
+                for name, make in drafters.items():
+                    started = time.perf_counter()
+                    output = decode_speculative(model, tracker(prompt), k, params, make(), diverse=True)
+                    times[name].append(time.perf_counter() - started)
+                    accepted[name].append(output.stats.mean_accepted_per_round)
+                    if [b.token_ids for b in output.branches] != reference:
+                        raise AssertionError(f"BASS with {name} diverged from regular decoding (k={k})")
+                started = time.perf_counter()
+                for _ in range(k):
+                    decode_speculative(model, tracker(prompt), 1, params, PromptLookupDrafter())
+                times["sequential-lookup"].append(time.perf_counter() - started)
+        tokens = k * new_tokens
+        regular_rate = tokens / statistics.median(times["regular"])
+        for name in [*drafters, "sequential-lookup"]:
+            rate = tokens / statistics.median(times[name])
+            cases.append(
+                {
+                    "k": k,
+                    "drafter": name,
+                    "regular_tok_s": round(regular_rate, 1),
+                    "bass_tok_s": round(rate, 1),
+                    "ratio": round(rate / regular_rate, 2),
+                    "mean_accepted_per_round": round(statistics.mean(accepted[name]), 2) if name in accepted else None,
+                }
+            )
+    report = {
+        "model": engine.model_name,
+        "prompts": list(BENCH_SOURCES),
+        "prompt_tokens": 384,
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "cases": cases,
+    }
+    if plot_path:
+        report["plot"] = plot_decode(report, plot_path)
+    return report
+
+
+def plot_decode(report: dict[str, Any], path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    cases = report["cases"]
+    ks = sorted({c["k"] for c in cases})
+    regular = {c["k"]: c["regular_tok_s"] for c in cases}
+    axes.plot(ks, [regular[k] for k in ks], marker="o", label="regular batched")
+    for name in sorted({c["drafter"] for c in cases}):
+        rates = {c["k"]: c["bass_tok_s"] for c in cases if c["drafter"] == name}
+        label = name if name.startswith("sequential") else f"BASS {name}"
+        axes.plot(ks, [rates[k] for k in ks], marker="o", label=label)
+    axes.set_xlabel("k (branches)")
+    axes.set_ylabel("tokens / s (all branches)")
+    axes.set_title(f"{report['model'][:40]}, {report['new_tokens']} new tokens")
+    axes.set_xticks(ks)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

@@ -16,7 +16,7 @@ from engine.generate import BranchTracker, DecodeLimits
 from engine.healing import HealingBias, walk_healing
 from engine.models.hf_folder import load_transformer
 from engine.models.resolve import resolve_model
-from engine.models.transformer import Transformer
+from engine.models.transformer import EarlyExit, Transformer
 from engine.prefix_cache import PrefixCache, PrefixCacheConfig
 from engine.prompt import PromptBudget, build_prompt
 from engine.sampling import SamplingParams
@@ -100,6 +100,9 @@ class CompletionEngine:
             choice = "model" if self.draft is not None else "lookup"
         if choice == "model" and self.draft is not None:
             return ModelDrafter(self.draft.model, params, self.draft_prefix_cache)
+        if choice == "layerskip":
+            layers = min(self.config.draft_layers, self.target.model.args.n_layers)
+            return ModelDrafter(EarlyExit(self.target.model, layers), params, self.draft_prefix_cache)
         return PromptLookupDrafter() if choice == "lookup" else NoDrafter()
 
     @property

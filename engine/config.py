@@ -8,7 +8,7 @@ import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODES = ("diverse", "sample")
-DRAFTER_CHOICES = ("auto", "lookup", "model", "none")
+DRAFTER_CHOICES = ("auto", "lookup", "model", "layerskip", "none")
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,8 @@ class EngineConfig:
     threads: int | None = None  # torch intra-op threads; None keeps torch's default
     progress: bool = True  # progress bar while converting a GGUF file
     prefix_cache_mb: int = 512  # KV of recent prompts kept for reuse across keystrokes; 0 disables
-    drafter: str = "auto"  # "auto" (the draft model if given, else prompt lookup), "lookup", "model", "none"
+    drafter: str = "auto"  # "auto" (the draft model if given, else prompt lookup), "lookup", "model", "layerskip", "none"
+    draft_layers: int = 8  # layerskip: the target's first N layers + its head draft
     gamma: int = 4  # starting draft length (adapts per round)
     early_stop: bool = True  # stop a branch once tree-sitter says its unit is complete
 
@@ -38,6 +39,8 @@ class EngineConfig:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {self.drafter!r}")
         if self.drafter == "model" and not self.draft:
             raise ValueError("drafter 'model' needs a draft model (--draft PATH)")
+        if self.draft_layers < 1:
+            raise ValueError(f"draft_layers must be >= 1, got {self.draft_layers}")
         if not 1 <= self.gamma <= 16:
             raise ValueError(f"gamma must be in [1, 16], got {self.gamma}")
         if self.threads is not None and self.threads < 1:

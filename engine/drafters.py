@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from engine.kv import BranchKVCache
-from engine.models.transformer import Transformer
+from engine.models.transformer import EarlyExit, Transformer
 from engine.prefix_cache import PrefixCache, common_prefix_length
 from engine.sampling import SamplingParams, probabilities
 
@@ -100,7 +100,7 @@ class PromptLookupDrafter:
 class ModelDrafter:
     name = "model"
 
-    def __init__(self, model: Transformer, params: SamplingParams, prefix_cache: PrefixCache | None = None):
+    def __init__(self, model: Transformer | EarlyExit, params: SamplingParams, prefix_cache: PrefixCache | None = None):
         self.model, self.params = model, params
         self.prefix_cache = prefix_cache or PrefixCache()
         self._generator = torch.Generator().manual_seed(params.seed + 1)

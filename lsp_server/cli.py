@@ -16,7 +16,7 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default=None, help="draft model with the target's tokenizer")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--drafter", default="auto", choices=["auto", "lookup", "model", "none"], help="speculative drafter (auto: --draft if given, else prompt lookup)")
+    parser.add_argument("--drafter", default="auto", choices=["auto", "lookup", "model", "layerskip", "none"], help="speculative drafter (auto: --draft if given, else prompt lookup; layerskip: the first 8 layers of the target)")
 
 
 def _generation_args(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure speed, side by side in one run")
     bench.add_argument(
         "what",
-        choices=["generate", "attention", "step", "keystroke"],
+        choices=["generate", "attention", "step", "keystroke", "decode"],
         help="generate: our batched decoding vs transformers generate(); attention: bifurcated vs replicated "
         "attention alone; step: a whole decode step, shared vs replicated prefix; keystroke: prefix-cache hit vs cold prefill",
     )
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--contexts", default=None, help="comma-separated context lengths (tokens)")
     bench.add_argument("--max-tokens", type=int, default=32)
     bench.add_argument("--repeats", type=int, default=None)
+    bench.add_argument("--plot", default="bench-decode.png", help="decode: where to write the PNG plot")
     _engine_args(bench)
 
     add_lsp_parser(commands)
@@ -134,6 +135,8 @@ def run_bench(args: argparse.Namespace) -> int:
         from kernels.bench import bench_attention
 
         report = bench_attention(_ints(args.ks, [4, 8, 16, 32]), _ints(args.contexts, [1024, 4096, 8192]), args.repeats or 9)
+    elif args.what == "decode":
+        report = bench.bench_decode(config, _ints(args.ks, [1, 4, 8]), args.max_tokens, args.repeats or 1, args.plot)
     elif args.what == "step":
         report = bench.bench_decode_step(config, _ints(args.ks, [8])[0], _ints(args.contexts, [1024, 4096]), args.repeats or 7)
     else:

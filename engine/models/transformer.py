@@ -122,12 +122,13 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
-    def forward(self, tokens: Tensor, cache: KVCache) -> Tensor:
-        """tokens [B, T] -> final hidden states [B, T, dim]. The caller advances the cache."""
+    def forward(self, tokens: Tensor, cache: KVCache, n_layers: int | None = None) -> Tensor:
+        """tokens [B, T] -> final hidden states [B, T, dim]. The caller advances the cache.
+        n_layers: run only the first n blocks (early exit, for a layer-skip drafter)."""
         step = cache.prepare(tokens.shape[1])
         cos, sin = rotary_cos_sin(step.positions, self.inv_freq, self.dtype)  # [B, 1, T, D]
         x = self.model.embed_tokens(tokens)  # [B, T, dim]
-        for index, block in enumerate(self.model.layers):
+        for index, block in enumerate(self.model.layers[:n_layers]):
             x = block(x, cos, sin, cache, index, step)
         return self.model.norm(x)
 
@@ -137,6 +138,42 @@ class Transformer(nn.Module):
 
     def step(self, tokens: Tensor, cache: KVCache) -> Tensor:
         """One decode step for every row: tokens [B, T] -> logits of the last position [B, V]; advances T."""
+        hidden = self(tokens, cache)
+        cache.advance(tokens.shape[1])
+        return self.logits(hidden[:, -1])
+
+
+class EarlyExit(nn.Module):
+    """The first `n_layers` blocks of a model with its final norm and head: a draft model
+    that shares the target's weights and tokenizer (layer-skip drafting)."""
+
+    def __init__(self, base: Transformer, n_layers: int):
+        super().__init__()
+        if not 1 <= n_layers <= base.args.n_layers:
+            raise ValueError(f"early exit after {n_layers} layers: the model has {base.args.n_layers}")
+        self.base, self.n_layers = base, n_layers
+        self.args = base.args
+
+    @property
+    def cache_shape(self) -> CacheShape:
+        shape = self.base.cache_shape
+        return CacheShape(self.n_layers, shape.n_kv_heads, shape.head_dim, shape.sliding_window)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.base.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.base.device
+
+    def forward(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        return self.base(tokens, cache, self.n_layers)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.base.logits(hidden)
+
+    def step(self, tokens: Tensor, cache: KVCache) -> Tensor:
         hidden = self(tokens, cache)
         cache.advance(tokens.shape[1])
         return self.logits(hidden[:, -1])
