@@ -124,11 +124,15 @@ class Daemon:
             loop.add_signal_handler(signum, self._stop.set)
         self.runner.start()
         self._arm_idle()
-        async with server:
-            await self._stop.wait()
-        for peer in list(self._peers):
-            peer.writer.close()
-        self.runner.stop()
+        try:
+            async with server:
+                await self._stop.wait()
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+            for peer in list(self._peers):
+                peer.writer.close()
+            self.runner.stop()
 
     def _arm_idle(self) -> None:
         if self._idle is not None:

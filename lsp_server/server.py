@@ -277,10 +277,10 @@ class Session:
     def _set_settings(self, settings: Settings) -> None:
         if self.options.engine is not None and settings.engine != self.options.engine:
             settings = replace(settings, engine=self.options.engine)
+        if settings != self.settings:
+            self.typeahead.clear()  # suggestions made under other settings (k, max tokens, mode, model)
         self.settings = settings
         self.options.redactor.debug = settings.debug_log
-        if not settings.typeahead:
-            self.typeahead.clear()
 
     def _ensure_engine(self) -> None:
         if self._closed:

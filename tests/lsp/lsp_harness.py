@@ -139,7 +139,8 @@ async def editor_session(
         params = lsp.InitializeParams(capabilities=capabilities or client_capabilities(client), initialization_options=options)
         editor.initialize_result = await asyncio.wait_for(language_client.initialize_session(params), START_TIMEOUT_S)  # type: ignore[attr-defined]
         yield editor
-        await asyncio.wait_for(language_client.shutdown_session(), 30)
+        if not language_client.stopped:  # a test may have ended the server itself
+            await asyncio.wait_for(language_client.shutdown_session(), 30)
     finally:
         if language_client._server is not None and language_client._server.returncode is None:
             language_client._server.kill()

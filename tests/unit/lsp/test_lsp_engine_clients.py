@@ -1,0 +1,249 @@
+"""Runner, daemon and daemon client with a fake engine: cancellation, deadlines, crashes, protocol checks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.api import CancelToken, Completion, CompletionRequest, CompletionResult
+from engine.config import EngineConfig
+from engine.errors import InputError, ModelLoadError
+from lsp_server import engine_client
+from lsp_server.daemon import Daemon
+from lsp_server.engine_client import DaemonEngine, DaemonOptions, InProcessEngine
+from lsp_server.protocol import PROTOCOL_VERSION, DaemonPaths, EngineSpec, pack, read_frame, write_frame
+from lsp_server.runner import DeadlineExceeded, EngineUnavailable, Status
+
+
+CONFIG = EngineConfig(model="fake", progress=False)
+
+
+class FakeEngine:
+    """Echoes the prefix reversed; prefix "block" decodes until cancelled (1 ms rounds)."""
+
+    model_name = "fake"
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.stopped_by_cancel = threading.Event()
+        self.calls = 0
+
+    def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult:
+        self.calls += 1
+        if request.prefix == "bad":
+            raise InputError("bad request")
+        if request.prefix == "block":
+            self.started.set()
+            end = time.monotonic() + 20
+            while time.monotonic() < end:
+                if cancel is not None and cancel.cancelled:
+                    self.stopped_by_cancel.set()
+                    break
+                time.sleep(0.001)  # one decode round
+            return CompletionResult([], self.model_name)
+        return CompletionResult([Completion(request.prefix[::-1], 0.0)], self.model_name, {"total": 1.0})
+
+
+def factory_for(engine: FakeEngine):
+    return lambda config: engine
+
+
+async def wait_thread_event(event: threading.Event, timeout: float = 10) -> None:
+    assert await asyncio.to_thread(event.wait, timeout), "timed out"
+
+
+async def test_in_process_answers_and_reports_ready() -> None:
+    statuses: list[Status] = []
+    engine = InProcessEngine(CONFIG, statuses.append, factory_for(FakeEngine()))
+    await engine.start()
+    result = await asyncio.wait_for(engine.complete(CompletionRequest(prefix="abc")), 10)
+    assert [c.text for c in result.completions] == ["cba"]
+    assert [s.state for s in statuses] == ["loading", "ready"]
+    with pytest.raises(InputError):
+        await engine.complete(CompletionRequest(prefix="bad"))
+    engine.close()
+    assert engine.join(5)
+
+
+async def test_cancelling_the_caller_stops_the_engine_at_its_next_round() -> None:
+    fake = FakeEngine()
+    engine = InProcessEngine(CONFIG, lambda s: None, factory_for(fake))
+    await engine.start()
+    task = asyncio.ensure_future(engine.complete(CompletionRequest(prefix="block")))
+    await wait_thread_event(fake.started)
+    task.cancel()
+    await wait_thread_event(fake.stopped_by_cancel)
+    result = await asyncio.wait_for(engine.complete(CompletionRequest(prefix="next")), 10)  # the worker is free
+    assert result.completions[0].text == "txen"
+    engine.close()
+
+
+async def test_queued_requests_past_their_deadline_are_not_run() -> None:
+    fake = FakeEngine()
+    engine = InProcessEngine(CONFIG, lambda s: None, factory_for(fake))
+    await engine.start()
+    blocker = asyncio.ensure_future(engine.complete(CompletionRequest(prefix="block")))
+    await wait_thread_event(fake.started)
+    late = asyncio.ensure_future(engine.complete(CompletionRequest(prefix="late", deadline_ms=50)))
+    cancelled = asyncio.ensure_future(engine.complete(CompletionRequest(prefix="gone")))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    done, _ = await asyncio.wait({late}, timeout=0.2)  # the deadline passes while "block" runs
+    assert not done
+    blocker.cancel()
+    with pytest.raises(DeadlineExceeded):
+        await asyncio.wait_for(late, 10)
+    assert fake.calls == 1  # neither "late" nor the cancelled one reached the engine
+    engine.close()
+
+
+async def test_load_failure_is_an_error_status_and_unavailable() -> None:
+    def broken(config: Any) -> Any:
+        raise ModelLoadError("no such model: /nowhere")
+
+    statuses: list[Status] = []
+    engine = InProcessEngine(CONFIG, statuses.append, broken)
+    await engine.start()
+    with pytest.raises(EngineUnavailable, match="/nowhere"):
+        await asyncio.wait_for(engine.complete(CompletionRequest(prefix="x")), 10)
+    assert statuses[-1].state == "error" and "/nowhere" in statuses[-1].message
+    engine.close()
+
+
+# --- daemon and its client ---------------------------------------------------------------
+
+
+@pytest.fixture
+def short_dir() -> Any:
+    folder = Path(tempfile.mkdtemp(prefix="ks-"))
+    yield folder
+    for path in folder.iterdir():
+        path.unlink()
+    folder.rmdir()
+
+
+async def serve(daemon: Daemon, socket: Path) -> asyncio.Task:
+    task = asyncio.ensure_future(daemon.serve_unix(socket))
+    deadline = time.monotonic() + 10
+    while not socket.exists():
+        assert time.monotonic() < deadline, "the daemon did not bind"
+        await asyncio.sleep(0.01)
+    return task
+
+
+async def test_daemon_client_round_trip_cancel_and_crash(short_dir: Path) -> None:
+    fake = FakeEngine()
+    options = DaemonOptions(spec=EngineSpec(model="fake"), folder=short_dir, connect_timeout_s=5, max_restarts=0)
+    paths = options.paths()
+    daemon = Daemon(CONFIG, factory_for(fake), idle_timeout_s=60)
+    served = await serve(daemon, paths.socket)
+    assert stat.S_IMODE(paths.socket.stat().st_mode) == 0o600
+
+    statuses: list[Status] = []
+    client = DaemonEngine(options, statuses.append)
+    await client.start()
+    result = await asyncio.wait_for(client.complete(CompletionRequest(prefix="hello")), 10)
+    assert result.completions[0].text == "olleh"
+    assert statuses[-1].engine_pid == os.getpid()
+    with pytest.raises(InputError, match="bad request"):
+        await asyncio.wait_for(client.complete(CompletionRequest(prefix="bad")), 10)
+
+    task = asyncio.ensure_future(client.complete(CompletionRequest(prefix="block")))
+    await wait_thread_event(fake.started)
+    task.cancel()  # sends cancel(id)
+    await wait_thread_event(fake.stopped_by_cancel)
+
+    # The daemon goes away under a pending request: it fails at once, reported as an error status.
+    fake.started.clear()
+    pending = asyncio.ensure_future(client.complete(CompletionRequest(prefix="block")))
+    await wait_thread_event(fake.started)
+    daemon._stop.set()
+    with pytest.raises(EngineUnavailable):
+        await asyncio.wait_for(pending, 10)
+    await asyncio.wait_for(served, 10)
+    assert statuses[-1].state == "error" and "not restarting" in statuses[-1].message  # max_restarts=0
+    client.close()
+
+
+async def test_client_disconnect_cancels_its_requests(short_dir: Path) -> None:
+    fake = FakeEngine()
+    socket = short_dir / "d.sock"
+    daemon = Daemon(CONFIG, factory_for(fake), idle_timeout_s=60)
+    served = await serve(daemon, socket)
+    reader, writer = await asyncio.open_unix_connection(str(socket))
+    write_frame(writer, {"type": "hello", "version": PROTOCOL_VERSION})
+    assert (await read_frame(reader))["type"] == "hello"
+    write_frame(writer, {"type": "complete", "id": "1", "request": {"prefix": "block"}})
+    await wait_thread_event(fake.started)
+    writer.close()
+    await wait_thread_event(fake.stopped_by_cancel)
+    daemon._stop.set()
+    await asyncio.wait_for(served, 10)
+
+
+async def test_daemon_refuses_bad_peers(short_dir: Path) -> None:
+    socket = short_dir / "d.sock"
+    daemon = Daemon(CONFIG, factory_for(FakeEngine()), idle_timeout_s=60, token="secret")
+    served = await serve(daemon, socket)
+
+    async def hello(message: dict[str, Any]) -> dict[str, Any] | None:
+        reader, writer = await asyncio.open_unix_connection(str(socket))
+        write_frame(writer, message)
+        reply = await asyncio.wait_for(read_frame(reader), 10)
+        writer.close()
+        return reply
+
+    assert (await hello({"type": "hello", "version": PROTOCOL_VERSION, "token": "guess"}))["message"] == "bad token"
+    assert (await hello({"type": "complete", "id": "1"}))["message"] == "expected a hello"
+    assert (await hello({"type": "hello", "version": PROTOCOL_VERSION, "token": "secret"}))["type"] == "hello"
+
+    reader, writer = await asyncio.open_unix_connection(str(socket))
+    write_frame(writer, {"type": "hello", "version": PROTOCOL_VERSION, "token": "secret"})
+    await read_frame(reader)
+    writer.write((1 << 30).to_bytes(4, "big"))  # a 1 GiB frame: the daemon hangs up
+    assert await asyncio.wait_for(reader.read(), 10) == b""
+    daemon._stop.set()
+    await asyncio.wait_for(served, 10)
+
+
+async def test_idle_daemon_exits_and_removes_its_socket(short_dir: Path) -> None:
+    socket = short_dir / "d.sock"
+    served = await serve(Daemon(CONFIG, factory_for(FakeEngine()), idle_timeout_s=0.2), socket)
+    await asyncio.wait_for(served, 10)
+    assert not socket.exists()
+
+
+async def test_protocol_version_mismatch_is_a_clear_error(short_dir: Path) -> None:
+    options = DaemonOptions(spec=EngineSpec(model="old"), folder=short_dir, connect_timeout_s=5)
+    paths = DaemonPaths.for_spec(options.spec, short_dir)
+
+    async def old_daemon(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_frame(reader)
+        writer.write(pack({"type": "hello", "version": PROTOCOL_VERSION + 1, "pid": 1}))
+
+    server = await asyncio.start_unix_server(old_daemon, str(paths.socket))
+    statuses: list[Status] = []
+    client = DaemonEngine(options, statuses.append)
+    with pytest.raises(EngineUnavailable, match="speaks protocol"):
+        await asyncio.wait_for(client.complete(CompletionRequest(prefix="x")), 10)
+    assert statuses[-1].state == "error" and "speaks protocol" in statuses[-1].message
+    client.close()
+    server.close()
+
+
+def test_spawn_lock_is_exclusive(short_dir: Path) -> None:
+    first = engine_client._try_lock(short_dir / "x.spawn")
+    assert first is not None
+    assert engine_client._try_lock(short_dir / "x.spawn") is None
+    first.close()
+    again = engine_client._try_lock(short_dir / "x.spawn")
+    assert again is not None
+    again.close()
