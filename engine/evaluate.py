@@ -10,6 +10,7 @@ from typing import Any, Iterator
 from engine.api import CompletionRequest
 from engine.completion import CompletionEngine
 from engine.errors import InputError
+from engine.syntax import Checker, detect_language
 
 REFERENCE_FIELDS = ("reference", "middle", "canonical_solution")
 
@@ -37,7 +38,7 @@ def _normalized(text: str) -> str:
 
 def evaluate_file(engine: CompletionEngine, cases_path: str, out_path: str, request_fields: dict[str, Any]) -> dict[str, Any]:
     latencies: list[float] = []
-    exact_top = exact_any = with_reference = shown = 0
+    exact_top = exact_any = with_reference = shown = breaking = checked_top = top_static = 0
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as results:
@@ -55,6 +56,14 @@ def evaluate_file(engine: CompletionEngine, cases_path: str, out_path: str, requ
             latencies.append(latency)
             texts = [c.text for c in result.completions]
             shown += len(texts)
+            language = detect_language(request.language, request.path)
+            if texts and language is not None:
+                checker = Checker(request.prefix, request.suffix, language)
+                results_checked = [checker.check(text) for text in texts]
+                breaking += sum(r.breaks_parse for r in results_checked)
+                if language == "python":
+                    checked_top += 1
+                    top_static += results_checked[0].static_errors > 0
             reference = next((case[f] for f in REFERENCE_FIELDS if isinstance(case.get(f), str)), None)
             if reference is not None:
                 with_reference += 1
@@ -64,7 +73,10 @@ def evaluate_file(engine: CompletionEngine, cases_path: str, out_path: str, requ
             extra = {key: value for key, value in case.items() if key not in ("prefix", "suffix")}
             line = {**extra, "id": case["id"], "completions": [c.to_dict() for c in result.completions], "latency_ms": latency}
             results.write(json.dumps(line, ensure_ascii=False) + "\n")
-    return summarize(latencies, shown, with_reference, exact_top, exact_any)
+    summary = summarize(latencies, shown, with_reference, exact_top, exact_any)
+    summary["shown_breaking_parse"] = breaking / shown if shown else None
+    summary["top1_static_error_rate_python"] = top_static / checked_top if checked_top else None
+    return summary
 
 
 def summarize(latencies: list[float], shown: int, with_reference: int, exact_top: int, exact_any: int) -> dict[str, Any]:

@@ -44,6 +44,10 @@ def test_eval_writes_results_in_case_order(tmp_path: Path, random_llama_dir: Pat
     assert all("completions" in line and line["latency_ms"] > 0 for line in lines)
     summary = json.loads(run.stdout)
     assert summary["cases"] == 3 and summary["cases_with_reference"] == 3
+    if summary["suggestions_shown"]:
+        assert 0.0 <= summary["shown_breaking_parse"] <= 1.0
+    else:  # a random model's text may all be dropped by post-processing: then no rate is claimed
+        assert summary["shown_breaking_parse"] is None
 
 
 @pytest.mark.parametrize(
