@@ -18,7 +18,7 @@ def kspec(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_complete_json_with_default_model():
-    run = kspec("complete", f"{DEMO}:16:5", "-k", "2", "--max-tokens", "8", "--json")
+    run = kspec("complete", f"{DEMO}:16:5", "-k", "2", "--max-tokens", "32", "--json")
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     assert set(result) >= {"completions", "timing_ms", "model"}
