@@ -11,9 +11,15 @@ export interface StatusParams {
 	message: string;
 	progress: number | null;
 	lastLatencyMs: number | null;
+	/** The model's name, when the server says (not in the DESIGN contract; sent by kspec lsp). */
+	model?: string;
 }
 
-/** Validate a notification's params; undefined for anything malformed (logged, ignored). */
+/**
+ * Validate a notification's params; undefined for anything malformed (logged, ignored).
+ * Fields may be absent. The latency is `lastLatencyMs` in DESIGN.md §3; kspec lsp sends
+ * `latencyMs` (the last answered request): both are read.
+ */
 export function parseStatus(raw: unknown): StatusParams | undefined {
 	if (typeof raw !== 'object' || raw === null) {
 		return undefined;
@@ -23,12 +29,16 @@ export function parseStatus(raw: unknown): StatusParams | undefined {
 		return undefined;
 	}
 	const num = (v: unknown): number | null => (typeof v === 'number' && Number.isFinite(v) ? v : null);
-	return {
+	const out: StatusParams = {
 		state: r.state,
 		message: typeof r.message === 'string' ? r.message : '',
 		progress: num(r.progress),
-		lastLatencyMs: num(r.lastLatencyMs),
+		lastLatencyMs: num(r.lastLatencyMs) ?? num(r.latencyMs),
 	};
+	if (typeof r.model === 'string' && r.model !== '') {
+		out.model = r.model;
+	}
+	return out;
 }
 
 export type ClientPhase = 'starting' | 'running' | 'stopped' | 'failed';
@@ -136,6 +146,7 @@ export class StatusModel {
 			text: `$(check) kspec${latency}`,
 			tooltip:
 				`kspec: ${this.server.message || 'ready'}` +
+				(this.server.model ? `, model ${this.server.model}` : '') +
 				(this.lastLatencyMs === null ? '' : ` (last completion ${ms(this.lastLatencyMs)})`) +
 				'. Click to turn completions off.',
 			command: COMMANDS.toggle,

@@ -68,8 +68,9 @@ function M.check()
     if not s then
       health.info('engine: no status received yet')
     else
-      local line = ('engine: %s%s%s%s'):format(
+      local line = ('engine: %s%s%s%s%s'):format(
         s.state,
+        s.model and (' (model ' .. s.model .. ')') or '',
         s.message ~= '' and (' — ' .. s.message) or '',
         s.progress and (' (%d%%)'):format(math.floor(s.progress * 100 + 0.5)) or '',
         s.lastLatencyMs and (', last completion %d ms'):format(math.floor(s.lastLatencyMs + 0.5)) or ''

@@ -13,7 +13,8 @@ local function num(v)
   return type(v) == 'number' and v == v and v ~= math.huge and v ~= -math.huge and v or nil
 end
 
---- Validate params; nil when malformed.
+--- Validate params; nil when malformed. The latency is `lastLatencyMs` in DESIGN.md §3;
+--- kspec lsp sends `latencyMs` (of the last answered request): both are read.
 function M.parse(params)
   if type(params) ~= 'table' then
     return nil
@@ -26,7 +27,8 @@ function M.parse(params)
     state = state,
     message = type(params.message) == 'string' and params.message or '',
     progress = num(params.progress),
-    lastLatencyMs = num(params.lastLatencyMs),
+    lastLatencyMs = num(params.lastLatencyMs) or num(params.latencyMs),
+    model = type(params.model) == 'string' and params.model ~= '' and params.model or nil,
   }
 end
 

@@ -223,6 +223,10 @@ describe('kspec lsp over stdio', { timeout: 180_000 }, () => {
 			}
 		}
 		assert.equal(new Set(got.map((i) => JSON.stringify(i.insertText))).size, K, 'alternatives must differ');
+		// the status bar's "ready, last latency"
+		await waitFor('a ready status with a latency', () => statuses.find((s) => s.state === 'ready' && s.lastLatencyMs !== null), 10_000, wake)
+			.catch((e) => { throw new Error(fail(`${e.message}; statuses: ${JSON.stringify(statuses)}`)); });
+		assert.match(status.view().text, /^\$\(check\) kspec \d+(\.\d)? m?s$/);
 	});
 
 	it('counts positions in UTF-16 code units (a non-BMP character before the cursor)', async () => {

@@ -9,6 +9,11 @@ describe('parseStatus', () => {
 		assert.deepEqual(parseStatus({ state: 'loading', message: 'loading model', progress: 0.25, lastLatencyMs: null }),
 			{ state: 'loading', message: 'loading model', progress: 0.25, lastLatencyMs: null });
 	});
+	it('reads the latency as kspec lsp sends it (latencyMs) and the model name', () => {
+		assert.deepEqual(parseStatus({ state: 'ready', message: 'ready', model: 'qwen', latencyMs: 41.5 }),
+			{ state: 'ready', message: 'ready', progress: null, lastLatencyMs: 41.5, model: 'qwen' });
+		assert.equal(parseStatus({ state: 'ready', lastLatencyMs: 7, latencyMs: 9 })?.lastLatencyMs, 7);
+	});
 	it('tolerates missing optional fields', () => {
 		assert.deepEqual(parseStatus({ state: 'ready' }), { state: 'ready', message: '', progress: null, lastLatencyMs: null });
 	});
@@ -55,6 +60,8 @@ describe('StatusModel', () => {
 		m.onServerStatus(ready(12345));
 		assert.equal(m.view().text, '$(check) kspec 12.3 s');
 		assert.equal(m.view().severity, 'normal');
+		m.onServerStatus({ ...ready(null), model: 'qwen2.5-coder' });
+		assert.match(m.view().tooltip, /model qwen2\.5-coder/);
 	});
 
 	it('shows a server error with a click that opens the log', () => {
