@@ -162,6 +162,21 @@ def test_accept_word_inserts_one_word_and_keeps_showing_the_rest(nvim: Nvim):
     assert rest is not None and accepted + rest["text"] == text
 
 
+def test_accept_line_and_dismiss(nvim: Nvim):
+    fresh_comment_line(nvim)
+    text = wait_ghost(nvim)["text"]
+    assert "\n" not in text  # comment alternatives are one line: accepting the line takes it all
+    nvim.input("<M-C-Right>")
+    nvim.wait_for("the line accepted", "vim.api.nvim_get_current_line() == a[1]", 10, FIRST_LINE + text)
+
+    fresh_comment_line(nvim)
+    wait_ghost(nvim)
+    nvim.input("<C-]>")
+    nvim.wait_for("the ghost text dismissed", f"#{MARKS} == 0 and {GHOST}.shown() == nil", 10)
+    assert buffer(nvim)[0] == FIRST_LINE
+    assert nvim.request("nvim_get_mode")["mode"] == "i"
+
+
 def test_moving_the_cursor_or_leaving_insert_mode_hides_and_cancels(nvim: Nvim):
     fresh_comment_line(nvim)
     wait_ghost(nvim)
