@@ -17,9 +17,10 @@ Each case is completed once with `raw=True` (untrimmed alternatives); the trimme
 list is `rank_alternatives` applied to those same alternatives, so both columns judge the
 same generations. Figures per column:
 * `parse_break_rate`: share of shown suggestions after which the file does not parse.
-  Python: `ast.parse` of prefix + suggestion + suffix (CPython is the oracle; the reference
-  file parses). Other languages: new tree-sitter ERROR/MISSING nodes (engine.syntax.Checker;
-  cases whose reference already shows one are skipped).
+  Python: `ast.parse` of prefix + suggestion + suffix (CPython is the oracle). Other
+  languages: any tree-sitter ERROR/MISSING node in that file. Either way the file with the
+  reference in the hole parses (holes where it does not are skipped), so a suggestion that
+  leaves the hole unfilled (a header without its body) counts as breaking it.
 * `python_top1_static_error_rate`: share of top-1 Python suggestions that introduce an
   undefined name or an unused variable (tree-sitter scopes, names the reference also gets
   flagged for excluded); `..._pyflakes`: the same by pyflakes, over top-1s that parse.
@@ -48,7 +49,7 @@ from pyflakes import messages as pyflakes_messages
 
 from engine.api import CompletionRequest, CompletionResult
 from engine.syntax import Candidate, Checker, rank_alternatives
-from engine.syntax.checks import error_nodes
+from engine.syntax.checks import error_nodes, python_parses
 from engine.syntax.languages import new_parser
 
 MBXP_FILES = {
@@ -153,9 +154,9 @@ def cut_line_hole(task_id: str, source: str, language: str, text: str, start: in
     return Hole(f"{task_id}:{kind}@{cut}", source, language, text[:cut], text[line_end:], reference, kind)
 
 
-def _parses(text: str, language: str) -> bool:
+def _has_error_nodes(text: str, language: str) -> bool:
     root = new_parser(language).parse(text.encode("utf-8", "surrogatepass")).root_node
-    return not error_nodes(root)
+    return bool(error_nodes(root))
 
 
 def mbxp_holes(data_dir: Path, language: str, count: int, rng: random.Random) -> list[Hole]:
@@ -165,7 +166,7 @@ def mbxp_holes(data_dir: Path, language: str, count: int, rng: random.Random) ->
     for row in rng.sample(rows, len(rows)):
         if len(holes) >= count:
             break
-        if not _parses(row["prompt"] + row["canonical_solution"], language):
+        if _has_error_nodes(row["prompt"] + row["canonical_solution"], language):
             continue
         hole = cut_line_hole(
             row["task_id"], f"mbxp-{language}", language, row["prompt"] + row["canonical_solution"],
@@ -193,14 +194,6 @@ def normalized(text: str) -> str:
     return " ".join(text.split())
 
 
-def python_parses(source: str) -> bool:
-    try:
-        ast.parse(source)
-    except (SyntaxError, ValueError):
-        return False
-    return True
-
-
 _FLAKES = (pyflakes_messages.UndefinedName, pyflakes_messages.UnusedVariable)
 
 
@@ -223,12 +216,14 @@ class Judge:
             reference_check = self.checker.check(hole.reference)
             self.reference_names = set(reference_check.undefined_names) | set(reference_check.unused_variables)
         else:
-            self.valid = self.checker.check(hole.reference, names=False).syntax_errors == 0
+            self.valid = not _has_error_nodes(reference_file, hole.language)
 
     def breaks_parse(self, text: str) -> bool:
+        """Whether the file with `text` in the hole does not parse (the reference's does)."""
+        source = self.hole.prefix + text + self.hole.suffix
         if self.python:
-            return not python_parses(self.hole.prefix + text + self.hole.suffix)
-        return self.checker.check(text, names=False).syntax_errors > 0
+            return not python_parses(source)
+        return _has_error_nodes(source, self.hole.language)
 
     def static_error(self, text: str) -> bool:
         """An undefined name or unused variable the reference does not have (tree-sitter scopes)."""
@@ -416,7 +411,7 @@ def run_quality_bench(
             "skipped_reference_does_not_parse": skipped,
             "engine_ms_p50": round(statistics.median(engine_ms), 1) if engine_ms else None,
             "timing_k": config.timing_k,
-            "parse_oracle": "python: ast.parse; others: new tree-sitter ERROR/MISSING nodes",
+            "parse_oracle": "python: ast.parse of the file; others: any tree-sitter ERROR/MISSING node in the file",
         },
     }
     if details:

@@ -7,26 +7,31 @@ edit of that tree (tree-sitter reparses incrementally: ~0.2 ms for a 9 kB file i
 unless the file without the completion has an error around the same place (once the
 completion's length is taken out), so a file that was already broken is not held against
 the completion. For Python, pylines.py adds the line-structure errors tree-sitter-python
-accepts (an empty block, a bad indent, a line ending in an operator) and Python 2
-`print x` statements count as errors. Python names: pyscope.py (tree-sitter scopes, not
-pyflakes).
+accepts (an empty block, a bad indent, a line ending in an operator), Python 2 `print x`
+statements count as errors, and CPython itself (`ast.parse`) judges the top-level construct
+around the cursor (a few hundred microseconds) when tree-sitter found nothing. Errors the
+file already had and still has are reported apart (`unfixed_errors`, and those at the
+cursor): the completion did not cause them, but it did not fill the hole either. Python names:
+pyscope.py (tree-sitter scopes, not pyflakes).
 """
 
 from __future__ import annotations
 
+import ast
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
 import tree_sitter
 
 from engine.syntax import pyscope
-from engine.syntax.context import CursorContext, build_context
-from engine.syntax.languages import new_parser, normalize_language, ts_language
+from engine.syntax.context import CursorContext, build_context, top_level_start
+from engine.syntax.languages import SPECS, new_parser, normalize_language, ts_language
 from engine.syntax.pylines import line_errors
 
 ANALYSIS = (
-    "tree-sitter ERROR/MISSING nodes new relative to prefix+suffix (+ Python line rules); "
-    "Python names by tree-sitter scopes"
+    "tree-sitter ERROR/MISSING nodes new relative to prefix+suffix (Python: + line rules and "
+    "CPython ast.parse of the enclosing top-level construct); Python names by tree-sitter scopes"
 )
 
 
@@ -35,6 +40,11 @@ class CheckResult:
     syntax_errors: int = 0  # error nodes the completion introduces
     undefined_names: tuple[str, ...] = ()
     unused_variables: tuple[str, ...] = ()
+    # Errors the file had before and still has; not the completion's fault, but not a fix
+    # either. At the cursor: the hole is left unfilled (a header with no body, an unclosed
+    # bracket, a statement cut short).
+    unfixed_errors: int = 0
+    unfixed_at_cursor: int = 0
 
     @property
     def breaks_parse(self) -> bool:
@@ -90,10 +100,14 @@ class Checker:
         self.baseline_errors = {self._signature(node, 0) for node in error_nodes(self.baseline.root_node)}
         self.outer: pyscope.Bindings | None = None
         self.ctx: CursorContext | None = None
+        self.window: tuple[str, str] | None = None
+        self.window_parses = False
         if self.language == "python":
             self.outer = pyscope.collect_bindings(self.baseline.root_node)
             self.ctx = ctx if ctx is not None else build_context(prefix, suffix, self.language)
             self.baseline_lines = line_errors(self.ctx, "")
+            self.window = python_window(prefix, suffix)
+            self.window_parses = self.window is not None and python_parses("".join(self.window))
 
     def _signature(self, node: tree_sitter.Node, inserted: int) -> tuple[str, int, int]:
         """(kind, start, end) in prefix+suffix coordinates; -1 for a place inside the completion."""
@@ -123,21 +137,25 @@ class Checker:
         )
         return self.parser.parse(self.prefix + inserted + self.suffix, tree), len(inserted)
 
-    def syntax_errors(self, tree: tree_sitter.Tree, inserted: int) -> int:
-        """Error nodes of the assembled file that prefix + suffix does not explain.
+    def syntax_errors(self, tree: tree_sitter.Tree, inserted: int) -> tuple[int, int, int]:
+        """(new, unfixed, unfixed at the cursor) error nodes of the assembled file.
 
-        An error explains another when its span (completion taken out) contains it: error
-        recovery often re-cuts a pre-existing ERROR node once text is inserted before it.
-        Any error with an end inside the completion is the completion's.
+        New: not explained by an error of prefix + suffix. An error explains another when its
+        span (completion taken out) contains it: error recovery often re-cuts a pre-existing
+        ERROR node once text is inserted before it. Any error with an end inside the
+        completion is the completion's. Unfixed: explained, i.e. the file had it before.
         """
-        new = 0
+        new = unfixed = at_cursor = 0
         for node in error_nodes(tree.root_node):
             _, start, end = self._signature(node, inserted)
             if start == -1 or end == -1 or not any(
                 old_start <= start and end <= old_end for _, old_start, old_end in self.baseline_errors
             ):
                 new += 1
-        return new
+            else:
+                unfixed += 1
+                at_cursor += start <= self.cursor <= end
+        return new, unfixed, at_cursor
 
     def _python2_statements(self, tree: tree_sitter.Tree, inserted: int) -> int:
         """`print x` / `exec code`: tree-sitter-python still parses Python 2 statements."""
@@ -146,20 +164,56 @@ class Checker:
         return sum(len(nodes) for nodes in cursor.captures(tree.root_node).values())
 
     def check(self, completion: str, *, names: bool = True) -> CheckResult:
-        """Syntax errors introduced; with `names`, also the Python name checks."""
+        """Syntax errors introduced and left unfixed; with `names`, the Python name checks."""
         if self.language is None or not completion:
             return CheckResult()
         tree, inserted = self.parse(completion)
-        errors = self.syntax_errors(tree, inserted)
+        errors, unfixed, at_cursor = self.syntax_errors(tree, inserted)
         if self.ctx is not None:
-            errors += len(line_errors(self.ctx, completion) - self.baseline_lines)
-            errors += self._python2_statements(tree, inserted)
+            lines = line_errors(self.ctx, completion)
+            errors += len(lines - self.baseline_lines) + self._python2_statements(tree, inserted)
+            unfixed += len(lines & self.baseline_lines)
+            at_cursor += len(lines & self.baseline_lines)
+            if errors == 0 and self.window is not None:
+                head, tail = self.window
+                parses = python_parses(head + completion + tail)
+                if self.window_parses and not parses:
+                    errors += 1  # CPython rejects what it accepted without the completion
+                elif not self.window_parses and parses:
+                    unfixed = at_cursor = 0  # CPython accepts the construct now: the hole is filled
+                elif not self.window_parses:
+                    unfixed, at_cursor = max(unfixed, 1), max(at_cursor, 1)
         if not names or self.outer is None:
-            return CheckResult(errors)
+            return CheckResult(errors, unfixed_errors=unfixed, unfixed_at_cursor=at_cursor)
         root, start, end = tree.root_node, self.cursor, self.cursor + inserted
         inner = pyscope.collect_bindings(root, start, end)
         return CheckResult(
             errors,
             tuple(pyscope.undefined_names(root, start, end, self.outer, inner)),
             tuple(pyscope.unused_variables(root, start, end)),
+            unfixed,
+            at_cursor,
         )
+
+
+def python_parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return False
+    return True
+
+
+# The Python window CPython checks: the top-level construct around the cursor, at most this long.
+MAX_PYTHON_WINDOW = 6000
+_PY_NEXT_TOP_LEVEL = re.compile(r"\n(?=[^\s#)\]}])")
+
+
+def python_window(prefix: str, suffix: str) -> tuple[str, str] | None:
+    """The cursor's top-level construct, split at the cursor; None when it is too long."""
+    head = prefix[top_level_start(prefix, SPECS["python"]) :]
+    following = _PY_NEXT_TOP_LEVEL.search(suffix)
+    tail = suffix if following is None else suffix[: following.start() + 1]
+    if len(head) + len(tail) > MAX_PYTHON_WINDOW:
+        return None
+    return head, tail

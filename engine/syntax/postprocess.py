@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from engine.api import Completion
@@ -24,7 +25,10 @@ class Candidate:
 
 @dataclass(frozen=True)
 class PostprocessConfig:
-    drop_broken: bool = True  # a suggestion that breaks the file is worse than none
+    # A suggestion that breaks the file is worse than none: drop those that introduce a
+    # syntax error, those the token budget cut before they filled the hole at the cursor, and
+    # those that leave the file broken when another alternative leaves it whole.
+    drop_broken: bool = True
     max_fallbacks: int = 4  # earlier line ends tried when the trimmed text does not parse
     check_names: bool = True  # Python: undefined names and unused variables
     rank: RankConfig = field(default_factory=RankConfig)
@@ -49,30 +53,52 @@ class Ranked:
     source_index: int  # the candidate it came from
 
 
+TRUNCATED = frozenset({"length", "deadline"})  # finish reasons that cut a text mid-thought
+
+
 def trim_and_check(
     ctx: CursorContext, checker: Checker, candidate: Candidate, config: PostprocessConfig,
     checked: dict[str, CheckResult],
 ) -> tuple[str, CheckResult] | None:
-    """The trimmed text (falling back to earlier line ends if it breaks the parse) and its check."""
+    """The trimmed text and its check.
+
+    If the trimmed text breaks the parse, earlier line ends inside the unit are tried. If it
+    leaves the file broken where it already was (a hole that needs more than one
+    statement), later line ends of the completion are tried for one that fills it.
+    """
     completion = candidate.text
-    if candidate.finish_reason == "length":
+    if candidate.finish_reason in TRUNCATED:
         completion = drop_truncated_line(completion)
     cut = find_cut(ctx, completion, final=True) or Cut(len(completion), END)
-    options = [cut, *cut.line_ends[: config.max_fallbacks]]
-    first: tuple[str, CheckResult] | None = None
-    for option in options:
+
+    def attempt(option: Cut | int) -> tuple[str, CheckResult] | None:
         text = finalize(ctx, completion, option)
         if text is None:
-            continue
+            return None
         result = checked.get(text)
         if result is None:
             result = checker.check(text, names=config.check_names)
             checked[text] = result
-        if first is None:
-            first = (text, result)
-        if not result.breaks_parse:
-            return text, result
+        return text, result
+
+    first = attempt(cut)
+    if first is not None and not first[1].breaks_parse and first[1].unfixed_errors == 0:
+        return first
+    if first is not None and not first[1].breaks_parse:
+        later = [m.start() for m in _NEWLINE.finditer(completion, cut.end + 1)][: config.max_fallbacks]
+        for end in [*later, len(completion)]:
+            found = attempt(end)
+            if found is not None and not found[1].breaks_parse and found[1].unfixed_errors == 0:
+                return found
+        return first
+    for option in cut.line_ends[: config.max_fallbacks]:
+        found = attempt(option)
+        if found is not None and not found[1].breaks_parse:
+            return found
     return first
+
+
+_NEWLINE = re.compile("\n")
 
 
 def rank_alternatives(
@@ -92,8 +118,11 @@ def rank_alternatives(
         if trimmed is None:
             continue
         text, result = trimmed
-        if result.breaks_parse and config.drop_broken:
-            continue
+        if config.drop_broken and (
+            result.breaks_parse
+            or (result.unfixed_at_cursor and candidate.finish_reason in TRUNCATED)
+        ):
+            continue  # broken, or cut short by the budget before it filled the hole
         groups.setdefault(dedupe_key(text), []).append((index, text, result))
 
     scored: list[Scored] = []
@@ -106,6 +135,10 @@ def rank_alternatives(
         candidate = candidates[index]
         value = score(text, candidate.logprob, candidate.n_tokens, result, len(members), config.rank)
         scored.append(Scored(index, text, value, result, len(members)))
+    if config.drop_broken and any(item.check.unfixed_errors == 0 for item in scored):
+        # Some alternative fills the hole (the file parses at the cursor): the ones that
+        # leave it broken there are not worth showing next to it.
+        scored = [item for item in scored if item.check.unfixed_errors == 0]
     return [_ranked(candidates[item.index], item) for item in order(scored)]
 
 

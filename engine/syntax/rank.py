@@ -2,6 +2,7 @@
 
 score = logprob / n_tokens                      (the model's confidence, length-normalised)
         - syntax_error_penalty  * [introduces a syntax error]
+        - unfixed_error_penalty * [leaves an error the file had at the cursor]
         - undefined_name_penalty * (#undefined names)
         - unused_variable_penalty * (#unused variables)
         + length_weight * log(1 + #non-blank chars)   (a short safe guess is worth less)
@@ -22,6 +23,7 @@ from engine.syntax.checks import CheckResult
 @dataclass(frozen=True)
 class RankConfig:
     syntax_error_penalty: float = 10.0
+    unfixed_error_penalty: float = 5.0
     undefined_name_penalty: float = 2.0
     unused_variable_penalty: float = 1.0
     length_weight: float = 0.05
@@ -29,7 +31,7 @@ class RankConfig:
 
     def __post_init__(self) -> None:
         for name in (
-            "syntax_error_penalty", "undefined_name_penalty", "unused_variable_penalty",
+            "syntax_error_penalty", "unfixed_error_penalty", "undefined_name_penalty", "unused_variable_penalty",
             "length_weight", "agreement_weight",
         ):
             value = getattr(self, name)
@@ -53,6 +55,7 @@ def score(
 ) -> float:
     value = normalized_logprob(logprob, n_tokens)
     value -= config.syntax_error_penalty * (1 if check.breaks_parse else 0)
+    value -= config.unfixed_error_penalty * (1 if check.unfixed_errors else 0)
     value -= config.undefined_name_penalty * len(check.undefined_names)
     value -= config.unused_variable_penalty * len(check.unused_variables)
     value += config.length_weight * math.log1p(sum(1 for c in text if not c.isspace()))

@@ -138,19 +138,18 @@ class _Scanner:
         if ctx.mid_line and not at_eol:
             return self.scan(MIDLINE, indent_of(ctx.line_prefix), self._inline_repeat(first_line))
 
-        # The unit begins on the first non-blank line of the completion.
+        # The unit begins on the first non-blank line of the completion; its indentation is
+        # that of its first line of code (a model often puts a comment at another depth).
         head = None if at_eol else ctx.line_prefix + first_line
         if head is not None and head.strip():
-            unit_indent = indent_of(head)
             if ctx.suffix_next_line is not None and head.rstrip() == ctx.suffix_next_line:
                 if first_newline >= 0 or self.final:
                     return self.cut(0, REPEAT)
                 return None
-        else:
-            line = _next_nonblank(text, 0 if first_newline < 0 else first_newline + 1)
-            if line is None:
-                return self.undecided()
-            unit_indent = indent_of(line.text)
+        code_line = self._first_code_line(head, first_newline)
+        if code_line is None:
+            return self.undecided()
+        unit_indent = indent_of(code_line)
         opens = ctx.cursor_line_opens_block if at_eol else ctx.prev_line_opens_block
         next_indent = ctx.suffix_next_indent
         body_empty = (
@@ -159,6 +158,21 @@ class _Scanner:
             or (ctx.suffix_next_line or "").lstrip()[:1] in (")", "]", "}")
         )
         return self.scan(BODY if opens and body_empty else STATEMENT, unit_indent, None)
+
+    def _first_code_line(self, head: str | None, first_newline: int) -> str | None:
+        """The first line that is not blank or only a comment (the head is the cursor line)."""
+        lines = [] if head is None else [head]
+        if first_newline >= 0:
+            lines += self.text[first_newline + 1 :].split("\n")
+        nonblank = [line for line in lines if line.strip()]
+        code = next((line for line in nonblank if not self._comment_only(line)), None)
+        return code if code is not None else (nonblank[0] if nonblank else None)
+
+    def _comment_only(self, line: str) -> bool:
+        stripped = line.lstrip()
+        if self.ctx.spec is None:
+            return False
+        return stripped.startswith("#") if self.python else stripped.startswith(("//", "/*", "*"))
 
     def _closes_string(self, first: Tok) -> bool:
         close = self.ctx.start_state.close if self.ctx.start_state else ""
