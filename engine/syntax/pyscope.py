@@ -110,72 +110,68 @@ class Bindings:
 
 
 def collect_bindings(root: tree_sitter.Node, start: int = 0, end: int | None = None) -> Bindings:
-    """Names bound in [start, end) of the tree, grouped by the scope that binds them."""
+    """Names bound in [start, end) of the tree (by where the bound name is written),
+    grouped by the scope that binds them."""
     bindings_query, _ = _queries()
     cursor = tree_sitter.QueryCursor(bindings_query)
     if end is not None:
         cursor.set_byte_range(start, end)
     found = Bindings()
+
+    def add(key: tuple[str, int], names: list[tree_sitter.Node]) -> None:
+        for name in names:
+            if end is None or start <= name.start_byte < end:
+                found.add(key, _text(name))
+
     for capture, nodes in cursor.captures(root).items():
         for node in nodes:
-            if end is not None and not (start <= node.start_byte < end):
-                continue
             if capture == "target":
-                key = scope_key(node)
-                for name in _target_names(node):
-                    found.add(key, name)
+                add(scope_key(node), _target_names(node))
             elif capture == "defname":  # bound in the scope around the definition
-                found.add(scope_key(node.parent), _text(node))
+                add(scope_key(node.parent), [node])
             elif capture == "params":
-                key = scope_key(node)
-                for child in node.named_children:
-                    for name in _param_names(child):
-                        found.add(key, name)
+                add(scope_key(node), [n for child in node.named_children for n in _param_names(child)])
             elif capture == "import":
-                key = scope_key(node)
-                for name in _import_names(node, found):
-                    found.add(key, name)
+                if any(child.type == "wildcard_import" for child in node.named_children):
+                    found.wildcard = True
+                add(scope_key(node), _import_names(node))
             elif capture == "global":
-                for child in node.named_children:
-                    if child.type == "identifier":
-                        found.add(("module", 0), _text(child))
+                add(("module", 0), [c for c in node.named_children if c.type == "identifier"])
     return found
 
 
-def _target_names(node: tree_sitter.Node) -> list[str]:
+def _target_names(node: tree_sitter.Node) -> list[tree_sitter.Node]:
     if node.type == "identifier":
-        return [_text(node)]
+        return [node]
     if node.type in ("attribute", "subscript", "dotted_name"):
         return []
-    names: list[str] = []
+    names: list[tree_sitter.Node] = []
     for child in node.named_children:
         names.extend(_target_names(child))
     return names
 
 
-def _param_names(node: tree_sitter.Node) -> list[str]:
+def _param_names(node: tree_sitter.Node) -> list[tree_sitter.Node]:
     if node.type == "identifier":
-        return [_text(node)]
+        return [node]
     name = node.child_by_field_name("name")
     if name is not None and name.type == "identifier":
-        return [_text(name)]
+        return [name]
     if node.type in ("typed_parameter", "list_splat_pattern", "dictionary_splat_pattern", "tuple_pattern"):
         first = node.named_children[0] if node.named_child_count else None
         return _param_names(first) if first is not None else []
     return []
 
 
-def _import_names(node: tree_sitter.Node, found: Bindings) -> list[str]:
-    if any(child.type == "wildcard_import" for child in node.named_children):
-        found.wildcard = True
+def _import_names(node: tree_sitter.Node) -> list[tree_sitter.Node]:
     names = []
     for child in node.children_by_field_name("name"):
         if child.type == "aliased_import":
             alias = child.child_by_field_name("alias")
             if alias is not None:
-                names.append(_text(alias))
+                names.append(alias)
         elif child.type == "dotted_name" and child.named_child_count:
-            names.append(_text(child.named_children[0]))
+            names.append(child.named_children[0])
     return names
 
 

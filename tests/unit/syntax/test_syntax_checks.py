@@ -130,6 +130,8 @@ MODULE = "import os\nfrom typing import List as L\n\n\ndef helper(a, *rest, key=
         ("def g(xs):\n    ", "try:\n        pass\n    except OSError as err:\n        print(err)", "\n", ()),
         ("def g(xs):\n    ", 'return f"{xs!r} {missing}"', "\n", ("missing",)),
         ("def g(xs):\n    ", "if (n := len(xs)) > 1:\n        return n", "\n", ()),
+        ("def g(", "a, b=1):\n    return a + b", "\n", ()),  # parameters the completion writes
+        ("from os import (", "sep, getcwd)\n\nprint(sep)", "\n", ()),  # names it imports
     ],
 )
 def test_undefined_names(prefix: str, completion: str, suffix: str, undefined: tuple[str, ...]) -> None:

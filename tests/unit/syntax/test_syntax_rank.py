@@ -132,3 +132,50 @@ def test_rank_config_is_validated(bad: float) -> None:
 def test_postprocess_config_is_validated() -> None:
     with pytest.raises(ValueError):
         PostprocessConfig(max_fallbacks=-1)
+
+
+# ------------------------------------------------------------- holes the file needs filled
+
+HOLE_PREFIX = "def f(xs):\n    for x in xs:\n"
+HOLE_SUFFIX = "    return xs\n"  # the `for` has no body: the file is broken until the hole is filled
+
+
+def test_leaving_the_hole_unfilled_is_reported_apart_from_breaking() -> None:
+    ranked = rank_alternatives(HOLE_PREFIX, HOLE_SUFFIX, "python", [Candidate("        # TODO\n", -0.1, 3)])
+    assert len(ranked) == 1  # nothing fills it, so the comment is still shown ...
+    assert ranked[0].check.syntax_errors == 0
+    assert ranked[0].check.unfixed_errors == ranked[0].check.unfixed_at_cursor == 1
+
+
+def test_alternatives_that_leave_the_hole_unfilled_go_when_another_fills_it() -> None:
+    candidates = [Candidate("        # TODO\n", -0.1, 3), Candidate("        print(x)\n", -3.0, 5)]
+    ranked = rank_alternatives(HOLE_PREFIX, HOLE_SUFFIX, "python", candidates)
+    assert [r.completion.text for r in ranked] == ["        print(x)\n"]
+    kept = rank_alternatives(HOLE_PREFIX, HOLE_SUFFIX, "python", candidates, config=PostprocessConfig(drop_broken=False))
+    assert [r.completion.text for r in kept] == ["        print(x)\n", "        # TODO\n"]  # penalised
+
+
+def test_a_statement_cut_by_the_budget_before_it_fills_the_hole_is_dropped() -> None:
+    prefix, suffix = "int f(int n) {\n    return (n == ", "\n}\n"
+    cut_short = Candidate("7) ? 84.0 : (n == 8) ? 90.0 :", -1.0, 16, finish_reason="length")
+    assert postprocess(prefix, suffix, "c", [cut_short]) == []
+    finished = Candidate("7) ? 84.0 : 0.0;", -1.0, 8, finish_reason="stop")
+    assert texts(postprocess(prefix, suffix, "c", [cut_short, finished])) == ["7) ? 84.0 : 0.0;"]
+
+
+def test_a_hole_that_needs_more_than_one_statement_takes_more_lines() -> None:
+    # The suffix has the loop body and its `}` but the hole lost the loop header: the first
+    # statement alone leaves a stray `}`; two lines (through the header) fill the hole.
+    prefix = "function f(n) {\n  let count = 0;\n  "
+    suffix = "\n    count += i;\n  }\n  return count;\n}\n"
+    completion = "let total = 0;\n  for (let i = 0; i < n; i++) {\n    total += i;\n  }\n"
+    assert texts(postprocess(prefix, suffix, "javascript", [Candidate(completion, -2.0, 20)])) == [
+        "let total = 0;\n  for (let i = 0; i < n; i++) {"
+    ]
+
+
+def test_cpython_judges_what_tree_sitter_python_accepts() -> None:
+    # tree-sitter-python accepts a non-default parameter after a default one; CPython does not.
+    prefix, suffix = "def f(", "):\n    return a\n"
+    out = rank_alternatives(prefix, suffix, "python", [Candidate("a=1, b", -1.0, 4), Candidate("a, b=1", -2.0, 4)])
+    assert [r.completion.text for r in out] == ["a, b=1"]
