@@ -102,7 +102,7 @@ class ThreadServer:
             self.client.exit(None)
         except (asyncio.TimeoutError, Exception) as exc:
             log.warning("server did not shut down cleanly: %s", exc)
-        await asyncio.to_thread(self.thread.join, 10)
+        await asyncio.to_thread(self.thread.join, 30)
         self.client._stop_event.set()
         if self._task is not None:
             self._task.cancel()

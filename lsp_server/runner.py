@@ -101,7 +101,9 @@ class EngineRunner:
         self._factory = factory
         self._on_status = on_status
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._work, name="kspec-engine", daemon=True)
+        # Not a daemon thread: the interpreter must not exit while it runs torch code (that
+        # aborts the process); stop() makes it finish the current decode round and return.
+        self._thread = threading.Thread(target=self._work, name="kspec-engine")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status = Status(LOADING, "loading the model", progress=0.0, model=config.model or "default")
         self._current: CancelToken | None = None
@@ -124,7 +126,7 @@ class EngineRunner:
         self._queue.put(None)
 
     def join(self, timeout_s: float) -> bool:
-        """Wait for the worker to finish (exiting while it runs torch code can abort the process)."""
+        """Wait for the worker to finish after stop()."""
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
