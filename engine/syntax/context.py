@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from engine.syntax.languages import SPECS, LanguageSpec, normalize_language, spec_for
 from engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, LexState, Tok, lex, unmatched_openers
@@ -60,20 +61,26 @@ class CursorContext:
         return None if self.suffix_next_line is None else indent_of(self.suffix_next_line)
 
 
-# A line that starts a top-level construct, which is outside any bracket, string or comment
-# in all but contrived files. Python: a definition, decorator or import at column 1.
-# C family: code at column 1 right after a blank line or a line that closes a `}`.
+# A line that starts a construct outside any bracket, string or comment (in all but
+# contrived files). Python: a `def` or `class` line at any depth, or a decorator, import or
+# main guard at column 1. C family: code at column 1 right after a blank line or after a
+# line that closes a `}` at column 1.
 _PY_TOP_LEVEL = re.compile(r"\n(?=(?:async\s+def|def|class|import|from)\s|@|if\s+__name__)")
+_PY_BLOCK_START = re.compile(r"\n(?=[ \t]*(?:async\s+def|def|class)\s|(?:import|from)\s|@|if\s+__name__)")
 _C_TOP_LEVEL = re.compile(r"(?:\n[ \t]*\n|\n\}[^\n]*\n)(?=[A-Za-z_#@])")
 
 
-def top_level_start(prefix: str, spec: LanguageSpec) -> int:
-    """Where lexing the prefix can start: the last top-level construct before the cursor line.
+def top_level_start(prefix: str, spec: LanguageSpec, *, nested: bool = False) -> int:
+    """Where lexing the prefix can start: the last top-level construct before the cursor line
+    (with `nested`, for Python also a `def`/`class` at any depth).
 
     Lexing only from there keeps the context cost proportional to the construct the cursor
     is in, not to the whole prefix.
     """
-    pattern = _PY_TOP_LEVEL if spec.family == "python" else _C_TOP_LEVEL
+    if spec.family == "python":
+        pattern = _PY_BLOCK_START if nested else _PY_TOP_LEVEL
+    else:
+        pattern = _C_TOP_LEVEL
     cursor_line = prefix.rfind("\n")
     start = 0
     for match in pattern.finditer(prefix, 0, max(cursor_line, 0)):
@@ -81,7 +88,11 @@ def top_level_start(prefix: str, spec: LanguageSpec) -> int:
     return start
 
 
+# Memoized: a pure function of immutable arguments with an immutable result. Decoding asks
+# the early-stop hook every round and post-processing then trims, all for the same request.
+@lru_cache(maxsize=8)
 def build_context(prefix: str, suffix: str, language: str | None) -> CursorContext:
+    """The cursor context of one request (see CursorContext)."""
     name = normalize_language(language)
     spec = spec_for(name)
     line_start = prefix.rfind("\n") + 1
@@ -96,12 +107,13 @@ def build_context(prefix: str, suffix: str, language: str | None) -> CursorConte
     expects_indent = False
     if spec is not None:
         python = spec.family == "python"
-        start = top_level_start(prefix, spec)
+        start = top_level_start(prefix, spec, nested=True)
         tail = prefix[start:]
         prefix_lex = lex(tail, spec, newlines=python)
         start_state = prefix_lex.end_state
         if python:
             indent_stack, expects_indent = _python_indentation(tail, line_start - start, prefix_lex.tokens)
+            indent_stack = _outer_levels(prefix[:start], indent_stack[1] if len(indent_stack) > 1 else 0) + indent_stack[1:]
         openers = unmatched_openers(prefix_lex.tokens)[-MAX_OPEN_BRACKETS:]
         open_brackets = tuple(tok.char for tok in openers)
         suffix_closes = _closed_by(open_brackets, suffix[:SUFFIX_SCAN_CHARS], spec, start_state)
@@ -171,6 +183,25 @@ def _python_indentation(prefix: str, cursor_line_start: int, tokens: list[Tok]) 
     if not levels or levels[-1] != 0:
         levels.append(0)
     return tuple(reversed(levels)), bool(expects)
+
+
+def _outer_levels(outer: str, below: int) -> tuple[int, ...]:
+    """Indentation levels open before the lexed part of the prefix (which starts at `below`).
+
+    Read from raw lines: the last code line indented less than each level found so far.
+    """
+    levels = [0]
+    text = "\n" + outer
+    while below > 0:
+        found = None
+        for found in re.finditer(r"\n([ \t]{0,%d})(?=[^\s#])" % (below - 1), text):
+            pass
+        if found is None:
+            break
+        below = indent_of(found.group(1))
+        if below > 0:
+            levels.insert(1, below)
+    return tuple(levels)
 
 
 def _ends_with_colon(line: str) -> bool:

@@ -1,16 +1,14 @@
 """The early-stop hook: has a branch finished the unit it was writing?
 
 Decoding asks this once per round per branch, so it must be cheap: it is lexical only
-(no parse), and the cursor context of a request is built once and reused (`UnitPredicate`,
-or the small memo behind `unit_complete`). A branch is complete when text after the point
-where trimming would cut shows the unit is over (a line at a dedent, a repeat of the
-suffix, a closing bracket the suffix already has); what trimming would keep is then
-already in the text, so more tokens only cost time.
+(no parse: tens of microseconds), and the cursor context of a request is built once
+(`UnitPredicate`, or the memo behind `build_context`, which post-processing then shares).
+A branch is complete when text after the point where trimming would cut shows the unit
+is over (a line at a dedent, a repeat of the suffix, a closing bracket the suffix already
+has); what trimming would keep is then already in the text, so more tokens only cost time.
 """
 
 from __future__ import annotations
-
-from functools import lru_cache
 
 from engine.syntax.context import CursorContext, build_context
 from engine.syntax.trim import find_cut
@@ -35,15 +33,8 @@ def is_unit_complete(ctx: CursorContext, completion_so_far: str) -> bool:
     return completion_so_far[cut.end :].strip() != ""
 
 
-# The context of the last few requests, keyed by their (immutable) text: decoding calls the
-# hook with the same prefix and suffix every round. Pure memo of a pure function.
-@lru_cache(maxsize=16)
-def _context(prefix: str, suffix: str, language: str | None) -> CursorContext:
-    return build_context(prefix, suffix, language)
-
-
 def unit_complete(prefix: str, completion_so_far: str, suffix: str, language: str | None) -> bool:
     """True when this branch has completed its unit and decoding it further is wasted work."""
     if not completion_so_far.strip():
         return False
-    return is_unit_complete(_context(prefix, suffix, language), completion_so_far)
+    return is_unit_complete(build_context(prefix, suffix, language), completion_so_far)
