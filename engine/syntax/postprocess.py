@@ -20,7 +20,7 @@ class Candidate:
     text: str
     logprob: float  # sum of the token log-probabilities
     n_tokens: int
-    finish_reason: str = ""  # "length": cut by the token budget
+    finish_reason: str = ""  # "length" / "deadline": cut by the token or time budget
 
 
 @dataclass(frozen=True)
@@ -136,8 +136,8 @@ def rank_alternatives(
         value = score(text, candidate.logprob, candidate.n_tokens, result, len(members), config.rank)
         scored.append(Scored(index, text, value, result, len(members)))
     if config.drop_broken and any(item.check.unfixed_errors == 0 for item in scored):
-        # Some alternative fills the hole (the file parses at the cursor): the ones that
-        # leave it broken there are not worth showing next to it.
+        # Some alternative leaves the file whole (it fills the hole): those that leave it
+        # broken are not worth showing next to it.
         scored = [item for item in scored if item.check.unfixed_errors == 0]
     return [_ranked(candidates[item.index], item) for item in order(scored)]
 
@@ -170,7 +170,9 @@ def postprocess(
     `language`: a canonical name or an LSP languageId; None or unknown means line-based
     trimming and no checks. With `raw=True` the texts are returned untrimmed and unchecked,
     ordered by length-normalised log-probability (what the model alone would show).
-    Alternatives that trim to nothing, or that introduce a syntax error (unless
-    `config.drop_broken` is off), are left out, so the list may be shorter than k or empty.
+    Left out (so the list may be shorter than k, or empty): alternatives that trim to
+    nothing or duplicate a better one, and unless `config.drop_broken` is off, those that
+    introduce a syntax error, those cut by the budget before they filled the hole at the
+    cursor, and those that leave the file broken when another alternative leaves it whole.
     """
     return [r.completion for r in rank_alternatives(prefix, suffix, language, candidates, raw=raw, config=config)]

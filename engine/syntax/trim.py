@@ -12,13 +12,16 @@ The unit depends on where the cursor is:
 * inside a string or comment: the rest of it (a line comment: the rest of the line).
 
 Whatever the unit, the cut also comes earlier: before a closing bracket the completion did
-not open when the suffix already closes it; where the completion starts repeating the
-suffix (its next line, or the rest of the cursor line); at a dedent below the cursor's
-block. A last line cut off by the token budget is dropped first.
+not open when the suffix already closes it (unless the same line opens one in its place,
+as `} else {` does); where the completion starts repeating the suffix (its next line at
+the same indentation, or the rest of the cursor line); at a dedent below the cursor's
+block. A last line cut off by the token budget is dropped first. A unit's indentation is
+that of its first line of code (not of a leading comment).
 
 This module is lexical (see lexer.py) and pure: `find_cut` is what both trimming and the
 early-stop hook use. Whether the result parses is checked by checks.py; postprocess.py
-falls back to the earlier line ends listed in `Cut.line_ends` when it does not.
+falls back to the earlier line ends listed in `Cut.line_ends` when it does not, and to
+later ones when the file needs more than the unit to be whole again.
 """
 
 from __future__ import annotations
