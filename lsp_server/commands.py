@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -31,10 +32,24 @@ def _warn_if_public(host: str, what: str) -> None:
         print(f"kspec {what}: warning: listening on {host}, reachable from other machines", file=sys.stderr)
 
 
+def _read_token(path: Path | None) -> str:
+    if path is None:
+        raise KspecError("a TCP engine daemon needs its token: pass --engine-token-file")
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise KspecError(f"cannot read the token file {path}: {exc.strerror}") from exc
+    if not token:
+        raise KspecError(f"the token file {path} is empty")
+    return token
+
+
 def add_lsp_parser(commands: argparse._SubParsersAction) -> None:
     lsp = commands.add_parser("lsp", help="language server on stdio (inline completions)")
     lsp.add_argument("--tcp", type=_address, default=None, metavar="[HOST:]PORT", help="serve one client over TCP instead (debugging; loopback by default)")
     lsp.add_argument("--engine", choices=["inprocess", "daemon"], default=None, help="where the model runs (default: the 'engine' setting, i.e. the shared daemon)")
+    lsp.add_argument("--engine-tcp", type=_address, default=None, metavar="[HOST:]PORT", help="use a daemon started with `kspec engine --tcp` (implies --engine daemon)")
+    lsp.add_argument("--engine-token-file", type=Path, default=None, help="with --engine-tcp: the file holding that daemon's token")
     lsp.add_argument("--engine-idle-timeout", type=float, default=900.0, help="seconds a daemon this server starts waits without clients before exiting")
     lsp.add_argument("--max-message-bytes", type=int, default=None, help="largest JSON-RPC message accepted (default 128 MiB)")
     lsp.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="stderr log level (document text is logged only with the debugLog setting)")
@@ -60,7 +75,9 @@ def run_lsp(args: argparse.Namespace) -> int:
     handler.addFilter(redactor)
     handler.setFormatter(logging.Formatter("%(asctime)s kspec-lsp %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler], force=True)
-    options = ServerOptions(engine=args.engine, daemon_idle_timeout_s=args.engine_idle_timeout, redactor=redactor)
+    token = _read_token(args.engine_token_file) if args.engine_tcp else None
+    engine = "daemon" if args.engine_tcp else args.engine
+    options = ServerOptions(engine=engine, daemon_idle_timeout_s=args.engine_idle_timeout, daemon_tcp=args.engine_tcp, daemon_token=token, redactor=redactor)
     if args.max_message_bytes is not None:
         options = replace(options, max_message_bytes=args.max_message_bytes)
     server = KspecServer(options)
@@ -74,23 +91,20 @@ def run_lsp(args: argparse.Namespace) -> int:
 
 def run_engine(args: argparse.Namespace) -> int:
     from lsp_server.daemon import run_daemon
-    from lsp_server.protocol import EngineSpec, new_token, runtime_dir
+    from lsp_server.protocol import DaemonPaths, EngineSpec, new_token
 
     spec = EngineSpec(args.model, args.draft, args.dtype, args.device)
     token = None
     if args.tcp is not None:
         _warn_if_public(args.tcp[0], "engine")
-        token_file = args.token_file or runtime_dir() / f"engine-tcp-{args.tcp[1]}.token"
+        token_file = args.token_file or DaemonPaths.for_spec(spec).lock.with_suffix(".token")
         if args.token_file is not None:
-            try:
-                token = args.token_file.read_text().strip()
-            except OSError as exc:
-                raise KspecError(f"cannot read the token file {args.token_file}: {exc.strerror}") from exc
-            if not token:
-                raise KspecError(f"the token file {args.token_file} is empty")
+            token = _read_token(args.token_file)
         else:
             token = new_token()
-            token_file.touch(mode=0o600)
-            token_file.write_text(token)
+            descriptor = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.fchmod(descriptor, 0o600)
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(token)
         print(f"kspec engine: token in {token_file}", file=sys.stderr, flush=True)
     return run_daemon(spec, args.socket, args.idle_timeout, tcp=args.tcp, token=token)

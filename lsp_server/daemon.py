@@ -94,6 +94,7 @@ class Daemon:
         self._peers: set[_Peer] = set()
         self._stop = asyncio.Event()
         self._idle: asyncio.TimerHandle | None = None
+        self.bound_port: int | None = None
 
     async def serve_unix(self, path: Path) -> None:
         if len(os.fsencode(str(path))) > MAX_UNIX_PATH:
@@ -111,12 +112,14 @@ class Daemon:
         finally:
             path.unlink(missing_ok=True)
 
-    async def serve_tcp(self, host: str, port: int) -> int:
+    async def serve_tcp(self, host: str, port: int) -> None:
+        """TCP (only when asked; the CLI defaults to loopback); `token` must be set."""
+        if self.token is None:
+            raise KspecError("a TCP engine daemon needs a token")
         server = await asyncio.start_server(self._serve_peer, host, port)
-        bound = server.sockets[0].getsockname()[1]
-        print(f"kspec engine: listening on {host}:{bound}", file=sys.stderr, flush=True)
+        self.bound_port = server.sockets[0].getsockname()[1]
+        print(f"kspec engine: listening on {host}:{self.bound_port}", file=sys.stderr, flush=True)
         await self._run(server)
-        return bound
 
     async def _run(self, server: asyncio.AbstractServer) -> None:
         loop = asyncio.get_running_loop()

@@ -97,6 +97,8 @@ class DaemonOptions:
     max_restarts: int = 3
     restart_window_s: float = 300.0
     python: str = sys.executable
+    tcp: tuple[str, int] | None = None  # connect to a daemon started with `kspec engine --tcp` (never spawned)
+    token: str | None = None  # that daemon's token
 
     def paths(self) -> DaemonPaths:
         return DaemonPaths.for_spec(self.spec, self.folder)
@@ -125,6 +127,7 @@ class DaemonEngine:
     def __init__(self, options: DaemonOptions, on_status: StatusCallback):
         self.options = options
         self.paths = options.paths()
+        self.where = f"{options.tcp[0]}:{options.tcp[1]}" if options.tcp else str(self.paths.socket)
         self._on_status = on_status
         self._status = Status(LOADING, "connecting to the engine daemon", progress=0.0, model=options.spec.model or "default")
         self._connection: _Connection | None = None
@@ -211,6 +214,8 @@ class DaemonEngine:
     async def _connect(self) -> None:
         deadline = time.monotonic() + self.options.connect_timeout_s
         connection = await self._try_connect()
+        if connection is None and self.options.tcp is not None:
+            raise EngineUnavailable(f"no engine daemon answers at {self.options.tcp[0]}:{self.options.tcp[1]}")
         if connection is None:
             connection = await self._spawn_and_connect(deadline)
         self._connection = connection
@@ -218,7 +223,10 @@ class DaemonEngine:
 
     async def _try_connect(self) -> _Connection | None:
         try:
-            reader, writer = await asyncio.open_unix_connection(str(self.paths.socket))
+            if self.options.tcp is not None:
+                reader, writer = await asyncio.open_connection(*self.options.tcp)
+            else:
+                reader, writer = await asyncio.open_unix_connection(str(self.paths.socket))
         except (FileNotFoundError, ConnectionRefusedError):
             return None
         try:
@@ -230,13 +238,18 @@ class DaemonEngine:
             return None
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Connection:
-        write_frame(writer, {"type": "hello", "version": PROTOCOL_VERSION})
+        hello: dict[str, Any] = {"type": "hello", "version": PROTOCOL_VERSION}
+        if self.options.token is not None:
+            hello["token"] = self.options.token
+        write_frame(writer, hello)
         reply = await read_frame(reader)
+        if reply is not None and reply.get("type") == "error":
+            raise ProtocolError(f"the engine daemon refused the connection: {reply.get('message')}")
         if reply is None or reply.get("type") != "hello":
-            raise ProtocolError(f"the engine daemon at {self.paths.socket} did not answer the handshake")
+            raise ProtocolError(f"the engine daemon at {self.where} did not answer the handshake")
         if reply.get("version") != PROTOCOL_VERSION:
             raise ProtocolError(
-                f"the engine daemon at {self.paths.socket} speaks protocol {reply.get('version')!r}, "
+                f"the engine daemon at {self.where} speaks protocol {reply.get('version')!r}, "
                 f"this server {PROTOCOL_VERSION}: stop it (pid {reply.get('pid')})"
             )
         pid = reply.get("pid") if isinstance(reply.get("pid"), int) else None

@@ -70,6 +70,8 @@ class ServerOptions:
     engine_factory: EngineFactory = default_engine_factory  # in-process engines (benchmarks swap it)
     daemon_folder: Path | None = None
     daemon_idle_timeout_s: float = 900.0
+    daemon_tcp: tuple[str, int] | None = None  # a daemon started by hand with `kspec engine --tcp`
+    daemon_token: str | None = None
     redactor: Redactor = field(default_factory=Redactor)
     max_message_bytes: int = MAX_MESSAGE_BYTES
 
@@ -304,7 +306,13 @@ class Session:
             config = EngineConfig(model=settings.model, draft=settings.draft, dtype=settings.dtype, device=settings.device, progress=False)
             return InProcessEngine(config, self._on_status, self.options.engine_factory)
         spec = EngineSpec(settings.model, settings.draft, settings.dtype, settings.device)
-        options = DaemonOptions(spec=spec, folder=self.options.daemon_folder, idle_timeout_s=self.options.daemon_idle_timeout_s)
+        options = DaemonOptions(
+            spec=spec,
+            folder=self.options.daemon_folder,
+            idle_timeout_s=self.options.daemon_idle_timeout_s,
+            tcp=self.options.daemon_tcp,
+            token=self.options.daemon_token,
+        )
         return DaemonEngine(options, self._on_status)
 
     # --- status and messages ---------------------------------------------------------

@@ -247,3 +247,29 @@ def test_spawn_lock_is_exclusive(short_dir: Path) -> None:
     again = engine_client._try_lock(short_dir / "x.spawn")
     assert again is not None
     again.close()
+
+
+async def test_tcp_daemon_needs_its_token() -> None:
+    daemon = Daemon(CONFIG, factory_for(FakeEngine()), idle_timeout_s=60, token="s3cret")
+    served = asyncio.ensure_future(daemon.serve_tcp("127.0.0.1", 0))
+    deadline = time.monotonic() + 10
+    while daemon.bound_port is None:
+        assert time.monotonic() < deadline and not served.done()
+        await asyncio.sleep(0.01)
+    address = ("127.0.0.1", daemon.bound_port)
+
+    good = DaemonEngine(DaemonOptions(spec=EngineSpec(model="fake"), tcp=address, token="s3cret", connect_timeout_s=5), lambda s: None)
+    result = await asyncio.wait_for(good.complete(CompletionRequest(prefix="tcp")), 10)
+    assert result.completions[0].text == "pct"
+    good.close()
+
+    statuses: list[Status] = []
+    bad = DaemonEngine(DaemonOptions(spec=EngineSpec(model="fake"), tcp=address, token="guess", connect_timeout_s=5), statuses.append)
+    with pytest.raises(EngineUnavailable, match="bad token"):
+        await asyncio.wait_for(bad.complete(CompletionRequest(prefix="tcp")), 10)
+    bad.close()
+    daemon._stop.set()
+    await asyncio.wait_for(served, 10)
+
+    with pytest.raises(Exception, match="token"):
+        await Daemon(CONFIG, factory_for(FakeEngine())).serve_tcp("127.0.0.1", 0)
