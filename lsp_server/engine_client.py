@@ -48,6 +48,7 @@ from lsp_server.runner import (
 
 log = logging.getLogger("kspec.client")
 
+MAX_LOG_BYTES = 4 * 1024 * 1024  # a daemon's log is started afresh beyond this
 StatusCallback = Callable[[Status], None]  # ERROR statuses are shown to the user, once each
 
 
@@ -283,7 +284,8 @@ class DaemonEngine:
             "--socket", str(self.paths.socket), "--idle-timeout", str(self.options.idle_timeout_s),
         ]  # fmt: skip
         log.info("starting the engine daemon: %s", " ".join(command))
-        with open(self.paths.log, "ab") as log_file:
+        too_big = self.paths.log.exists() and self.paths.log.stat().st_size > MAX_LOG_BYTES
+        with open(self.paths.log, "wb" if too_big else "ab") as log_file:
             os.chmod(self.paths.log, 0o600)
             child = subprocess.Popen(
                 command,
