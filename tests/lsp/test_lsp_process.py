@@ -53,3 +53,19 @@ async def test_logs_hold_no_document_text_unless_debug_log_is_on(model_dir: Path
         assert await editor.inline(uri, 2, 6 + len(SECRET))
         await editor.stats()
     assert SECRET in capfd.readouterr().err  # the user asked for it
+
+
+async def test_a_model_that_cannot_load_is_reported_once_and_can_be_fixed(model_dir: Path, tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-model")
+    async with editor_session({**FAST, "model": missing}) as editor:
+        error = await editor.wait_status(lambda s: s["state"] == "error")
+        assert missing in error["message"]
+        uri = "file:///work/fix.py"
+        editor.open(uri, "x = ")
+        assert await editor.inline(uri, 0, 4) == []  # no engine: an empty answer, not an error
+        assert await editor.inline(uri, 0, 4) == []
+        assert len(editor.messages(missing)) == 1  # shown once
+        seen = len(editor.statuses)
+        editor.configure({**FAST, "model": str(model_dir)})
+        await editor.wait_status(lambda s: s["state"] == "ready", after=seen)
+        assert await editor.inline(uri, 0, 4)
