@@ -209,6 +209,7 @@ def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: 
     for k in ks:
         times: dict[str, list[float]] = {name: [] for name in ["regular", *drafters, "sequential-lookup"]}
         accepted: dict[str, list[float]] = {name: [] for name in drafters}
+        profile: dict[str, dict[str, float]] = {name: {"draft_ms": 0.0, "verify_ms": 0.0, "accept_ms": 0.0, "rounds": 0} for name in drafters}
         for _ in range(repeats):
             for prompt in prompts:
                 started = time.perf_counter()
@@ -219,6 +220,9 @@ def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: 
                     output = decode_speculative(model, tracker(prompt), k, params, make(), diverse=True)
                     times[name].append(time.perf_counter() - started)
                     accepted[name].append(output.stats.mean_accepted_per_round)
+                    for part in ("draft_ms", "verify_ms", "accept_ms"):
+                        profile[name][part] += getattr(output.stats, part)
+                    profile[name]["rounds"] += output.stats.rounds
                     if [b.token_ids for b in output.branches] != reference:
                         raise AssertionError(f"BASS with {name} diverged from regular decoding (k={k})")
                 started = time.perf_counter()
@@ -237,6 +241,7 @@ def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: 
                     "bass_tok_s": round(rate, 1),
                     "ratio": round(rate / regular_rate, 2),
                     "mean_accepted_per_round": round(statistics.mean(accepted[name]), 2) if name in accepted else None,
+                    "round_profile_ms": _per_round(profile[name]) if name in profile else None,
                 }
             )
     report = {
@@ -251,6 +256,11 @@ def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: 
     if plot_path:
         report["plot"] = plot_decode(report, plot_path)
     return report
+
+
+def _per_round(totals: dict[str, float]) -> dict[str, float]:
+    rounds = max(1.0, totals["rounds"])
+    return {part: round(totals[part] / rounds, 2) for part in ("draft_ms", "verify_ms", "accept_ms")}
 
 
 def plot_decode(report: dict[str, Any], path: str) -> str:

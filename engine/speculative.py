@@ -69,6 +69,9 @@ class SpeculationStats:
     accepted: int = 0
     branch_rounds: int = 0  # sum over rounds of live branches
     gammas: list[int] = field(default_factory=list)
+    draft_ms: float = 0.0  # where a round's time goes: drafting,
+    verify_ms: float = 0.0  # the target's forward pass,
+    accept_ms: float = 0.0  # acceptance, detokenization, stop checks and cache bookkeeping
 
     @property
     def mean_accepted_per_round(self) -> float:
@@ -157,6 +160,7 @@ def decode_speculative(
                 live = [live[row] for row in still]
             live_branches = [branches[index] for index in live]
             histories = [b.token_ids for b in live_branches]
+            round_started = time.perf_counter()
             drafts = drafter.propose(histories, gamma)
             for draft, branch in zip(drafts, live_branches):
                 room = max(0, limits.max_new_tokens - len(branch.token_ids))
@@ -168,8 +172,10 @@ def decode_speculative(
             width = 1 + max(len(d.tokens) for d in drafts)
             rows = [[b.token_ids[-1], *d.tokens] for b, d in zip(live_branches, drafts)]
             inputs = torch.tensor([r + [0] * (width - len(r)) for r in rows], device=model.device)  # [k', T]
+            drafted_at = time.perf_counter()
             hidden = model(inputs, cache)  # [k', T, dim]
             logits = model.logits(hidden)  # [k', T, V]
+            verified_at = time.perf_counter()
             logits[:, 0] = tracker.constrain(logits[:, 0], live_branches, healing)
             log_probs = torch.log_softmax(logits, dim=-1)  # [k', T, V]
             kept: list[int] = []
@@ -194,6 +200,9 @@ def decode_speculative(
             stats.drafted += sum(len(d.tokens) for d in drafts)
             stats.accepted += sum(accepted_counts)
             stats.gammas.append(gamma)
+            stats.draft_ms += (drafted_at - round_started) * 1000
+            stats.verify_ms += (verified_at - drafted_at) * 1000
+            stats.accept_ms += (time.perf_counter() - verified_at) * 1000
             gamma = adapt_gamma(gamma, [len(d.tokens) for d in drafts], accepted_counts, config)
     decode_ms = (time.perf_counter() - started) * 1000 - prefill_ms
     return SpeculativeOutput(branches, prefill_ms, decode_ms, stats.rounds, stats)
