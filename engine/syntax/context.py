@@ -17,6 +17,8 @@ from engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, LexState
 
 # How much of the suffix is lexed to learn which open brackets it closes.
 SUFFIX_SCAN_CHARS = 4000
+# How many suffix lines a completion is compared with to see it repeat the suffix.
+SUFFIX_REPEAT_LINES = 3
 # How many of the innermost open brackets at the cursor are remembered.
 MAX_OPEN_BRACKETS = 32
 
@@ -37,7 +39,7 @@ class CursorContext:
     open_brackets: tuple[str, ...]  # brackets open at the cursor, outermost first
     suffix_closes: int  # how many of the innermost open brackets the suffix closes
     suffix_line_rest: str  # the cursor line after the cursor
-    suffix_next_line: str | None  # the next non-blank suffix line, at its absolute indentation
+    suffix_lines: tuple[str, ...]  # the next non-blank suffix lines, at their absolute indentation
     prev_line_opens_block: bool  # the last non-blank line above the cursor line opens a block
     cursor_line_opens_block: bool  # the cursor line (up to the cursor) opens a block
     suffix_following_line: str | None = None  # the first non-blank suffix line after the cursor line
@@ -55,6 +57,10 @@ class CursorContext:
             and state.kind in ("string", "template")
             and self.suffix_line_rest.startswith(state.close)
         )
+
+    @property
+    def suffix_next_line(self) -> str | None:
+        return self.suffix_lines[0] if self.suffix_lines else None
 
     @property
     def suffix_next_indent(self) -> int | None:
@@ -128,10 +134,10 @@ def build_context(prefix: str, suffix: str, language: str | None) -> CursorConte
         open_brackets=open_brackets,
         suffix_closes=suffix_closes,
         suffix_line_rest=suffix_line_rest,
-        suffix_next_line=_suffix_next_line(line_prefix, mid_line, suffix, newline),
+        suffix_lines=_suffix_lines(line_prefix, mid_line, suffix, newline, SUFFIX_REPEAT_LINES),
         prev_line_opens_block=_opens_block(_last_nonblank_line(prefix[: max(line_start - 1, 0)]), spec),
         cursor_line_opens_block=mid_line and _opens_block(line_prefix, spec),
-        suffix_following_line=_suffix_next_line("", True, suffix, newline),
+        suffix_following_line=(_suffix_lines("", True, suffix, newline, 1) or (None,))[0],
         indent_stack=indent_stack,
         expects_indent=expects_indent,
     )
@@ -224,23 +230,25 @@ def _closed_by(open_brackets: tuple[str, ...], suffix: str, spec: LanguageSpec, 
     return closed
 
 
-def _suffix_next_line(line_prefix: str, mid_line: bool, suffix: str, newline: int) -> str | None:
-    """The first non-blank line the suffix puts after the cursor, with its full indentation."""
+def _suffix_lines(line_prefix: str, mid_line: bool, suffix: str, newline: int, count: int) -> tuple[str, ...]:
+    """The first `count` non-blank lines the suffix puts after the cursor, with their full
+    indentation (the rest of the cursor line counts when the cursor is at its start)."""
+    lines: list[str] = []
     first = suffix if newline < 0 else suffix[:newline]
     if first.strip() and not mid_line:
-        return (line_prefix + first).rstrip()
+        lines.append((line_prefix + first).rstrip())
     if newline < 0:
-        return None
+        return tuple(lines)
     pos = newline + 1
-    while pos < len(suffix):
+    while pos < len(suffix) and len(lines) < count:
         end = suffix.find("\n", pos)
         line = suffix[pos:] if end < 0 else suffix[pos:end]
         if line.strip():
-            return line.rstrip()
+            lines.append(line.rstrip())
         if end < 0:
-            return None
+            break
         pos = end + 1
-    return None
+    return tuple(lines[:count])
 
 
 def _last_nonblank_line(text: str) -> str:

@@ -262,6 +262,8 @@ class _Scanner:
                     line = text[line_start : last_comment.start]
                 last_comment = None
                 if stack:
+                    if self._block_repeats_suffix(newline):
+                        return self.cut(newline, REPEAT), pending
                     line_start = newline + 1
                     continue
                 code = code_of_line(line, None)
@@ -291,6 +293,29 @@ class _Scanner:
         if repeat_at is not None:
             return self.cut(repeat_at, REPEAT_INLINE), pending
         return self.undecided(), pending
+
+    def _block_repeats_suffix(self, newline: int) -> bool:
+        """Inside a bracket the completion opened: do the lines after `newline` repeat the
+        suffix's next lines (two of them, or all the completion has left)? The completion
+        then wrote a block header whose body the suffix already has."""
+        expected = self.ctx.suffix_lines
+        if not expected:
+            return False
+        needed = min(2, len(expected))
+        matched, pos, text = 0, newline + 1, self.text
+        while matched < needed:
+            end = text.find("\n", pos)
+            line = text[pos:] if end < 0 else text[pos:end]
+            if end < 0 and not self.final:
+                return False  # the line is still being written
+            if line.strip():
+                if line.rstrip() != expected[matched]:
+                    return end < 0 and matched > 0 and expected[matched].startswith(line.rstrip())
+                matched += 1
+            if end < 0:
+                return matched > 0  # the completion ends inside the repeat
+            pos = end + 1
+        return True
 
     def _reopened_on_line(self, index: int) -> int:
         """Offset of an opener of the same kind that the line of closer `index` leaves open, else -1.

@@ -78,3 +78,25 @@ def test_widen_gives_distinct_candidates() -> None:
     assert len(wide) == 8
     assert len({c.text for c in wide}) == 8
     assert wide[:2] == base
+
+
+def test_a_model_that_writes_the_reference_and_keeps_going_gets_the_reference_back() -> None:
+    """Over real holes: reference + the suffix's start (the usual way a model overshoots)."""
+    from engine.bench_quality import Judge, normalized
+    from engine.syntax import rank_alternatives
+
+    config = QualityBenchConfig(humaneval_single=60, humaneval_multi=20, mbxp_per_language=10, seed=7)
+    exact: dict[str, list[bool]] = {}
+    for hole in load_holes(DATA, config):
+        overshoot = Candidate(hole.reference + hole.suffix[:200], -1.0, 40, finish_reason="length")
+        shown = [r.completion.text for r in rank_alternatives(hole.prefix, hole.suffix, hole.language, [overshoot])]
+        assert len(shown) == 1, hole.id
+        assert not Judge(hole).breaks_parse(shown[0]), hole.id
+        exact.setdefault(hole.source, []).append(normalized(shown[0]) == normalized(hole.reference))
+    for source, hits in exact.items():
+        if source == "humaneval-multi":
+            # A line start keeps one statement: a several-statement reference comes back whole
+            # only when it is a single (compound) statement.
+            assert sum(hits) >= len(hits) // 4, source
+        else:
+            assert all(hits), source

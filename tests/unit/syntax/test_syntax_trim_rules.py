@@ -203,3 +203,15 @@ def test_context_of_a_large_c_file_matches_lexing_all_of_it() -> None:
     unit = 'static int f{n}(int x) {{\n    if (x > {n}) {{\n        return g("}}{{", x);\n    }}\n    return 0;\n}}\n\n'
     source = "#include <stdio.h>\n\n" + "".join(unit.format(n=n) for n in range(40))
     assert _contexts_agree(source, "c", 29) > 50
+
+
+def test_block_header_whose_body_the_suffix_already_has() -> None:
+    # The hole is the header line; the model writes it and then the body the suffix has.
+    prefix = "class A {\n    void f(List<String> xs) {\n        for (String s : xs) {\n            "
+    suffix = "\n                out.add(s);\n            }\n        }\n    }\n}\n"
+    completion = "if (s.isEmpty()) {\n                out.add(s);\n            }\n        }\n"
+    assert trimmed(prefix, completion, suffix, "java") == "if (s.isEmpty()) {"
+    py_prefix = 'def f():\n    """Doc."""\n\n'
+    py_suffix = "        1: 'one',\n        2: 'two',\n    }\n    return d\n"
+    py_completion = "    d = {\n        1: 'one',\n        2: 'two',\n    }\n    return d\n"
+    assert trimmed(py_prefix, py_completion, py_suffix, "python") == "    d = {\n"
