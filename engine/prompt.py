@@ -3,6 +3,7 @@ template when it has one) under a token budget."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from engine.healing import split_for_healing
@@ -42,6 +43,32 @@ def _tail_tokens(tokenizer: Tokenizer, text: str, budget: int) -> list[int]:
     return ids
 
 
+LINE_GRID = 32  # the prompt starts at a line whose number is a multiple of this
+
+
+def _stable_tail_tokens(tokenizer: Tokenizer, text: str, budget: int) -> list[int]:
+    """The tokens of text from the earliest line start on a fixed grid (every LINE_GRID
+    lines of the document) that fits the budget. While the user types, that start stays
+    put until the text outgrows it, so consecutive keystrokes share the beginning of
+    their prompt and the prefix cache hits; a start that moved with every keystroke
+    would make every prompt new."""
+    if len(text) <= budget:  # fewer characters than tokens allowed: all of it fits
+        return tokenizer.encode(text)
+    line_starts = [0] + [match.end() for match in re.finditer("\n", text)]
+    grid = [start for number, start in enumerate(line_starts) if number % LINE_GRID == 0]
+    # no tokenizer packs more than CHARS_PER_TOKEN_BOUND characters into a token: skip starts that cannot fit
+    candidates = [start for start in grid if len(text) - start <= budget * CHARS_PER_TOKEN_BOUND]
+    low, high, best = 0, len(candidates) - 1, None
+    while low <= high:  # later start -> fewer tokens: find the earliest that fits
+        middle = (low + high) // 2
+        ids = tokenizer.encode(text[candidates[middle] :])
+        if len(ids) <= budget:
+            best, high = ids, middle - 1
+        else:
+            low = middle + 1
+    return best if best is not None else _tail_tokens(tokenizer, text, budget)
+
+
 def _head_tokens(tokenizer: Tokenizer, text: str, budget: int) -> list[int]:
     text = text[: budget * CHARS_PER_TOKEN_BOUND]
     return tokenizer.encode(text)[:budget]
@@ -54,7 +81,7 @@ def build_prompt(tokenizer: Tokenizer, prefix: str, suffix: str, budget: PromptB
     if fim is not None:
         suffix_budget = int(budget.max_tokens * budget.suffix_share)
         suffix_ids = _head_tokens(tokenizer, suffix, suffix_budget) if suffix_budget else []
-    prefix_ids = _tail_tokens(tokenizer, prefix, budget.max_tokens - len(suffix_ids) - 3)
+    prefix_ids = _stable_tail_tokens(tokenizer, prefix, budget.max_tokens - len(suffix_ids) - 3)
     prefix_ids, healed_text = split_for_healing(tokenizer, prefix_ids)
     if fim is None:
         return Prompt(prefix_ids, uses_fim=False, healed_text=healed_text)

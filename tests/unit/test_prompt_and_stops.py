@@ -90,3 +90,15 @@ def test_block_rule_stops_at_dedent_and_blank_line():
     assert rule.cut("x = 1\n    y") == ("x = 1\n    y", False)
     first_line_sets_indent = StopRule(block_mode=True)
     assert first_line_sets_indent.cut("    a\n        b\n    c\nd") == ("    a\n        b\n    c", True)
+
+
+def test_long_prefix_keeps_its_start_while_the_user_types(tokenizer: Tokenizer):
+    prefix = "".join(f"value_{i} = compute({i}, scale={i % 7})\n" for i in range(400))
+    starts = set()
+    for typed in ("r", "re", "res", "resu", "resul", "result", "result ="):
+        prompt = build_prompt(tokenizer, prefix + typed, "", PromptBudget(512))
+        assert len(prompt.ids) <= 512
+        text = tokenizer.decode(prompt.ids) + prompt.healed_text
+        assert (prefix + typed).endswith(text)
+        starts.add(text.split("\n", 1)[0])
+    assert len(starts) == 1  # the prompt's first line did not move: the prefix cache can hit
