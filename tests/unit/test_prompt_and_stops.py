@@ -95,7 +95,8 @@ def test_block_rule_stops_at_dedent_and_blank_line():
 def test_long_prefix_keeps_its_start_while_the_user_types(tokenizer: Tokenizer):
     prefix = "".join(f"value_{i} = compute({i}, scale={i % 7})\n" for i in range(400))
     starts = set()
-    for typed in ("r", "re", "res", "resu", "resul", "result", "result ="):
+    typing = "result = compute(1, scale=2)\n" * 3
+    for typed in (typing[:end] for end in range(1, len(typing), 5)):
         prompt = build_prompt(tokenizer, prefix + typed, "", PromptBudget(512))
         assert len(prompt.ids) <= 512
         text = tokenizer.decode(prompt.ids) + prompt.healed_text
