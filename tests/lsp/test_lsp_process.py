@@ -37,11 +37,22 @@ async def test_tcp_on_loopback(model_dir: Path) -> None:
             await process.wait()
 
 
-async def test_logs_hold_no_document_text_unless_debug_log_is_on(model_dir: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    uri = "file:///work/secret.py"
-    async with editor_session({"model": str(model_dir), **FAST}, args=("--engine", "inprocess", "--log-level", "debug")) as editor:
-        await editor.ready()
+async def test_model_errors_and_logs(model_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A model that cannot load is an error shown once (requests answer empty) until the
+    setting is fixed; the log (at debug level) holds document text only with debugLog on."""
+    missing = str(tmp_path / "no-such-model")
+    async with editor_session({**FAST, "model": missing}, args=("--engine", "inprocess", "--log-level", "debug")) as editor:
+        error = await editor.wait_status(lambda s: s["state"] == "error")
+        assert missing in error["message"]
+        uri = "file:///work/secret.py"
         editor.open(uri, f"{SECRET} = 1\nprint({SECRET}")
+        assert await editor.inline(uri, 1, 6 + len(SECRET)) == []  # no engine: an empty answer, not an error
+        assert await editor.inline(uri, 1, 6 + len(SECRET)) == []
+        assert len(editor.messages(missing)) == 1  # shown once
+
+        seen = len(editor.statuses)
+        editor.configure({**FAST, "model": str(model_dir)})
+        await editor.wait_status(lambda s: s["state"] == "ready", after=seen)
         editor.edit(uri, (1, 0), (1, 0), f"# {SECRET}\n")
         assert await editor.inline(uri, 2, 6 + len(SECRET))
         await editor.stats()
@@ -49,23 +60,7 @@ async def test_logs_hold_no_document_text_unless_debug_log_is_on(model_dir: Path
         assert "initialized: position encoding" in quiet  # the log is there, at debug level
         assert SECRET not in quiet
 
-        editor.configure({**FAST, "debugLog": True})
+        editor.configure({**FAST, "model": str(model_dir), "debugLog": True})
         assert await editor.inline(uri, 2, 6 + len(SECRET))
         await editor.stats()
     assert SECRET in capfd.readouterr().err  # the user asked for it
-
-
-async def test_a_model_that_cannot_load_is_reported_once_and_can_be_fixed(model_dir: Path, tmp_path: Path) -> None:
-    missing = str(tmp_path / "no-such-model")
-    async with editor_session({**FAST, "model": missing}) as editor:
-        error = await editor.wait_status(lambda s: s["state"] == "error")
-        assert missing in error["message"]
-        uri = "file:///work/fix.py"
-        editor.open(uri, "x = ")
-        assert await editor.inline(uri, 0, 4) == []  # no engine: an empty answer, not an error
-        assert await editor.inline(uri, 0, 4) == []
-        assert len(editor.messages(missing)) == 1  # shown once
-        seen = len(editor.statuses)
-        editor.configure({**FAST, "model": str(model_dir)})
-        await editor.wait_status(lambda s: s["state"] == "ready", after=seen)
-        assert await editor.inline(uri, 0, 4)
