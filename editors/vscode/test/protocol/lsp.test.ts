@@ -231,7 +231,7 @@ describe('kspec lsp over stdio', { timeout: 180_000 }, () => {
 
 	it('counts positions in UTF-16 code units (a non-BMP character before the cursor)', async () => {
 		const uri = pathToFileURL(path.join(tmp, 'emoji.py')).toString();
-		const line = "s = '\u{1F600}' + ";
+		const line = '# caf\u00e9 \u{1F600} '; // a comment: the random model's text is kept there
 		await conn.sendNotification(DidOpenTextDocumentNotification.type, {
 			textDocument: { uri, languageId: 'python', version: 1, text: line },
 		});
@@ -240,6 +240,7 @@ describe('kspec lsp over stdio', { timeout: 180_000 }, () => {
 			textDocument: { uri }, position, context: { triggerKind: InlineCompletionTriggerKind.Automatic },
 		}));
 		assert.ok(got.length >= 1, fail('no items at the end of a line with an emoji'));
+		assert.ok(got.every((item) => item.range), 'kspec lsp gives every item a range');
 		for (const item of got) {
 			if (item.range) {
 				assert.deepEqual(item.range.end, position, `range end ${JSON.stringify(item.range)} is not the UTF-16 cursor`);
