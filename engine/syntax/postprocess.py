@@ -29,7 +29,9 @@ class PostprocessConfig:
     # syntax error, those the token budget cut before they filled the hole at the cursor, and
     # those that leave the file broken when another alternative leaves it whole.
     drop_broken: bool = True
-    max_fallbacks: int = 4  # earlier line ends tried when the trimmed text does not parse
+    # Line ends tried, before and after the cut, when the trimmed text does not leave the
+    # file whole (each costs one incremental reparse).
+    max_fallbacks: int = 4
     check_names: bool = True  # Python: undefined names and unused variables
     rank: RankConfig = field(default_factory=RankConfig)
 
@@ -62,9 +64,10 @@ def trim_and_check(
 ) -> tuple[str, CheckResult] | None:
     """The trimmed text and its check.
 
-    If the trimmed text breaks the parse, earlier line ends inside the unit are tried. If it
-    leaves the file broken where it already was (a hole that needs more than one
-    statement), later line ends of the completion are tried for one that fills it.
+    If the trimmed text does not leave the file whole, other cuts are tried: earlier line
+    ends inside the unit (when it breaks the parse), then later line ends of the completion
+    (a hole that needs more than one statement); the first that leaves the file whole wins,
+    else the first that at least breaks nothing, else the trimmed text.
     """
     completion = candidate.text
     if candidate.finish_reason in TRUNCATED:
@@ -81,21 +84,22 @@ def trim_and_check(
             checked[text] = result
         return text, result
 
+    def clean(found: tuple[str, CheckResult] | None) -> bool:
+        return found is not None and not found[1].breaks_parse and found[1].unfixed_errors == 0
+
     first = attempt(cut)
-    if first is not None and not first[1].breaks_parse and first[1].unfixed_errors == 0:
+    if first is None or clean(first):
         return first
-    if first is not None and not first[1].breaks_parse:
-        later = [m.start() for m in _NEWLINE.finditer(completion, cut.end + 1)][: config.max_fallbacks]
-        for end in [*later, len(completion)]:
-            found = attempt(end)
-            if found is not None and not found[1].breaks_parse and found[1].unfixed_errors == 0:
-                return found
-        return first
-    for option in cut.line_ends[: config.max_fallbacks]:
+    earlier = list(cut.line_ends[: config.max_fallbacks]) if first[1].breaks_parse else []
+    later = [m.start() for m in _NEWLINE.finditer(completion, cut.end + 1)][: config.max_fallbacks]
+    fallback = None if first[1].breaks_parse else first
+    for option in [*earlier, *later, len(completion)]:
         found = attempt(option)
-        if found is not None and not found[1].breaks_parse:
+        if clean(found):
             return found
-    return first
+        if fallback is None and found is not None and not found[1].breaks_parse:
+            fallback = found
+    return fallback or first
 
 
 _NEWLINE = re.compile("\n")

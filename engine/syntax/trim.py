@@ -145,9 +145,10 @@ class _Scanner:
         # that of its first line of code (a model often puts a comment at another depth).
         head = None if at_eol else ctx.line_prefix + first_line
         if head is not None and head.strip():
-            if ctx.suffix_next_line is not None and head.rstrip() == ctx.suffix_next_line:
-                if first_newline >= 0 or self.final:
-                    return self.cut(0, REPEAT)
+            repeat = self.repeats_suffix(0, ctx.line_prefix)
+            if repeat:
+                return self.cut(0, REPEAT)
+            if repeat is None:
                 return None
         code_line = self._first_code_line(head, first_newline)
         if code_line is None:
@@ -262,7 +263,7 @@ class _Scanner:
                     line = text[line_start : last_comment.start]
                 last_comment = None
                 if stack:
-                    if self._block_repeats_suffix(newline):
+                    if self.repeats_suffix(newline + 1):
                         return self.cut(newline, REPEAT), pending
                     line_start = newline + 1
                     continue
@@ -294,26 +295,30 @@ class _Scanner:
             return self.cut(repeat_at, REPEAT_INLINE), pending
         return self.undecided(), pending
 
-    def _block_repeats_suffix(self, newline: int) -> bool:
-        """Inside a bracket the completion opened: do the lines after `newline` repeat the
-        suffix's next lines (two of them, or all the completion has left)? The completion
-        then wrote a block header whose body the suffix already has."""
+    def repeats_suffix(self, pos: int, head: str = "") -> bool | None:
+        """Do the completion's lines from `pos` (the first one after `head`) repeat the
+        suffix's next lines? Two lines must match when the completion has two, so that a
+        line the code really needs twice is not taken for a repeat. None: still generating,
+        and the lines so far cannot tell."""
         expected = self.ctx.suffix_lines
         if not expected:
             return False
         needed = min(2, len(expected))
-        matched, pos, text = 0, newline + 1, self.text
+        matched, text = 0, self.text
         while matched < needed:
             end = text.find("\n", pos)
-            line = text[pos:] if end < 0 else text[pos:end]
-            if end < 0 and not self.final:
-                return False  # the line is still being written
+            line = (head + (text[pos:] if end < 0 else text[pos:end])).rstrip()
+            head = ""
             if line.strip():
-                if line.rstrip() != expected[matched]:
-                    return end < 0 and matched > 0 and expected[matched].startswith(line.rstrip())
+                if end < 0:  # the last line, possibly cut short
+                    if not expected[matched].startswith(line):
+                        return False
+                    return (matched > 0 or line == expected[0]) if self.final else None
+                if line != expected[matched]:
+                    return False
                 matched += 1
             if end < 0:
-                return matched > 0  # the completion ends inside the repeat
+                return matched > 0 if self.final else None
             pos = end + 1
         return True
 
@@ -343,19 +348,16 @@ class _Scanner:
         has_block: bool, first_word: str,
     ) -> Cut | None | object:
         """At a line end outside brackets: cut here, go on (_CONTINUE), or undecided (None)."""
-        ctx = self.ctx
         nxt = _next_nonblank(self.text, newline + 1)
         if nxt is None:
             return self.cut(newline, END) if self.final else None
-        undecided_line = not nxt.complete and not self.final
-        if ctx.suffix_next_line is not None:
-            if nxt.text.rstrip() == ctx.suffix_next_line and not undecided_line:
-                return self.cut(newline, REPEAT)
-            if undecided_line and ctx.suffix_next_line.startswith(nxt.text):
-                # It may turn into a repeat of the suffix: the unit ends here or later.
-                decided = self.structure(mode, unit_indent, newline, code, seen_code, has_block, first_word, nxt)
-                return decided if isinstance(decided, Cut) else _PENDING
-        return self.structure(mode, unit_indent, newline, code, seen_code, has_block, first_word, nxt)
+        repeat = self.repeats_suffix(newline + 1)
+        if repeat:
+            return self.cut(newline, REPEAT)
+        decided = self.structure(mode, unit_indent, newline, code, seen_code, has_block, first_word, nxt)
+        if repeat is None and not isinstance(decided, Cut):
+            return _PENDING  # it may turn into a repeat of the suffix: the unit ends here or later
+        return decided
 
     def structure(
         self, mode: str, unit_indent: int, newline: int, code: str, seen_code: bool,

@@ -215,3 +215,11 @@ def test_block_header_whose_body_the_suffix_already_has() -> None:
     py_suffix = "        1: 'one',\n        2: 'two',\n    }\n    return d\n"
     py_completion = "    d = {\n        1: 'one',\n        2: 'two',\n    }\n    return d\n"
     assert trimmed(py_prefix, py_completion, py_suffix, "python") == "    d = {\n"
+
+
+def test_a_line_the_code_needs_twice_is_no_repeat() -> None:
+    # The hole's line equals the suffix's next line; the completion goes on with the suffix.
+    prefix = "int main() {\n    x += 1;\n    "
+    suffix = "\n    x += 1;\n    return x;\n}\n"
+    assert trimmed(prefix, "x += 1;\n    x += 1;\n    return x;\n}\n", suffix, "c") == "x += 1;"
+    assert trimmed(prefix, "x += 1;\n    return x;\n}\n", suffix, "c") is None  # this one only repeats
