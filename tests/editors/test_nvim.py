@@ -235,3 +235,21 @@ def test_status_and_checkhealth_report_server_engine_and_features(nvim: Nvim):
     assert f"server command: {kspec_bin_from(nvim)} lsp ($VIRTUAL_ENV)" in report
     assert "engine: ready" in report
     assert "inline completion yes" in report
+
+
+def test_an_engine_error_shows_and_a_fixed_setting_recovers(nvim: Nvim, random_llama_dir: Path, tmp_path: Path):
+    # run last: it reloads the engine
+    missing = tmp_path / "no-such-model"
+    nvim.lua("require('kspec').set({ model = ... })", str(missing))
+    nvim.wait_for("an error in the statusline", "require('kspec').statusline() == 'kspec error'", 60, diagnose=lambda: diagnose(nvim))
+    message = nvim.lua("return require('kspec.status').current().message")
+    assert message, "the error says what went wrong"
+    nvim.input("<Esc>")
+    nvim.request("nvim_command", "checkhealth kspec")
+    report = "\n".join(buffer(nvim))
+    nvim.request("nvim_command", "bwipeout!")
+    assert "ERROR engine: error" in report, report
+    nvim.lua("require('kspec').set({ model = ... })", str(random_llama_dir))
+    nvim.wait_for("the engine ready again", "require('kspec.status').current().state == 'ready'", 120, diagnose=lambda: diagnose(nvim))
+    fresh_comment_line(nvim)
+    assert wait_ghost(nvim)["count"] == K

@@ -76,4 +76,4 @@ def test_protocol_against_kspec_lsp(built: Path, kspec_bin: Path, random_llama_d
         env["KSPEC_LSP_COMMAND"] = json.dumps([str(kspec_bin), "lsp"])
     output = npm("run", "test:protocol", timeout=300, env=env)
     passed, failed = tap_counts(output)
-    assert failed == 0 and passed == 12, output[-3000:]
+    assert failed == 0 and passed == 13, output[-3000:]

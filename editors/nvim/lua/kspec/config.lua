@@ -34,8 +34,9 @@ M.defaults = {
     prev = '<M-[>',
     dismiss = '<C-]>',
   },
-  -- Show server errors ($/kspec/status state "error") with vim.notify.
-  notify_errors = true,
+  -- Also vim.notify engine errors ($/kspec/status "error"). Off by default: kspec lsp
+  -- reports them once with window/showMessage, which Neovim already shows.
+  notify_errors = false,
 }
 
 local SERVER_KEYS = {

@@ -6,7 +6,7 @@ M.METHOD = '$/kspec/status'
 
 --- client_id -> { state, message, progress, lastLatencyMs }
 M.by_client = {}
-M.notify_errors = true
+M.notify_errors = false
 local last_notified = {}
 
 local function num(v)

@@ -34,6 +34,7 @@ async function until<T>(what: string, poll: () => T | undefined | false, timeout
 
 describe('the extension in a fake VS Code host, against kspec lsp', { timeout: 180_000 }, () => {
 	let tmp: string;
+	let model: string;
 	let fake: ReturnType<typeof createFakeVscode>;
 	let extension: { activate(ctx: unknown): void; deactivate(): Promise<void> };
 	const originalLoad = (Module as unknown as { _load: (...a: unknown[]) => unknown })._load;
@@ -42,7 +43,7 @@ describe('the extension in a fake VS Code host, against kspec lsp', { timeout: 1
 
 	before(() => {
 		tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'kspec-host-'));
-		let model = process.env.KSPEC_TEST_MODEL;
+		model = process.env.KSPEC_TEST_MODEL ?? '';
 		if (!model) {
 			model = path.join(tmp, 'model');
 			execFileSync(path.join(repoRoot, '.venv', 'bin', 'python'), ['-c',
@@ -141,6 +142,16 @@ describe('the extension in a fake VS Code host, against kspec lsp', { timeout: 1
 		await fake.setSetting('kspec.languages', ['go', 'python']);
 		assert.equal((await ask()).length, K);
 		assert.equal(fake.inlineProviders[0].provider, provider, 'the client was not restarted');
+	});
+
+	it('an engine error turns the status bar red with a click to the log; fixing the model recovers', async () => {
+		await fake.setSetting('kspec.model', path.join(tmp, 'no-such-model'));
+		await until('an error in the status bar', () => item().text === '$(error) kspec', 60_000, () => `${item().text}\n${context()}`);
+		assert.equal(item().command, 'kspec.showLog');
+		assert.equal(item().backgroundColor?.id, 'statusBarItem.errorBackground');
+		assert.match(String(item().tooltip), /no-such-model|model/i);
+		await fake.setSetting('kspec.model', model);
+		await until('ready again', () => /^\$\(check\) kspec/.test(item().text), 120_000, () => `${item().text}\n${context()}`);
 	});
 
 	it('deactivates: the client stops and disposes its providers', async () => {
