@@ -10,10 +10,11 @@ import torch
 
 from engine.api import CancelToken, CompletionRequest, CompletionResult
 from engine.config import MODES, EngineConfig
-from engine.errors import InputError, ModelLoadError
+from engine.errors import CancelledError, InputError, ModelLoadError
 from engine.drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
 from engine.generate import BranchTracker, DecodeLimits
 from engine.healing import HealingBias, walk_healing
+from engine.models.gguf_convert import ProgressCallback
 from engine.models.hf_folder import load_transformer
 from engine.models.resolve import resolve_model
 from engine.models.transformer import EarlyExit, Transformer
@@ -37,8 +38,11 @@ class LoadedModel:
     name: str
 
 
-def load_model(spec: str | None, config: EngineConfig) -> LoadedModel:
-    resolved = resolve_model(spec, progress=config.progress)
+def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCallback | None = None) -> LoadedModel:
+    """on_progress(fraction, message): conversion (if a GGUF file is new) up to 0.8, then weights."""
+    report = on_progress or (lambda fraction, message: None)
+    resolved = resolve_model(spec, progress=config.progress, on_progress=lambda f, m: report(0.8 * f, m))
+    report(0.8, f"loading {resolved.name}")
     model = load_transformer(resolved.folder, config.torch_dtype, config.device)
     tokenizer = Tokenizer.from_folder(resolved.folder, model.args.eos_token_ids)
     if tokenizer.vocab_size > model.args.vocab_size:
@@ -85,13 +89,17 @@ class CompletionEngine:
         self._busy = threading.Lock()  # one request at a time: the model and caches are not re-entrant
 
     @classmethod
-    def load(cls, config: EngineConfig) -> "CompletionEngine":
+    def load(cls, config: EngineConfig, on_progress: ProgressCallback | None = None) -> "CompletionEngine":
+        """on_progress(fraction in [0, 1], message) is called as loading advances."""
+        report = on_progress or (lambda fraction, message: None)
         if config.threads:
             torch.set_num_threads(config.threads)
-        target = load_model(config.model, config)
-        draft = load_model(config.draft, config) if config.draft else None
+        share = 0.9 if config.draft else 1.0
+        target = load_model(config.model, config, lambda f, m: report(share * f, m))
+        draft = load_model(config.draft, config, lambda f, m: report(share + (1 - share) * f, m)) if config.draft else None
         if draft is not None:
             check_draft_compatible(target, draft)
+        report(1.0, "ready")
         return cls(target, config, draft)
 
     def _drafter(self, params: SamplingParams) -> Drafter:
@@ -123,9 +131,12 @@ class CompletionEngine:
             return CompletionResult([], self.model_name, {"total": 0.0})
         model = self.target.model
         bias = HealingBias(tokenizer, model.args.vocab_size, model.device)
-        ids, healed_text, prefill = walk_healing(
-            lambda ids: self.prefix_cache.prefill(model, ids), tokenizer, prompt.ids, prompt.healed_text, bias
-        )
+        try:
+            ids, healed_text, prefill = walk_healing(
+                lambda ids: self.prefix_cache.prefill(model, ids, cancel), tokenizer, prompt.ids, prompt.healed_text, bias
+            )
+        except CancelledError:
+            return CompletionResult([], self.model_name, {"total": (time.perf_counter() - started) * 1000})
         tracker = BranchTracker(
             tokenizer, rule_for_cursor(request.prefix, request.suffix), DecodeLimits(request.max_tokens, deadline), ids, healed_text
         )

@@ -4,6 +4,7 @@ does not force the model to continue from a token boundary it never saw in train
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -35,20 +36,30 @@ def consume(remaining: str, token_text: str) -> str:
 
 class HealingBias:
     """Additive logit biases [V] (0 allowed, -inf not) for 'the next token must agree with
-    `remaining`': its text starts with it, or is a non-empty start of it. Cached per text."""
+    `remaining`': its text starts with it, or is a non-empty start of it. Cached per text.
+
+    Tokens starting with `remaining` are one contiguous run of the sorted token texts
+    (found by bisection); tokens that are a start of it are looked up by each of its
+    prefixes: no scan of the vocabulary per request."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, device: torch.device):
-        self._tokenizer, self._vocab_size, self._device = tokenizer, vocab_size, device
+        self._vocab_size, self._device = vocab_size, device
+        self._index = tokenizer.token_text_index()
         self._cache: dict[str, Tensor] = {}
+
+    def allowed_ids(self, remaining: str) -> list[int]:
+        texts, ids, by_text = self._index
+        low = bisect.bisect_left(texts, remaining)
+        high = bisect.bisect_left(texts, remaining + "\U0010ffff")
+        allowed = list(ids[low:high])
+        for end in range(1, len(remaining)):
+            allowed.extend(by_text.get(remaining[:end], ()))
+        return [i for i in allowed if i < self._vocab_size]
 
     def __call__(self, remaining: str) -> Tensor:
         if remaining not in self._cache:
-            texts = self._tokenizer.token_texts()[: self._vocab_size]
-            allowed = [
-                i for i, text in enumerate(texts) if text and (text.startswith(remaining) or remaining.startswith(text))
-            ]
             bias = torch.full((self._vocab_size,), float("-inf"), device=self._device)  # [V]
-            bias[torch.tensor(allowed, dtype=torch.long, device=self._device)] = 0.0
+            bias[torch.tensor(self.allowed_ids(remaining), dtype=torch.long, device=self._device)] = 0.0
             self._cache[remaining] = bias
         return self._cache[remaining]
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.api import CancelToken
+from engine.errors import CancelledError
 from engine.kv import RaggedKVCache
 from engine.models.transformer import Transformer
 
@@ -20,10 +22,13 @@ from engine.models.transformer import Transformer
 class PrefixCacheConfig:
     max_bytes: int = 512 * 1024 * 1024
     min_reuse_tokens: int = 8  # a shorter common prefix is not worth the copy
+    chunk_tokens: int = 256  # prefill in chunks; a cancel is honoured between chunks
 
     def __post_init__(self) -> None:
         if self.max_bytes < 0:
             raise ValueError(f"prefix cache budget must be >= 0 bytes, got {self.max_bytes}")
+        if self.chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {self.chunk_tokens}")
 
 
 @dataclass
@@ -60,8 +65,12 @@ class PrefixCache:
                 best = (key, shared)
         return best
 
-    def prefill(self, model: Transformer, ids: list[int]) -> Prefill:
-        """The KV of `ids`, computing only what no cached prompt already holds."""
+    def prefill(self, model: Transformer, ids: list[int], cancel: CancelToken | None = None) -> Prefill:
+        """The KV of `ids`, computing only what no cached prompt already holds.
+
+        Runs in chunks and checks `cancel` between them: a cancelled prefill keeps what it
+        computed as a cache entry (the next keystroke's prompt starts the same way) and
+        raises CancelledError."""
         if not ids:
             raise ValueError("cannot prefill an empty prompt")
         cache = RaggedKVCache(model.cache_shape, 1, len(ids), model.dtype, model.device)
@@ -75,9 +84,18 @@ class PrefixCache:
             cache.values[:, :, :, :reused] = source.values[:, :, :, :reused]
             cache.lengths = [reused]
             self._entries.move_to_end(key)
+        done = reused
         with torch.inference_mode():
-            hidden = model(torch.tensor([ids[reused:]], device=model.device), cache)  # [1, T, dim]
-            cache.advance(len(ids) - reused)
+            while True:
+                chunk = ids[done : done + self.config.chunk_tokens]
+                hidden = model(torch.tensor([chunk], device=model.device), cache)  # [1, T, dim]
+                cache.advance(len(chunk))
+                done += len(chunk)
+                if done == len(ids):
+                    break
+                if cancel is not None and cancel.cancelled:
+                    self.store(tuple(ids[:done]), cache)
+                    raise CancelledError("cancelled during prefill")
             logits = model.logits(hidden[0, -1])  # [V]
         self.store(tuple(ids), cache)
         return Prefill(cache, logits, reused)

@@ -38,6 +38,7 @@ class Tokenizer:
         stops = {tid for tid in (tokenizer.token_to_id(s) for s in STOP_TOKEN_SPELLINGS) if tid is not None}
         self.stop_ids: frozenset[int] = frozenset(stops | set(eos_ids))
         self._token_texts: list[str] | None = None
+        self._text_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None
 
     @classmethod
     def from_folder(cls, folder: Path, eos_ids: tuple[int, ...] = ()) -> "Tokenizer":
@@ -77,6 +78,17 @@ class Tokenizer:
         if self._token_texts is None:
             self._token_texts = [self._tok.decode([i], skip_special_tokens=False) for i in range(self.vocab_size)]
         return self._token_texts
+
+    def token_text_index(self) -> tuple[list[str], list[int], dict[str, list[int]]]:
+        """(token texts sorted, their ids in that order, ids by text) for prefix queries (computed once)."""
+        if self._text_index is None:
+            texts = self.token_texts()
+            order = sorted((text, i) for i, text in enumerate(texts) if text)
+            by_text: dict[str, list[int]] = {}
+            for text, i in order:
+                by_text.setdefault(text, []).append(i)
+            self._text_index = ([t for t, _ in order], [i for _, i in order], by_text)
+        return self._text_index
 
     def vocabulary(self) -> dict[str, int]:
         return self._tok.get_vocab(with_added_tokens=True)

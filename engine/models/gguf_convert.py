@@ -12,7 +12,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -20,6 +20,8 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from engine.errors import ModelLoadError
+
+ProgressCallback = Callable[[float, str], None]  # (fraction done in [0, 1], what is happening)
 
 # GGUF architecture -> HF model_type
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "starcoder2": "starcoder2"}
@@ -106,12 +108,17 @@ def _unpermute_rotary(weight: np.ndarray, n_heads: int) -> np.ndarray:
     return weight.reshape(n_heads, out // n_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def gguf_state_dict(reader: Any, config: dict[str, Any], progress: bool) -> dict[str, torch.Tensor]:
+def gguf_state_dict(
+    reader: Any, config: dict[str, Any], progress: bool, on_progress: ProgressCallback | None = None
+) -> dict[str, torch.Tensor]:
     from gguf import quants
 
     arch = _field(reader, "general.architecture")
     state: dict[str, torch.Tensor] = {}
-    for tensor in tqdm(reader.tensors, desc="dequantizing GGUF", unit="tensor", disable=not progress):
+    tensors = list(reader.tensors)
+    for index, tensor in enumerate(tqdm(tensors, desc="dequantizing GGUF", unit="tensor", disable=not progress)):
+        if on_progress is not None:
+            on_progress(index / len(tensors), "converting the GGUF file")
         name = _hf_name(tensor.name, arch)
         array = quants.dequantize(tensor.data, tensor.tensor_type)
         array = np.asarray(array, dtype=np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
@@ -157,7 +164,7 @@ def gguf_tokenizer_json(reader: Any) -> str:
     return tokenizer.to_str()
 
 
-def convert_gguf(path: Path, destination: Path, progress: bool = True) -> Path:
+def convert_gguf(path: Path, destination: Path, progress: bool = True, on_progress: ProgressCallback | None = None) -> Path:
     """Write the HF folder for GGUF `path` at `destination` atomically; returns destination."""
     from gguf import GGUFReader
 
@@ -172,7 +179,7 @@ def convert_gguf(path: Path, destination: Path, progress: bool = True) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=destination.parent))
     try:
         try:
-            state = gguf_state_dict(reader, config, progress)
+            state = gguf_state_dict(reader, config, progress, on_progress)
             tokenizer_json = gguf_tokenizer_json(reader)
         except ModelLoadError:
             raise

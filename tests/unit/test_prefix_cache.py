@@ -52,3 +52,31 @@ def test_disabled_cache_never_reuses(random_engine):
     ids = tokenizer.encode(SOURCE)
     cache.prefill(model, ids)
     assert cache.prefill(model, ids).reused_tokens == 0 and len(cache) == 0
+
+
+def test_cancelled_prefill_keeps_its_work_for_the_next_keystroke(random_engine):
+    import pytest
+
+    from engine.api import CancelToken
+    from engine.errors import CancelledError
+
+    model, tokenizer = random_engine.target.model, random_engine.target.tokenizer
+    ids = tokenizer.encode(SOURCE * 3)
+    cache = PrefixCache(PrefixCacheConfig(chunk_tokens=16))
+    cancel = CancelToken()
+    cancel.cancel()
+    with pytest.raises(CancelledError):
+        cache.prefill(model, ids, cancel)  # stops after the first chunk
+    assert len(cache) == 1
+    resumed = cache.prefill(model, ids)
+    assert resumed.reused_tokens == 16
+    assert torch.allclose(resumed.last_logits, prefill_uncached(model, ids).last_logits, atol=1e-4)
+
+
+def test_load_reports_progress(random_llama_dir):
+    from engine.completion import CompletionEngine
+    from engine.config import EngineConfig
+
+    seen: list[float] = []
+    CompletionEngine.load(EngineConfig(model=str(random_llama_dir), progress=False), lambda fraction, message: seen.append(fraction))
+    assert seen and seen == sorted(seen) and seen[-1] == 1.0
