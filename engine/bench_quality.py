@@ -23,7 +23,9 @@ same generations. Figures per column:
   leaves the hole unfilled (a header without its body) counts as breaking it.
 * `python_top1_static_error_rate`: share of top-1 Python suggestions that introduce an
   undefined name or an unused variable (tree-sitter scopes, names the reference also gets
-  flagged for excluded); `..._pyflakes`: the same by pyflakes, over top-1s that parse.
+  flagged for excluded); `..._pyflakes`: the same by pyflakes, over top-1s that parse
+  (whole-file messages the reference file does not get, about names the suggestion writes;
+  a name the hole should have defined and did not is the suffix's error, not counted).
 * `exact_match_top1` / `exact_match_best_of_k`: whitespace-normalised equality with the
   reference.
 * `postprocess_ms`: time of `rank_alternatives` per request (min of 3 runs per case, then
@@ -38,6 +40,7 @@ import ast
 import gzip
 import json
 import random
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -195,6 +198,7 @@ def normalized(text: str) -> str:
 
 
 _FLAKES = (pyflakes_messages.UndefinedName, pyflakes_messages.UnusedVariable)
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def pyflakes_names(source: str) -> set[tuple[str, str]]:
@@ -231,11 +235,13 @@ class Judge:
         return bool((set(check.undefined_names) | set(check.unused_variables)) - self.reference_names)
 
     def static_error_pyflakes(self, text: str) -> bool | None:
-        """The same by pyflakes; None when the file does not parse."""
+        """The same by pyflakes (messages about names the suggestion writes, that the file with
+        the reference does not get); None when the file does not parse."""
         source = self.hole.prefix + text + self.hole.suffix
         if not python_parses(source):
             return None
-        return bool(pyflakes_names(source) - self.reference_flakes)
+        written = set(_IDENTIFIER.findall(text))
+        return any(name in written for _, name in pyflakes_names(source) - self.reference_flakes)
 
     def exact(self, text: str) -> bool:
         return normalized(text) == normalized(self.hole.reference)

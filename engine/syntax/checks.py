@@ -93,6 +93,9 @@ class Checker:
         self.suffix = suffix.encode("utf-8", "surrogatepass")
         self.cursor = len(self.prefix)
         self.cursor_point = _point_after(self.prefix, tree_sitter.Point(0, 0))
+        # "At the cursor": from the cursor to the end of the suffix's next few lines, where
+        # the errors a hole causes show up (a body without its header, a stray `}`).
+        self.near_end = self.cursor + len(_first_lines(suffix, NEAR_LINES).encode("utf-8", "surrogatepass"))
         if self.language is None:
             return
         self.parser = new_parser(self.language)
@@ -154,7 +157,7 @@ class Checker:
                 new += 1
             else:
                 unfixed += 1
-                at_cursor += start <= self.cursor <= end
+                at_cursor += start <= self.near_end and end >= self.cursor
         return new, unfixed, at_cursor
 
     def _python2_statements(self, tree: tree_sitter.Tree, inserted: int) -> int:
@@ -194,6 +197,20 @@ class Checker:
             unfixed,
             at_cursor,
         )
+
+
+NEAR_LINES = 3
+
+
+def _first_lines(text: str, count: int) -> str:
+    """`text` up to the end of its `count`-th non-blank line."""
+    pos = seen = 0
+    while pos < len(text) and seen < count:
+        end = text.find("\n", pos)
+        end = len(text) if end < 0 else end
+        seen += bool(text[pos:end].strip())
+        pos = end + 1
+    return text[: min(pos, len(text))]
 
 
 def python_parses(source: str) -> bool:

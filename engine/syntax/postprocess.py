@@ -26,9 +26,14 @@ class Candidate:
 @dataclass(frozen=True)
 class PostprocessConfig:
     # A suggestion that breaks the file is worse than none: drop those that introduce a
-    # syntax error, those the token budget cut before they filled the hole at the cursor, and
-    # those that leave the file broken when another alternative leaves it whole.
+    # syntax error, and those that leave the file broken when another alternative leaves
+    # it whole.
     drop_broken: bool = True
+    # Also drop those that leave the file broken at the cursor where it already was (the
+    # hole needs more than the unit: a block header whose body the suffix has, more than
+    # one statement) even when no alternative does better; off, only those the budget cut
+    # short are dropped.
+    drop_unfilled: bool = True
     # Line ends tried, before and after the cut, when the trimmed text does not leave the
     # file whole (each costs one incremental reparse).
     max_fallbacks: int = 4
@@ -122,11 +127,11 @@ def rank_alternatives(
         if trimmed is None:
             continue
         text, result = trimmed
-        if config.drop_broken and (
-            result.breaks_parse
-            or (result.unfixed_at_cursor and candidate.finish_reason in TRUNCATED)
-        ):
-            continue  # broken, or cut short by the budget before it filled the hole
+        unfilled = result.unfixed_at_cursor > 0 and (
+            config.drop_unfilled or candidate.finish_reason in TRUNCATED
+        )
+        if config.drop_broken and (result.breaks_parse or unfilled):
+            continue  # broken, or leaves the hole at the cursor unfilled
         groups.setdefault(dedupe_key(text), []).append((index, text, result))
 
     scored: list[Scored] = []
@@ -176,7 +181,8 @@ def postprocess(
     ordered by length-normalised log-probability (what the model alone would show).
     Left out (so the list may be shorter than k, or empty): alternatives that trim to
     nothing or duplicate a better one, and unless `config.drop_broken` is off, those that
-    introduce a syntax error, those cut by the budget before they filled the hole at the
-    cursor, and those that leave the file broken when another alternative leaves it whole.
+    introduce a syntax error, those that leave the file broken at the cursor where it
+    already was (`config.drop_unfilled`), and those that leave it broken elsewhere when
+    another alternative leaves it whole.
     """
     return [r.completion for r in rank_alternatives(prefix, suffix, language, candidates, raw=raw, config=config)]

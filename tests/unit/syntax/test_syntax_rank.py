@@ -141,10 +141,31 @@ HOLE_SUFFIX = "    return xs\n"  # the `for` has no body: the file is broken unt
 
 
 def test_leaving_the_hole_unfilled_is_reported_apart_from_breaking() -> None:
-    ranked = rank_alternatives(HOLE_PREFIX, HOLE_SUFFIX, "python", [Candidate("        # TODO\n", -0.1, 3)])
-    assert len(ranked) == 1  # nothing fills it, so the comment is still shown ...
+    comment = [Candidate("        # TODO\n", -0.1, 3)]
+    assert rank_alternatives(HOLE_PREFIX, HOLE_SUFFIX, "python", comment) == []
+    lenient = PostprocessConfig(drop_unfilled=False)
+    ranked = rank_alternatives(HOLE_PREFIX, HOLE_SUFFIX, "python", comment, config=lenient)
+    assert len(ranked) == 1  # nothing fills it, so with drop_unfilled off the comment is shown
     assert ranked[0].check.syntax_errors == 0
     assert ranked[0].check.unfixed_errors == ranked[0].check.unfixed_at_cursor == 1
+
+
+def test_an_error_elsewhere_in_the_file_does_not_hide_suggestions() -> None:
+    prefix = "def broken(:\n    pass\n\n\ndef f(xs):\n    total = 0\n"
+    out = rank_alternatives(prefix, "    return total\n", "python", [Candidate("    total += len(xs)\n", -1.0, 5)])
+    assert [r.completion.text for r in out] == ["    total += len(xs)\n"]
+    assert out[0].check.unfixed_errors > 0 and out[0].check.unfixed_at_cursor == 0
+
+
+def test_a_header_the_hole_lost_shows_up_lines_later() -> None:
+    # The suffix has the body and `} else {` of an `if` whose header was the hole: the stray
+    # `}` two lines down is the hole's error; a plain statement does not fill it.
+    prefix = "function f(text) {\n    "
+    suffix = '\n        return 1;\n    } else {\n        return 2;\n    }\n}\n'
+    statement = Candidate("let match = false;", -0.5, 5)
+    header = Candidate("if (text.length > 0) {", -2.0, 9)
+    assert texts(postprocess(prefix, suffix, "javascript", [statement])) == []
+    assert texts(postprocess(prefix, suffix, "javascript", [statement, header])) == ["if (text.length > 0) {"]
 
 
 def test_alternatives_that_leave_the_hole_unfilled_go_when_another_fills_it() -> None:
