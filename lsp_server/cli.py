@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from engine.errors import KspecError
@@ -49,16 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure speed, side by side in one run")
     bench.add_argument(
         "what",
-        choices=["generate", "attention", "step", "keystroke", "decode"],
+        choices=["generate", "attention", "step", "keystroke", "decode", "quality"],
         help="generate: our batched decoding vs transformers generate(); attention: bifurcated vs replicated "
         "attention alone; step: a whole decode step, shared vs replicated prefix; keystroke: prefix-cache hit vs cold prefill",
     )
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--ks", default=None, help="comma-separated k values")
     bench.add_argument("--contexts", default=None, help="comma-separated context lengths (tokens)")
-    bench.add_argument("--max-tokens", type=int, default=32)
+    bench.add_argument("--max-tokens", type=int, default=None, help="new tokens per branch (default: 48 for quality, 32 otherwise)")
     bench.add_argument("--repeats", type=int, default=None)
     bench.add_argument("--plot", default="bench-decode.png", help="decode: where to write the PNG plot")
+    bench.add_argument(
+        "--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"), help="quality: the shared evaluation data"
+    )
+    bench.add_argument("--lsp-points", type=int, default=3, help="keystroke: typing points replayed through kspec lsp")
     _engine_args(bench)
 
     add_lsp_parser(commands)
@@ -125,22 +130,49 @@ def _ints(text: str | None, default: list[int]) -> list[int]:
     return [int(part) for part in text.split(",") if part] if text else default
 
 
+def _bench_keystroke_lsp(config, args: argparse.Namespace) -> dict:
+    """Typing replayed through real language servers: kspec (prefix cache + typeahead) vs
+    a baseline with both off, interleaved point by point."""
+    import dataclasses
+
+    from engine.completion import CompletionEngine
+    from lsp_server.bench_keystroke import bench_keystroke_lsp
+
+    def baseline(engine_config, on_progress):
+        return CompletionEngine.load(dataclasses.replace(engine_config, prefix_cache_mb=0), on_progress)
+
+    return bench_keystroke_lsp(
+        model=config.model, points=args.lsp_points, chars_per_point=20, cps=10.0, baseline_engine_factory=baseline
+    )
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from engine import bench
 
     config = _engine_config(args, progress=False)
     if args.what == "generate":
-        report = bench.bench_generate(config, _ints(args.ks, [1, 4, 8]), args.max_tokens, args.repeats or 3)
+        report = bench.bench_generate(config, _ints(args.ks, [1, 4, 8]), args.max_tokens or 32, args.repeats or 3)
     elif args.what == "attention":
         from kernels.bench import bench_attention
 
         report = bench_attention(_ints(args.ks, [4, 8, 16, 32]), _ints(args.contexts, [1024, 4096, 8192]), args.repeats or 9)
+    elif args.what == "quality":
+        from engine.bench_quality import QualityBenchConfig, run_quality_bench
+        from engine.completion import CompletionEngine
+
+        data = Path(args.data)
+        if not data.is_dir():
+            raise KspecError(f"{data}: evaluation data folder not found (pass --data DIR)")
+        engine = CompletionEngine.load(config)
+        quality = QualityBenchConfig(k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 48)
+        report = run_quality_bench(engine, data, quality, progress=lambda line: print(line, file=sys.stderr))
     elif args.what == "decode":
-        report = bench.bench_decode(config, _ints(args.ks, [1, 4, 8]), args.max_tokens, args.repeats or 1, args.plot)
+        report = bench.bench_decode(config, _ints(args.ks, [1, 4, 8]), args.max_tokens or 32, args.repeats or 1, args.plot)
     elif args.what == "step":
         report = bench.bench_decode_step(config, _ints(args.ks, [8])[0], _ints(args.contexts, [1024, 4096]), args.repeats or 7)
     else:
         report = bench.bench_keystroke(config, _ints(args.contexts, [1024])[0], points=4, repeats=args.repeats or 2)
+        report.update(_bench_keystroke_lsp(config, args))
     print(json.dumps(report, indent=None if args.json else 1))
     return 0
 

@@ -42,13 +42,14 @@ class Engine(Protocol):
     def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult: ...
 
 
-EngineFactory = Callable[["EngineConfig"], Engine]
+ProgressCallback = Callable[[float, str], None]  # (fraction loaded, what is happening)
+EngineFactory = Callable[["EngineConfig", ProgressCallback], Engine]
 
 
-def default_engine_factory(config: "EngineConfig") -> Engine:
+def default_engine_factory(config: "EngineConfig", on_progress: ProgressCallback) -> Engine:
     from engine.completion import CompletionEngine
 
-    return CompletionEngine.load(config)
+    return CompletionEngine.load(config, on_progress)
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,10 @@ class EngineRunner:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._thread.start()
+        # At interpreter exit, stop the worker before threading joins it (the hook
+        # concurrent.futures uses for its own workers): an owner that never called stop(),
+        # e.g. after an exception, must not hang the process at exit.
+        threading._register_atexit(self.stop)  # type: ignore[attr-defined]
 
     def stop(self) -> None:
         """Stops the running request at its next round and ends the thread (without waiting)."""
@@ -174,11 +179,14 @@ class EngineRunner:
                 with self._guard:
                     self._current = None
 
+    def _report_loading(self, fraction: float, message: str) -> None:
+        self._set_status(Status(LOADING, message, progress=round(fraction, 3), model=self.config.model or "default"))
+
     def _load(self) -> Engine | None:
         started = time.perf_counter()
         self._set_status(Status(LOADING, "loading the model", progress=0.0, model=self.config.model or "default"))
         try:
-            engine = self._factory(self.config)
+            engine = self._factory(self.config, self._report_loading)
         except KspecError as exc:
             self._set_status(Status(ERROR, f"cannot load the model: {exc}", model=self.config.model or "default"))
             return None

@@ -53,7 +53,7 @@ class FakeEngine:
 
 
 def factory_for(engine: FakeEngine):
-    return lambda config: engine
+    return lambda config, on_progress: engine
 
 
 async def wait_thread_event(event: threading.Event, timeout: float = 10) -> None:
@@ -106,7 +106,7 @@ async def test_queued_requests_past_their_deadline_are_not_run() -> None:
 
 
 async def test_load_failure_is_an_error_status_and_unavailable() -> None:
-    def broken(config: Any) -> Any:
+    def broken(config: Any, on_progress: Any) -> Any:
         raise ModelLoadError("no such model: /nowhere")
 
     statuses: list[Status] = []
