@@ -280,7 +280,7 @@ def plot_decode(report: dict[str, Any], path: str) -> str:
         axes.plot(ks, [rates[k] for k in ks], marker="o", label=label)
     axes.set_xlabel("k (branches)")
     axes.set_ylabel("tokens / s (all branches)")
-    axes.set_title(f"{report['model'][:40]}, {report['new_tokens']} new tokens")
+    axes.set_title(f"{report['model'].split(' (')[0]}, {report['new_tokens']} new tokens")
     axes.set_xticks(ks)
     axes.legend()
     figure.tight_layout()
