@@ -121,14 +121,17 @@ def rank_alternatives(
     ctx = build_context(prefix, suffix, name)
     checker = Checker(prefix, suffix, name, ctx)
     checked: dict[str, CheckResult] = {}
+    writing_at_end = not suffix.strip()
     groups: dict[str, list[tuple[int, str, CheckResult]]] = {}
     for index, candidate in enumerate(candidates):
         trimmed = trim_and_check(ctx, checker, candidate, config, checked)
         if trimmed is None:
             continue
         text, result = trimmed
+        # At the end of the document (blank suffix) the construct being typed is open by
+        # nature (a def header's body comes next): only a budget-cut text counts as unfilled.
         unfilled = result.unfixed_at_cursor > 0 and (
-            config.drop_unfilled or candidate.finish_reason in TRUNCATED
+            (config.drop_unfilled and not writing_at_end) or candidate.finish_reason in TRUNCATED
         )
         if config.drop_broken and (result.breaks_parse or unfilled):
             continue  # broken, or leaves the hole at the cursor unfilled
