@@ -1,7 +1,7 @@
 """Keystroke replay through the language server: what a typing user gets.
 
 A real file is typed character by character at `cps` characters per second from
-several points (the text after each point removed first). Every keystroke sends a
+several points (the rest of the line at each point removed first). Every keystroke sends a
 `didChange` and an automatic inline-completion request, and, like an editor, cancels
 the previous request if it is still pending. Two configurations run side by side,
 point by point (A B A B, each with its own server and engine in this process):
@@ -130,7 +130,10 @@ def _utf16_position(text: str, offset: int) -> lsp.Position:
 
 async def replay_point(server: ThreadServer, uri: str, text: str, point: int, length: int, cps: float, run: Run, deadline_s: float) -> None:
     client = server.client
-    document = text[:point] + text[point + length :]
+    # the line being typed is removed from the point on: the user writes it anew, and the
+    # suffix (the following lines) must not already hold the completion the model should make
+    line_end = text.find("\n", point + length)
+    document = text[:point] + text[line_end if line_end != -1 else len(text) :]
     client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id="python", version=0, text=document)))
     loop = asyncio.get_running_loop()
     start = loop.time()
