@@ -35,12 +35,15 @@ from engine.sampling import SamplingParams, choose_tokens, distinct_first_tokens
 UnitDone = Callable[[str], bool]  # early-stop hook: this branch's text has completed its unit
 
 
+GAMMA_RULES = ("mean", "max", "fixed")
+
+
 @dataclass(frozen=True)
 class SpeculationConfig:
     gamma: int = 4  # starting draft length
     gamma_min: int = 1
     gamma_max: int = 8
-    adaptive: bool = True
+    rule: str = "mean"  # how γ adapts between rounds, see adapt_gamma
 
     def __post_init__(self) -> None:
         if not 1 <= self.gamma_min <= self.gamma <= self.gamma_max <= GAMMA_LIMIT:
@@ -48,16 +51,32 @@ class SpeculationConfig:
                 f"need 1 <= gamma_min <= gamma <= gamma_max <= {GAMMA_LIMIT}, "
                 f"got {self.gamma_min}, {self.gamma}, {self.gamma_max}"
             )
+        if self.rule not in GAMMA_RULES:
+            raise ValueError(f"gamma rule must be one of {', '.join(GAMMA_RULES)}, got {self.rule!r}")
 
 
 def adapt_gamma(gamma: int, drafted: list[int], accepted: list[int], config: SpeculationConfig) -> int:
-    """BASS-style: grow γ by one when some branch accepted its whole (full-length) draft,
-    shrink it by one when no branch accepted anything; otherwise keep it."""
-    if not config.adaptive or not drafted:
+    """The next round's γ from this round's acceptance, one step at a time.
+
+    "max" (the BASS paper's idea): grow when some branch accepted its whole full-length
+    draft, shrink when no branch accepted anything. With many branches one lucky branch
+    keeps γ high while the others waste the verification of long drafts.
+    "mean" (default): grow when the branches accepted at least half of γ on average,
+    shrink when they accepted less than a quarter; the batch's verification cost grows
+    with k·(γ+1), so γ follows the typical branch, not the best one.
+    "fixed": never change."""
+    if config.rule == "fixed" or not drafted:
         return gamma
-    if any(a == d == gamma for a, d in zip(accepted, drafted)):
+    if config.rule == "max":
+        if any(a == d == gamma for a, d in zip(accepted, drafted)):
+            return min(gamma + 1, config.gamma_max)
+        if all(a == 0 for a in accepted):
+            return max(gamma - 1, config.gamma_min)
+        return gamma
+    mean_accepted = sum(accepted) / len(accepted)
+    if mean_accepted >= 0.5 * gamma:
         return min(gamma + 1, config.gamma_max)
-    if all(a == 0 for a in accepted):
+    if mean_accepted < 0.25 * gamma:
         return max(gamma - 1, config.gamma_min)
     return gamma
 

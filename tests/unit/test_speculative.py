@@ -139,12 +139,17 @@ def test_cancel_in_the_middle(random_engine):
     assert output.stats.rounds == 3
 
 
-def test_adapt_gamma_rule():
-    config = SpeculationConfig(gamma=4, gamma_min=1, gamma_max=6)
-    assert adapt_gamma(4, [4, 4], [4, 1], config) == 5  # someone accepted a full draft
-    assert adapt_gamma(4, [4, 2], [0, 0], config) == 3  # nobody accepted anything
-    assert adapt_gamma(4, [4, 2], [1, 2], config) == 4
-    assert adapt_gamma(6, [6], [6], config) == 6 and adapt_gamma(1, [1], [0], config) == 1
+def test_adapt_gamma_rules():
+    paper = SpeculationConfig(gamma=4, gamma_min=1, gamma_max=6, rule="max")
+    assert adapt_gamma(4, [4, 4], [4, 1], paper) == 5  # someone accepted a full draft
+    assert adapt_gamma(4, [4, 2], [0, 0], paper) == 3  # nobody accepted anything
+    assert adapt_gamma(4, [4, 2], [1, 2], paper) == 4
+    assert adapt_gamma(6, [6], [6], paper) == 6 and adapt_gamma(1, [1], [0], paper) == 1
+    mean = SpeculationConfig(gamma=4, gamma_min=1, gamma_max=6, rule="mean")
+    assert adapt_gamma(4, [4, 4], [4, 0], mean) == 5  # half of γ on average
+    assert adapt_gamma(4, [4, 4, 4, 4], [4, 0, 0, 0], mean) == 4  # one lucky branch is not enough
+    assert adapt_gamma(4, [4, 4], [1, 0], mean) == 3  # under a quarter
+    assert adapt_gamma(4, [4, 4], [4, 4], SpeculationConfig(rule="fixed")) == 4
     assert SpeculationStats(rounds=2, accepted=6, branch_rounds=4).mean_accepted_per_round == 1.5
 
 
@@ -181,7 +186,7 @@ def test_speculative_sampling_matches_the_target_distribution(tmp_path: Path):
     params = SamplingParams(temperature=1.0, top_p=1.0, seed=11)
     samples = 4000
     tracker = BranchTracker(tokenizer, StopRule(), DecodeLimits(3, ignore_eos=True), prompt)
-    output = decode_speculative(target, tracker, samples, params, ModelDrafter(draft, params), SpeculationConfig(gamma=2, adaptive=False))
+    output = decode_speculative(target, tracker, samples, params, ModelDrafter(draft, params), SpeculationConfig(gamma=2, rule="fixed"))
     pairs = torch.zeros(8, 8)
     for branch in output.branches:
         assert len(branch.token_ids) == 3
