@@ -111,6 +111,16 @@ class Editor:
     def messages(self, contains: str = "") -> list[str]:
         return [m.message for m in self.client.messages if contains in m.message]
 
+    async def wait_message(self, contains: str, timeout: float = 10.0) -> list[str]:
+        """window/showMessage texts containing `contains`, polling until one arrives (or fail)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.messages(contains):
+            if loop.time() > deadline:
+                raise AssertionError(f"no message containing {contains!r} within {timeout} s; got {self.messages()}")
+            await asyncio.sleep(0.01)  # a poll of the client's message list, not a wait for time to pass
+        return self.messages(contains)
+
 
 def server_command(*extra: str) -> list[str]:
     return [sys.executable, "-m", "lsp_server.cli", "lsp", *extra]

@@ -64,8 +64,8 @@ async def test_status_loading_then_ready(editor: Editor) -> None:
 
 
 async def test_invalid_initialization_options_are_named(editor: Editor) -> None:
-    assert any("'temperature'" in m and "using the default" in m for m in editor.messages())
-    assert editor.messages("unknown setting 'colour'")
+    assert any("using the default" in m for m in await editor.wait_message("'temperature'"))
+    assert await editor.wait_message("unknown setting 'colour'")
 
 
 async def test_open_change_and_inline_completion(editor: Editor) -> None:
@@ -175,10 +175,9 @@ async def test_completion_fallback(editor: Editor) -> None:
 async def test_settings_change_invalid_value_is_named_and_defaulted(editor: Editor) -> None:
     editor.configure({**FAST, "k": 0, "maxTokens": "many"})
     try:
-        stats = await editor.stats()  # requests are handled in order: the change has been applied
-        assert stats is not None
-        assert editor.messages("'k' must be an integer between 1 and 32 (got 0); using the default 3")
-        assert editor.messages("'maxTokens'")
+        # the notification's handler runs as a task: its messages may come after a later reply
+        assert await editor.wait_message("'k' must be an integer between 1 and 32 (got 0); using the default 3")
+        assert await editor.wait_message("'maxTokens'")
     finally:
         editor.configure(FAST)
 
@@ -247,11 +246,11 @@ async def test_huge_binary_and_oversized_documents(editor: Editor) -> None:
 
     editor.open("file:///work/blob.bin", "PK\x03\x04" + "\x00" * 100 + "data")
     assert await editor.inline("file:///work/blob.bin", 0, 50) == []
-    assert editor.messages("looks binary")
+    assert await editor.wait_message("looks binary")
 
     editor.open("file:///work/too-large.py", "x" * (33 * 1024 * 1024))  # over the 32 Mi-character limit
     assert await editor.inline("file:///work/too-large.py", 0, 0) == []
-    assert editor.messages("too large")
+    assert await editor.wait_message("too large")
     editor.client.text_document_did_close(lsp.DidCloseTextDocumentParams(lsp.TextDocumentIdentifier("file:///work/too-large.py")))
 
 
@@ -259,7 +258,7 @@ async def test_oversized_message_is_skipped_and_answered(editor: Editor) -> None
     padding = "x" * (MESSAGE_LIMIT + 1)
     with pytest.raises(JsonRpcException, match="exceeds the limit"):
         await editor.raw_request({"jsonrpc": "2.0", "id": 9300, "method": "kspec/stats", "params": {"padding": padding}}, 9300)
-    assert editor.messages("ignored a message of")
+    assert await editor.wait_message("ignored a message of")
     assert (await editor.stats())["requests"] >= 0  # framing is still in sync
 
 
