@@ -15,7 +15,7 @@ from engine.healing import HealingBias, consume
 from engine.kv import BranchKVCache, KVCache, RaggedKVCache
 from engine.prefix_cache import Prefill, prefill_uncached
 from engine.models.transformer import Transformer
-from engine.sampling import SamplingParams, choose_tokens, distinct_first_tokens
+from engine.sampling import SamplingParams, choose_tokens, first_tokens
 from engine.stopping import StopRule
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -138,8 +138,8 @@ def decode_regular(
         steps = 0
         while True:
             logits = tracker.constrain(logits, branches, healing)
-            if diverse and steps == 0:
-                tokens, logprobs = distinct_first_tokens(logits[0], k, tracker.tokenizer.stop_ids)  # [k], [k]
+            if steps == 0:
+                tokens, logprobs = first_tokens(logits, params, generator, diverse, tracker.tokenizer.stop_ids)  # [k], [k]
             else:
                 tokens, logprobs = choose_tokens(logits, params, generator)  # [k], [k]
             for branch, detok, token, logprob in zip(branches, detoks, tokens.tolist(), logprobs.tolist()):

@@ -59,3 +59,13 @@ def distinct_first_tokens(logits: Tensor, k: int, banned: frozenset[int]) -> tup
     top = allowed.topk(min(k, allowed.shape[-1]))
     tokens = torch.where(torch.isfinite(top.values), top.indices, top.indices[0])  # fewer than k allowed: repeat the best
     return tokens, logprobs[tokens]
+
+
+def first_tokens(
+    logits: Tensor, params: SamplingParams, generator: torch.Generator | None, diverse: bool, banned: frozenset[int]
+) -> tuple[Tensor, Tensor]:
+    """The k branches' first tokens from logits [k, V] (all rows alike): the k most likely
+    distinct ones (diverse), else drawn per `params`. -> tokens [k], log-probabilities [k]."""
+    if diverse:
+        return distinct_first_tokens(logits[0], logits.shape[0], banned)
+    return choose_tokens(logits, params, generator)

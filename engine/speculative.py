@@ -30,7 +30,7 @@ from engine.healing import HealingBias
 from engine.kv import BranchKVCache
 from engine.models.transformer import Transformer
 from engine.prefix_cache import Prefill, prefill_uncached
-from engine.sampling import SamplingParams, choose_tokens, distinct_first_tokens, probabilities
+from engine.sampling import SamplingParams, first_tokens, probabilities
 
 UnitDone = Callable[[str], bool]  # early-stop hook: this branch's text has completed its unit
 
@@ -160,10 +160,7 @@ def decode_speculative(
         branches = [Branch(heal_remaining=tracker.healed_text) for _ in range(k)]
         detoks = [tracker.new_detokenizer() for _ in range(k)]
         first_logits = tracker.constrain(prefill.last_logits[None].expand(k, -1), branches, healing)  # [k, V]
-        if diverse:
-            tokens, logprobs = distinct_first_tokens(first_logits[0], k, tracker.tokenizer.stop_ids)
-        else:
-            tokens, logprobs = choose_tokens(first_logits, params, generator)
+        tokens, logprobs = first_tokens(first_logits, params, generator, diverse, tracker.tokenizer.stop_ids)  # [k], [k]
         for branch, detok, token, logprob in zip(branches, detoks, tokens.tolist(), logprobs.tolist()):
             _commit(tracker, branch, detok, token, logprob, unit_done)
         drafter.begin(tracker.prompt_ids, k, limits.max_new_tokens)

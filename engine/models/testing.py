@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import save_file
 
 from engine.models.args import ModelArgs
@@ -65,8 +64,3 @@ def write_random_model(folder: Path, family: str = "llama", seed: int = 0, **ove
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     shutil.copyfile(resolve_model(None, progress=False).folder / "tokenizer.json", folder / "tokenizer.json")
     return folder
-
-
-def load_random(family: str = "llama", seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any):
-    """An in-memory random Transformer (no tokenizer) for kernel-level tests."""
-    return init_random(ModelArgs.from_hf_config(random_config(family, **overrides)), seed, dtype)

@@ -8,7 +8,6 @@ owns the buffers, the positions and the masks; the model never copies KV.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.kv import CacheShape, KVCache, StepContext
