@@ -53,6 +53,7 @@ from pyflakes import messages as pyflakes_messages
 from engine.api import CompletionRequest, CompletionResult
 from engine.syntax import Candidate, Checker, rank_alternatives
 from engine.syntax.checks import error_nodes, python_parses
+from engine.syntax.rank import dedupe_key
 from engine.syntax.languages import new_parser
 
 MBXP_FILES = {
@@ -193,10 +194,6 @@ def load_holes(data_dir: str | Path, config: QualityBenchConfig) -> list[Hole]:
 
 # ------------------------------------------------------------------------------- judging
 
-def normalized(text: str) -> str:
-    return " ".join(text.split())
-
-
 _FLAKES = (pyflakes_messages.UndefinedName, pyflakes_messages.UnusedVariable)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -244,7 +241,7 @@ class Judge:
         return any(name in written for _, name in pyflakes_names(source) - self.reference_flakes)
 
     def exact(self, text: str) -> bool:
-        return normalized(text) == normalized(self.hole.reference)
+        return dedupe_key(text) == dedupe_key(self.hole.reference)
 
 
 @dataclass

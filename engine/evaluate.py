@@ -11,6 +11,7 @@ from engine.api import CompletionRequest
 from engine.completion import CompletionEngine
 from engine.errors import InputError
 from engine.syntax import Checker, detect_language
+from engine.syntax.rank import dedupe_key  # "equal after whitespace normalisation", as deduplication uses
 
 REFERENCE_FIELDS = ("reference", "middle", "canonical_solution")
 
@@ -30,10 +31,6 @@ def read_cases(path: str) -> Iterator[dict[str, Any]]:
             if not isinstance(case, dict) or "id" not in case or "prefix" not in case:
                 raise InputError(f'{path}:{number}: a case needs at least "id" and "prefix"')
             yield case
-
-
-def _normalized(text: str) -> str:
-    return " ".join(text.split())
 
 
 def evaluate_file(engine: CompletionEngine, cases_path: str, out_path: str, request_fields: dict[str, Any]) -> dict[str, Any]:
@@ -67,9 +64,9 @@ def evaluate_file(engine: CompletionEngine, cases_path: str, out_path: str, requ
             reference = next((case[f] for f in REFERENCE_FIELDS if isinstance(case.get(f), str)), None)
             if reference is not None:
                 with_reference += 1
-                wanted = _normalized(reference)
-                exact_top += bool(texts) and _normalized(texts[0]) == wanted
-                exact_any += any(_normalized(t) == wanted for t in texts)
+                wanted = dedupe_key(reference)
+                exact_top += bool(texts) and dedupe_key(texts[0]) == wanted
+                exact_any += any(dedupe_key(t) == wanted for t in texts)
             extra = {key: value for key, value in case.items() if key not in ("prefix", "suffix")}
             line = {**extra, "id": case["id"], "completions": [c.to_dict() for c in result.completions], "latency_ms": latency}
             results.write(json.dumps(line, ensure_ascii=False) + "\n")

@@ -64,7 +64,30 @@ class _RaggedStep(StepContext):
     is_causal: bool = False
 
 
-class RaggedKVCache:
+class RowLengths:
+    """Per-row lengths of a cache: what `advance` keeps and `truncate` rolls back.
+    Rolling back is only a shorter length; the buffers are overwritten later."""
+
+    lengths: list[int]
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    def advance(self, n_kept: int | Sequence[int]) -> None:
+        kept = [n_kept] * self.batch if isinstance(n_kept, int) else list(n_kept)
+        if len(kept) != self.batch:
+            raise ValueError(f"advance: got {len(kept)} counts for {self.batch} rows")
+        self.lengths = [length + n for length, n in zip(self.lengths, kept)]
+
+    def truncate(self, row: int, length: int) -> None:
+        """Roll a row back to its first `length` entries (e.g. rejected drafts)."""
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(f"truncate row {row} to {length}: it holds {self.lengths[row]}")
+        self.lengths[row] = length
+
+
+class RaggedKVCache(RowLengths):
     """K/V buffers [layers, B, Hkv, capacity, D] with one length per row, written by index."""
 
     def __init__(self, shape: CacheShape, batch: int, capacity: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
@@ -76,10 +99,6 @@ class RaggedKVCache:
         self.keys = torch.zeros(buffer_shape, dtype=dtype, device=device)  # [L, B, Hkv, C, D]
         self.values = torch.zeros(buffer_shape, dtype=dtype, device=device)  # [L, B, Hkv, C, D]
         self.lengths: list[int] = [0] * batch
-
-    @property
-    def batch(self) -> int:
-        return len(self.lengths)
 
     @property
     def nbytes(self) -> int:
@@ -143,17 +162,6 @@ class RaggedKVCache:
             enable_gqa=q.shape[1] != k.shape[1],
         )
 
-    def advance(self, n_kept: int | Sequence[int]) -> None:
-        kept = [n_kept] * self.batch if isinstance(n_kept, int) else list(n_kept)
-        if len(kept) != self.batch:
-            raise ValueError(f"advance: got {len(kept)} counts for {self.batch} rows")
-        self.lengths = [length + n for length, n in zip(self.lengths, kept)]
-
-    def truncate(self, row: int, length: int) -> None:
-        """Roll row back to its first `length` entries."""
-        if not 0 <= length <= self.lengths[row]:
-            raise ValueError(f"truncate row {row} to {length}: it holds {self.lengths[row]}")
-        self.lengths[row] = length
 
 
 @dataclass(frozen=True)
@@ -162,7 +170,7 @@ class _BranchStep(StepContext):
     lengths_after: Tensor = None  # type: ignore[assignment]  # [k] branch entries incl. the T new ones
 
 
-class BranchKVCache:
+class BranchKVCache(RowLengths):
     """k branches over one shared prompt: the prompt's KV is stored once (batch 1), each
     branch owns only the KV of the tokens it generated, preallocated and written by index.
     Attention is bifurcated (kernels/bifurcated.py): one matmul over the prefix for all
@@ -200,10 +208,6 @@ class BranchKVCache:
         return cls(prompt.shape, keys, values, k, capacity)
 
     @property
-    def batch(self) -> int:
-        return len(self.lengths)
-
-    @property
     def nbytes(self) -> int:
         """Bytes held: the prefix once plus every branch buffer."""
         element = self.keys.element_size()
@@ -239,18 +243,6 @@ class BranchKVCache:
             step.lengths_after,
             sliding_window=self.shape.sliding_window,
         )
-
-    def advance(self, n_kept: int | Sequence[int]) -> None:
-        kept = [n_kept] * self.batch if isinstance(n_kept, int) else list(n_kept)
-        if len(kept) != self.batch:
-            raise ValueError(f"advance: got {len(kept)} counts for {self.batch} branches")
-        self.lengths = [length + n for length, n in zip(self.lengths, kept)]
-
-    def truncate(self, branch: int, length: int) -> None:
-        """Roll a branch back to its first `length` generated entries (rejected drafts)."""
-        if not 0 <= length <= self.lengths[branch]:
-            raise ValueError(f"truncate branch {branch} to {length}: it holds {self.lengths[branch]}")
-        self.lengths[branch] = length
 
     def fork(self, source: int, target: int) -> None:
         """Make branch `target` a copy of branch `source` (its entries and length)."""

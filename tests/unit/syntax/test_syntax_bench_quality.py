@@ -82,7 +82,8 @@ def test_widen_gives_distinct_candidates() -> None:
 
 def test_a_model_that_writes_the_reference_and_keeps_going_gets_the_reference_back() -> None:
     """Over real holes: reference + the suffix's start (the usual way a model overshoots)."""
-    from engine.bench_quality import Judge, normalized
+    from engine.bench_quality import Judge
+    from engine.syntax.rank import dedupe_key
     from engine.syntax import rank_alternatives
 
     config = QualityBenchConfig(humaneval_single=60, humaneval_multi=20, mbxp_per_language=10, seed=7)
@@ -92,7 +93,7 @@ def test_a_model_that_writes_the_reference_and_keeps_going_gets_the_reference_ba
         shown = [r.completion.text for r in rank_alternatives(hole.prefix, hole.suffix, hole.language, [overshoot])]
         assert len(shown) == 1, hole.id
         assert not Judge(hole).breaks_parse(shown[0]), hole.id
-        exact.setdefault(hole.source, []).append(normalized(shown[0]) == normalized(hole.reference))
+        exact.setdefault(hole.source, []).append(dedupe_key(shown[0]) == dedupe_key(hole.reference))
     for source, hits in exact.items():
         if source == "humaneval-multi":
             # A line start keeps one statement: a several-statement reference comes back whole
