@@ -156,6 +156,7 @@ class CompletionEngine:
             diverse=request.mode == "diverse",
             prefill=prefill,
             unit_done=unit_done,
+            healing=bias,
         )
         post_started = time.perf_counter()
         candidates = [

@@ -147,6 +147,7 @@ def decode_speculative(
     diverse: bool = False,
     prefill: Prefill | None = None,
     unit_done: UnitDone | None = None,
+    healing: HealingBias | None = None,
 ) -> SpeculativeOutput:
     limits = tracker.limits
     generator = torch.Generator().manual_seed(params.seed)
@@ -156,7 +157,7 @@ def decode_speculative(
         prefill = prefill or prefill_uncached(model, tracker.prompt_ids)
         cache = BranchKVCache.from_prompt(prefill.cache, k, limits.max_new_tokens + GAMMA_LIMIT + 2)
         prefill_ms = (time.perf_counter() - started) * 1000
-        healing = HealingBias(tracker.tokenizer, prefill.last_logits.shape[-1], prefill.last_logits.device)
+        healing = healing or HealingBias(tracker.tokenizer, prefill.last_logits.shape[-1], prefill.last_logits.device)
         branches = [Branch(heal_remaining=tracker.healed_text) for _ in range(k)]
         detoks = [tracker.new_detokenizer() for _ in range(k)]
         first_logits = tracker.constrain(prefill.last_logits[None].expand(k, -1), branches, healing)  # [k, V]
