@@ -29,6 +29,12 @@ class CompletionRequest:
     deadline_ms: float = 5000.0  # wall-clock budget; the engine returns what is complete by then
     raw: bool = False  # skip trimming/ranking (for comparison)
     request_id: str = ""
+    stop: tuple[str, ...] = ()  # extra stop strings: a branch ends where one first occurs (dropped)
+    cursor_rules: bool = True  # end at the end of the line / block begun at the cursor; False: only stop, EOS, max_tokens
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stop, tuple):  # a list from JSON or msgpack
+            object.__setattr__(self, "stop", tuple(self.stop))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generator
 
 import torch
 
@@ -21,14 +22,18 @@ from engine.models.transformer import EarlyExit, Transformer
 from engine.prefix_cache import PrefixCache, PrefixCacheConfig
 from engine.prompt import PromptBudget, build_prompt
 from engine.sampling import SamplingParams
-from engine.speculative import SpeculationConfig, decode_speculative
-from engine.stopping import rule_for_cursor
+from engine.speculative import SpeculationConfig, SpeculativeRun
+from engine.stopping import StopRule, rule_for_cursor
 from engine.syntax import Candidate, UnitPredicate, detect_language, postprocess
 from engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from engine.batching import ContinuousBatcher
 
 MAX_K = 32
 DEFAULT_SAMPLE_TEMPERATURE = 0.8
 MAX_NEW_TOKENS = 512
+MAX_STOPS = 8
 
 
 @dataclass
@@ -67,6 +72,8 @@ def validate_request(request: CompletionRequest) -> None:
         raise InputError(f"max_tokens must be between 1 and {MAX_NEW_TOKENS}, got {request.max_tokens}")
     if request.deadline_ms <= 0:
         raise InputError(f"deadline_ms must be > 0, got {request.deadline_ms}")
+    if len(request.stop) > MAX_STOPS or not all(isinstance(s, str) and 0 < len(s) <= 256 for s in request.stop):
+        raise InputError(f"stop must be at most {MAX_STOPS} non-empty strings of up to 256 characters")
     if request.mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, got {request.mode!r}")
     try:
@@ -86,7 +93,7 @@ class CompletionEngine:
         self.target, self.draft, self.config = target, draft, config
         self.prefix_cache = PrefixCache(PrefixCacheConfig(max_bytes=config.prefix_cache_mb * 1024 * 1024))
         self.draft_prefix_cache = PrefixCache(PrefixCacheConfig(max_bytes=config.prefix_cache_mb * 1024 * 1024 // 4))
-        self._busy = threading.Lock()  # one request at a time: the model and caches are not re-entrant
+        self.lock = threading.Lock()  # one round at a time: the model and caches are not re-entrant
 
     @classmethod
     def load(cls, config: EngineConfig, on_progress: ProgressCallback | None = None) -> "CompletionEngine":
@@ -118,34 +125,51 @@ class CompletionEngine:
         return self.target.name
 
     def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult:
-        validate_request(request)
-        with self._busy:
-            return self._complete(request, cancel)
+        """One request on its own (the CLI, `kspec eval`): a batch of one, run to the end."""
+        outcome: list[tuple[CompletionResult | None, BaseException | None]] = []
+        batcher = self.batcher(max_requests=1)
+        batcher.add(request, cancel or CancelToken(), lambda result, error: outcome.append((result, error)))
+        while not batcher.idle:
+            batcher.run_round()
+        result, error = outcome[0]
+        if error is not None:
+            raise error
+        assert result is not None
+        return result
 
-    def _complete(self, request: CompletionRequest, cancel: CancelToken | None) -> CompletionResult:
-        started = time.perf_counter()
-        deadline = time.monotonic() + request.deadline_ms / 1000
-        tokenizer = self.target.tokenizer
+    def batcher(self, max_requests: int) -> "ContinuousBatcher":
+        """Requests of several clients decoded together (continuous batching)."""
+        from engine.batching import BatchConfig, ContinuousBatcher
+
+        return ContinuousBatcher(self, BatchConfig(max_requests=max_requests))
+
+    def begin(self, request: CompletionRequest, cancel: CancelToken) -> "ActiveCompletion":
+        """A request ready to be prepared (prefill, a chunk per call) and then decoded in a batch.
+        Raises InputError for an invalid request."""
+        validate_request(request)
+        return ActiveCompletion(self, request, cancel)
+
+    def prepare(self, request: CompletionRequest, cancel: CancelToken) -> Generator[None, None, SpeculativeRun | None]:
+        """Prompt, prefill (yielding between chunks) and the healing walk -> the request's
+        decoding state, or None when there is nothing to complete (empty prompt)."""
+        tokenizer, model = self.target.tokenizer, self.target.model
         prompt = build_prompt(tokenizer, request.prefix, request.suffix, PromptBudget(self.config.prompt_tokens))
         if not prompt.ids:
-            return CompletionResult([], self.model_name, {"total": 0.0})
-        model = self.target.model
+            return None
+        first = yield from self.prefix_cache.prefill_steps(model, prompt.ids)
         bias = HealingBias(tokenizer, model.args.vocab_size, model.device)
-        try:
-            ids, healed_text, prefill = walk_healing(
-                lambda ids: self.prefix_cache.prefill(model, ids, cancel), tokenizer, prompt.ids, prompt.healed_text, bias
-            )
-        except CancelledError:
-            return CompletionResult([], self.model_name, {"total": (time.perf_counter() - started) * 1000})
-        tracker = BranchTracker(
-            tokenizer, rule_for_cursor(request.prefix, request.suffix), DecodeLimits(request.max_tokens, deadline), ids, healed_text
+        ids, healed_text, prefill = walk_healing(
+            lambda ids: self.prefix_cache.prefill(model, ids, cancel), tokenizer, prompt.ids, prompt.healed_text, bias, first
         )
+        deadline = time.monotonic() + request.deadline_ms / 1000
+        stops = rule_for_cursor(request.prefix, request.suffix, request.stop) if request.cursor_rules else StopRule(request.stop)
+        tracker = BranchTracker(tokenizer, stops, DecodeLimits(request.max_tokens, deadline), ids, healed_text)
         language = detect_language(request.language, request.path)
         params = sampling_params(request)
         unit_done = None
         if self.config.early_stop and not request.raw:
             unit_done = UnitPredicate(request.prefix, request.suffix, language)
-        output = decode_speculative(
+        return SpeculativeRun(
             model,
             tracker,
             request.k,
@@ -158,20 +182,62 @@ class CompletionEngine:
             unit_done=unit_done,
             healing=bias,
         )
-        post_started = time.perf_counter()
-        candidates = [
-            Candidate(b.text, b.logprob, len(b.token_ids), b.finish_reason) for b in output.branches if b.text
-        ]
+
+
+class ActiveCompletion:
+    """One request inside a batch: first prepared (a prefill chunk per round), then
+    decoded (`run`, one round per batch round), then finished into a result."""
+
+    def __init__(self, engine: CompletionEngine, request: CompletionRequest, cancel: CancelToken):
+        self.engine, self.request, self.cancel = engine, request, cancel
+        self.started = time.perf_counter()
+        self.deadline = time.monotonic() + request.deadline_ms / 1000
+        self.run: SpeculativeRun | None = None
+        self._preparing: Generator[None, None, SpeculativeRun | None] | None = engine.prepare(request, cancel)
+        self._decode_started = 0.0
+
+    @property
+    def preparing(self) -> bool:
+        return self._preparing is not None
+
+    def prepare_step(self) -> bool:
+        """One chunk of preparation. -> True when the request is over already (nothing
+        to complete, cancelled, or its deadline passed while its prompt was prefilled)."""
+        assert self._preparing is not None
+        if self.cancel.cancelled or time.monotonic() > self.deadline:
+            self._preparing.close()  # the prefix cache keeps the prompt's KV computed so far
+            self._preparing = None
+            return True
+        try:
+            next(self._preparing)
+            return False
+        except StopIteration as prepared:
+            self._preparing = None
+            self.run = prepared.value
+            self._decode_started = time.perf_counter()
+            return self.run is None
+        except CancelledError:  # the healing walk's prefill saw the cancel
+            self._preparing = None
+            return True
+
+    def result(self) -> CompletionResult:
+        engine, request, run = self.engine, self.request, self.run
+        now = time.perf_counter()
+        if run is None:
+            return CompletionResult([], engine.model_name, {"total": (now - self.started) * 1000})
+        output = run.output()
+        language = detect_language(request.language, request.path)
+        candidates = [Candidate(b.text, b.logprob, len(b.token_ids), b.finish_reason) for b in output.branches if b.text]
         completions = postprocess(request.prefix, request.suffix, language, candidates, raw=request.raw)
+        finished = time.perf_counter()
         timing = {
-            "prefill": (post_started - started) * 1000 - output.decode_ms,
-            "reused_prompt_tokens": float(prefill.reused_tokens),
-            "decode": output.decode_ms,
-            "postprocess": (time.perf_counter() - post_started) * 1000,
-            "total": (time.perf_counter() - started) * 1000,
+            "prefill": (self._decode_started - self.started) * 1000,
+            "prompt_tokens": float(len(run.tracker.prompt_ids)),
+            "reused_prompt_tokens": float(run.reused_tokens),
+            "decode": (now - self._decode_started) * 1000,
+            "postprocess": (finished - now) * 1000,
+            "total": (finished - self.started) * 1000,
             "rounds": float(output.stats.rounds),
             "accepted_per_round": output.stats.mean_accepted_per_round,
         }
-        return CompletionResult(completions, self.model_name, timing)
-
-
+        return CompletionResult(completions, engine.model_name, timing)

@@ -15,3 +15,7 @@ class InputError(KspecError):
 
 class CancelledError(KspecError):
     """The request was cancelled before it produced anything."""
+
+
+class DeadlineExceeded(KspecError):
+    """The request's deadline passed before the engine could start it."""

@@ -65,13 +65,19 @@ class HealingBias:
 
 
 def walk_healing(
-    prefill: Callable[[list[int]], "Prefill"], tokenizer: Tokenizer, ids: list[int], healed_text: str, bias: HealingBias
+    prefill: Callable[[list[int]], "Prefill"],
+    tokenizer: Tokenizer,
+    ids: list[int],
+    healed_text: str,
+    bias: HealingBias,
+    first: "Prefill | None" = None,
 ) -> tuple[list[int], str, "Prefill"]:
     """Regenerate the healed text greedily while the model's choice is a strict start of
     it, extending the prompt (cheap with a prefix cache): the k branches then split where
     the healed text ends, not inside it, so they differ in what they add.
+    `first`: the prefill of `ids` when the caller already has it.
     -> (prompt ids, healed text still to regenerate, the prompt's prefill)."""
-    state = prefill(ids)
+    state = first or prefill(ids)
     remaining = healed_text
     while remaining:
         token = int((state.last_logits + bias(remaining)).argmax())

@@ -263,3 +263,50 @@ class BranchKVCache(RowLengths):
         """The valid K and V of one branch: [L, Hkv, len, D] each (views)."""
         length = self.lengths[branch]
         return self.keys[:, branch, :, :length], self.values[:, branch, :, :length]
+
+
+@dataclass(frozen=True)
+class _GroupStep(StepContext):
+    parts: tuple[StepContext, ...] = ()
+
+
+class BranchCacheGroup:
+    """Several requests' branch caches verified in one forward pass (cross-request
+    batching): rows are the concatenation of each cache's rows, in order. Projections and
+    MLPs run once over all rows; attention runs per request, so each request keeps its
+    own shared prefix (stored and read once for its k branches)."""
+
+    def __init__(self, parts: Sequence[BranchKVCache]):
+        if not parts:
+            raise ValueError("a cache group needs at least one cache")
+        self.parts = list(parts)
+        self.sizes = [part.batch for part in self.parts]
+
+    @property
+    def batch(self) -> int:
+        return sum(self.sizes)
+
+    def prepare(self, n_new: int) -> StepContext:
+        steps = tuple(part.prepare(n_new) for part in self.parts)
+        positions = torch.cat([step.positions for step in steps])  # [B, T]
+        return _GroupStep(positions, n_new, steps)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, step: StepContext) -> Tensor:
+        """q [B, H, T, D], k/v [B, Hkv, T, D] with B = sum of the parts' rows -> [B, H, T, D]."""
+        step = _expect(step, _GroupStep)
+        outputs = [
+            part.attend(layer, q_part, k_part, v_part, part_step)
+            for part, part_step, q_part, k_part, v_part in zip(
+                self.parts, step.parts, q.split(self.sizes), k.split(self.sizes), v.split(self.sizes)
+            )
+        ]
+        return torch.cat(outputs)  # [B, H, T, D]
+
+    def advance(self, n_kept: int | Sequence[int]) -> None:
+        kept = [n_kept] * self.batch if isinstance(n_kept, int) else list(n_kept)
+        if len(kept) != self.batch:
+            raise ValueError(f"advance: got {len(kept)} counts for {self.batch} rows")
+        offset = 0
+        for part, size in zip(self.parts, self.sizes):
+            part.advance(kept[offset : offset + size])
+            offset += size

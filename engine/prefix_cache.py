@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Generator
 
 import torch
 
@@ -71,6 +72,20 @@ class PrefixCache:
         Runs in chunks and checks `cancel` between them: a cancelled prefill keeps what it
         computed as a cache entry (the next keystroke's prompt starts the same way) and
         raises CancelledError."""
+        steps = self.prefill_steps(model, ids)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as finished:
+                return finished.value
+            if cancel is not None and cancel.cancelled:
+                steps.close()  # stores the partial KV
+                raise CancelledError("cancelled during prefill")
+
+    def prefill_steps(self, model: Transformer, ids: list[int]) -> Generator[None, None, Prefill]:
+        """`prefill` one chunk at a time: yields between chunks, returns the Prefill.
+        Closing it early stores what was computed (a batch of requests interleaves the
+        chunks of a newcomer's prompt with the others' decode rounds)."""
         if not ids:
             raise ValueError("cannot prefill an empty prompt")
         cache = RaggedKVCache(model.cache_shape, 1, len(ids), model.dtype, model.device)
@@ -85,17 +100,20 @@ class PrefixCache:
             cache.lengths = [reused]
             self._entries.move_to_end(key)
         done = reused
-        with torch.inference_mode():
-            while True:
-                chunk = ids[done : done + self.config.chunk_tokens]
+        while True:
+            chunk = ids[done : done + self.config.chunk_tokens]
+            with torch.inference_mode():
                 hidden = model(torch.tensor([chunk], device=model.device), cache)  # [1, T, dim]
-                cache.advance(len(chunk))
-                done += len(chunk)
-                if done == len(ids):
-                    break
-                if cancel is not None and cancel.cancelled:
-                    self.store(tuple(ids[:done]), cache)
-                    raise CancelledError("cancelled during prefill")
+            cache.advance(len(chunk))
+            done += len(chunk)
+            if done == len(ids):
+                break
+            try:
+                yield
+            except GeneratorExit:
+                self.store(tuple(ids[:done]), cache)
+                raise
+        with torch.inference_mode():
             logits = model.logits(hidden[0, -1])  # [V]
         self.store(tuple(ids), cache)
         return Prefill(cache, logits, reused)

@@ -136,6 +136,133 @@ def accept_sampling(
     return len(draft.tokens), int(torch.multinomial(p[len(draft.tokens)], 1, generator=generator))
 
 
+class SpeculativeRun:
+    """One request's k branches being decoded, one round at a time.
+
+    A round is `propose()` (the rows to verify: each live branch's last token and its
+    draft), one target forward pass over those rows on `cache` — alone, or together with
+    other requests' rows (engine/batching.py) — and `accept(logits)`. `finished()` drops
+    branches that ended (they stop costing work) and says when none is left, or the
+    deadline passed, or the request was cancelled."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tracker: BranchTracker,
+        k: int,
+        params: SamplingParams,
+        drafter: Drafter,
+        config: SpeculationConfig = SpeculationConfig(),
+        cancel: CancelToken | None = None,
+        diverse: bool = False,
+        prefill: Prefill | None = None,
+        unit_done: UnitDone | None = None,
+        healing: HealingBias | None = None,
+    ):
+        self.model, self.tracker, self.params, self.drafter, self.config = model, tracker, params, drafter, config
+        self.cancel, self.unit_done = cancel, unit_done
+        self.generator = torch.Generator().manual_seed(params.seed)
+        self.stats = SpeculationStats()
+        self.decode_ms = 0.0  # time spent in this request's rounds (shared rounds count whole)
+        started = time.perf_counter()
+        limits = tracker.limits
+        with torch.inference_mode():
+            prefill = prefill or prefill_uncached(model, tracker.prompt_ids)
+            self.reused_tokens = prefill.reused_tokens
+            self.cache = BranchKVCache.from_prompt(prefill.cache, k, limits.max_new_tokens + GAMMA_LIMIT + 2)
+            self.prefill_ms = (time.perf_counter() - started) * 1000
+            self.healing = healing or HealingBias(tracker.tokenizer, prefill.last_logits.shape[-1], prefill.last_logits.device)
+            self.branches = [Branch(heal_remaining=tracker.healed_text) for _ in range(k)]
+            self.detoks = [tracker.new_detokenizer() for _ in range(k)]
+            first_logits = tracker.constrain(prefill.last_logits[None].expand(k, -1), self.branches, self.healing)  # [k, V]
+            tokens, logprobs = first_tokens(first_logits, params, self.generator, diverse, tracker.tokenizer.stop_ids)  # [k], [k]
+        for branch, detok, token, logprob in zip(self.branches, self.detoks, tokens.tolist(), logprobs.tolist()):
+            _commit(tracker, branch, detok, token, logprob, unit_done)
+        drafter.begin(tracker.prompt_ids, k, limits.max_new_tokens)
+        self.live = list(range(k))  # branch index of each cache row
+        self.gamma = config.gamma
+        self._drafts: list[Draft] = []
+        self._round_started = 0.0
+        self._drafted_at = 0.0
+
+    @torch.inference_mode()
+    def finished(self) -> bool:
+        """True when no branch is left to decode; otherwise compacts the live rows."""
+        still = [row for row, index in enumerate(self.live) if not self.branches[index].done]
+        if not still or _interrupted(self.branches, self.tracker.limits, self.cancel):
+            return True
+        if len(still) < len(self.live):  # finished branches stop costing work
+            self.cache.keep(still)
+            self.drafter.keep(still)
+            self.live = [self.live[row] for row in still]
+        return False
+
+    @property
+    def live_branches(self) -> list[Branch]:
+        return [self.branches[index] for index in self.live]
+
+    def propose(self) -> list[list[int]]:
+        """This round's rows, one per live branch: [last token, drafts...] (ragged)."""
+        self._round_started = time.perf_counter()
+        limits = self.tracker.limits
+        live_branches = self.live_branches
+        drafts = self.drafter.propose([b.token_ids for b in live_branches], self.gamma)
+        for draft, branch in zip(drafts, live_branches):
+            room = max(0, limits.max_new_tokens - len(branch.token_ids))
+            if branch.heal_remaining or room == 0:
+                draft.tokens, draft.q = [], None  # healing: the target picks, one token at a time
+            elif len(draft.tokens) > room:
+                draft.tokens = draft.tokens[:room]
+                draft.q = draft.q[:room] if draft.q is not None else None
+        self._drafts = drafts
+        self._drafted_at = time.perf_counter()
+        return [[b.token_ids[-1], *d.tokens] for b, d in zip(live_branches, drafts)]
+
+    @torch.inference_mode()
+    def accept(self, logits: Tensor, verify_ms: float) -> None:
+        """logits [k', T, V] of this request's rows (T >= each row's length; padding ignored)."""
+        verified_at = time.perf_counter()
+        live_branches, drafts = self.live_branches, self._drafts
+        logits[:, 0] = self.tracker.constrain(logits[:, 0], live_branches, self.healing)
+        log_probs = torch.log_softmax(logits, dim=-1)  # [k', T, V]
+        kept: list[int] = []
+        accepted_counts: list[int] = []
+        for row, (branch, draft) in enumerate(zip(live_branches, drafts)):
+            n = len(draft.tokens)
+            if self.params.greedy:
+                accepted, next_token = accept_greedy(draft.tokens, logits[row, : n + 1])
+            else:
+                accepted, next_token = accept_sampling(draft, logits[row, : n + 1], self.params, self.generator)
+            accepted_counts.append(accepted)
+            detok = self.detoks[self.live[row]]
+            for position, token in enumerate(draft.tokens[:accepted] + [next_token]):
+                if branch.done:
+                    break
+                _commit(self.tracker, branch, detok, token, float(log_probs[row, position, token]), self.unit_done)
+            kept.append(1 + accepted)  # the previous last token and the accepted drafts
+        self.cache.advance(kept)
+        stats = self.stats
+        stats.rounds += 1
+        stats.branch_rounds += len(self.live)
+        stats.drafted += sum(len(d.tokens) for d in drafts)
+        stats.accepted += sum(accepted_counts)
+        stats.gammas.append(self.gamma)
+        stats.draft_ms += (self._drafted_at - self._round_started) * 1000
+        stats.verify_ms += verify_ms
+        stats.accept_ms += (time.perf_counter() - verified_at) * 1000
+        self.decode_ms += (self._drafted_at - self._round_started) * 1000 + verify_ms + (time.perf_counter() - verified_at) * 1000
+        self.gamma = adapt_gamma(self.gamma, [len(d.tokens) for d in drafts], accepted_counts, self.config)
+
+    def output(self) -> SpeculativeOutput:
+        return SpeculativeOutput(self.branches, self.prefill_ms, self.decode_ms, self.stats.rounds, self.stats)
+
+
+def pad_rows(rows: list[list[int]], device: torch.device) -> Tensor:
+    """Ragged token rows -> [B, T] right-padded with token 0 (padding positions are never kept)."""
+    width = max(len(row) for row in rows)
+    return torch.tensor([row + [0] * (width - len(row)) for row in rows], device=device)  # [B, T]
+
+
 def decode_speculative(
     model: Transformer,
     tracker: BranchTracker,
@@ -149,80 +276,15 @@ def decode_speculative(
     unit_done: UnitDone | None = None,
     healing: HealingBias | None = None,
 ) -> SpeculativeOutput:
-    limits = tracker.limits
-    generator = torch.Generator().manual_seed(params.seed)
-    started = time.perf_counter()
-    stats = SpeculationStats()
+    """One request decoded alone: its rounds are verified on its own cache."""
+    run = SpeculativeRun(model, tracker, k, params, drafter, config, cancel, diverse, prefill, unit_done, healing)
     with torch.inference_mode():
-        prefill = prefill or prefill_uncached(model, tracker.prompt_ids)
-        cache = BranchKVCache.from_prompt(prefill.cache, k, limits.max_new_tokens + GAMMA_LIMIT + 2)
-        prefill_ms = (time.perf_counter() - started) * 1000
-        healing = healing or HealingBias(tracker.tokenizer, prefill.last_logits.shape[-1], prefill.last_logits.device)
-        branches = [Branch(heal_remaining=tracker.healed_text) for _ in range(k)]
-        detoks = [tracker.new_detokenizer() for _ in range(k)]
-        first_logits = tracker.constrain(prefill.last_logits[None].expand(k, -1), branches, healing)  # [k, V]
-        tokens, logprobs = first_tokens(first_logits, params, generator, diverse, tracker.tokenizer.stop_ids)  # [k], [k]
-        for branch, detok, token, logprob in zip(branches, detoks, tokens.tolist(), logprobs.tolist()):
-            _commit(tracker, branch, detok, token, logprob, unit_done)
-        drafter.begin(tracker.prompt_ids, k, limits.max_new_tokens)
-        live = list(range(k))  # branch index of each cache row
-        gamma = config.gamma
-        while True:
-            still = [row for row, index in enumerate(live) if not branches[index].done]
-            if not still or _interrupted(branches, limits, cancel):
-                break
-            if len(still) < len(live):  # finished branches stop costing work
-                cache.keep(still)
-                drafter.keep(still)
-                live = [live[row] for row in still]
-            live_branches = [branches[index] for index in live]
-            histories = [b.token_ids for b in live_branches]
-            round_started = time.perf_counter()
-            drafts = drafter.propose(histories, gamma)
-            for draft, branch in zip(drafts, live_branches):
-                room = max(0, limits.max_new_tokens - len(branch.token_ids))
-                if branch.heal_remaining or room == 0:
-                    draft.tokens, draft.q = [], None  # healing: the target picks, one token at a time
-                elif len(draft.tokens) > room:
-                    draft.tokens = draft.tokens[:room]
-                    draft.q = draft.q[:room] if draft.q is not None else None
-            width = 1 + max(len(d.tokens) for d in drafts)
-            rows = [[b.token_ids[-1], *d.tokens] for b, d in zip(live_branches, drafts)]
-            inputs = torch.tensor([r + [0] * (width - len(r)) for r in rows], device=model.device)  # [k', T]
-            drafted_at = time.perf_counter()
-            hidden = model(inputs, cache)  # [k', T, dim]
-            logits = model.logits(hidden)  # [k', T, V]
-            verified_at = time.perf_counter()
-            logits[:, 0] = tracker.constrain(logits[:, 0], live_branches, healing)
-            log_probs = torch.log_softmax(logits, dim=-1)  # [k', T, V]
-            kept: list[int] = []
-            accepted_counts: list[int] = []
-            for row, (branch, draft) in enumerate(zip(live_branches, drafts)):
-                n = len(draft.tokens)
-                if params.greedy:
-                    accepted, next_token = accept_greedy(draft.tokens, logits[row, : n + 1])
-                else:
-                    accepted, next_token = accept_sampling(draft, logits[row, : n + 1], params, generator)
-                accepted_counts.append(accepted)
-                new_tokens = draft.tokens[:accepted] + [next_token]
-                detok = detoks[live[row]]
-                for position, token in enumerate(new_tokens):
-                    if branch.done:
-                        break
-                    _commit(tracker, branch, detok, token, float(log_probs[row, position, token]), unit_done)
-                kept.append(1 + accepted)  # the previous last token and the accepted drafts
-            cache.advance(kept)
-            stats.rounds += 1
-            stats.branch_rounds += len(live)
-            stats.drafted += sum(len(d.tokens) for d in drafts)
-            stats.accepted += sum(accepted_counts)
-            stats.gammas.append(gamma)
-            stats.draft_ms += (drafted_at - round_started) * 1000
-            stats.verify_ms += (verified_at - drafted_at) * 1000
-            stats.accept_ms += (time.perf_counter() - verified_at) * 1000
-            gamma = adapt_gamma(gamma, [len(d.tokens) for d in drafts], accepted_counts, config)
-    decode_ms = (time.perf_counter() - started) * 1000 - prefill_ms
-    return SpeculativeOutput(branches, prefill_ms, decode_ms, stats.rounds, stats)
+        while not run.finished():
+            inputs = pad_rows(run.propose(), model.device)  # [k', T]
+            verify_started = time.perf_counter()
+            logits = model.logits(model(inputs, run.cache))  # [k', T, V]
+            run.accept(logits, (time.perf_counter() - verify_started) * 1000)
+    return run.output()
 
 
 def _commit(

@@ -68,6 +68,8 @@ def request_from_wire(data: Any) -> CompletionRequest:
         value, expected = data[spec.name], type(getattr(defaults, spec.name))
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
+        if expected is tuple and isinstance(value, list) and all(isinstance(item, str) for item in value):
+            value = tuple(value)
         if type(value) is not expected:
             raise InputError(f"request field {spec.name!r} must be {expected.__name__}")
         values[spec.name] = value

@@ -1,9 +1,11 @@
 """One engine on one worker thread, driven from asyncio (used in-process and by the daemon).
 
-The engine answers one request at a time (it is CPU/GPU bound), so requests queue in
-arrival order. Cancelling the awaiting coroutine sets the request's CancelToken: a
-request not started yet is skipped, a running one stops at its next decode round.
-Every request carries a deadline; time spent in the queue counts against it.
+The worker runs the engine's batcher round after round: requests that arrive while
+others are decoding join the batch at the next round (continuous batching, see
+engine/batching.py; `max_batch_requests=1` answers them one at a time, in arrival
+order). Cancelling the awaiting coroutine sets the request's CancelToken: a request not
+started yet is skipped, a running one leaves the batch at its next round. Every request
+carries a deadline; time spent waiting counts against it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from engine.api import CancelToken, CompletionRequest, CompletionResult
-from engine.errors import KspecError
+from engine.errors import DeadlineExceeded, KspecError
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -31,15 +33,60 @@ class EngineUnavailable(KspecError):
     """No engine to answer: it failed to load, or the daemon is gone."""
 
 
-class DeadlineExceeded(KspecError):
-    """The request's deadline passed before the engine could start it."""
-
-
 class Engine(Protocol):
     @property
     def model_name(self) -> str: ...
 
     def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult: ...
+
+
+Done = Callable[[CompletionResult | None, BaseException | None], None]
+
+
+class Batcher(Protocol):
+    """Requests in, rounds run on the worker thread (engine.batching.ContinuousBatcher)."""
+
+    @property
+    def idle(self) -> bool: ...
+
+    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done) -> None: ...
+
+    def run_round(self) -> None: ...
+
+    def cancel_all(self) -> None: ...
+
+
+class SerialBatcher:
+    """For an engine that can only answer whole requests: one request per round."""
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+        self._waiting: list[tuple[CompletionRequest, CancelToken, Done]] = []
+
+    @property
+    def idle(self) -> bool:
+        return not self._waiting
+
+    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done) -> None:
+        self._waiting.append((request, cancel, done))
+
+    def run_round(self) -> None:
+        request, cancel, done = self._waiting.pop(0)
+        try:
+            result = self._engine.complete(request, cancel)
+        except BaseException as exc:  # handed to the waiting coroutine
+            done(None, exc)
+            return
+        done(result, None)
+
+    def cancel_all(self) -> None:
+        for _, cancel, _ in self._waiting:
+            cancel.cancel()
+
+
+def batcher_for(engine: Engine, max_requests: int) -> Batcher:
+    make = getattr(engine, "batcher", None)
+    return make(max_requests) if make is not None else SerialBatcher(engine)
 
 
 ProgressCallback = Callable[[float, str], None]  # (fraction loaded, what is happening)
@@ -97,8 +144,11 @@ def _resolve(job: _Job, result: CompletionResult | None, error: BaseException | 
 
 
 class EngineRunner:
-    def __init__(self, config: "EngineConfig", factory: EngineFactory, on_status: Callable[[Status], None]):
+    def __init__(
+        self, config: "EngineConfig", factory: EngineFactory, on_status: Callable[[Status], None], max_batch_requests: int = 16
+    ):
         self.config = config
+        self.max_batch_requests = max_batch_requests
         self._factory = factory
         self._on_status = on_status
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -107,8 +157,8 @@ class EngineRunner:
         self._thread = threading.Thread(target=self._work, name="kspec-engine")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status = Status(LOADING, "loading the model", progress=0.0, model=config.model or "default")
-        self._current: CancelToken | None = None
-        self._guard = threading.Lock()  # guards _status/_current between threads; never held across an await
+        self._running: set[CancelToken] = set()  # requests handed to the batcher and not settled
+        self._guard = threading.Lock()  # guards _status/_running between threads; never held across an await
 
     @property
     def status(self) -> Status:
@@ -124,10 +174,10 @@ class EngineRunner:
         threading._register_atexit(self.stop)  # type: ignore[attr-defined]
 
     def stop(self) -> None:
-        """Stops the running request at its next round and ends the thread (without waiting)."""
+        """Cancels the running requests (each stops at its next round) and ends the thread (without waiting)."""
         with self._guard:
-            if self._current is not None:
-                self._current.cancel()
+            for cancel in self._running:
+                cancel.cancel()
         self._queue.put(None)
 
     def join(self, timeout_s: float) -> bool:
@@ -156,28 +206,51 @@ class EngineRunner:
 
     def _work(self) -> None:
         engine = self._load()
-        while (job := self._queue.get()) is not None:
-            if job.cancel.cancelled or job.future.done():
-                continue
-            if engine is None:
-                _resolve(job, None, EngineUnavailable(self.status.message))
-                continue
-            remaining_ms = (job.deadline - time.monotonic()) * 1000
-            if remaining_ms <= 1:
-                _resolve(job, None, DeadlineExceeded("the deadline passed while waiting for the engine"))
-                continue
-            with self._guard:
-                self._current = job.cancel
-            try:
-                _resolve(job, engine.complete(replace(job.request, deadline_ms=remaining_ms), job.cancel), None)
-            except KspecError as exc:
-                _resolve(job, None, exc)
-            except Exception as exc:  # a bug in the engine must not kill the worker
-                log.exception("engine failed on a request")
-                _resolve(job, None, EngineUnavailable(f"engine error: {type(exc).__name__}: {exc}"))
-            finally:
-                with self._guard:
-                    self._current = None
+        batcher = batcher_for(engine, self.max_batch_requests) if engine is not None else None
+        while True:
+            stopping = False
+            for job in self._arrivals(block=batcher is None or batcher.idle):
+                if job is None:
+                    stopping = True
+                elif not (job.cancel.cancelled or job.future.done()):
+                    self._submit(job, batcher)
+            if stopping and batcher is not None:
+                batcher.cancel_all()  # each request ends at its next round
+            if batcher is not None and not batcher.idle:
+                batcher.run_round()
+            elif stopping:
+                return
+
+    def _arrivals(self, block: bool) -> list[_Job | None]:
+        """The jobs queued since the last round; waits for one when there is no work."""
+        jobs: list[_Job | None] = []
+        try:
+            jobs.append(self._queue.get() if block else self._queue.get_nowait())
+            while True:
+                jobs.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        return jobs
+
+    def _submit(self, job: _Job, batcher: Batcher | None) -> None:
+        if batcher is None:
+            _resolve(job, None, EngineUnavailable(self.status.message))
+            return
+        remaining_ms = (job.deadline - time.monotonic()) * 1000
+        if remaining_ms <= 1:
+            _resolve(job, None, DeadlineExceeded("the deadline passed while waiting for the engine"))
+            return
+        with self._guard:
+            self._running.add(job.cancel)
+        batcher.add(replace(job.request, deadline_ms=remaining_ms), job.cancel, lambda result, error: self._settle(job, result, error))
+
+    def _settle(self, job: _Job, result: CompletionResult | None, error: BaseException | None) -> None:
+        with self._guard:
+            self._running.discard(job.cancel)
+        if error is not None and not isinstance(error, KspecError):
+            log.error("engine failed on a request: %s: %s", type(error).__name__, error)
+            error = EngineUnavailable(f"engine error: {type(error).__name__}: {error}")
+        _resolve(job, result, error)
 
     def _report_loading(self, fraction: float, message: str) -> None:
         self._set_status(Status(LOADING, message, progress=round(fraction, 3), model=self.config.model or "default"))
