@@ -1,0 +1,170 @@
+"""Continuous batching across requests: results equal each request decoded alone,
+cancellation and deadlines inside a batch, newcomers joining at the next round."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from engine.api import CancelToken, CompletionRequest, CompletionResult
+from engine.batching import BatchConfig, ContinuousBatcher
+from engine.errors import InputError
+from engine.kv import BranchCacheGroup
+
+SOURCES = [
+    "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n    return total / ",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n        self.",
+    "import os\n\nfor name in os.listdir('.'):\n    if name.endswith('.py'):\n        print(",
+    "x = [i * i for i in range(10)]\ny = sum(",
+]
+
+
+def _request(index: int, **overrides) -> CompletionRequest:
+    fields = dict(prefix=SOURCES[index % len(SOURCES)], k=1 + index % 4, max_tokens=6 + 3 * index, raw=True, cursor_rules=False, deadline_ms=60_000.0)
+    fields.update(overrides)
+    return CompletionRequest(**fields)
+
+
+class Outcomes:
+    def __init__(self) -> None:
+        self.by_index: dict[int, tuple[CompletionResult | None, BaseException | None]] = {}
+
+    def callback(self, index: int):
+        def done(result: CompletionResult | None, error: BaseException | None) -> None:
+            assert index not in self.by_index, "done called twice"
+            self.by_index[index] = (result, error)
+
+        return done
+
+
+def _texts(result: CompletionResult | None) -> list[str]:
+    assert result is not None
+    return [c.text for c in result.completions]
+
+
+def _drain(batcher: ContinuousBatcher, limit: int = 500) -> None:
+    for _ in range(limit):
+        if batcher.idle:
+            return
+        batcher.run_round()
+    raise AssertionError("the batch did not finish")
+
+
+def test_requests_decoded_together_equal_each_alone(random_engine):
+    requests = [_request(i) for i in range(6)]
+    alone = [_texts(random_engine.complete(r)) for r in requests]
+    batcher = random_engine.batcher(max_requests=8)
+    outcomes = Outcomes()
+    for index, request in enumerate(requests):
+        batcher.add(request, CancelToken(), outcomes.callback(index))
+    _drain(batcher)
+    assert batcher.largest_batch == len(requests)  # one verification pass held them all
+    assert [_texts(outcomes.by_index[i][0]) for i in range(len(requests))] == alone
+    assert any(alone), "the random model produced nothing to compare"
+
+
+def test_max_requests_one_serves_in_arrival_order(random_engine):
+    batcher = random_engine.batcher(max_requests=1)
+    outcomes = Outcomes()
+    order: list[int] = []
+    for index in range(3):
+        done = outcomes.callback(index)
+        batcher.add(_request(index), CancelToken(), lambda r, e, done=done, index=index: (order.append(index), done(r, e)))
+    _drain(batcher)
+    assert order == [0, 1, 2] and batcher.largest_batch == 1
+
+
+def test_cancelled_request_leaves_the_batch_at_once(random_engine):
+    long = dict(max_tokens=200, k=3)
+    requests = [_request(0, **long), _request(1, **long), _request(2, max_tokens=30)]
+    alone = [_texts(random_engine.complete(r)) for r in requests]
+    batcher = random_engine.batcher(max_requests=4)
+    outcomes = Outcomes()
+    cancels = [CancelToken() for _ in requests]
+    for index, request in enumerate(requests):
+        batcher.add(request, cancels[index], outcomes.callback(index))
+    batcher.run_round()
+    batcher.run_round()
+    assert batcher.size == 3
+    cancels[1].cancel()
+    batcher.run_round()
+    assert 1 in outcomes.by_index and batcher.size == 2  # gone within the round it was cancelled in
+    result, error = outcomes.by_index[1]
+    assert error is None and all(c.finish_reason == "cancelled" for c in result.completions)
+    _drain(batcher)
+    assert _texts(outcomes.by_index[0][0]) == alone[0]
+    assert _texts(outcomes.by_index[2][0]) == alone[2]
+
+
+def test_newcomer_joins_at_the_next_round_while_a_long_request_runs(random_engine):
+    batcher = random_engine.batcher(max_requests=4)
+    outcomes = Outcomes()
+    batcher.add(_request(0, max_tokens=300, k=2), CancelToken(), outcomes.callback(0))
+    for _ in range(3):
+        batcher.run_round()
+    long_run = batcher._members[0].active.run
+    rounds_before = long_run.stats.rounds
+    batcher.add(_request(1, max_tokens=3, k=1), CancelToken(), outcomes.callback(1))
+    batcher.run_round()
+    newcomer = next(m.active.run for m in batcher._members if m.active.request.max_tokens == 3) if batcher.size == 2 else None
+    assert 1 in outcomes.by_index or newcomer.stats.rounds == 1  # decoded in the round it arrived for
+    assert long_run.stats.rounds == rounds_before + 1
+    for _ in range(3):
+        if 1 in outcomes.by_index:
+            break
+        batcher.run_round()
+    assert 1 in outcomes.by_index and 0 not in outcomes.by_index  # the short one did not wait for the long one
+    batcher.cancel_all()
+    _drain(batcher)
+
+
+def test_long_prompt_is_prefilled_a_chunk_per_round(random_engine):
+    chunk = random_engine.prefix_cache.config.chunk_tokens
+    tokenizer = random_engine.target.tokenizer
+    long_prefix = "".join(f"value_{i} = compute({i}, {i * 7})\n" for i in range(400))
+    assert len(tokenizer.encode(long_prefix)) > 2 * chunk
+    random_engine.prefix_cache.clear()
+    batcher = random_engine.batcher(max_requests=4)
+    outcomes = Outcomes()
+    batcher.add(_request(0, max_tokens=300, k=2), CancelToken(), outcomes.callback(0))
+    batcher.run_round()
+    running = batcher._members[0].active.run
+    batcher.add(_request(1, prefix=long_prefix, max_tokens=4), CancelToken(), outcomes.callback(1))
+    batcher.run_round()
+    newcomer = batcher._members[1].active
+    assert newcomer.preparing  # still prefilling after one round ...
+    assert running.stats.rounds == 2  # ... while the running request got its round
+    batcher.cancel_all()
+    _drain(batcher)
+
+
+def test_deadline_inside_a_batch_and_invalid_requests(random_engine):
+    batcher = random_engine.batcher(max_requests=4)
+    outcomes = Outcomes()
+    clock = [0.0]
+    batcher.add(_request(0, max_tokens=300), CancelToken(), outcomes.callback(0))
+    batcher.add(_request(1, k=99), CancelToken(), outcomes.callback(1))  # invalid: refused alone
+    batcher.run_round()
+    result, error = outcomes.by_index[1]
+    assert result is None and isinstance(error, InputError)
+    member = batcher._members[0]
+    member.active.run.tracker.limits = replace(member.active.run.tracker.limits, clock=lambda: clock[0], deadline=-1.0)
+    batcher.run_round()
+    result, error = outcomes.by_index[0]
+    assert error is None and all(c.finish_reason == "deadline" for c in result.completions)
+    assert batcher.idle
+
+
+def test_group_of_caches_rejects_mismatched_counts(random_engine):
+    from engine.kv import BranchKVCache
+    from engine.prefix_cache import prefill_uncached
+
+    model = random_engine.target.model
+    prefill = prefill_uncached(model, [1, 2, 3])
+    group = BranchCacheGroup([BranchKVCache.from_prompt(prefill.cache, 2, 8), BranchKVCache.from_prompt(prefill.cache, 3, 8)])
+    assert group.batch == 5
+    with pytest.raises(ValueError, match="5 rows"):
+        group.advance([1, 1])
+    with pytest.raises(ValueError):
+        BatchConfig(max_requests=0)
