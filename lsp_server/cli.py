@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from engine.errors import KspecError
+from lsp_server.cluster_cli import add_cluster_parser, run_cluster
 from lsp_server.commands import add_engine_parser, add_lsp_parser, run_engine, run_lsp
 
 
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_lsp_parser(commands)
     add_engine_parser(commands)
+    add_cluster_parser(commands)
     return parser
 
 
@@ -179,7 +181,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"complete": run_complete, "eval": run_eval, "bench": run_bench, "lsp": run_lsp, "engine": run_engine}
+    handlers = {"complete": run_complete, "eval": run_eval, "bench": run_bench, "lsp": run_lsp, "engine": run_engine, "cluster": run_cluster}
     try:
         return handlers[args.command](args)
     except KspecError as exc:

@@ -3,9 +3,15 @@
 Start-up order keeps a second daemon cheap and harmless: take the lock (another daemon
 holds it -> exit 0 at once), bind the socket (0600, in the 0700 runtime dir), then load
 the model on the worker thread while already answering handshakes ("loading"). Requests
-run one at a time in arrival order; `cancel(id)` stops one at its next decode round; a
-client that disconnects has its requests cancelled. With no client for
-`--idle-timeout` seconds the daemon exits and removes its socket.
+of all clients are decoded together (continuous batching, engine/batching.py);
+`cancel(id)` stops one at its next decode round; a client that disconnects has its
+requests cancelled. With no client for `--idle-timeout` seconds the daemon exits and
+removes its socket (a network daemon, `--listen`, waits forever unless told).
+
+`--listen HOST:PORT` serves the same protocol over TCP (loopback by default; every
+client must present the token; TLS with `--tls-cert/--tls-key`), and on the same port
+the OpenAI-compatible HTTP endpoint (lsp_server/http_api.py), told apart by the first
+bytes of a connection.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import fcntl
 import logging
 import os
 import signal
+import ssl
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -22,6 +29,7 @@ from typing import Any
 
 from engine.api import CompletionRequest
 from engine.errors import InputError, KspecError
+from lsp_server.http_api import HttpApi, looks_like_http, serve_http
 from lsp_server.protocol import (
     PROTOCOL_VERSION,
     DaemonPaths,
@@ -32,6 +40,7 @@ from lsp_server.protocol import (
     write_frame,
 )
 from lsp_server.runner import (
+    READY,
     DeadlineExceeded,
     EngineFactory,
     EngineRunner,
@@ -89,10 +98,18 @@ class _Peer:
 
 
 class Daemon:
-    def __init__(self, config: Any, factory: EngineFactory = default_engine_factory, idle_timeout_s: float = 900.0, token: str | None = None):
-        self.runner = EngineRunner(config, factory, self._broadcast)
+    def __init__(
+        self,
+        config: Any,
+        factory: EngineFactory = default_engine_factory,
+        idle_timeout_s: float | None = 900.0,  # None: never exit for lack of clients
+        token: str | None = None,
+        max_batch_requests: int = 16,
+    ):
+        self.runner = EngineRunner(config, factory, self._broadcast, max_batch_requests)
         self.idle_timeout_s = idle_timeout_s
         self.token = token
+        self.http = HttpApi(self.runner.complete, lambda: self.runner.status.model, self._ready, token)
         self._peers: set[_Peer] = set()
         self._stop = asyncio.Event()
         self._idle: asyncio.TimerHandle | None = None
@@ -114,14 +131,20 @@ class Daemon:
         finally:
             path.unlink(missing_ok=True)
 
-    async def serve_tcp(self, host: str, port: int) -> None:
-        """TCP (only when asked; the CLI defaults to loopback); `token` must be set."""
+    async def serve_tcp(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
+        """TCP (only when asked; the CLI defaults to loopback); `token` must be set.
+        With `tls` every connection is TLS (msgpack and HTTP alike)."""
         if self.token is None:
             raise KspecError("a TCP engine daemon needs a token")
-        server = await asyncio.start_server(self._serve_peer, host, port)
+        server = await asyncio.start_server(self._serve_peer, host, port, ssl=tls)
         self.bound_port = server.sockets[0].getsockname()[1]
-        print(f"kspec engine: listening on {host}:{self.bound_port}", file=sys.stderr, flush=True)
+        scheme = "tls" if tls is not None else "tcp"
+        print(f"kspec engine: listening on {scheme}://{host}:{self.bound_port} (and http{'s' if tls else ''}://{host}:{self.bound_port}/v1)", file=sys.stderr, flush=True)
         await self._run(server)
+
+    def _ready(self) -> tuple[bool, str]:
+        status = self.runner.status
+        return status.state == READY, status.state if status.state == READY else f"{status.state}: {status.message}"
 
     async def _run(self, server: asyncio.AbstractServer) -> None:
         loop = asyncio.get_running_loop()
@@ -142,7 +165,8 @@ class Daemon:
     def _arm_idle(self) -> None:
         if self._idle is not None:
             self._idle.cancel()
-        self._idle = asyncio.get_running_loop().call_later(self.idle_timeout_s, self._idle_exit)
+        if self.idle_timeout_s is not None:
+            self._idle = asyncio.get_running_loop().call_later(self.idle_timeout_s, self._idle_exit)
 
     def _idle_exit(self) -> None:
         if not self._peers:
@@ -157,7 +181,14 @@ class Daemon:
     async def _serve_peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = _Peer(writer)
         try:
-            if not await self._handshake(peer, reader):
+            try:
+                first = await asyncio.wait_for(reader.readexactly(4), HANDSHAKE_TIMEOUT_S)
+            except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+                return
+            if looks_like_http(first):
+                await serve_http(reader, writer, first, self.http)
+                return
+            if not await self._handshake(peer, reader, first):
                 return
             self._peers.add(peer)
             if self._idle is not None:
@@ -174,9 +205,9 @@ class Daemon:
             if not self._peers:
                 self._arm_idle()
 
-    async def _handshake(self, peer: _Peer, reader: asyncio.StreamReader) -> bool:
+    async def _handshake(self, peer: _Peer, reader: asyncio.StreamReader, header: bytes) -> bool:
         try:
-            hello = await asyncio.wait_for(read_frame(reader), HANDSHAKE_TIMEOUT_S)
+            hello = await asyncio.wait_for(read_frame(reader, header), HANDSHAKE_TIMEOUT_S)
         except asyncio.TimeoutError:
             return False
         if hello is None or hello.get("type") != "hello":
@@ -234,27 +265,41 @@ def _lock(path: Path) -> int | None:
     return fd
 
 
-def run_daemon(spec: EngineSpec, socket: Path | None, idle_timeout_s: float, tcp: tuple[str, int] | None = None, token: str | None = None) -> int:
-    """Entry point of `kspec engine`; returns the exit code."""
+def run_daemon(
+    spec: EngineSpec,
+    socket: Path | None,
+    idle_timeout_s: float | None,
+    tcp: tuple[str, int] | None = None,
+    token: str | None = None,
+    tls: ssl.SSLContext | None = None,
+    max_batch_requests: int = 16,
+) -> int:
+    """Entry point of `kspec engine`; returns the exit code. A Unix-socket daemon holds
+    the lock for its model (a second one exits at once); a network daemon needs none:
+    its port is its identity, and binding a busy port fails with a clear message."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s kspec-engine[%(process)d] %(levelname)s %(message)s")
-    paths = DaemonPaths.for_spec(spec) if socket is None else DaemonPaths(socket, socket.with_suffix(".lock"), socket.with_suffix(".log"))
-    lock = _lock(paths.lock)  # before importing torch: a second daemon costs almost nothing
-    if lock is None:
-        print(f"kspec engine: already running (pid {paths.daemon_pid()}) at {paths.socket}", file=sys.stderr)
-        return 0
+    lock = None
+    if tcp is None:
+        paths = DaemonPaths.for_spec(spec) if socket is None else DaemonPaths(socket, socket.with_suffix(".lock"), socket.with_suffix(".log"))
+        lock = _lock(paths.lock)  # before importing torch: a second daemon costs almost nothing
+        if lock is None:
+            print(f"kspec engine: already running (pid {paths.daemon_pid()}) at {paths.socket}", file=sys.stderr)
+            return 0
     from engine.config import EngineConfig
 
     try:
         config = EngineConfig(model=spec.model, draft=spec.draft, dtype=spec.dtype, device=spec.device, progress=False)
-    except ValueError as exc:
-        os.close(lock)
-        raise KspecError(str(exc)) from exc
-    daemon = Daemon(config, idle_timeout_s=idle_timeout_s, token=token)
-    try:
+        daemon = Daemon(config, idle_timeout_s=idle_timeout_s, token=token, max_batch_requests=max_batch_requests)
         if tcp is not None:
-            asyncio.run(daemon.serve_tcp(*tcp))
+            asyncio.run(daemon.serve_tcp(*tcp, tls=tls))
         else:
             asyncio.run(daemon.serve_unix(paths.socket))
+    except ValueError as exc:
+        raise KspecError(str(exc)) from exc
+    except OSError as exc:
+        where = f"{tcp[0]}:{tcp[1]}" if tcp is not None else str(paths.socket)
+        raise KspecError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
     finally:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
     return 0

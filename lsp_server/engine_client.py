@@ -18,6 +18,7 @@ import fcntl
 import itertools
 import logging
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -31,6 +32,8 @@ from lsp_server.protocol import (
     PROTOCOL_VERSION,
     DaemonPaths,
     EngineSpec,
+    EngineUrl,
+    client_tls,
     ProtocolError,
     read_frame,
     write_frame,
@@ -88,6 +91,30 @@ class InProcessEngine:
         return self._runner.join(timeout_s)
 
 
+class UnusableEngine:
+    """Settings that cannot give an engine: reports why once, answers nothing."""
+
+    def __init__(self, message: str, on_status: StatusCallback):
+        self._status = Status(ERROR, message)
+        self._on_status = on_status
+
+    @property
+    def status(self) -> Status:
+        return self._status
+
+    async def start(self) -> None:
+        self._on_status(self._status)
+
+    async def complete(self, request: CompletionRequest) -> CompletionResult:
+        raise EngineUnavailable(self._status.message)
+
+    def close(self) -> None:
+        pass
+
+    def join(self, timeout_s: float) -> bool:
+        return True
+
+
 @dataclass(frozen=True)
 class DaemonOptions:
     spec: EngineSpec = field(default_factory=EngineSpec)
@@ -98,8 +125,9 @@ class DaemonOptions:
     max_restarts: int = 3
     restart_window_s: float = 300.0
     python: str = sys.executable
-    tcp: tuple[str, int] | None = None  # connect to a daemon started with `kspec engine --tcp` (never spawned)
-    token: str | None = None  # that daemon's token
+    url: EngineUrl | None = None  # a network engine (`kspec engine --listen`; tcp:// or tls://), never spawned
+    token: str | None = None  # that engine's token
+    ca_file: Path | None = None  # tls://: trust this certificate / CA instead of the system's
 
     def paths(self) -> DaemonPaths:
         return DaemonPaths.for_spec(self.spec, self.folder)
@@ -128,7 +156,7 @@ class DaemonEngine:
     def __init__(self, options: DaemonOptions, on_status: StatusCallback):
         self.options = options
         self.paths = options.paths()
-        self.where = f"{options.tcp[0]}:{options.tcp[1]}" if options.tcp else str(self.paths.socket)
+        self.where = str(options.url) if options.url else str(self.paths.socket)
         self._on_status = on_status
         self._status = Status(LOADING, "connecting to the engine daemon", progress=0.0, model=options.spec.model or "default")
         self._connection: _Connection | None = None
@@ -215,8 +243,8 @@ class DaemonEngine:
     async def _connect(self) -> None:
         deadline = time.monotonic() + self.options.connect_timeout_s
         connection = await self._try_connect()
-        if connection is None and self.options.tcp is not None:
-            raise EngineUnavailable(f"no engine daemon answers at {self.options.tcp[0]}:{self.options.tcp[1]}")
+        if connection is None and self.options.url is not None:
+            raise EngineUnavailable(f"no engine answers at {self.options.url}")
         if connection is None:
             connection = await self._spawn_and_connect(deadline)
         self._connection = connection
@@ -224,12 +252,16 @@ class DaemonEngine:
 
     async def _try_connect(self) -> _Connection | None:
         try:
-            if self.options.tcp is not None:
-                reader, writer = await asyncio.open_connection(*self.options.tcp)
+            url = self.options.url
+            if url is not None:
+                tls = client_tls(self.options.ca_file) if url.secure else None
+                reader, writer = await asyncio.open_connection(url.host, url.port, ssl=tls, server_hostname=url.host if tls else None)
             else:
                 reader, writer = await asyncio.open_unix_connection(str(self.paths.socket))
         except (FileNotFoundError, ConnectionRefusedError):
             return None
+        except ssl.SSLError as exc:
+            raise ProtocolError(f"TLS with {self.where} failed: {exc.reason or exc}") from exc
         try:
             return await asyncio.wait_for(self._handshake(reader, writer), self.options.handshake_timeout_s)
         except (asyncio.TimeoutError, ProtocolError, ConnectionError, asyncio.IncompleteReadError) as exc:

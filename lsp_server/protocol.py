@@ -24,9 +24,12 @@ import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
+
+if TYPE_CHECKING:
+    import ssl
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 16 * 1024 * 1024
@@ -54,14 +57,16 @@ def unpack(body: bytes) -> dict[str, Any]:
     return message
 
 
-async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
-    """The next message, or None at a clean end of stream."""
-    try:
-        header = await reader.readexactly(_HEADER.size)
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial:
-            raise ProtocolError("stream ended inside a frame header") from exc
-        return None
+async def read_frame(reader: asyncio.StreamReader, header: bytes | None = None) -> dict[str, Any] | None:
+    """The next message, or None at a clean end of stream. `header`: its first 4 bytes,
+    when the caller has already read them (to tell the protocol from HTTP)."""
+    if header is None:
+        try:
+            header = await reader.readexactly(_HEADER.size)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise ProtocolError("stream ended inside a frame header") from exc
+            return None
     (size,) = _HEADER.unpack(header)
     if size > MAX_FRAME:
         raise ProtocolError(f"frame of {size} bytes exceeds the {MAX_FRAME}-byte limit")
@@ -143,3 +148,58 @@ def tokens_match(expected: str | None, given: Any) -> bool:
     if expected is None:
         return True
     return isinstance(given, str) and secrets.compare_digest(expected, given)
+
+
+# --- engines on the network ----------------------------------------------------------
+
+ENGINE_SCHEMES = {"tcp": 0, "tls": 0, "http": 80, "https": 443}  # scheme -> default port (0: required)
+
+
+@dataclass(frozen=True)
+class EngineUrl:
+    """Where a network engine is: tcp:// or tls:// (kspec's msgpack protocol, `kspec
+    engine --listen`) or http(s)://HOST:PORT/PATH (an OpenAI-compatible API, e.g. .../v1)."""
+
+    scheme: str
+    host: str
+    port: int
+    path: str = ""
+
+    @property
+    def secure(self) -> bool:
+        return self.scheme in ("tls", "https")
+
+    @property
+    def is_http(self) -> bool:
+        return self.scheme in ("http", "https")
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}{self.path}"
+
+
+def parse_engine_url(text: str) -> EngineUrl:
+    """Raises ValueError with a message naming what is wrong."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text.strip())
+    if parts.scheme not in ENGINE_SCHEMES:
+        raise ValueError(f"engine URL {text!r} must start with tcp://, tls://, http:// or https://")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"engine URL {text!r}: {exc}") from exc
+    port = port or ENGINE_SCHEMES[parts.scheme]
+    if not parts.hostname or not port:
+        raise ValueError(f"engine URL {text!r} needs a host and a port")
+    if parts.scheme in ("tcp", "tls") and parts.path not in ("", "/"):
+        raise ValueError(f"engine URL {text!r}: a {parts.scheme}:// URL has no path")
+    return EngineUrl(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+
+
+def client_tls(ca_file: Path | None = None) -> "ssl.SSLContext":
+    """Verifies the server against the system's CAs, or against `ca_file` (a self-signed
+    certificate or a private CA)."""
+    import ssl
+
+    return ssl.create_default_context(cafile=str(ca_file) if ca_file else None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import sys
 import time
@@ -34,9 +35,10 @@ from engine.errors import InputError, KspecError
 from lsp_server.context import Budgets, EditorContext, cursor_context, looks_binary
 from lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Cursor, Document, DocumentStore, line_body, units_from_column
 from lsp_server.edits import replaced_chars
-from lsp_server.engine_client import DaemonEngine, DaemonOptions, EngineClient, InProcessEngine
+from lsp_server.engine_client import DaemonEngine, DaemonOptions, EngineClient, InProcessEngine, UnusableEngine
 from lsp_server.jsonrpc import MAX_MESSAGE_BYTES, Dispatcher, frames_to_loop
-from lsp_server.protocol import EngineSpec
+from lsp_server.protocol import EngineSpec, parse_engine_url
+from lsp_server.remote_backend import OpenAIEngine, RemoteOptions, api_key_from
 from lsp_server.runner import ERROR, READY, DeadlineExceeded, EngineFactory, EngineUnavailable, Status, default_engine_factory
 from lsp_server.settings import SECTION, Settings, parse_settings
 from lsp_server.typeahead import Entry, TypeaheadCache
@@ -66,12 +68,12 @@ class Redactor(logging.Filter):
 
 @dataclass(frozen=True)
 class ServerOptions:
-    engine: str | None = None  # forces the placement ("inprocess" / "daemon"); None: the setting decides
+    engine: str | None = None  # forces the placement ("inprocess", "daemon", "remote", "openai"); None: the setting decides
     engine_factory: EngineFactory = default_engine_factory  # in-process engines (benchmarks swap it)
     daemon_folder: Path | None = None
     daemon_idle_timeout_s: float = 900.0
-    daemon_tcp: tuple[str, int] | None = None  # a daemon started by hand with `kspec engine --tcp`
-    daemon_token: str | None = None
+    engine_url: str | None = None  # forces the engine URL (`kspec lsp --engine-url`); None: the setting decides
+    daemon_token: str | None = None  # forces the network engine's token
     redactor: Redactor = field(default_factory=Redactor)
     max_message_bytes: int = MAX_MESSAGE_BYTES
 
@@ -306,13 +308,31 @@ class Session:
             config = EngineConfig(model=settings.model, draft=settings.draft, dtype=settings.dtype, device=settings.device, progress=False)
             return InProcessEngine(config, self._on_status, self.options.engine_factory)
         spec = EngineSpec(settings.model, settings.draft, settings.dtype, settings.device)
-        options = DaemonOptions(
-            spec=spec,
-            folder=self.options.daemon_folder,
-            idle_timeout_s=self.options.daemon_idle_timeout_s,
-            tcp=self.options.daemon_tcp,
-            token=self.options.daemon_token,
-        )
+        if settings.engine == "daemon":
+            options = DaemonOptions(spec=spec, folder=self.options.daemon_folder, idle_timeout_s=self.options.daemon_idle_timeout_s)
+            return DaemonEngine(options, self._on_status)
+        try:
+            return self._network_engine(settings, spec)
+        except ValueError as exc:
+            return UnusableEngine(f"engine {settings.engine!r}: {exc}", self._on_status)
+
+    def _network_engine(self, settings: Settings, spec: EngineSpec) -> EngineClient:
+        """A kspec engine on the network ("remote") or an OpenAI-compatible one ("openai").
+        Raises ValueError for settings that cannot work (no URL, wrong scheme, no token file)."""
+        text = self.options.engine_url or settings.engine_url
+        if not text:
+            raise ValueError("set engineUrl (tcp://HOST:PORT or tls://HOST:PORT for a kspec engine, http(s)://HOST:PORT/v1 for an OpenAI-compatible one)")
+        url = parse_engine_url(text)
+        environment = dict(os.environ) if settings.engine == "openai" else {"KSPEC_ENGINE_TOKEN": os.environ.get("KSPEC_ENGINE_TOKEN", "")}
+        token = self.options.daemon_token or api_key_from(settings.engine_token_file, environment)
+        ca_file = Path(settings.engine_ca_file).expanduser() if settings.engine_ca_file else None
+        if settings.engine == "openai":
+            return OpenAIEngine(RemoteOptions(url, settings.remote_model, token, ca_file, settings.remote_fim), self._on_status)
+        if url.is_http:
+            raise ValueError(f"{url} is an HTTP URL: use engine 'openai' for it, or tcp:// / tls:// for a kspec engine")
+        if not token:
+            raise ValueError("a network engine needs its token: set engineTokenFile or $KSPEC_ENGINE_TOKEN")
+        options = DaemonOptions(spec=spec, url=url, token=token, ca_file=ca_file, connect_timeout_s=10.0)
         return DaemonEngine(options, self._on_status)
 
     # --- status and messages ---------------------------------------------------------

@@ -18,7 +18,7 @@ MAX_K = 32
 MAX_NEW_TOKENS = 512
 DTYPES = ("float32", "bfloat16", "float16")
 MODES = ("diverse", "sample")
-PLACEMENTS = ("inprocess", "daemon")
+PLACEMENTS = ("inprocess", "daemon", "remote", "openai")
 SECTION = "kspec"
 
 
@@ -28,7 +28,13 @@ class Settings:
     draft: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
-    engine: str = "daemon"  # "daemon": one shared warm model for all editors; "inprocess": inside this server
+    engine: str = "daemon"  # "daemon": one shared warm model for all editors; "inprocess": inside this server;
+    # "remote": a kspec engine on the network (engine_url tcp:// or tls://); "openai": an OpenAI-compatible API (http(s)://.../v1)
+    engine_url: str | None = None
+    engine_token_file: str | None = None  # the network engine's token / API key (else $KSPEC_ENGINE_TOKEN, for openai also $OPENAI_API_KEY)
+    engine_ca_file: str | None = None  # TLS: trust this certificate (self-signed) or CA instead of the system's
+    remote_model: str | None = None  # openai: the model to ask for (None: the first one the server lists)
+    remote_fim: str = "suffix"  # openai: "suffix" (the API's suffix field) or a template with {prefix} and {suffix}
     k: int = 3
     max_tokens: int = 48
     mode: str = "diverse"
@@ -54,11 +60,32 @@ class Settings:
 
     def engine_key(self) -> tuple[Any, ...]:
         """Settings that need a new engine (or daemon) when they change."""
-        return (self.engine, self.model, self.draft, self.device, self.dtype)
+        return (self.engine, self.model, self.draft, self.device, self.dtype, self.engine_url, self.engine_token_file,
+                self.engine_ca_file, self.remote_model, self.remote_fim)  # fmt: skip
 
 
 def _optional_path(value: Any) -> str | None:
     return None if value is None or isinstance(value, str) and value.strip() else "must be a non-empty string or null"
+
+
+def _engine_url(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return "must be a URL string or null"
+    from lsp_server.protocol import parse_engine_url
+
+    try:
+        parse_engine_url(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _fim(value: Any) -> str | None:
+    if value == "suffix" or isinstance(value, str) and "{prefix}" in value and "{suffix}" in value:
+        return None
+    return "must be 'suffix' or a template containing {prefix} and {suffix}"
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
@@ -99,6 +126,11 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "device": _device,
     "dtype": _choice(tuple(DTYPES)),
     "engine": _choice(PLACEMENTS),
+    "engine_url": _engine_url,
+    "engine_token_file": _optional_path,
+    "engine_ca_file": _optional_path,
+    "remote_model": _optional_path,
+    "remote_fim": _fim,
     "k": _number(1, MAX_K, integer=True),
     "max_tokens": _number(1, MAX_NEW_TOKENS, integer=True),
     "mode": _choice(MODES),

@@ -19,7 +19,7 @@ from engine.errors import InputError, ModelLoadError
 from lsp_server import engine_client
 from lsp_server.daemon import Daemon
 from lsp_server.engine_client import DaemonEngine, DaemonOptions, InProcessEngine
-from lsp_server.protocol import PROTOCOL_VERSION, DaemonPaths, EngineSpec, pack, read_frame, write_frame
+from lsp_server.protocol import PROTOCOL_VERSION, DaemonPaths, EngineSpec, pack, parse_engine_url, read_frame, write_frame
 from lsp_server.runner import DeadlineExceeded, EngineUnavailable, Status
 
 
@@ -258,13 +258,13 @@ async def test_tcp_daemon_needs_its_token() -> None:
         await asyncio.sleep(0.01)
     address = ("127.0.0.1", daemon.bound_port)
 
-    good = DaemonEngine(DaemonOptions(spec=EngineSpec(model="fake"), tcp=address, token="s3cret", connect_timeout_s=5), lambda s: None)
+    good = DaemonEngine(DaemonOptions(spec=EngineSpec(model="fake"), url=parse_engine_url(f"tcp://{address[0]}:{address[1]}"), token="s3cret", connect_timeout_s=5), lambda s: None)
     result = await asyncio.wait_for(good.complete(CompletionRequest(prefix="tcp")), 10)
     assert result.completions[0].text == "pct"
     good.close()
 
     statuses: list[Status] = []
-    bad = DaemonEngine(DaemonOptions(spec=EngineSpec(model="fake"), tcp=address, token="guess", connect_timeout_s=5), statuses.append)
+    bad = DaemonEngine(DaemonOptions(spec=EngineSpec(model="fake"), url=parse_engine_url(f"tcp://{address[0]}:{address[1]}"), token="guess", connect_timeout_s=5), statuses.append)
     with pytest.raises(EngineUnavailable, match="bad token"):
         await asyncio.wait_for(bad.complete(CompletionRequest(prefix="tcp")), 10)
     bad.close()

@@ -1,0 +1,400 @@
+"""Scale-out on Ray Serve (the optional extra `cluster`): N engine replicas behind one
+OpenAI-compatible endpoint.
+
+    HTTP ──▶ Serve proxy ──▶ KspecIngress ──handle + DocumentRouter──▶ KspecEngine × N
+                             token, /v1/completions,                  one EngineRunner each
+                             /v1/models, retries                      (own prefix cache)
+
+Everything a cluster needs is Ray Serve's own: replicas, placement on nodes, health
+checks (`check_health` fails when the engine is in state "error"), restarting dead
+replicas, the HTTP proxy. Ours is only the routing policy, plugged in at Serve's
+request-router extension point (`RequestRouterConfig(request_router_class=...)`, the
+one Ray's own PrefixCacheAffinityRouter uses): `DocumentRouter` reads the `document`
+argument of each call and keeps a document on the replica that holds its prefix cache
+while that replica is alive (lsp_server.affinity). Serve tells the router which replicas
+are alive and which one just died, probes queue lengths, and backs off when every
+replica is full; the router returns the document's replica as its first choice and the
+others as a fallback, so a replica whose queue is full (max_ongoing_requests) spills
+the request to the least loaded other one instead of queueing it forever. We chose this
+over N single-replica deployments with hashing in the ingress because Serve keeps
+owning replica health, restarts and scaling (`--replicas N` is one deployment's
+num_replicas, autoscaling stays possible), and the router sees every live replica.
+
+A replica that dies while answering: the ingress's call raises ActorDiedError, Serve's
+router drops that replica (on_replica_actor_died), and the ingress sends the request
+again with what is left of its deadline; DocumentRouter places the document on a live
+replica and keeps it there afterwards. Requests without a document key go to the less
+loaded of two random replicas (power of two choices, as Serve's default router).
+
+The answering replica's id is in the response header `x-kspec-replica`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import random
+import socket
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import ray
+from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.serve.config import RequestRouterConfig
+from ray.serve.handle import DeploymentHandle
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from engine.api import CompletionRequest, CompletionResult
+from engine.errors import DeadlineExceeded, InputError, KspecError
+from lsp_server.affinity import MAX_DOCUMENTS, DocumentPlacement
+from lsp_server.openai_api import ApiError, check_model, completion_response, error_body, models_response, parse_completion
+
+log = logging.getLogger("kspec.cluster")
+
+APP_NAME = "kspec"
+ENGINE_DEPLOYMENT = "KspecEngine"
+INGRESS_DEPLOYMENT = "KspecIngress"
+REPLICA_HEADER = "x-kspec-replica"
+MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_ATTEMPTS = 3  # the first try and two more on other replicas when one dies
+DEADLINE_GRACE_S = 10.0  # the engine answers by the deadline; past it plus this, give up
+
+
+# -- routing -------------------------------------------------------------------------------
+
+
+class DocumentRouter(RequestRouter):
+    """Serve request router: a document's calls go to its replica while that replica is alive.
+
+    Calls name their document with the keyword argument `document`; `replica` (an id
+    from `x-kspec-replica`) asks for one replica while it is alive (diagnostics, tests).
+    """
+
+    def initialize_state(self, max_documents: int = MAX_DOCUMENTS, **_: Any) -> None:
+        self._placement = DocumentPlacement(max_documents)
+
+    @property
+    def placement(self) -> DocumentPlacement:
+        if not hasattr(self, "_placement"):
+            self._placement = DocumentPlacement()
+        return self._placement
+
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        kwargs = pending_request.kwargs if pending_request is not None else {}
+        if pending_request is not None:
+            # Back off between rounds when every replica is full, instead of probing in a loop.
+            pending_request.routing_context.should_backoff = True
+        by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
+        pinned = kwargs.get("replica") or ""
+        if pinned in by_id:
+            return [[by_id[pinned]]]
+        document = kwargs.get("document") or ""
+        if not document:
+            return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+        home = by_id[self.placement.choose(document, by_id)]
+        others = [replica for replica in candidate_replicas if replica is not home]
+        return [[home], others] if others else [[home]]
+
+    def on_replica_actor_died(self, replica_id) -> None:
+        super().on_replica_actor_died(replica_id)
+        self.placement.forget_replica(replica_id.unique_id)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        before = {replica_id.unique_id for replica_id in self._replica_id_set}
+        super().update_replicas(replicas)
+        for gone in before - {replica_id.unique_id for replica_id in self._replica_id_set}:
+            self.placement.forget_replica(gone)
+
+
+# -- the engine replica --------------------------------------------------------------------
+
+
+def _error(status: int, message: str, kind: str) -> dict[str, Any]:
+    return {"status": status, "message": message, "type": kind}
+
+
+class KspecEngine:
+    """One engine replica: an EngineRunner (continuous batching, own prefix cache)."""
+
+    async def __init__(self, engine_config: dict[str, Any], max_batch_requests: int):
+        from engine.config import EngineConfig
+        from lsp_server.runner import ERROR, LOADING, EngineRunner, default_engine_factory
+
+        self._error_state = ERROR
+        loaded = asyncio.Event()
+
+        def on_status(status) -> None:
+            if status.state != LOADING:
+                loaded.set()
+
+        self._replica = serve.get_replica_context().replica_id.unique_id
+        self._running = 0
+        self._runner = EngineRunner(EngineConfig(**engine_config), default_engine_factory, on_status, max_batch_requests)
+        self._runner.start()
+        await loaded.wait()
+        status = self._runner.status
+        if status.state == ERROR:
+            self._runner.stop()
+            raise KspecError(status.message)  # Serve reports the deployment as failed, with this message
+        self._model = status.model
+        log.info("replica %s ready: %s", self._replica, self._model)
+
+    async def complete(self, request: dict[str, Any], document: str = "") -> dict[str, Any]:
+        """`document` is read by DocumentRouter only. Errors come back as data, not exceptions."""
+        answer: dict[str, Any] = {"replica": self._replica}
+        self._running += 1
+        try:
+            result = await self._runner.complete(CompletionRequest.from_dict(request))
+        except InputError as exc:
+            answer["error"] = _error(400, str(exc), "invalid_request_error")
+        except DeadlineExceeded as exc:
+            answer["error"] = _error(504, str(exc), "timeout")
+        except KspecError as exc:  # EngineUnavailable and the rest
+            answer["error"] = _error(503, str(exc), "server_error")
+        else:
+            answer["result"] = result.to_dict()
+        finally:
+            self._running -= 1
+        return answer
+
+    async def info(self, replica: str = "") -> dict[str, Any]:
+        """This replica's id, state and load (`replica` is read by DocumentRouter only)."""
+        import os
+
+        status = self._runner.status
+        return {"replica": self._replica, "state": status.state, "model": self._model, "running": self._running, "pid": os.getpid()}
+
+    def check_health(self) -> None:
+        """Serve calls this periodically; raising marks the replica unhealthy and replaces it."""
+        status = self._runner.status
+        if status.state == self._error_state:
+            raise RuntimeError(f"engine in state error: {status.message}")
+
+    def __del__(self) -> None:
+        runner = getattr(self, "_runner", None)
+        if runner is not None:
+            runner.stop()
+
+
+# -- the HTTP ingress ----------------------------------------------------------------------
+
+
+def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class KspecIngress:
+    """`POST /v1/completions`, `GET /v1/models`; a bearer token when one is configured."""
+
+    def __init__(self, engine: DeploymentHandle, token: str | None = None):
+        self._engine = engine
+        self._token = token or None
+        self._model: str | None = None
+
+    async def __call__(self, http: Request) -> JSONResponse:
+        if self._token is not None and not self._authorized(http.headers.get("authorization", "")):
+            return _json(401, error_body("missing or wrong API key (Authorization: Bearer <token>)", "authentication_error"),
+                         {"www-authenticate": "Bearer"})
+        path = http.url.path.rstrip("/")
+        try:
+            if path == "/v1/models":
+                if http.method != "GET":
+                    raise ApiError(405, "use GET for /v1/models")
+                return _json(200, models_response(await self._model_name()))
+            if path == "/v1/completions":
+                if http.method != "POST":
+                    raise ApiError(405, "use POST for /v1/completions")
+                return await self._completions(http)
+            raise ApiError(404, f"no route {http.url.path}; this server has /v1/completions and /v1/models", kind="not_found_error")
+        except ApiError as exc:
+            return _json(exc.status, exc.body())
+
+    def _authorized(self, header: str) -> bool:
+        scheme, _, given = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token.encode())
+
+    async def _model_name(self) -> str:
+        if self._model is None:
+            info = await self._engine.info.remote()
+            self._model = info["model"]
+        return self._model
+
+    async def _completions(self, http: Request) -> JSONResponse:
+        declared = http.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+        raw = await http.body()
+        if len(raw) > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
+        parsed = parse_completion(body)
+        if parsed.model is not None:
+            check_model(parsed.model, await self._model_name())
+        answer = await self._complete_with_failover(parsed.request, parsed.document)
+        headers = {REPLICA_HEADER: answer["replica"]}
+        if "error" in answer:
+            error = answer["error"]
+            return _json(error["status"], error_body(error["message"], error["type"]), headers)
+        result = CompletionResult.from_dict(answer["result"])
+        self._model = self._model or result.model
+        return _json(200, completion_response(result, result.model), headers)
+
+    async def _complete_with_failover(self, request: CompletionRequest, document: str) -> dict[str, Any]:
+        """Send the request; when its replica dies, send it again elsewhere with the time left."""
+        deadline = time.monotonic() + request.deadline_ms / 1000
+        failure: BaseException | None = None
+        for attempt in range(MAX_ATTEMPTS):
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0.001:
+                break
+            call = replace(request, deadline_ms=remaining_s * 1000).to_dict()
+            try:
+                return await asyncio.wait_for(self._engine.complete.remote(call, document=document), remaining_s + DEADLINE_GRACE_S)
+            except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
+                failure = exc
+                log.warning("engine replica lost during a request (attempt %d of %d): %s", attempt + 1, MAX_ATTEMPTS, type(exc).__name__)
+            except asyncio.TimeoutError:
+                raise ApiError(504, "no engine replica answered before the deadline", kind="timeout") from None
+        if failure is None:
+            raise ApiError(504, "the deadline passed before an engine replica could answer", kind="timeout")
+        raise ApiError(503, f"engine replicas kept failing: {type(failure).__name__}", kind="server_error")
+
+
+# -- building and running the application ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """What `kspec cluster up` and `serve run ... lsp_server.cluster:build_app` take."""
+
+    replicas: int = 1
+    model: str | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    threads: int | None = None  # torch threads per replica (default: its CPUs, at least 1)
+    max_batch_requests: int = 16
+    num_cpus: float = 1.0  # Ray CPUs reserved per engine replica
+    num_gpus: float = 0.0  # Ray GPUs per engine replica
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if self.max_batch_requests < 1:
+            raise ValueError(f"max_batch_requests must be >= 1, got {self.max_batch_requests}")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ValueError("num_cpus and num_gpus must be >= 0")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> "ClusterOptions":
+        """From `serve run` arguments (strings on the command line, typed in a YAML file);
+        `token_file` reads the token from a file on the machine that builds the app."""
+        args = dict(args)
+        token_file = args.pop("token_file", None)
+        unknown = set(args) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown argument(s) {', '.join(sorted(unknown))}; known: {', '.join(f.name for f in fields(cls))}, token_file")
+        types = {"replicas": int, "threads": int, "max_batch_requests": int, "num_cpus": float, "num_gpus": float}
+        values: dict[str, Any] = {}
+        for name, value in args.items():
+            if value is None or value == "":
+                continue
+            values[name] = types[name](value) if name in types else str(value)
+        if token_file:
+            from pathlib import Path
+
+            token = Path(str(token_file)).expanduser().read_text().strip()
+            if not token:
+                raise ValueError(f"the token file {token_file} is empty")
+            values["token"] = token
+        return cls(**values)
+
+    def engine_config(self) -> dict[str, Any]:
+        from engine.config import EngineConfig
+
+        threads = self.threads or max(1, int(self.num_cpus))
+        config = EngineConfig(model=self.model, dtype=self.dtype, device=self.device, threads=threads, progress=False)
+        return {f.name: getattr(config, f.name) for f in fields(config)}
+
+
+def build_application(options: ClusterOptions) -> serve.Application:
+    engine = serve.deployment(KspecEngine).options(
+        name=ENGINE_DEPLOYMENT,
+        num_replicas=options.replicas,
+        # Past twice a batch, a request waits less on a less busy replica than behind its document's one.
+        max_ongoing_requests=2 * options.max_batch_requests,
+        ray_actor_options={"num_cpus": options.num_cpus, "num_gpus": options.num_gpus},
+        health_check_period_s=5.0,
+        health_check_timeout_s=30.0,
+        graceful_shutdown_timeout_s=10.0,
+        request_router_config=RequestRouterConfig(request_router_class="lsp_server.cluster:DocumentRouter"),
+    )
+    ingress = serve.deployment(KspecIngress).options(
+        name=INGRESS_DEPLOYMENT, num_replicas=1, max_ongoing_requests=10000, ray_actor_options={"num_cpus": 0}
+    )
+    return ingress.bind(engine.bind(options.engine_config(), options.max_batch_requests), options.token)
+
+
+def build_app(args: dict[str, Any]) -> serve.Application:
+    """For `serve run lsp_server.cluster:build_app replicas=2 ...` and examples/serve.yaml."""
+    return build_application(ClusterOptions.from_args(args))
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def start_ray(address: str | None, num_cpus: float | None = None) -> None:
+    """Connect to a running cluster (`address`), or start a local Ray instance."""
+    if ray.is_initialized():
+        return
+    quiet = {"logging_level": logging.WARNING, "log_to_driver": False, "configure_logging": True}
+    if address:
+        ray.init(address=address, **quiet)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, **quiet)
+
+
+def deploy(options: ClusterOptions, host: str, port: int) -> str:
+    """Start Serve's proxy on host:port (0: a free port) and run the app; the endpoint URL."""
+    if port == 0:
+        port = free_port(host)
+    serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
+    serve.run(build_application(options), name=APP_NAME, route_prefix="/")
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/v1"
+
+
+def undeploy(local: bool) -> None:
+    """Remove the app; a local instance we started goes with Serve and Ray."""
+    if not ray.is_initialized():
+        return
+    if local:
+        serve.shutdown()
+        ray.shutdown()
+    else:
+        serve.delete(APP_NAME)
+        ray.shutdown()
+
+
+def describe(options: ClusterOptions) -> dict[str, Any]:
+    shown = asdict(options)
+    shown["token"] = "(set)" if options.token else None
+    return shown
