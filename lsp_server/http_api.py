@@ -3,7 +3,7 @@ msgpack protocol: the daemon looks at a connection's first bytes and hands HTTP 
 here (a msgpack frame starts with a 4-byte length, which can never read "POST"/"GET ").
 
 Routes: `POST /v1/completions`, `GET /v1/models`, `GET /health`. With a token, every
-route except /health needs `Authorization: Bearer <token>` (401 otherwise). Bodies are
+route needs `Authorization: Bearer <token>` (401 and nothing else otherwise). Bodies are
 limited to MAX_BODY bytes; keep-alive is supported; a client that disconnects while its
 request runs has it cancelled.
 """
@@ -47,11 +47,11 @@ class HttpApi:
     async def respond(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
         """-> (HTTP status, JSON body)."""
         path = path.split("?", 1)[0]
+        if not tokens_match(self.token, _bearer(headers.get("authorization", ""))):
+            return 401, error_body("missing or wrong API token (Authorization: Bearer <token>)", "authentication_error")
         if path == "/health" and method == "GET":
             ready, state = self.ready()
             return (200 if ready else 503), {"status": state}
-        if not tokens_match(self.token, _bearer(headers.get("authorization", ""))):
-            return 401, error_body("missing or wrong API token (Authorization: Bearer <token>)", "authentication_error")
         try:
             if path == "/v1/models" and method == "GET":
                 return 200, models_response(self.model_name())
