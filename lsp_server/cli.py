@@ -51,9 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure speed, side by side in one run")
     bench.add_argument(
         "what",
-        choices=["generate", "attention", "step", "keystroke", "decode", "quality"],
+        choices=["generate", "attention", "step", "keystroke", "decode", "quality", "serve"],
         help="generate: our batched decoding vs transformers generate(); attention: bifurcated vs replicated "
-        "attention alone; step: a whole decode step, shared vs replicated prefix; keystroke: prefix-cache hit vs cold prefill",
+        "attention alone; step: a whole decode step, shared vs replicated prefix; keystroke: prefix-cache hit vs cold prefill; "
+        "serve: N editors at once, continuous batching vs one request at a time (or --url endpoints)",
     )
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--ks", default=None, help="comma-separated k values")
@@ -65,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"), help="quality: the shared evaluation data"
     )
     bench.add_argument("--lsp-points", type=int, default=3, help="keystroke: typing points replayed through kspec lsp")
+    bench.add_argument("--editors", default=None, help="serve: comma-separated numbers of editors typing at once (default 1,4,16)")
+    bench.add_argument("--requests-per-editor", type=int, default=3, help="serve: completions each editor asks for")
+    bench.add_argument("--url", action="append", default=None, help="serve: an OpenAI-compatible endpoint (http(s)://HOST:PORT/v1) to drive instead; repeat to compare, interleaved")
+    bench.add_argument("--token-file", type=Path, default=None, help="serve: the endpoints' token (API key)")
     _engine_args(bench)
 
     add_lsp_parser(commands)
@@ -148,6 +153,26 @@ def _bench_keystroke_lsp(config, args: argparse.Namespace) -> dict:
     )
 
 
+def _bench_serve(config, args: argparse.Namespace) -> dict:
+    from lsp_server.bench_serve import ServeBenchConfig, bench_serve_inprocess, bench_serve_urls
+    from lsp_server.commands import _read_token
+
+    try:
+        serve = ServeBenchConfig(
+            editors=tuple(_ints(args.editors, [1, 4, 16])), requests_per_editor=args.requests_per_editor,
+            k=_ints(args.ks, [2])[0], max_tokens=args.max_tokens or 16, repeats=args.repeats or 1,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise KspecError(str(exc)) from exc
+    if args.url:
+        token = _read_token(args.token_file) if args.token_file else None
+        try:
+            return bench_serve_urls(args.url, token, serve)
+        except ValueError as exc:
+            raise KspecError(str(exc)) from exc
+    return bench_serve_inprocess(config, serve)
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from engine import bench
 
@@ -170,6 +195,8 @@ def run_bench(args: argparse.Namespace) -> int:
         report = run_quality_bench(engine, data, quality, progress=lambda line: print(line, file=sys.stderr))
     elif args.what == "decode":
         report = bench.bench_decode(config, _ints(args.ks, [1, 4, 8]), args.max_tokens or 32, args.repeats or 1, args.plot)
+    elif args.what == "serve":
+        report = _bench_serve(config, args)
     elif args.what == "step":
         report = bench.bench_decode_step(config, _ints(args.ks, [8])[0], _ints(args.contexts, [1024, 4096]), args.repeats or 7)
     else:
