@@ -32,7 +32,6 @@ The answering replica's id is in the response header `x-kspec-replica`.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import random
@@ -43,7 +42,8 @@ from typing import Any
 
 import ray
 from ray import serve
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.serve._private.constants import SERVE_NAMESPACE  # where Serve creates its actors
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
@@ -53,7 +53,9 @@ from starlette.responses import JSONResponse
 from engine.api import CompletionRequest, CompletionResult
 from engine.errors import DeadlineExceeded, InputError, KspecError
 from lsp_server.affinity import MAX_DOCUMENTS, DocumentPlacement
+from lsp_server.http_api import _bearer
 from lsp_server.openai_api import ApiError, check_model, completion_response, error_body, models_response, parse_completion
+from lsp_server.protocol import tokens_match
 
 log = logging.getLogger("kspec.cluster")
 
@@ -64,6 +66,7 @@ REPLICA_HEADER = "x-kspec-replica"
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_ATTEMPTS = 3  # the first try and two more on other replicas when one dies
 DEADLINE_GRACE_S = 10.0  # the engine answers by the deadline; past it plus this, give up
+HEALTH_TIMEOUT_S = 5.0
 
 
 # -- routing -------------------------------------------------------------------------------
@@ -158,7 +161,7 @@ class KspecEngine:
         except InputError as exc:
             answer["error"] = _error(400, str(exc), "invalid_request_error")
         except DeadlineExceeded as exc:
-            answer["error"] = _error(504, str(exc), "timeout")
+            answer["error"] = _error(504, str(exc), "timeout_error")
         except KspecError as exc:  # EngineUnavailable and the rest
             answer["error"] = _error(503, str(exc), "server_error")
         else:
@@ -172,7 +175,11 @@ class KspecEngine:
         import os
 
         status = self._runner.status
-        return {"replica": self._replica, "state": status.state, "model": self._model, "running": self._running, "pid": os.getpid()}
+        context = ray.get_runtime_context()
+        return {
+            "replica": self._replica, "state": status.state, "model": self._model, "running": self._running,
+            "pid": os.getpid(), "actor": context.get_actor_name(), "namespace": SERVE_NAMESPACE,
+        }
 
     def check_health(self) -> None:
         """Serve calls this periodically; raising marks the replica unhealthy and replaces it."""
@@ -189,12 +196,10 @@ class KspecEngine:
 # -- the HTTP ingress ----------------------------------------------------------------------
 
 
-def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
 class KspecIngress:
-    """`POST /v1/completions`, `GET /v1/models`; a bearer token when one is configured."""
+    """The endpoint, as lsp_server.http_api serves it for one engine: `POST /v1/completions`,
+    `GET /v1/models`, `GET /health`; with a token, every route but /health needs
+    `Authorization: Bearer <token>` (401 otherwise)."""
 
     def __init__(self, engine: DeploymentHandle, token: str | None = None):
         self._engine = engine
@@ -202,26 +207,40 @@ class KspecIngress:
         self._model: str | None = None
 
     async def __call__(self, http: Request) -> JSONResponse:
-        if self._token is not None and not self._authorized(http.headers.get("authorization", "")):
-            return _json(401, error_body("missing or wrong API key (Authorization: Bearer <token>)", "authentication_error"),
-                         {"www-authenticate": "Bearer"})
-        path = http.url.path.rstrip("/")
-        try:
-            if path == "/v1/models":
-                if http.method != "GET":
-                    raise ApiError(405, "use GET for /v1/models")
-                return _json(200, models_response(await self._model_name()))
-            if path == "/v1/completions":
-                if http.method != "POST":
-                    raise ApiError(405, "use POST for /v1/completions")
-                return await self._completions(http)
-            raise ApiError(404, f"no route {http.url.path}; this server has /v1/completions and /v1/models", kind="not_found_error")
-        except ApiError as exc:
-            return _json(exc.status, exc.body())
+        declared = http.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            status, payload, headers = 413, error_body(f"the body exceeds {MAX_BODY_BYTES} bytes"), {}
+        else:
+            body = await http.body()
+            status, payload, headers = await self.respond(http.method, http.url.path, dict(http.headers), body)
+        if status == 401:
+            headers["www-authenticate"] = "Bearer"
+        return JSONResponse(payload, status_code=status, headers=headers)
 
-    def _authorized(self, header: str) -> bool:
-        scheme, _, given = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token.encode())
+    async def respond(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """-> (HTTP status, JSON body, extra headers)."""
+        if path == "/health" and method == "GET":
+            ready = await self._ready()
+            return (200 if ready else 503), {"status": "ready" if ready else "no engine replica answers"}, {}
+        if not tokens_match(self._token, _bearer(headers.get("authorization", ""))):
+            return 401, error_body("missing or wrong API token (Authorization: Bearer <token>)", "authentication_error"), {}
+        try:
+            if path == "/v1/models" and method == "GET":
+                return 200, models_response(await self._model_name()), {}
+            if path == "/v1/completions" and method == "POST":
+                return await self._completions(body)
+            if path in ("/v1/models", "/v1/completions"):
+                return 405, error_body(f"{method} is not allowed on {path}"), {}
+            return 404, error_body(f"no route {path}; this server offers /v1/completions and /v1/models", "not_found_error"), {}
+        except ApiError as exc:
+            return exc.status, exc.body(), {}
+
+    async def _ready(self) -> bool:
+        try:
+            info = await asyncio.wait_for(self._engine.info.remote(), HEALTH_TIMEOUT_S)
+        except (asyncio.TimeoutError, RayActorError, ActorUnavailableError):
+            return False
+        return info.get("state") == "ready"
 
     async def _model_name(self) -> str:
         if self._model is None:
@@ -229,28 +248,23 @@ class KspecIngress:
             self._model = info["model"]
         return self._model
 
-    async def _completions(self, http: Request) -> JSONResponse:
-        declared = http.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
-        raw = await http.body()
-        if len(raw) > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+    async def _completions(self, body: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+        if len(body) > MAX_BODY_BYTES:
+            raise ApiError(413, f"the body exceeds {MAX_BODY_BYTES} bytes")
         try:
-            body = json.loads(raw)
+            data = json.loads(body or b"null")
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
-        parsed = parse_completion(body)
+            raise ApiError(400, f"the body is not valid JSON: {exc}") from exc
+        parsed = parse_completion(data)
         if parsed.model is not None:
             check_model(parsed.model, await self._model_name())
         answer = await self._complete_with_failover(parsed.request, parsed.document)
         headers = {REPLICA_HEADER: answer["replica"]}
         if "error" in answer:
             error = answer["error"]
-            return _json(error["status"], error_body(error["message"], error["type"]), headers)
+            return error["status"], error_body(error["message"], error["type"]), headers
         result = CompletionResult.from_dict(answer["result"])
-        self._model = self._model or result.model
-        return _json(200, completion_response(result, result.model), headers)
+        return 200, completion_response(result, result.model), headers
 
     async def _complete_with_failover(self, request: CompletionRequest, document: str) -> dict[str, Any]:
         """Send the request; when its replica dies, send it again elsewhere with the time left."""
@@ -263,13 +277,13 @@ class KspecIngress:
             call = replace(request, deadline_ms=remaining_s * 1000).to_dict()
             try:
                 return await asyncio.wait_for(self._engine.complete.remote(call, document=document), remaining_s + DEADLINE_GRACE_S)
-            except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
+            except (RayActorError, ActorUnavailableError) as exc:  # ActorDiedError is a RayActorError
                 failure = exc
-                log.warning("engine replica lost during a request (attempt %d of %d): %s", attempt + 1, MAX_ATTEMPTS, type(exc).__name__)
+                log.warning("an engine replica was lost during a request (attempt %d of %d): %s", attempt + 1, MAX_ATTEMPTS, type(exc).__name__)
             except asyncio.TimeoutError:
-                raise ApiError(504, "no engine replica answered before the deadline", kind="timeout") from None
+                raise ApiError(504, "no engine replica answered before the deadline", kind="timeout_error") from None
         if failure is None:
-            raise ApiError(504, "the deadline passed before an engine replica could answer", kind="timeout")
+            raise ApiError(504, "the deadline passed before an engine replica could answer", kind="timeout_error")
         raise ApiError(503, f"engine replicas kept failing: {type(failure).__name__}", kind="server_error")
 
 
@@ -377,9 +391,25 @@ def deploy(options: ClusterOptions, host: str, port: int) -> str:
     if port == 0:
         port = free_port(host)
     serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
-    serve.run(build_application(options), name=APP_NAME, route_prefix="/")
+    try:
+        serve.run(build_application(options), name=APP_NAME, route_prefix="/")
+    except RuntimeError as exc:
+        raise KspecError(f"the deployment failed: {_failure_reason(exc)}") from exc
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}/v1"
+
+
+def _failure_reason(exc: RuntimeError) -> str:
+    """Serve's message names the failed deployment; the replica's own error is in its status."""
+    try:
+        application = serve.status().applications.get(APP_NAME)
+    except Exception:  # Serve itself is gone: its message is all there is
+        application = None
+    for deployment in (application.deployments.values() if application is not None else ()):
+        for line in reversed(deployment.message.splitlines()):
+            if "KspecError: " in line:
+                return line.split("KspecError: ", 1)[1].strip()
+    return str(exc)
 
 
 def undeploy(local: bool) -> None:

@@ -59,15 +59,6 @@ def _import_cluster():
     return cluster
 
 
-def _deploy_error(exc: Exception) -> str:
-    """Serve's failure message ends with the replica's own error; keep that line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    for line in reversed(lines):
-        if "cannot load the model" in line or "KspecError" in line:
-            return line.split("KspecError: ", 1)[-1]
-    return lines[-1] if lines else type(exc).__name__
-
-
 def run_cluster(args: argparse.Namespace) -> int:
     if args.cluster_command != "up":
         raise KspecError(f"unknown cluster command {args.cluster_command!r}")
@@ -108,16 +99,15 @@ def run_cluster(args: argparse.Namespace) -> int:
             except (ConnectionError, RuntimeError) as exc:
                 raise KspecError(f"cannot join the Ray cluster at {args.address}: {exc}") from exc
         print(f"kspec cluster: starting {args.replicas} engine replica(s) of {args.model or 'the default model'}", file=sys.stderr, flush=True)
-        try:
-            url = cluster.deploy(options, args.host, args.port)
-        except RuntimeError as exc:
-            raise KspecError(f"the deployment failed: {_deploy_error(exc)}") from exc
+        url = cluster.deploy(options, args.host, args.port)
         print(f"kspec cluster: serving {url}" + (" (token required)" if token else ""), file=sys.stderr, flush=True)
         while not stop.wait(3600):
             pass
         print("kspec cluster: shutting down", file=sys.stderr, flush=True)
         return 0
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        cluster.undeploy(local)
+        try:
+            cluster.undeploy(local)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
