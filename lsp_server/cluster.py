@@ -383,7 +383,9 @@ def start_ray(address: str | None, num_cpus: float | None = None) -> None:
     if address:
         ray.init(address=address, **quiet)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **quiet)
+        # "local": a new instance even when RAY_ADDRESS or a `ray start` cluster is around
+        # (joining one is --address; its other apps must survive our shutdown).
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **quiet)
 
 
 def deploy(options: ClusterOptions, host: str, port: int) -> str:
