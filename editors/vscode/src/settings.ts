@@ -12,6 +12,18 @@ export interface ServerSettings {
 	draft: string | null;
 	device: string;
 	dtype: 'float32' | 'bfloat16' | 'float16';
+	/** Where the model runs: the shared local daemon, inside the server, a kspec engine on the network, or an OpenAI-compatible server. */
+	engine: EnginePlacement;
+	/** `tcp://HOST:PORT` / `tls://HOST:PORT` (remote), `http(s)://HOST:PORT/v1` (openai). */
+	engineUrl: string | null;
+	/** A file holding the token / API key (never the token itself). */
+	engineTokenFile: string | null;
+	/** TLS: trust this certificate or CA (self-signed servers). */
+	engineCaFile: string | null;
+	/** openai: the model to ask for; null: the first one the server lists. */
+	remoteModel: string | null;
+	/** openai: 'suffix' (the API's suffix field) or a template with {prefix} and {suffix}. */
+	remoteFim: string;
 	k: number;
 	maxTokens: number;
 	mode: 'diverse' | 'sample';
@@ -21,6 +33,9 @@ export interface ServerSettings {
 	languages: string[];
 	enabled: boolean;
 }
+
+export type EnginePlacement = 'daemon' | 'inprocess' | 'remote' | 'openai';
+export const ENGINES: readonly EnginePlacement[] = ['daemon', 'inprocess', 'remote', 'openai'];
 
 /** Client-only settings: how to start the server. */
 export interface ServerLaunchSettings {
@@ -40,6 +55,12 @@ export const DEFAULTS: KspecSettings = {
 	draft: null,
 	device: 'cpu',
 	dtype: 'float32',
+	engine: 'daemon',
+	engineUrl: null,
+	engineTokenFile: null,
+	engineCaFile: null,
+	remoteModel: null,
+	remoteFim: 'suffix',
 	k: 3,
 	maxTokens: 48,
 	mode: 'diverse',
@@ -53,7 +74,7 @@ export const DEFAULTS: KspecSettings = {
 
 /** The keys sent to the server, in the order the server documents them. */
 export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
-	'model', 'draft', 'device', 'dtype', 'k', 'maxTokens', 'mode', 'temperature', 'debounceMs', 'deadlineMs', 'languages', 'enabled',
+	'model', 'draft', 'device', 'dtype', 'engine', 'engineUrl', 'engineTokenFile', 'engineCaFile', 'remoteModel', 'remoteFim', 'k', 'maxTokens', 'mode', 'temperature', 'debounceMs', 'deadlineMs', 'languages', 'enabled',
 ];
 
 /** The part of `vscode.WorkspaceConfiguration` we use (section `kspec`). */
@@ -126,6 +147,10 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 	const isDevice = (v: unknown): v is string => typeof v === 'string' && /^(cpu|cuda(:\d+)?)$/.test(v.trim());
 	const isDtype = (v: unknown): v is 'float32' | 'bfloat16' | 'float16' => v === 'float32' || v === 'bfloat16' || v === 'float16';
 	const isMode = (v: unknown): v is 'diverse' | 'sample' => v === 'diverse' || v === 'sample';
+	const isEngine = (v: unknown): v is EnginePlacement => typeof v === 'string' && (ENGINES as readonly string[]).includes(v);
+	// The server parses the URL fully (and says which scheme goes with which engine); here only the scheme.
+	const isEngineUrl = (v: unknown): v is string => typeof v === 'string' && (v.trim() === '' || /^(tcp|tls|https?):\/\/\S+$/i.test(v.trim()));
+	const isFim = (v: unknown): v is string => typeof v === 'string' && (v.trim() === '' || v.trim() === 'suffix' || (v.includes('{prefix}') && v.includes('{suffix}')));
 	const isEnv = (v: unknown): v is Record<string, string> =>
 		typeof v === 'object' && v !== null && !Array.isArray(v) && Object.values(v).every((x) => typeof x === 'string');
 
@@ -134,6 +159,12 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 	take('draft', isString, 'a path (or empty for none)', (v) => { s.draft = v.trim() === '' ? null : expandPath(v, ctx); });
 	take('device', isDevice, '"cpu" or "cuda[:N]"', (v) => { s.device = v.trim(); });
 	take('dtype', isDtype, '"float32", "bfloat16" or "float16"', (v) => { s.dtype = v; });
+	take('engine', isEngine, `one of ${ENGINES.map((e) => `"${e}"`).join(', ')}`, (v) => { s.engine = v; });
+	take('engineUrl', isEngineUrl, 'a URL: tcp:// or tls://HOST:PORT (remote), http(s)://HOST:PORT/v1 (openai), or empty', (v) => { s.engineUrl = v.trim() === '' ? null : v.trim(); });
+	take('engineTokenFile', isString, 'the path of a file holding the token (or empty)', (v) => { s.engineTokenFile = v.trim() === '' ? null : expandPath(v, ctx); });
+	take('engineCaFile', isString, 'the path of a PEM certificate (or empty)', (v) => { s.engineCaFile = v.trim() === '' ? null : expandPath(v, ctx); });
+	take('remoteModel', isString, 'a model name (or empty for the first one listed)', (v) => { s.remoteModel = v.trim() === '' ? null : v.trim(); });
+	take('remoteFim', isFim, '"suffix" or a template containing {prefix} and {suffix}', (v) => { s.remoteFim = v.trim() === '' || v.trim() === 'suffix' ? 'suffix' : v; });
 	take('k', intIn(1, 32), 'an integer from 1 to 32', (v) => { s.k = v; });
 	take('maxTokens', intIn(1, 512), 'an integer from 1 to 512', (v) => { s.maxTokens = v; });
 	take('mode', isMode, '"diverse" or "sample"', (v) => { s.mode = v; });
@@ -154,6 +185,12 @@ export function toServerSettings(s: KspecSettings): ServerSettings {
 		draft: s.draft,
 		device: s.device,
 		dtype: s.dtype,
+		engine: s.engine,
+		engineUrl: s.engineUrl,
+		engineTokenFile: s.engineTokenFile,
+		engineCaFile: s.engineCaFile,
+		remoteModel: s.remoteModel,
+		remoteFim: s.remoteFim,
 		k: s.k,
 		maxTokens: s.maxTokens,
 		mode: s.mode,

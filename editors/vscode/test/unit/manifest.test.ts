@@ -3,12 +3,12 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
-import { DEFAULTS, SERVER_KEYS } from '../../src/settings';
+import { DEFAULTS, ENGINES, SERVER_KEYS } from '../../src/settings';
 import { COMMANDS } from '../../src/status';
 
 const root = path.resolve(__dirname, '..', '..', '..');
 const manifest = JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8'));
-const props: Record<string, { default: unknown }> = manifest.contributes.configuration.properties;
+const props: Record<string, { default: unknown; enum?: unknown[]; enumDescriptions?: string[]; scope?: string; markdownDescription?: string }> = manifest.contributes.configuration.properties;
 
 describe('package.json', () => {
 	it('declares every server setting with the same default as the code', () => {
@@ -17,6 +17,19 @@ describe('package.json', () => {
 			assert.ok(prop, `kspec.${key} missing from contributes.configuration`);
 			assert.deepEqual(prop.default, DEFAULTS[key], `default of kspec.${key}`);
 		}
+	});
+
+	it('offers exactly the engines the code accepts, each described', () => {
+		const prop = props['kspec.engine'];
+		assert.deepEqual(prop.enum, [...ENGINES]);
+		assert.equal(prop.enumDescriptions?.length, ENGINES.length);
+	});
+
+	it('asks for the token file, never the token, and only from user (or remote) settings', () => {
+		assert.ok(!Object.keys(props).some((k) => /token$|apikey/i.test(k)), 'a setting that holds the secret itself');
+		const tokenFile = props['kspec.engineTokenFile'];
+		assert.equal(tokenFile.scope, 'machine');
+		assert.match(tokenFile.markdownDescription ?? '', /never put the token itself/);
 	});
 
 	it('declares the launch settings with the same defaults', () => {

@@ -24,7 +24,9 @@ describe('readSettings', () => {
 		}), ctx);
 		assert.deepEqual(problems, []);
 		assert.deepEqual(toServerSettings(settings), {
-			model: '/home/u/models/qwen', draft: '/proj/draft.gguf', device: 'cuda:1', dtype: 'bfloat16', k: 7, maxTokens: 100, mode: 'sample',
+			model: '/home/u/models/qwen', draft: '/proj/draft.gguf', device: 'cuda:1', dtype: 'bfloat16',
+			engine: 'daemon', engineUrl: null, engineTokenFile: null, engineCaFile: null, remoteModel: null, remoteFim: 'suffix',
+			k: 7, maxTokens: 100, mode: 'sample',
 			temperature: 0.6, debounceMs: 10, deadlineMs: 900, languages: ['python', 'go'], enabled: false,
 		});
 		assert.deepEqual(settings.server, { command: '/opt/kspec/bin/kspec', args: ['lsp', '--log', 'debug'], env: { KSPEC_X: '1' } });
@@ -52,6 +54,44 @@ describe('readSettings', () => {
 		assert.equal(problems.length, 13);
 		assert.ok(problems.some((p) => p.startsWith('kspec.k: expected an integer from 1 to 32')));
 		assert.ok(problems.some((p) => p.startsWith('kspec.mode: expected "diverse" or "sample", got "greedy"')));
+	});
+
+	it('takes a team engine on the network, expanding ~ and ${workspaceFolder} in the token and CA paths', () => {
+		const { settings, problems } = readSettings(config({
+			engine: 'openai', engineUrl: ' http://gpu-box:8000/v1 ', engineTokenFile: '~/.config/kspec/token',
+			engineCaFile: '${workspaceFolder}/certs/ca.pem', remoteModel: ' qwen2.5-coder ', remoteFim: '<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>',
+		}), ctx);
+		assert.deepEqual(problems, []);
+		const sent = toServerSettings(settings);
+		assert.equal(sent.engine, 'openai');
+		assert.equal(sent.engineUrl, 'http://gpu-box:8000/v1');
+		assert.equal(sent.engineTokenFile, path.join('/home/u', '.config/kspec/token'));
+		assert.equal(sent.engineCaFile, '/proj/certs/ca.pem');
+		assert.equal(sent.remoteModel, 'qwen2.5-coder');
+		assert.equal(sent.remoteFim, '<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>');
+		for (const url of ['tcp://10.0.0.5:8000', 'tls://gpu-box:8443', 'https://llm.example.com/v1']) {
+			const r = readSettings(config({ engine: 'remote', engineUrl: url }), ctx);
+			assert.deepEqual(r.problems, [], url);
+			assert.equal(r.settings.engineUrl, url);
+		}
+	});
+
+	it('empty network-engine strings mean null (remoteFim: "suffix")', () => {
+		const s = readSettings(config({ engineUrl: ' ', engineTokenFile: '', engineCaFile: '  ', remoteModel: '', remoteFim: '' }), ctx).settings;
+		assert.deepEqual([s.engineUrl, s.engineTokenFile, s.engineCaFile, s.remoteModel, s.remoteFim], [null, null, null, null, 'suffix']);
+		assert.equal(readSettings(config({ remoteFim: ' suffix ' }), ctx).settings.remoteFim, 'suffix');
+	});
+
+	it('rejects a bad engine, URL scheme or FIM template, keeping the defaults', () => {
+		const { settings, problems } = readSettings(config({
+			engine: 'cloud', engineUrl: 'gpu-box:8000', engineTokenFile: 42, engineCaFile: ['x'], remoteModel: false, remoteFim: '<fim_prefix>{prefix}',
+		}), ctx);
+		assert.deepEqual(settings, DEFAULTS);
+		assert.equal(problems.length, 6, problems.join('\n'));
+		assert.ok(problems.some((p) => p.startsWith('kspec.engine: expected one of "daemon", "inprocess", "remote", "openai", got "cloud"')));
+		assert.ok(problems.some((p) => p.startsWith('kspec.engineUrl: expected a URL')));
+		assert.ok(problems.some((p) => p.startsWith('kspec.remoteFim: expected "suffix" or a template')));
+		assert.equal(readSettings(config({ engineUrl: 'ftp://x:1' }), ctx).problems.length, 1);
 	});
 
 	it('does not share arrays with DEFAULTS (a later mutation cannot leak)', () => {
