@@ -5,10 +5,14 @@ Every wait polls the plugin's extmarks or state with a deadline; none sleeps."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -25,9 +29,10 @@ GHOST = "require('kspec.ghost')"
 MARKS = f"vim.api.nvim_buf_get_extmarks(0, {GHOST}.namespace, 0, -1, {{ details = true }})"
 
 
-@pytest.fixture(scope="module")
-def nvim(tmp_path_factory, nvim_bin, kspec_bin, random_llama_dir):
-    root = tmp_path_factory.mktemp("nvim")
+@contextlib.contextmanager
+def started_nvim(root: Path, nvim_bin: str, kspec_bin: Path, settings: dict, env_extra: dict[str, str] | None = None) -> Iterator[Nvim]:
+    """A headless Neovim in root/project with require('kspec').setup({ settings = settings }),
+    example.py open and the kspec client attached."""
     project = root / "project"
     project.mkdir()
     (project / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
@@ -37,22 +42,24 @@ def nvim(tmp_path_factory, nvim_bin, kspec_bin, random_llama_dir):
         env[var] = str(root / var.lower())
     # found the way a user's shell has it: through the active virtual environment
     env["VIRTUAL_ENV"] = str(kspec_bin.parent.parent)
+    env.update(env_extra or {})
     editor = Nvim([nvim_bin, "--embed", "--headless", "--clean", "-n", "--cmd", f"set rtp^={PLUGIN}"], cwd=str(project), env=env)
     editor.log_path = root / "xdg_state_home" / "nvim" / "lsp.log"  # type: ignore[attr-defined]
     try:
-        problems = editor.lua(
-            "require('kspec').setup(...); return require('kspec').problems",
-            {
-                "settings": {"model": str(random_llama_dir), "k": K, "maxTokens": 8, "debounceMs": 0, "deadlineMs": 60000, "engine": "inprocess"},
-                "ghost": {"debounce_ms": 20},
-            },
-        )
+        problems = editor.lua("require('kspec').setup(...); return require('kspec').problems", {"settings": settings, "ghost": {"debounce_ms": 20}})
         assert problems == []
         editor.request("nvim_command", "edit example.py")
         editor.wait_for("the kspec client to attach", "#vim.lsp.get_clients({ name = 'kspec', bufnr = 0 }) > 0", 60, diagnose=lambda: diagnose(editor))
         yield editor
     finally:
         editor.close()
+
+
+@pytest.fixture(scope="module")
+def nvim(tmp_path_factory, nvim_bin, kspec_bin, random_llama_dir):
+    settings = {"model": str(random_llama_dir), "k": K, "maxTokens": 8, "debounceMs": 0, "deadlineMs": 60000, "engine": "inprocess"}
+    with started_nvim(tmp_path_factory.mktemp("nvim"), nvim_bin, kspec_bin, settings) as editor:
+        yield editor
 
 
 def diagnose(editor: Nvim) -> str:
@@ -235,6 +242,133 @@ def test_status_and_checkhealth_report_server_engine_and_features(nvim: Nvim):
     assert f"server command: {kspec_bin_from(nvim)} lsp ($VIRTUAL_ENV)" in report
     assert "engine: ready" in report
     assert "inline completion yes" in report
+
+
+def test_network_engine_settings_are_checked_by_type(nvim: Nvim):
+    check = "local opts, problems = require('kspec.config').resolve({ settings = ... }); return { opts.settings, problems }"
+    good = {
+        "engine": "remote", "engineUrl": "tls://gpu-box:8443", "engineTokenFile": "~/.config/kspec/token",
+        "engineCaFile": "~/.config/kspec/ca.pem", "remoteModel": "qwen2.5-coder", "remoteFim": "suffix",
+    }
+    settings, problems = nvim.lua(check, good)
+    assert (settings, problems) == (good, [])
+    # nullable keys take vim.NIL (JSON null); the others do not
+    nulls = nvim.lua(
+        "local o, p = require('kspec.config').resolve({ settings = { engineUrl = vim.NIL, engineTokenFile = vim.NIL, engineCaFile = vim.NIL,"
+        " remoteModel = vim.NIL, engine = vim.NIL, remoteFim = vim.NIL } }); return { vim.tbl_keys(o.settings), p }"
+    )
+    assert sorted(nulls[0]) == ["engineCaFile", "engineTokenFile", "engineUrl", "remoteModel"]
+    assert sorted(nulls[1]) == ["settings.engine: expected string, got userdata; dropped", "settings.remoteFim: expected string, got userdata; dropped"]
+    bad = {"engine": 1, "engineUrl": 8000, "engineTokenFile": True, "engineCaFile": [1], "remoteModel": 2, "remoteFim": False}
+    settings, problems = nvim.lua(check, bad)
+    assert settings == [] or settings == {}  # all dropped (an empty Lua table comes back as a list)
+    assert sorted(problems) == sorted(
+        f"settings.{key}: expected {'string' if key in ('engine', 'remoteFim') else 'string or nil'}, got {kind}; dropped"
+        for key, kind in [("engine", "number"), ("engineUrl", "number"), ("engineTokenFile", "boolean"), ("engineCaFile", "table"), ("remoteModel", "number"), ("remoteFim", "boolean")]
+    )
+
+
+class FakeOpenAI:
+    """An OpenAI-compatible completions server on loopback that records what it is asked:
+    what a team's vLLM / llama.cpp server would see from the editor's kspec lsp."""
+
+    MODELS = ["first-model", "fake-coder"]
+    TEXTS = ["team engine one", "team engine two", "team engine three"]
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, dict | None, str | None]] = []  # (method, path, body, authorization)
+        self._cond = threading.Condition()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def _answer(self, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _record(self, body: dict | None) -> None:
+                with fake._cond:
+                    fake.requests.append((self.command, self.path, body, self.headers.get("Authorization")))
+                    fake._cond.notify_all()
+
+            def do_GET(self) -> None:
+                self._record(None)
+                self._answer({"object": "list", "data": [{"id": m, "object": "model"} for m in fake.MODELS]})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                self._record(body)
+                choices = [{"index": i, "text": text, "finish_reason": "stop"} for i, text in enumerate(fake.TEXTS[: body.get("n", 1)])]
+                self._answer({"id": "cmpl-1", "object": "text_completion", "model": body.get("model"), "choices": choices})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def wait_for(self, what: str, predicate, timeout: float) -> tuple:
+        """The first recorded request for which predicate(method, path, body, authorization) is true."""
+        def found():
+            return next((r for r in self.requests if predicate(*r)), None)
+
+        with self._cond:
+            if not self._cond.wait_for(found, timeout):
+                raise TimeoutError(f"the fake engine saw no {what}; it saw {self.requests!r:.3000}")
+            return found()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_team_engine_on_the_network_from_the_documented_settings(tmp_path: Path, nvim_bin: str, kspec_bin: Path):
+    """The doc's team setup (engine 'openai', engineUrl, engineTokenFile under ~) plus
+    remoteModel / remoteFim reach the server as initializationOptions, and vim.NIL sent
+    with set() resets a nullable key to the server's default."""
+    home = tmp_path / "home"
+    (home / ".config" / "kspec").mkdir(parents=True)
+    (home / ".config" / "kspec" / "token").write_text("team-secret\n")
+    fake = FakeOpenAI()
+    fim = "<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>"
+    settings = {
+        "engine": "openai", "engineUrl": fake.url, "engineTokenFile": "~/.config/kspec/token",
+        "remoteModel": "fake-coder", "remoteFim": fim, "k": K, "debounceMs": 0, "deadlineMs": 60000,
+    }
+    env = {"HOME": str(home), "KSPEC_ENGINE_TOKEN": "", "OPENAI_API_KEY": ""}
+    try:
+        with started_nvim(tmp_path, nvim_bin, kspec_bin, settings, env) as editor:
+            sent = editor.lua("return vim.lsp.get_clients({ name = 'kspec' })[1].settings")
+            assert {key: sent.get(key) for key in settings} == settings
+            fake.wait_for("GET /v1/models", lambda method, path, body, auth: (method, path) == ("GET", "/v1/models"), 60)
+            assert all(auth == "Bearer team-secret" for *_, auth in fake.requests), fake.requests
+
+            fresh_comment_line(editor)
+            shown = wait_ghost(editor)
+            assert shown["count"] == K
+            assert sorted(shown["items"]) == sorted(FakeOpenAI.TEXTS)
+            _, path, body, auth = fake.wait_for("a completion request", lambda method, path, *_: method == "POST", 10)
+            assert (path, auth, body["model"], body["n"]) == ("/v1/completions", "Bearer team-secret", "fake-coder", K)
+            assert "suffix" not in body
+            assert body["prompt"] == fim.replace("{prefix}", FIRST_LINE).replace("{suffix}", TEXT)  # the buffer before / after the cursor
+
+            # vim.NIL is JSON null: remoteModel back to "the first model the server lists"
+            editor.input("<Esc>")
+            editor.lua("require('kspec').set({ remoteModel = vim.NIL })")
+            assert editor.lua("return vim.lsp.get_clients({ name = 'kspec' })[1].settings.remoteModel == vim.NIL") is True
+            editor.wait_for("the engine ready with the first listed model", "(require('kspec.status').current() or {}).model == 'first-model'", 60, diagnose=lambda: diagnose(editor))
+            editor.request("nvim_buf_set_lines", 0, 0, -1, False, TEXT.split("\n")[:-1])
+            editor.request("nvim_win_set_cursor", 0, [1, 0])
+            editor.input("i# another ")
+            wait_ghost(editor)
+            fake.wait_for("a completion request for the first listed model", lambda method, path, body, auth: method == "POST" and body["model"] == "first-model", 10)
+    finally:
+        fake.close()
 
 
 def test_an_engine_error_shows_and_a_fixed_setting_recovers(nvim: Nvim, random_llama_dir: Path, tmp_path: Path):

@@ -13,8 +13,12 @@ M.defaults = {
   -- Files that mark the project root (where .venv is looked for).
   root_markers = { 'pyproject.toml', 'setup.py', 'setup.cfg', 'package.json', 'Cargo.toml', 'go.mod', '.git' },
   -- Server settings, under the server's names. Only what is set here is sent; the
-  -- server's defaults apply to the rest. Known keys: model, draft, device, dtype, k,
+  -- server's defaults apply to the rest. Known keys: model, draft, device, dtype,
+  -- engine, engineUrl, engineTokenFile, engineCaFile, remoteModel, remoteFim, k,
   -- maxTokens, mode, temperature, debounceMs, deadlineMs, languages, enabled.
+  -- A team engine: engine = 'openai', engineUrl = 'http://gpu-box:8000/v1',
+  -- engineTokenFile = '~/.config/kspec/token' (the file's path, never the token).
+  -- vim.NIL sends null (e.g. set({ engineUrl = vim.NIL }) to unset a nullable key).
   settings = {},
   -- How completions are shown: 'auto' (Neovim's vim.lsp.inline_completion on 0.12+,
   -- this plugin's ghost text before), 'builtin' or 'plugin'.
@@ -39,11 +43,20 @@ M.defaults = {
   notify_errors = false,
 }
 
+-- 'nil' marks the keys that may be null (given as vim.NIL); the server checks the values.
 local SERVER_KEYS = {
   model = { 'string', 'nil' },
   draft = { 'string', 'nil' },
   device = 'string',
   dtype = 'string',
+  -- where completions are computed: 'daemon' (default), 'inprocess', 'remote' (a kspec
+  -- engine on the network), 'openai' (an OpenAI-compatible /v1/completions server)
+  engine = 'string',
+  engineUrl = { 'string', 'nil' }, -- tcp:// or tls://HOST:PORT (remote), http(s)://HOST:PORT/v1 (openai)
+  engineTokenFile = { 'string', 'nil' }, -- a file holding the token / API key (~ is expanded by the server)
+  engineCaFile = { 'string', 'nil' }, -- TLS: trust this certificate or CA (self-signed servers)
+  remoteModel = { 'string', 'nil' }, -- openai: the model to ask for; null: the first listed
+  remoteFim = 'string', -- openai: 'suffix' or a template with {prefix} and {suffix}
   k = 'number',
   maxTokens = 'number',
   mode = 'string',
@@ -52,8 +65,7 @@ local SERVER_KEYS = {
   deadlineMs = 'number',
   languages = 'table',
   enabled = 'boolean',
-  -- further server keys (passed through unchecked)
-  engine = 'string',
+  -- further server keys
   prefixChars = 'number',
   suffixChars = 'number',
   typeahead = 'boolean',
@@ -64,7 +76,7 @@ M.SERVER_KEYS = SERVER_KEYS
 local function type_ok(value, want)
   if type(want) == 'table' then
     for _, w in ipairs(want) do
-      if type(value) == w then
+      if type(value) == w or (w == 'nil' and value == vim.NIL) then
         return true
       end
     end
