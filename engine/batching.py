@@ -8,6 +8,8 @@ request that finishes, is cancelled or runs out of time leaves at the end of the
 it happens in; a new one joins at the next round, after one chunk of its prompt's
 prefill per round (so a long prompt does not stall the others for more than a chunk).
 `max_requests` bounds the batch; 1 serves requests one at a time (the baseline).
+Drafting stays per request (each has its own drafter and γ); rows of different draft
+lengths are padded to the longest, and padding is never kept.
 """
 
 from __future__ import annotations

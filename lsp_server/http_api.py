@@ -164,6 +164,8 @@ async def _answer_unless_gone(job: Awaitable[tuple[int, dict[str, Any]]], reader
             connection.receive_data(data)
             watcher = asyncio.ensure_future(reader.read(READ_CHUNK))
     finally:
+        if watcher.done() and not watcher.cancelled() and watcher.exception() is None:
+            connection.receive_data(watcher.result())  # read in the same turn the answer was ready
         watcher.cancel()
         if not task.done():
             task.cancel()
