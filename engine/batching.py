@@ -38,10 +38,13 @@ Done = Callable[[CompletionResult | None, BaseException | None], None]  # exactl
 @dataclass(frozen=True)
 class BatchConfig:
     max_requests: int = 16  # requests decoded together; the rest wait in arrival order
+    prefill_chunks_per_round: int = 4  # bounds a round's prefill work when many requests arrive at once
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_requests <= 256:
             raise ValueError(f"max_requests must be between 1 and 256, got {self.max_requests}")
+        if self.prefill_chunks_per_round < 1:
+            raise ValueError(f"prefill_chunks_per_round must be >= 1, got {self.prefill_chunks_per_round}")
 
 
 @dataclass
@@ -59,6 +62,7 @@ class ContinuousBatcher:
         self._members: list[_Member] = []
         self.rounds = 0
         self.largest_batch = 0  # most requests verified in one round
+        self._prefill_turn = 0  # where the next round's prefill chunks start among the preparing
 
     @property
     def idle(self) -> bool:
@@ -97,8 +101,17 @@ class ContinuousBatcher:
                 done(None, exc)
 
     def _prepare(self) -> None:
-        """One prefill chunk for each request still being prepared."""
-        for member in [m for m in self._members if m.active.preparing]:
+        """One prefill chunk for each request still being prepared, at most
+        `prefill_chunks_per_round` in all; the turn rotates, so with more newcomers than
+        that each still gets a chunk every few rounds (and a round stays short for the
+        requests that are decoding). Cancelled or late ones end here without a chunk."""
+        preparing = [m for m in self._members if m.active.preparing]
+        over_already = [m for m in preparing if m.active.cancel.cancelled or time.monotonic() > m.active.deadline]
+        waiting = [m for m in preparing if m not in over_already]
+        start = self._prefill_turn % len(waiting) if waiting else 0
+        chosen = (waiting[start:] + waiting[:start])[: self.config.prefill_chunks_per_round]
+        self._prefill_turn = start + len(chosen)
+        for member in over_already + chosen:
             try:
                 over = member.active.prepare_step()
             except Exception as exc:

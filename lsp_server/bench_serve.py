@@ -128,7 +128,8 @@ def openai_client(url: EngineUrl, token: str | None) -> Complete:
 
     async def complete(request: CompletionRequest) -> Any:
         body = {"prompt": request.prefix, "suffix": request.suffix, "n": request.k, "max_tokens": request.max_tokens,
-                "temperature": 0, "user": request.path, "kspec": {"postprocess": True, "path": request.path}}  # fmt: skip
+                "temperature": 0, "user": request.path,
+                "kspec": {"postprocess": True, "path": request.path, "deadline_ms": request.deadline_ms}}  # fmt: skip
         status, reply = await request_json(url, "POST", "/completions", body, headers, timeout_s=request.deadline_ms / 1000)
         if status != 200:
             raise RuntimeError(f"{status}: {reply}")

