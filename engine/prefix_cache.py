@@ -2,7 +2,10 @@
 prompt, so only the tokens after the longest common token prefix are prefilled.
 
 Entries are whole prompts (a prefilled batch-1 cache each); a lookup takes the entry
-with the longest common token prefix. LRU eviction under a byte budget.
+with the longest common token prefix. A prompt that differs from its match only in the
+last few tokens (the next keystroke in the same document) replaces it, so the budget
+holds one entry per document rather than one per keystroke. LRU eviction under a byte
+budget.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class PrefixCacheConfig:
     max_bytes: int = 512 * 1024 * 1024
     min_reuse_tokens: int = 8  # a shorter common prefix is not worth the copy
     chunk_tokens: int = 256  # prefill in chunks; a cancel is honoured between chunks
+    supersede_tokens: int = 16  # a new prompt that keeps all but at most this many tokens of its match replaces it
 
     def __post_init__(self) -> None:
         if self.max_bytes < 0:
@@ -91,6 +95,7 @@ class PrefixCache:
         cache = RaggedKVCache(model.cache_shape, 1, len(ids), model.dtype, model.device)
         match = self.longest_match(ids)
         reused = 0
+        superseded: tuple[int, ...] | None = None
         if match is not None:
             key, shared = match
             reused = min(shared, len(ids) - 1)  # at least one token runs, for the logits
@@ -99,6 +104,8 @@ class PrefixCache:
             cache.values[:, :, :, :reused] = source.values[:, :, :, :reused]
             cache.lengths = [reused]
             self._entries.move_to_end(key)
+            if len(key) - shared <= self.config.supersede_tokens:
+                superseded = key  # the same document a keystroke later: one entry per document, not one per keystroke
         done = reused
         while True:
             chunk = ids[done : done + self.config.chunk_tokens]
@@ -115,6 +122,8 @@ class PrefixCache:
                 raise
         with torch.inference_mode():
             logits = model.logits(hidden[0, -1])  # [V]
+        if superseded is not None and superseded in self._entries and superseded != tuple(ids):
+            self.bytes_held -= self._entries.pop(superseded).nbytes
         self.store(tuple(ids), cache)
         return Prefill(cache, logits, reused)
 

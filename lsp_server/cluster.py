@@ -32,7 +32,6 @@ The answering replica's id is in the response header `x-kspec-replica`.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import socket
@@ -53,9 +52,8 @@ from starlette.responses import JSONResponse
 from engine.api import CompletionRequest, CompletionResult
 from engine.errors import DeadlineExceeded, InputError, KspecError
 from lsp_server.affinity import MAX_DOCUMENTS, DocumentPlacement
-from lsp_server.http_api import _bearer
-from lsp_server.openai_api import ApiError, check_model, completion_response, error_body, models_response, parse_completion
-from lsp_server.protocol import tokens_match
+from lsp_server.http_api import MAX_BODY, HttpApi
+from lsp_server.openai_api import ApiError, error_body
 
 log = logging.getLogger("kspec.cluster")
 
@@ -63,7 +61,6 @@ APP_NAME = "kspec"
 ENGINE_DEPLOYMENT = "KspecEngine"
 INGRESS_DEPLOYMENT = "KspecIngress"
 REPLICA_HEADER = "x-kspec-replica"
-MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_ATTEMPTS = 3  # the first try and two more on other replicas when one dies
 DEADLINE_GRACE_S = 60.0  # a safety net: the engine answers at the first round past the deadline, which on a saturated CPU can be many seconds
 HEALTH_TIMEOUT_S = 5.0
@@ -197,50 +194,29 @@ class KspecEngine:
 
 
 class KspecIngress:
-    """The endpoint, as lsp_server.http_api serves it for one engine: `POST /v1/completions`,
-    `GET /v1/models`, `GET /health`; with a token, every route but /health needs
-    `Authorization: Bearer <token>` (401 otherwise)."""
+    """The endpoint, with the routes, token check and errors of lsp_server.http_api
+    (`POST /v1/completions`, `GET /v1/models`, `GET /health`), over the engine replicas.
+    Each answer names its replica in `x-kspec-replica`."""
 
     def __init__(self, engine: DeploymentHandle, token: str | None = None):
         self._engine = engine
-        self._token = token or None
         self._model: str | None = None
+        self._api = HttpApi(self._complete, self._model_name, self._ready, token or None)
 
     async def __call__(self, http: Request) -> JSONResponse:
         declared = http.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            status, payload, headers = 413, error_body(f"the body exceeds {MAX_BODY_BYTES} bytes"), {}
+        if declared.isdigit() and int(declared) > MAX_BODY:
+            status, payload, headers = 413, error_body(f"the body exceeds {MAX_BODY} bytes"), {}
         else:
-            body = await http.body()
-            status, payload, headers = await self.respond(http.method, http.url.path, dict(http.headers), body)
-        if status == 401:
-            headers["www-authenticate"] = "Bearer"
+            status, payload, headers = await self._api.respond(http.method, http.url.path, dict(http.headers), await http.body())
         return JSONResponse(payload, status_code=status, headers=headers)
 
-    async def respond(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
-        """-> (HTTP status, JSON body, extra headers)."""
-        if path == "/health" and method == "GET":
-            ready = await self._ready()
-            return (200 if ready else 503), {"status": "ready" if ready else "no engine replica answers"}, {}
-        if not tokens_match(self._token, _bearer(headers.get("authorization", ""))):
-            return 401, error_body("missing or wrong API token (Authorization: Bearer <token>)", "authentication_error"), {}
-        try:
-            if path == "/v1/models" and method == "GET":
-                return 200, models_response(await self._model_name()), {}
-            if path == "/v1/completions" and method == "POST":
-                return await self._completions(body)
-            if path in ("/v1/models", "/v1/completions"):
-                return 405, error_body(f"{method} is not allowed on {path}"), {}
-            return 404, error_body(f"no route {path}; this server offers /v1/completions and /v1/models", "not_found_error"), {}
-        except ApiError as exc:
-            return exc.status, exc.body(), {}
-
-    async def _ready(self) -> bool:
+    async def _ready(self) -> tuple[bool, str]:
         try:
             info = await asyncio.wait_for(self._engine.info.remote(), HEALTH_TIMEOUT_S)
         except (asyncio.TimeoutError, RayActorError, ActorUnavailableError):
-            return False
-        return info.get("state") == "ready"
+            return False, "no engine replica answers"
+        return info.get("state") == "ready", str(info.get("state"))
 
     async def _model_name(self) -> str:
         if self._model is None:
@@ -248,23 +224,13 @@ class KspecIngress:
             self._model = info["model"]
         return self._model
 
-    async def _completions(self, body: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
-        if len(body) > MAX_BODY_BYTES:
-            raise ApiError(413, f"the body exceeds {MAX_BODY_BYTES} bytes")
-        try:
-            data = json.loads(body or b"null")
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"the body is not valid JSON: {exc}") from exc
-        parsed = parse_completion(data)
-        if parsed.model is not None:
-            check_model(parsed.model, await self._model_name())
-        answer = await self._complete_with_failover(parsed.request, parsed.document)
+    async def _complete(self, request: CompletionRequest, document: str) -> tuple[CompletionResult, dict[str, str]]:
+        answer = await self._complete_with_failover(request, document)
         headers = {REPLICA_HEADER: answer["replica"]}
         if "error" in answer:
             error = answer["error"]
-            return error["status"], error_body(error["message"], error["type"]), headers
-        result = CompletionResult.from_dict(answer["result"])
-        return 200, completion_response(result, result.model), headers
+            raise ApiError(error["status"], error["message"], kind=error["type"], headers=headers)
+        return CompletionResult.from_dict(answer["result"]), headers
 
     async def _complete_with_failover(self, request: CompletionRequest, document: str) -> dict[str, Any]:
         """Send the request; when its replica dies, send it again elsewhere with the time left."""

@@ -69,6 +69,7 @@ def add_engine_parser(commands: argparse._SubParsersAction) -> None:
     engine.add_argument("--tls-cert", type=Path, default=None, help="with --listen: serve TLS with this PEM certificate (chain)")
     engine.add_argument("--tls-key", type=Path, default=None, help="with --tls-cert: its PEM private key (default: in the certificate file)")
     engine.add_argument("--max-batch-requests", type=int, default=16, help="requests decoded together (continuous batching); 1 answers them one at a time")
+    engine.add_argument("--prefix-cache-mb", type=int, default=512, help="KV of recent prompts kept for reuse (one entry per document being typed in; ~70 MB per 1.5k-token prompt of the demo model)")
 
 
 def run_lsp(args: argparse.Namespace) -> int:
@@ -112,7 +113,7 @@ def run_engine(args: argparse.Namespace) -> int:
         if args.tls_cert or args.token_file:
             raise KspecError("--tls-cert and --token-file only apply with --listen HOST:PORT")
         idle = 900.0 if args.idle_timeout is None else args.idle_timeout
-        return run_daemon(spec, args.socket, idle, max_batch_requests=args.max_batch_requests)
+        return run_daemon(spec, args.socket, idle, max_batch_requests=args.max_batch_requests, prefix_cache_mb=args.prefix_cache_mb)
     _warn_if_public(args.listen[0], "engine")
     if args.token_file is not None:
         token = _read_token(args.token_file)
@@ -125,7 +126,10 @@ def run_engine(args: argparse.Namespace) -> int:
             handle.write(token)
         print(f"kspec engine: token in {token_file}", file=sys.stderr, flush=True)
     tls = _server_tls(args.tls_cert, args.tls_key)
-    return run_daemon(spec, args.socket, args.idle_timeout, tcp=args.listen, token=token, tls=tls, max_batch_requests=args.max_batch_requests)
+    return run_daemon(
+        spec, args.socket, args.idle_timeout, tcp=args.listen, token=token, tls=tls,
+        max_batch_requests=args.max_batch_requests, prefix_cache_mb=args.prefix_cache_mb,
+    )  # fmt: skip
 
 
 def _server_tls(cert: Path | None, key: Path | None):

@@ -27,7 +27,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from engine.api import CompletionRequest
+from engine.api import CompletionRequest, CompletionResult
 from engine.errors import InputError, KspecError
 from lsp_server.http_api import HttpApi, looks_like_http, serve_http
 from lsp_server.protocol import (
@@ -109,7 +109,7 @@ class Daemon:
         self.runner = EngineRunner(config, factory, self._broadcast, max_batch_requests)
         self.idle_timeout_s = idle_timeout_s
         self.token = token
-        self.http = HttpApi(self.runner.complete, lambda: self.runner.status.model, self._ready, token)
+        self.http = HttpApi(self._complete_http, self._model_name, self._ready, token)
         self._peers: set[_Peer] = set()
         self._stop = asyncio.Event()
         self._idle: asyncio.TimerHandle | None = None
@@ -142,7 +142,13 @@ class Daemon:
         print(f"kspec engine: listening on {scheme}://{host}:{self.bound_port} (and http{'s' if tls else ''}://{host}:{self.bound_port}/v1)", file=sys.stderr, flush=True)
         await self._run(server)
 
-    def _ready(self) -> tuple[bool, str]:
+    async def _complete_http(self, request: CompletionRequest, document: str) -> tuple[CompletionResult, dict[str, str]]:
+        return await self.runner.complete(request), {}
+
+    async def _model_name(self) -> str:
+        return self.runner.status.model
+
+    async def _ready(self) -> tuple[bool, str]:
         status = self.runner.status
         return status.state == READY, status.state if status.state == READY else f"{status.state}: {status.message}"
 
@@ -273,6 +279,7 @@ def run_daemon(
     token: str | None = None,
     tls: ssl.SSLContext | None = None,
     max_batch_requests: int = 16,
+    prefix_cache_mb: int = 512,
 ) -> int:
     """Entry point of `kspec engine`; returns the exit code. A Unix-socket daemon holds
     the lock for its model (a second one exits at once); a network daemon needs none:
@@ -288,7 +295,9 @@ def run_daemon(
     from engine.config import EngineConfig
 
     try:
-        config = EngineConfig(model=spec.model, draft=spec.draft, dtype=spec.dtype, device=spec.device, progress=False)
+        config = EngineConfig(
+            model=spec.model, draft=spec.draft, dtype=spec.dtype, device=spec.device, progress=False, prefix_cache_mb=prefix_cache_mb
+        )
         daemon = Daemon(config, idle_timeout_s=idle_timeout_s, token=token, max_batch_requests=max_batch_requests)
         if tcp is not None:
             asyncio.run(daemon.serve_tcp(*tcp, tls=tls))

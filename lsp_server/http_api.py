@@ -35,56 +35,63 @@ def looks_like_http(first_bytes: bytes) -> bool:
     return first_bytes[:4] in HTTP_METHOD_PREFIXES
 
 
+Answer = tuple[int, dict[str, Any], dict[str, str]]  # HTTP status, JSON body, extra headers
+CompleteFn = Callable[[CompletionRequest, str], Awaitable[tuple[CompletionResult, dict[str, str]]]]  # (request, document) -> (result, headers)
+
+
 @dataclass
 class HttpApi:
-    """What the endpoint serves: a completion function, the model's name, readiness."""
+    """The endpoint's routes over what serves them: a completion function (given the
+    request and its document key; returns the result and extra response headers), the
+    model's name and readiness. The engine daemon and the Ray Serve ingress share it."""
 
-    complete: Callable[[CompletionRequest], Awaitable[CompletionResult]]
-    model_name: Callable[[], str]
-    ready: Callable[[], tuple[bool, str]]  # (ready, state message)
+    complete: CompleteFn
+    model_name: Callable[[], Awaitable[str]]
+    ready: Callable[[], Awaitable[tuple[bool, str]]]  # (ready, state message)
     token: str | None = None
 
-    async def respond(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
-        """-> (HTTP status, JSON body)."""
+    async def respond(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Answer:
         path = path.split("?", 1)[0]
-        if not tokens_match(self.token, _bearer(headers.get("authorization", ""))):
-            return 401, error_body("missing or wrong API token (Authorization: Bearer <token>)", "authentication_error")
-        if path == "/health" and method == "GET":
-            ready, state = self.ready()
-            return (200 if ready else 503), {"status": state}
+        if not tokens_match(self.token, bearer(headers.get("authorization", ""))):
+            return 401, error_body("missing or wrong API token (Authorization: Bearer <token>)", "authentication_error"), {"www-authenticate": "Bearer"}
         try:
+            if path == "/health" and method == "GET":
+                ready, state = await self.ready()
+                return (200 if ready else 503), {"status": state}, {}
             if path == "/v1/models" and method == "GET":
-                return 200, models_response(self.model_name())
+                return 200, models_response(await self.model_name()), {}
             if path == "/v1/completions" and method == "POST":
-                return 200, await self._completions(body)
-            if path in ("/v1/models", "/v1/completions"):
-                return 405, error_body(f"{method} is not allowed on {path}")
-            return 404, error_body(f"no route {path}; this server offers /v1/completions and /v1/models", "not_found_error")
+                return await self._completions(body)
+            if path in ("/v1/models", "/v1/completions", "/health"):
+                return 405, error_body(f"{method} is not allowed on {path}"), {}
+            return 404, error_body(f"no route {path}; this server offers /v1/completions and /v1/models", "not_found_error"), {}
         except ApiError as exc:
-            return exc.status, exc.body()
+            return exc.status, exc.body(), exc.headers
 
-    async def _completions(self, body: bytes) -> dict[str, Any]:
+    async def _completions(self, body: bytes) -> Answer:
+        if len(body) > MAX_BODY:
+            raise ApiError(413, f"the body exceeds {MAX_BODY} bytes")
         try:
             data = json.loads(body or b"null")
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"the body is not valid JSON: {exc}") from exc
         parsed = parse_completion(data)
-        ready, state = self.ready()
+        ready, state = await self.ready()
         if not ready:
             raise ApiError(503, f"the engine is not ready: {state}", kind="server_error")
-        check_model(parsed.model, self.model_name())
+        check_model(parsed.model, await self.model_name())
         try:
-            result = await self.complete(parsed.request)
+            result, headers = await self.complete(parsed.request, parsed.document)
         except InputError as exc:
             raise ApiError(400, str(exc)) from exc
         except DeadlineExceeded as exc:
             raise ApiError(504, str(exc), kind="timeout_error") from exc
         except KspecError as exc:
             raise ApiError(503, str(exc), kind="server_error") from exc
-        return completion_response(result, self.model_name())
+        return 200, completion_response(result, result.model), headers
 
 
-def _bearer(value: str) -> str | None:
+def bearer(value: str) -> str | None:
     scheme, _, credentials = value.partition(" ")
     return credentials.strip() if scheme.lower() == "bearer" and credentials.strip() else None
 
@@ -101,13 +108,13 @@ async def serve_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
             headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in request.headers}
             body = await _read_body(connection, reader)
             if body is None:
-                status, payload = 413, error_body(f"the body exceeds {MAX_BODY} bytes")
+                status, payload, extra = 413, error_body(f"the body exceeds {MAX_BODY} bytes"), {}
             else:
                 answered = await _answer_unless_gone(api.respond(request.method.decode(), request.target.decode("latin-1"), headers, body), reader, connection)
                 if answered is None:  # the client went away; its request was cancelled
                     return
-                status, payload = answered
-            _send_json(connection, writer, status, payload)
+                status, payload, extra = answered
+            _send_json(connection, writer, status, payload, extra if body is not None else {})
             await writer.drain()
             if connection.our_state is h11.MUST_CLOSE or body is None:
                 return
@@ -147,7 +154,7 @@ async def _read_body(connection: h11.Connection, reader: asyncio.StreamReader) -
             raise h11.RemoteProtocolError("the connection ended inside a request body", error_status_hint=400)
 
 
-async def _answer_unless_gone(job: Awaitable[tuple[int, dict[str, Any]]], reader: asyncio.StreamReader, connection: h11.Connection) -> tuple[int, dict[str, Any]] | None:
+async def _answer_unless_gone(job: Awaitable[Answer], reader: asyncio.StreamReader, connection: h11.Connection) -> Answer | None:
     """Runs `job`; if the client closes the connection meanwhile, cancels it -> None.
     Bytes that arrive meanwhile (a pipelined request) are kept for the next cycle."""
     task = asyncio.ensure_future(job)
@@ -171,11 +178,9 @@ async def _answer_unless_gone(job: Awaitable[tuple[int, dict[str, Any]]], reader
             task.cancel()
 
 
-def _send_json(connection: h11.Connection, writer: asyncio.StreamWriter, status: int, payload: dict[str, Any]) -> None:
+def _send_json(connection: h11.Connection, writer: asyncio.StreamWriter, status: int, payload: dict[str, Any], extra: dict[str, str] | None = None) -> None:
     body = json.dumps(payload).encode()
-    headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
-    if status == 401:
-        headers.append(("www-authenticate", "Bearer"))
+    headers = [("content-type", "application/json"), ("content-length", str(len(body))), *(extra or {}).items()]
     writer.write(connection.send(h11.Response(status_code=status, headers=headers)))
     writer.write(connection.send(h11.Data(data=body)))
     writer.write(connection.send(h11.EndOfMessage()))

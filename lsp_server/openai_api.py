@@ -35,9 +35,12 @@ UNSUPPORTED = ("echo", "logprobs", "stream", "best_of", "logit_bias", "presence_
 class ApiError(Exception):
     """A request the API refuses: HTTP status and an OpenAI-style error body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    def __init__(
+        self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error", headers: dict[str, str] | None = None
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.headers = headers or {}  # extra response headers
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.kind, self.param)

@@ -89,8 +89,10 @@ def test_models_and_errors(served):
     assert status == 404
     status, payload, _ = call(served.removesuffix("/v1"), "/nowhere")
     assert status == 404
-    status, payload, _ = call(served.removesuffix("/v1"), "/health", token=None)
+    status, payload, _ = call(served.removesuffix("/v1"), "/health")
     assert (status, payload["status"]) == (200, "ready")
+    status, payload, _ = call(served.removesuffix("/v1"), "/health", token=None)
+    assert status == 401 and "status" not in payload  # nothing but a refusal without the token
 
 
 def test_same_document_same_replica(served):

@@ -36,7 +36,7 @@ def test_resegmented_last_word_reuses_everything_before_it(random_engine):
 
 def test_longest_entry_wins_and_lru_eviction_keeps_the_budget(random_engine):
     model, tokenizer = random_engine.target.model, random_engine.target.tokenizer
-    prompts = [tokenizer.encode(SOURCE + f"\nvalue_{i} = {i}\n") for i in range(4)]
+    prompts = [tokenizer.encode(SOURCE + f"\nvalue_{i} = {i}\n" * 12) for i in range(4)]  # tails too different to supersede
     one_entry = prefill_uncached(model, prompts[0]).cache.nbytes
     cache = PrefixCache(PrefixCacheConfig(max_bytes=int(2.5 * one_entry)))
     for ids in prompts:
@@ -44,6 +44,19 @@ def test_longest_entry_wins_and_lru_eviction_keeps_the_budget(random_engine):
     assert len(cache) == 2 and cache.bytes_held <= int(2.5 * one_entry)
     hit = cache.prefill(model, prompts[3] + tokenizer.encode("x = 1\n"))
     assert hit.reused_tokens == len(prompts[3])  # the newest, longest match
+
+
+def test_keystrokes_in_one_document_keep_one_entry(random_engine):
+    model, tokenizer = random_engine.target.model, random_engine.target.tokenizer
+    cache = PrefixCache()
+    for typed in ("result = c", "result = co", "result = cou", "result = coun"):
+        cache.prefill(model, tokenizer.encode(SOURCE + typed))
+    assert len(cache) == 1
+    other = tokenizer.encode("def unrelated():\n    return 42\n" * 3)
+    cache.prefill(model, other)
+    assert len(cache) == 2  # another document keeps its own entry
+    again = cache.prefill(model, tokenizer.encode(SOURCE + "result = count"))
+    assert again.reused_tokens >= len(tokenizer.encode(SOURCE)) and len(cache) == 2
 
 
 def test_disabled_cache_never_reuses(random_engine):
