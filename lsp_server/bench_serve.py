@@ -190,3 +190,37 @@ def bench_serve_urls(urls: list[str], token: str | None, config: ServeBenchConfi
     targets = {url: openai_client(parse_engine_url(url), token) for url in urls}
     return asyncio.run(_compare(targets, config, lambda: None))
 
+
+
+def bench_hop(engine_config: Any, url: str, token: str | None, samples: int = 10) -> dict[str, Any]:
+    """What the network path costs: the same request answered by an engine in this
+    process vs by the endpoint at `url` (HTTP, and for a cluster the Ray hop), alternating,
+    after two warm-up pairs (both sides' prefix caches hold the prompt); medians."""
+    from engine.completion import CompletionEngine
+    from lsp_server.runner import EngineRunner
+
+    engine = CompletionEngine.load(engine_config)
+    client = openai_client(parse_engine_url(url), token)
+    prefix = (Path(textwrap.__file__).read_text())[:3000]
+
+    async def main() -> dict[str, Any]:
+        runner = EngineRunner(engine_config, lambda c, p: engine, lambda s: None)
+        runner.start()
+        report: dict[str, Any] = {"url": url, "model": engine.model_name}
+        try:
+            for name, k, max_tokens in (("n=1 max_tokens=1", 1, 1), ("n=2 max_tokens=16", 2, 16)):
+                request = CompletionRequest(prefix=prefix, k=k, max_tokens=max_tokens, path=f"/bench/hop-{k}-{max_tokens}", deadline_ms=120000.0)
+                times: dict[str, list[float]] = {"in_process": [], "endpoint": []}
+                for index in range(samples + 2):
+                    for side, complete in (("in_process", runner.complete), ("endpoint", client)):
+                        started = time.perf_counter()
+                        await complete(request)
+                        if index >= 2:
+                            times[side].append((time.perf_counter() - started) * 1000)
+                medians = {side: round(statistics.median(values), 1) for side, values in times.items()}
+                report[name] = {**{f"{side}_ms": value for side, value in medians.items()}, "overhead_ms": round(medians["endpoint"] - medians["in_process"], 1), "samples": samples}
+        finally:
+            runner.stop()
+        return report
+
+    return asyncio.run(main())

@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--requests-per-editor", type=int, default=3, help="serve: completions each editor asks for")
     bench.add_argument("--url", action="append", default=None, help="serve: an OpenAI-compatible endpoint (http(s)://HOST:PORT/v1) to drive instead; repeat to compare, interleaved")
     bench.add_argument("--token-file", type=Path, default=None, help="serve: the endpoints' token (API key)")
+    bench.add_argument("--hop", action="store_true", help="serve: with one --url, the same request in this process vs through that endpoint (the network / Ray hop)")
     _engine_args(bench)
 
     add_lsp_parser(commands)
@@ -154,7 +155,7 @@ def _bench_keystroke_lsp(config, args: argparse.Namespace) -> dict:
 
 
 def _bench_serve(config, args: argparse.Namespace) -> dict:
-    from lsp_server.bench_serve import ServeBenchConfig, bench_serve_inprocess, bench_serve_urls
+    from lsp_server.bench_serve import ServeBenchConfig, bench_hop, bench_serve_inprocess, bench_serve_urls
     from lsp_server.commands import _read_token
 
     try:
@@ -164,9 +165,13 @@ def _bench_serve(config, args: argparse.Namespace) -> dict:
         )  # fmt: skip
     except ValueError as exc:
         raise KspecError(str(exc)) from exc
+    if args.hop and (not args.url or len(args.url) != 1):
+        raise KspecError("--hop needs exactly one --url")
     if args.url:
         token = _read_token(args.token_file) if args.token_file else None
         try:
+            if args.hop:
+                return bench_hop(config, args.url[0], token, samples=args.repeats or 10)
             return bench_serve_urls(args.url, token, serve)
         except ValueError as exc:
             raise KspecError(str(exc)) from exc

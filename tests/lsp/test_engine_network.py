@@ -253,3 +253,15 @@ async def test_language_server_reports_a_wrong_token(engine_tcp: Served, tmp_pat
     async with editor_session(FAST, args=args) as editor:
         message = await editor.wait_status(lambda s: s["state"] == "error")
         assert "401" in message["message"]
+
+
+def test_bench_hop_times_the_same_request_both_ways(engine_tcp: Served, model_dir: Path) -> None:
+    from engine.config import EngineConfig
+    from lsp_server.bench_serve import bench_hop
+
+    _wait_ready(engine_tcp)
+    report = bench_hop(EngineConfig(model=str(model_dir), progress=False), f"http://127.0.0.1:{engine_tcp.port}/v1", TOKEN, samples=1)
+    for name in ("n=1 max_tokens=1", "n=2 max_tokens=16"):
+        row = report[name]
+        assert row["in_process_ms"] > 0 and row["endpoint_ms"] > 0 and row["samples"] == 1
+        assert row["overhead_ms"] == round(row["endpoint_ms"] - row["in_process_ms"], 1)
