@@ -19,6 +19,7 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--drafter", default="auto", choices=["auto", "lookup", "model", "layerskip", "none"], help="speculative drafter (auto: --draft if given, else prompt lookup; layerskip: the first 8 layers of the target)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
 
 
 def _generation_args(parser: argparse.ArgumentParser) -> None:
@@ -84,8 +85,9 @@ def _engine_config(args: argparse.Namespace, progress: bool = True):
 
     try:
         return EngineConfig(
-            model=args.model, draft=args.draft, dtype=args.dtype, device=args.device, progress=progress, drafter=args.drafter
-        )
+            model=args.model, draft=args.draft, dtype=args.dtype, device=args.device, progress=progress, drafter=args.drafter,
+            threads=args.threads,
+        )  # fmt: skip
     except ValueError as exc:
         raise KspecError(str(exc)) from exc
 
