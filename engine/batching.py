@@ -97,7 +97,7 @@ class ContinuousBatcher:
                 continue
             try:
                 self._members.append(_Member(self.engine.begin(replace(request, deadline_ms=remaining_ms), cancel), done))
-            except KspecError as exc:
+            except Exception as exc:  # an invalid request (InputError) fails alone
                 done(None, exc)
 
     def _prepare(self) -> None:
@@ -123,16 +123,22 @@ class ContinuousBatcher:
     def _decode(self) -> None:
         """One speculative round over every decoding request's live branches."""
         decoding = [m for m in self._members if m.active.run is not None and not m.active.preparing]
-        running = []
+        running, rows = [], []
         for member in decoding:
-            if member.active.run.finished():  # type: ignore[union-attr]
-                self._finish(member)
-            else:
-                running.append(member)
+            run = member.active.run
+            assert run is not None
+            try:
+                if run.finished():
+                    self._finish(member)
+                    continue
+                rows.append(run.propose())
+            except Exception as exc:  # a drafter's failure ends its own request only
+                self._fail(member, exc)
+                continue
+            running.append(member)
         if not running:
             return
         runs = [member.active.run for member in running]
-        rows = [run.propose() for run in runs]  # type: ignore[union-attr]
         model = self.engine.target.model
         started = time.perf_counter()
         try:

@@ -217,7 +217,11 @@ class EngineRunner:
             if stopping and batcher is not None:
                 batcher.cancel_all()  # each request ends at its next round
             if batcher is not None and not batcher.idle:
-                batcher.run_round()
+                try:
+                    batcher.run_round()
+                except Exception:  # a bug must not kill the worker: the requests fail, the engine stays
+                    log.exception("a decode round failed")
+                    batcher.cancel_all()
             elif stopping:
                 return
 

@@ -195,3 +195,26 @@ def test_many_newcomers_share_a_bounded_prefill_budget_in_turns(random_engine, m
     assert stepped[4:] == [0, 1]
     _drain(batcher)
     assert sorted(outcomes.by_index) == [0, 1, 2, 3] and all(error is None for _, error in outcomes.by_index.values())
+
+
+def test_a_failing_request_fails_alone(random_engine, monkeypatch):
+    from engine.speculative import SpeculativeRun
+
+    requests = [_request(0, k=1), _request(1, k=3), _request(2, k=2)]
+    alone = [_texts(random_engine.complete(r)) for r in requests]
+    original = SpeculativeRun.propose
+
+    def propose(self):
+        if self.cache.batch == 3 and self.stats.rounds == 1:  # request 1, in its second round
+            raise RuntimeError("drafter bug")
+        return original(self)
+
+    monkeypatch.setattr(SpeculativeRun, "propose", propose)
+    batcher = random_engine.batcher(max_requests=4)
+    outcomes = Outcomes()
+    for index, request in enumerate(requests):
+        batcher.add(request, CancelToken(), outcomes.callback(index))
+    _drain(batcher)
+    result, error = outcomes.by_index[1]
+    assert result is None and isinstance(error, RuntimeError)
+    assert _texts(outcomes.by_index[0][0]) == alone[0] and _texts(outcomes.by_index[2][0]) == alone[2]
