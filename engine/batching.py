@@ -18,11 +18,11 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
-from engine.api import CancelToken, CompletionRequest, CompletionResult
+from engine.api import CancelToken, CompletionRequest, Done
 from engine.errors import DeadlineExceeded, KspecError
 from engine.kv import BranchCacheGroup
 from engine.speculative import pad_rows
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     from engine.completion import ActiveCompletion, CompletionEngine
 
 log = logging.getLogger("kspec.batching")
-
-Done = Callable[[CompletionResult | None, BaseException | None], None]  # exactly one of the two is set
 
 
 @dataclass(frozen=True)
@@ -106,7 +104,7 @@ class ContinuousBatcher:
         that each still gets a chunk every few rounds (and a round stays short for the
         requests that are decoding). Cancelled or late ones end here without a chunk."""
         preparing = [m for m in self._members if m.active.preparing]
-        over_already = [m for m in preparing if m.active.cancel.cancelled or time.monotonic() > m.active.deadline]
+        over_already = [m for m in preparing if m.active.expired]
         waiting = [m for m in preparing if m not in over_already]
         start = self._prefill_turn % len(waiting) if waiting else 0
         chosen = (waiting[start:] + waiting[:start])[: self.config.prefill_chunks_per_round]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Generator
 
 import torch
 
-from engine.api import CancelToken, CompletionRequest, CompletionResult
+from engine.api import DEFAULT_SAMPLE_TEMPERATURE, CancelToken, CompletionRequest, CompletionResult
 from engine.config import MODES, EngineConfig
 from engine.errors import CancelledError, InputError, ModelLoadError
 from engine.drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from engine.batching import ContinuousBatcher
 
 MAX_K = 32
-DEFAULT_SAMPLE_TEMPERATURE = 0.8
 MAX_NEW_TOKENS = 512
 MAX_STOPS = 8
 
@@ -149,9 +148,12 @@ class CompletionEngine:
         validate_request(request)
         return ActiveCompletion(self, request, cancel)
 
-    def prepare(self, request: CompletionRequest, cancel: CancelToken) -> Generator[None, None, SpeculativeRun | None]:
+    def prepare(
+        self, request: CompletionRequest, cancel: CancelToken, deadline: float, language: str
+    ) -> Generator[None, None, SpeculativeRun | None]:
         """Prompt, prefill (yielding between chunks) and the healing walk -> the request's
-        decoding state, or None when there is nothing to complete (empty prompt)."""
+        decoding state, or None when there is nothing to complete (empty prompt).
+        `deadline` (time.monotonic()) was set when the request arrived: prefill counts."""
         tokenizer, model = self.target.tokenizer, self.target.model
         prompt = build_prompt(tokenizer, request.prefix, request.suffix, PromptBudget(self.config.prompt_tokens))
         if not prompt.ids:
@@ -161,10 +163,8 @@ class CompletionEngine:
         ids, healed_text, prefill = walk_healing(
             lambda ids: self.prefix_cache.prefill(model, ids, cancel), tokenizer, prompt.ids, prompt.healed_text, bias, first
         )
-        deadline = time.monotonic() + request.deadline_ms / 1000
         stops = rule_for_cursor(request.prefix, request.suffix, request.stop) if request.cursor_rules else StopRule(request.stop)
         tracker = BranchTracker(tokenizer, stops, DecodeLimits(request.max_tokens, deadline), ids, healed_text)
-        language = detect_language(request.language, request.path)
         params = sampling_params(request)
         unit_done = None
         if self.config.early_stop and not request.raw:
@@ -192,19 +192,25 @@ class ActiveCompletion:
         self.engine, self.request, self.cancel = engine, request, cancel
         self.started = time.perf_counter()
         self.deadline = time.monotonic() + request.deadline_ms / 1000
+        self.language = detect_language(request.language, request.path)
         self.run: SpeculativeRun | None = None
-        self._preparing: Generator[None, None, SpeculativeRun | None] | None = engine.prepare(request, cancel)
+        self._preparing: Generator[None, None, SpeculativeRun | None] | None = engine.prepare(request, cancel, self.deadline, self.language)
         self._decode_started = 0.0
 
     @property
     def preparing(self) -> bool:
         return self._preparing is not None
 
+    @property
+    def expired(self) -> bool:
+        """Cancelled, or past its deadline."""
+        return self.cancel.cancelled or time.monotonic() > self.deadline
+
     def prepare_step(self) -> bool:
         """One chunk of preparation. -> True when the request is over already (nothing
         to complete, cancelled, or its deadline passed while its prompt was prefilled)."""
         assert self._preparing is not None
-        if self.cancel.cancelled or time.monotonic() > self.deadline:
+        if self.expired:
             self._preparing.close()  # the prefix cache keeps the prompt's KV computed so far
             self._preparing = None
             return True
@@ -226,9 +232,8 @@ class ActiveCompletion:
         if run is None:
             return CompletionResult([], engine.model_name, {"total": (now - self.started) * 1000})
         output = run.output()
-        language = detect_language(request.language, request.path)
         candidates = [Candidate(b.text, b.logprob, len(b.token_ids), b.finish_reason) for b in output.branches if b.text]
-        completions = postprocess(request.prefix, request.suffix, language, candidates, raw=request.raw)
+        completions = postprocess(request.prefix, request.suffix, self.language, candidates, raw=request.raw)
         finished = time.perf_counter()
         timing = {
             "prefill": (self._decode_started - self.started) * 1000,

@@ -218,3 +218,11 @@ def test_a_failing_request_fails_alone(random_engine, monkeypatch):
     result, error = outcomes.by_index[1]
     assert result is None and isinstance(error, RuntimeError)
     assert _texts(outcomes.by_index[0][0]) == alone[0] and _texts(outcomes.by_index[2][0]) == alone[2]
+
+
+def test_decoding_deadline_is_the_one_set_on_arrival(random_engine):
+    active = random_engine.begin(_request(0), CancelToken())
+    while active.preparing:
+        active.prepare_step()
+    assert active.run is not None
+    assert active.run.tracker.limits.deadline == active.deadline  # prefill time counts against it
