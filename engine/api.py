@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
+
+DEFAULT_SAMPLE_TEMPERATURE = 0.8  # mode "sample" with temperature 0
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class CompletionRequest:
     k: int = 4  # number of alternatives wanted
     max_tokens: int = 48
     mode: str = "diverse"  # "diverse": k most likely distinct first tokens, then greedy; "sample": k samples
-    temperature: float = 0.0  # used by mode "sample" (0 there means 0.8)
+    temperature: float = 0.0  # used by mode "sample" (0 there means DEFAULT_SAMPLE_TEMPERATURE)
     top_p: float = 1.0
     seed: int = 0
     deadline_ms: float = 5000.0  # wall-clock budget; the engine returns what is complete by then
@@ -93,3 +95,6 @@ class CancelToken:
     @property
     def cancelled(self) -> bool:
         return self._event.is_set()
+
+
+Done = Callable[[CompletionResult | None, BaseException | None], None]  # a request's outcome: exactly one of the two is set

@@ -163,7 +163,6 @@ class SpeculativeRun:
         self.cancel, self.unit_done = cancel, unit_done
         self.generator = torch.Generator().manual_seed(params.seed)
         self.stats = SpeculationStats()
-        self.decode_ms = 0.0  # time spent in this request's rounds (shared rounds count whole)
         started = time.perf_counter()
         limits = tracker.limits
         with torch.inference_mode():
@@ -250,11 +249,11 @@ class SpeculativeRun:
         stats.draft_ms += (self._drafted_at - self._round_started) * 1000
         stats.verify_ms += verify_ms
         stats.accept_ms += (time.perf_counter() - verified_at) * 1000
-        self.decode_ms += (self._drafted_at - self._round_started) * 1000 + verify_ms + (time.perf_counter() - verified_at) * 1000
         self.gamma = adapt_gamma(self.gamma, [len(d.tokens) for d in drafts], accepted_counts, self.config)
 
     def output(self) -> SpeculativeOutput:
-        return SpeculativeOutput(self.branches, self.prefill_ms, self.decode_ms, self.stats.rounds, self.stats)
+        decode_ms = self.stats.draft_ms + self.stats.verify_ms + self.stats.accept_ms  # this request's rounds (shared ones whole)
+        return SpeculativeOutput(self.branches, self.prefill_ms, decode_ms, self.stats.rounds, self.stats)
 
 
 def pad_rows(rows: list[list[int]], device: torch.device) -> Tensor:

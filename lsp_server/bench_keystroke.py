@@ -55,8 +55,8 @@ class Run:
         latencies = sorted(o.latency_ms for o in self.outcomes if o.latency_ms is not None)
         total = len(self.outcomes)
         return {
-            "p50_ms": _percentile(latencies, 50),
-            "p95_ms": _percentile(latencies, 95),
+            "p50_ms": percentile(latencies, 50),
+            "p95_ms": percentile(latencies, 95),
             "typeahead_hit_rate": self.typeahead_hits / total if total else 0.0,
             "cancelled_share": sum(o.cancelled for o in self.outcomes) / total if total else 0.0,
             "requests": total,
@@ -65,7 +65,7 @@ class Run:
         }
 
 
-def _percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     if len(values) == 1:

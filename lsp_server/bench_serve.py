@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from engine.api import CompletionRequest
-from lsp_server.bench_keystroke import _percentile, typing_points
+from lsp_server.bench_keystroke import percentile, typing_points
 from lsp_server.http_client import request_json
 from lsp_server.protocol import EngineUrl, parse_engine_url
 
@@ -68,8 +68,8 @@ class RunResult:
     def summary(self) -> dict[str, Any]:
         return {
             "throughput_rps": round(len(self.latencies_ms) / self.wall_s, 3) if self.wall_s else 0.0,
-            "p50_ms": _percentile(sorted(self.latencies_ms), 50),
-            "p95_ms": _percentile(sorted(self.latencies_ms), 95),
+            "p50_ms": percentile(self.latencies_ms, 50),
+            "p95_ms": percentile(self.latencies_ms, 95),
             "answered": len(self.latencies_ms),
             "errors": self.errors,
             "wall_s": round(self.wall_s, 2),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.api import CompletionRequest, CompletionResult
+from engine.api import DEFAULT_SAMPLE_TEMPERATURE, CompletionRequest, CompletionResult
 from engine.errors import DeadlineExceeded, InputError
 from engine.stopping import rule_for_cursor
 from engine.syntax import Candidate, detect_language, postprocess
@@ -48,15 +48,15 @@ class RemoteOptions:
             raise ValueError("remoteFim must be 'suffix' or a template containing {prefix} and {suffix}")
 
 
-def api_key_from(path: str | None, environment: dict[str, str] | None = None) -> str | None:
-    """The API key: from a file when one is named, else $KSPEC_ENGINE_TOKEN, else $OPENAI_API_KEY."""
-    environment = os.environ if environment is None else environment
+def api_key_from(path: str | None, variables: tuple[str, ...]) -> str | None:
+    """The token / API key: from a file when one is named, else the first of these
+    environment variables that is set."""
     if path:
         try:
             return Path(path).expanduser().read_text().strip() or None
         except OSError as exc:
             raise ValueError(f"cannot read the token file {path}: {exc.strerror}") from exc
-    return environment.get("KSPEC_ENGINE_TOKEN") or environment.get("OPENAI_API_KEY") or None
+    return next((os.environ[name] for name in variables if os.environ.get(name)), None)
 
 
 class OpenAIEngine:
@@ -109,7 +109,7 @@ class OpenAIEngine:
             "model": self._model,
             "n": request.k,
             "max_tokens": request.max_tokens,
-            "temperature": 0.0 if request.mode == "diverse" else (request.temperature or 0.8),
+            "temperature": 0.0 if request.mode == "diverse" else (request.temperature or DEFAULT_SAMPLE_TEMPERATURE),
             "top_p": request.top_p,
             "seed": request.seed,
             "user": request.path or "",

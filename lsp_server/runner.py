@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from engine.api import CancelToken, CompletionRequest, CompletionResult
+from engine.api import CancelToken, CompletionRequest, CompletionResult, Done
 from engine.errors import DeadlineExceeded, KspecError
 
 if TYPE_CHECKING:
@@ -38,9 +38,6 @@ class Engine(Protocol):
     def model_name(self) -> str: ...
 
     def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult: ...
-
-
-Done = Callable[[CompletionResult | None, BaseException | None], None]
 
 
 class Batcher(Protocol):

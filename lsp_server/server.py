@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import sys
 import time
@@ -323,8 +322,8 @@ class Session:
         if not text:
             raise ValueError("set engineUrl (tcp://HOST:PORT or tls://HOST:PORT for a kspec engine, http(s)://HOST:PORT/v1 for an OpenAI-compatible one)")
         url = parse_engine_url(text)
-        environment = dict(os.environ) if settings.engine == "openai" else {"KSPEC_ENGINE_TOKEN": os.environ.get("KSPEC_ENGINE_TOKEN", "")}
-        token = self.options.daemon_token or api_key_from(settings.engine_token_file, environment)
+        variables = ("KSPEC_ENGINE_TOKEN", "OPENAI_API_KEY") if settings.engine == "openai" else ("KSPEC_ENGINE_TOKEN",)
+        token = self.options.daemon_token or api_key_from(settings.engine_token_file, variables)
         ca_file = Path(settings.engine_ca_file).expanduser() if settings.engine_ca_file else None
         if settings.engine == "openai":
             return OpenAIEngine(RemoteOptions(url, settings.remote_model, token, ca_file, settings.remote_fim), self._on_status)
