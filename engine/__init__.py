@@ -1,1 +1,1 @@
-"""kspec engine: model runtime, decoding, prompt building and post-processing."""
+"""The engine: one request from prompt to ranked alternatives (models, caches, decoding, syntax) and serving it."""

@@ -13,6 +13,13 @@ from typing import Any, Callable
 
 DEFAULT_SAMPLE_TEMPERATURE = 0.8  # mode "sample" with temperature 0
 
+# The limits of one request, on every surface (CLI, LSP settings, msgpack, OpenAI API).
+MAX_K = 32  # alternatives
+MAX_NEW_TOKENS = 512  # tokens per alternative
+MAX_STOPS = 8  # extra stop strings
+MAX_STOP_CHARS = 256  # characters per stop string
+MODES = ("diverse", "sample")  # see CompletionRequest.mode
+
 
 @dataclass(frozen=True)
 class CompletionRequest:

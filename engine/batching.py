@@ -10,27 +10,41 @@ prefill per round (so a long prompt does not stall the others for more than a ch
 `max_requests` bounds the batch; 1 serves requests one at a time (the baseline).
 Drafting stays per request (each has its own drafter and γ); rows of different draft
 lengths are padded to the longest, and padding is never kept.
+
+A round is three steps, as serving engines read: `_schedule` (who joins, who leaves, who
+gets a prefill chunk), `_run` (the prefill chunks, the drafts, then ONE forward pass over
+the union of live rows), `_update` (each request accepts its part; finished ones leave).
+Each request's state is explicit: `request.RequestState`.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import torch
 
-from engine.api import CancelToken, CompletionRequest, Done
-from engine.errors import DeadlineExceeded, KspecError
-from engine.kv import BranchCacheGroup
-from engine.speculative import pad_rows
-
-if TYPE_CHECKING:
-    from engine.completion import ActiveCompletion, CompletionEngine
+from kspec.engine.api import CancelToken, CompletionRequest, Done
+from kspec.engine.cache.kv import BranchCacheGroup
+from kspec.engine.decode.speculative import SpeculativeRun, pad_rows
+from kspec.engine.errors import DeadlineExceeded, KspecError
+from kspec.engine.models.loading import LoadedModel
+from kspec.engine.request import ActiveCompletion, RequestState
 
 log = logging.getLogger("kspec.batching")
+
+
+class BatchEngine(Protocol):
+    """What the batcher needs of the engine (CompletionEngine)."""
+
+    target: LoadedModel
+    lock: threading.Lock
+
+    def begin(self, request: CompletionRequest, cancel: CancelToken) -> ActiveCompletion: ...
 
 
 @dataclass(frozen=True)
@@ -47,14 +61,24 @@ class BatchConfig:
 
 @dataclass
 class _Member:
-    active: "ActiveCompletion"
+    active: ActiveCompletion
     done: Done
+
+
+@dataclass
+class _Round:
+    """One round: who `_schedule` gave a prefill chunk, who `_run` verified."""
+
+    prefill: list[_Member] = field(default_factory=list)  # one prompt chunk each (or their end, if expired)
+    decode: list[_Member] = field(default_factory=list)  # in this round's verification pass
+    rows: list[list[list[int]]] = field(default_factory=list)  # each decode member's token rows
+    verify_ms: float = 0.0  # the shared verification pass, once run
 
 
 class ContinuousBatcher:
     """Runs on one thread: `add` requests, call `run_round` until `idle`."""
 
-    def __init__(self, engine: "CompletionEngine", config: BatchConfig = BatchConfig()):
+    def __init__(self, engine: BatchEngine, config: BatchConfig = BatchConfig()):
         self.engine, self.config = engine, config
         self._waiting: deque[tuple[CompletionRequest, CancelToken, Done, float]] = deque()
         self._members: list[_Member] = []
@@ -82,9 +106,16 @@ class ContinuousBatcher:
 
     def run_round(self) -> None:
         with self.engine.lock:
-            self._admit()
-            self._prepare()
-            self._decode()
+            plan = self._schedule()
+            logits = self._run(plan)
+            self._update(plan, logits)
+
+    # -- schedule: who joins, who prefills a chunk, who decodes, who leaves ------------
+
+    def _schedule(self) -> _Round:
+        self._admit()
+        self._leave([m for m in self._members if m.active.state is RequestState.OVER])
+        return _Round(prefill=self._prefill_turns())
 
     def _admit(self) -> None:
         while self._waiting and len(self._members) < self.config.max_requests:
@@ -98,66 +129,83 @@ class ContinuousBatcher:
             except Exception as exc:  # an invalid request (InputError) fails alone
                 done(None, exc)
 
-    def _prepare(self) -> None:
-        """One prefill chunk for each request still being prepared, at most
-        `prefill_chunks_per_round` in all; the turn rotates, so with more newcomers than
-        that each still gets a chunk every few rounds (and a round stays short for the
-        requests that are decoding). Cancelled or late ones end here without a chunk."""
-        preparing = [m for m in self._members if m.active.preparing]
+    def _prefill_turns(self) -> list[_Member]:
+        """Requests being prepared that get a prefill chunk this round: every expired one
+        (its chunk is its end) and at most `prefill_chunks_per_round` others; the turn
+        rotates, so with more newcomers than that each still gets a chunk every few rounds
+        (and a round stays short for the requests that are decoding)."""
+        preparing = [m for m in self._members if m.active.state is RequestState.PREPARING]
         over_already = [m for m in preparing if m.active.expired]
         waiting = [m for m in preparing if m not in over_already]
         start = self._prefill_turn % len(waiting) if waiting else 0
         chosen = (waiting[start:] + waiting[:start])[: self.config.prefill_chunks_per_round]
         self._prefill_turn = start + len(chosen)
-        for member in over_already + chosen:
+        return over_already + chosen
+
+    # -- run: the prefill chunks, then one forward pass over the union of live rows -----
+
+    def _run(self, plan: _Round) -> torch.Tensor | None:
+        for member in plan.prefill:
             try:
-                over = member.active.prepare_step()
+                member.active.prepare_step()
             except Exception as exc:
                 self._fail(member, exc)
-                continue
-            if over:
-                self._finish(member)
-
-    def _decode(self) -> None:
-        """One speculative round over every decoding request's live branches."""
-        decoding = [m for m in self._members if m.active.run is not None and not m.active.preparing]
-        running, rows = [], []
-        for member in decoding:
-            run = member.active.run
-            assert run is not None
-            try:
-                if run.finished():
-                    self._finish(member)
-                    continue
-                rows.append(run.propose())
-            except Exception as exc:  # a drafter's failure ends its own request only
-                self._fail(member, exc)
-                continue
-            running.append(member)
-        if not running:
-            return
-        runs = [member.active.run for member in running]
+        self._draft(plan)  # a request whose prompt became ready just now decodes in this round too
+        if not plan.decode:
+            return None
         model = self.engine.target.model
         started = time.perf_counter()
         try:
             with torch.inference_mode():
-                inputs = pad_rows([row for request_rows in rows for row in request_rows], model.device)  # [B, T]
-                group = BranchCacheGroup([run.cache for run in runs])  # type: ignore[union-attr]
+                inputs = pad_rows([row for request_rows in plan.rows for row in request_rows], model.device)  # [B, T]
+                group = BranchCacheGroup([self._run_of(m).cache for m in plan.decode])
                 logits = model.logits(model(inputs, group))  # [B, T, V]
         except Exception as exc:  # a failed shared pass fails every request in it
-            for member in running:
+            for member in plan.decode:
                 self._fail(member, exc)
-            return
-        verify_ms = (time.perf_counter() - started) * 1000
+            plan.decode.clear()
+            return None
+        plan.verify_ms = (time.perf_counter() - started) * 1000
         self.rounds += 1
-        self.largest_batch = max(self.largest_batch, len(running))
-        for member, part in zip(running, logits.split([len(r) for r in rows])):
+        self.largest_batch = max(self.largest_batch, len(plan.decode))
+        return logits
+
+    def _draft(self, plan: _Round) -> None:
+        """Every decoding request proposes its rows (its drafter's tokens per branch)."""
+        for member in [m for m in self._members if m.active.state is RequestState.DECODING]:
+            run = self._run_of(member)
             try:
-                member.active.run.accept(part, verify_ms)  # type: ignore[union-attr]
-                if member.active.run.finished():  # type: ignore[union-attr]
-                    self._finish(member)
-            except Exception as exc:
+                if run.finished():  # cancelled or late since the last round
+                    member.active.after_round()
+                    continue
+                plan.rows.append(run.propose())
+            except Exception as exc:  # a drafter's failure ends its own request only
                 self._fail(member, exc)
+                continue
+            plan.decode.append(member)
+
+    # -- update: each request accepts its part; finished requests leave -----------------
+
+    def _update(self, plan: _Round, logits: torch.Tensor | None) -> None:
+        if logits is not None:
+            for member, part in zip(plan.decode, logits.split([len(r) for r in plan.rows])):
+                try:
+                    self._run_of(member).accept(part, plan.verify_ms)
+                    member.active.after_round()
+                except Exception as exc:
+                    self._fail(member, exc)
+        self._leave([m for m in self._members if m.active.state is RequestState.OVER])
+
+    def _leave(self, over: list[_Member]) -> None:
+        for member in over:
+            self._finish(member)
+
+    @staticmethod
+    def _run_of(member: _Member) -> SpeculativeRun:
+        run = member.active.run
+        if run is None:
+            raise RuntimeError("a decoding request has no decoding state")
+        return run
 
     def _finish(self, member: _Member) -> None:
         self._members.remove(member)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-MODES = ("diverse", "sample")
+DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names (this module imports no torch: the language server reads it)
 DRAFTER_CHOICES = ("auto", "lookup", "model", "layerskip", "none")
 
 
@@ -47,5 +48,7 @@ class EngineConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+    def torch_dtype(self) -> "torch.dtype":
+        import torch
+
+        return getattr(torch, self.dtype)

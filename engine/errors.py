@@ -17,5 +17,9 @@ class CancelledError(KspecError):
     """The request was cancelled before it produced anything."""
 
 
+class EngineUnavailable(KspecError):
+    """No engine to answer: it failed to load, or the daemon is gone."""
+
+
 class DeadlineExceeded(KspecError):
     """The request's deadline passed before the engine could start it."""

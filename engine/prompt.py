@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine.healing import split_for_healing
-from engine.tokenizer import Tokenizer
+from kspec.engine.decode.healing import split_for_healing
+from kspec.engine.models.tokenizer import Tokenizer
 
 CHARS_PER_TOKEN_BOUND = 8  # no tokenizer here averages more; used to pre-cut text before encoding
 

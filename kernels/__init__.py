@@ -1,1 +1,1 @@
-"""Attention kernels: bifurcated (shared prefix + per-branch) attention."""
+"""Attention kernels: the bifurcated-attention contract, its PyTorch reference, the Triton kernel."""

@@ -1,6 +1,6 @@
 """Bifurcated attention as Triton kernels for CUDA (optional extra ``kspec[gpu]``).
 
-Same contract as ``kernels.bifurcated.bifurcated_attention``. Importing this module never
+Same contract as ``kspec.kernels.bifurcated.bifurcated_attention``. Importing this module never
 fails: without triton, ``TRITON_AVAILABLE`` is False and calling the function raises.
 
 Three launches, flash-decoding style (split the keys, merge by log-sum-exp):
@@ -29,7 +29,7 @@ import math
 import torch
 from torch import Tensor
 
-from kernels.bifurcated import Dims, check_inputs
+from kspec.kernels.contract import Dims, check_inputs
 
 try:
     import triton

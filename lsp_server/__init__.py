@@ -1,1 +1,1 @@
-"""kspec language server and command-line interface."""
+"""The language server: documents, cursor -> context, typeahead, settings, edit ranges, JSON-RPC hardening, and the clients that reach an engine."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lsp_server.documents import Cursor, Document, line_body
+from kspec.lsp_server.documents import Cursor, Document, line_body
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class EditorContext:
     length: int  # code points in the document
 
 
-def cursor_context(document: Document, cursor: Cursor, budgets: Budgets) -> EditorContext:
+def editor_context(document: Document, cursor: Cursor, budgets: Budgets) -> EditorContext:
     lines = document.lines
     current = lines[cursor.line]
     pieces = [current[: cursor.column]]

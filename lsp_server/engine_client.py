@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Protocol
 
-from engine.api import CompletionRequest, CompletionResult
-from engine.errors import InputError
-from lsp_server.protocol import (
+from kspec.engine.api import CompletionRequest, CompletionResult
+from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, InputError
+from kspec.engine.serve.protocol import (
     PROTOCOL_VERSION,
     DaemonPaths,
     EngineSpec,
@@ -38,16 +38,8 @@ from lsp_server.protocol import (
     read_frame,
     write_frame,
 )
-from lsp_server.runner import (
-    ERROR,
-    LOADING,
-    DeadlineExceeded,
-    EngineFactory,
-    EngineRunner,
-    EngineUnavailable,
-    Status,
-    default_engine_factory,
-)
+from kspec.engine.serve.runner import EngineFactory, EngineRunner, default_engine_factory
+from kspec.engine.serve.status import ERROR, LOADING, Status
 
 log = logging.getLogger("kspec.client")
 
@@ -312,7 +304,7 @@ class DaemonEngine:
 
     def _spawn(self) -> subprocess.Popen:
         command = [
-            self.options.python, "-m", "lsp_server.cli", "engine", *self.options.spec.to_args(),
+            self.options.python, "-m", "kspec.cli.main", "engine", *self.options.spec.to_args(),
             "--socket", str(self.paths.socket), "--idle-timeout", str(self.options.idle_timeout_s),
         ]  # fmt: skip
         log.info("starting the engine daemon: %s", " ".join(command))

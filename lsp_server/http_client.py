@@ -11,7 +11,7 @@ from typing import Any
 
 import h11
 
-from lsp_server.protocol import EngineUrl
+from kspec.engine.serve.protocol import EngineUrl
 
 MAX_RESPONSE = 16 * 1024 * 1024
 

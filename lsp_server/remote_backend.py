@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.api import DEFAULT_SAMPLE_TEMPERATURE, CompletionRequest, CompletionResult
-from engine.errors import DeadlineExceeded, InputError
-from engine.stopping import rule_for_cursor
-from engine.syntax import Candidate, detect_language, postprocess
-from lsp_server.http_client import HttpError, request_json
-from lsp_server.protocol import EngineUrl, client_tls
-from lsp_server.runner import ERROR, LOADING, READY, EngineUnavailable, Status
+from kspec.engine.api import DEFAULT_SAMPLE_TEMPERATURE, CompletionRequest, CompletionResult
+from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, InputError
+from kspec.engine.decode.stopping import rule_for_cursor
+from kspec.engine.syntax import Candidate, detect_language, postprocess
+from kspec.lsp_server.http_client import HttpError, request_json
+from kspec.engine.serve.protocol import EngineUrl, client_tls
+from kspec.engine.serve.status import ERROR, LOADING, READY, Status
 
 log = logging.getLogger("kspec.remote")
 

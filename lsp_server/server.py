@@ -29,18 +29,20 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
 
-from engine.api import CompletionRequest
-from engine.errors import InputError, KspecError
-from lsp_server.context import Budgets, EditorContext, cursor_context, looks_binary
-from lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Cursor, Document, DocumentStore, line_body, units_from_column
-from lsp_server.edits import replaced_chars
-from lsp_server.engine_client import DaemonEngine, DaemonOptions, EngineClient, InProcessEngine, UnusableEngine
-from lsp_server.jsonrpc import MAX_MESSAGE_BYTES, Dispatcher, frames_to_loop
-from lsp_server.protocol import EngineSpec, parse_engine_url
-from lsp_server.remote_backend import OpenAIEngine, RemoteOptions, api_key_from
-from lsp_server.runner import ERROR, READY, DeadlineExceeded, EngineFactory, EngineUnavailable, Status, default_engine_factory
-from lsp_server.settings import SECTION, Settings, parse_settings
-from lsp_server.typeahead import Entry, TypeaheadCache
+from kspec.engine.api import CompletionRequest
+from kspec.engine.errors import InputError, KspecError
+from kspec.lsp_server.context import Budgets, EditorContext, editor_context, looks_binary
+from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Cursor, Document, DocumentStore, line_body, units_from_column
+from kspec.lsp_server.edits import replaced_chars
+from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions, EngineClient, InProcessEngine, UnusableEngine
+from kspec.lsp_server.jsonrpc import MAX_MESSAGE_BYTES, Dispatcher, frames_to_loop
+from kspec.engine.serve.protocol import EngineSpec, parse_engine_url
+from kspec.lsp_server.remote_backend import OpenAIEngine, RemoteOptions, api_key_from
+from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
+from kspec.engine.serve.runner import EngineFactory, default_engine_factory
+from kspec.engine.serve.status import ERROR, READY, Status
+from kspec.lsp_server.settings import SECTION, Settings, parse_settings
+from kspec.lsp_server.typeahead import Entry, TypeaheadCache
 
 log = logging.getLogger("kspec.lsp")
 
@@ -302,7 +304,7 @@ class Session:
 
     def _make_engine(self, settings: Settings) -> EngineClient:
         if settings.engine == "inprocess":
-            from engine.config import EngineConfig
+            from kspec.engine.config import EngineConfig
 
             config = EngineConfig(model=settings.model, draft=settings.draft, dtype=settings.dtype, device=settings.device, progress=False)
             return InProcessEngine(config, self._on_status, self.options.engine_factory)
@@ -430,7 +432,7 @@ class Session:
         settings = self.settings
         if not settings.language_enabled(document.language_id):
             return None
-        context = cursor_context(document, cursor, Budgets(settings.prefix_chars, settings.suffix_chars))
+        context = editor_context(document, cursor, Budgets(settings.prefix_chars, settings.suffix_chars))
         if looks_binary(context):
             self.show(f"kspec: {uri} looks binary (NUL characters); no completions there", lsp.MessageType.Info)
             return None

@@ -12,12 +12,9 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
-# The engine's limits, repeated so that a server talking to the daemon never imports
-# torch; tests/unit/lsp/test_settings.py checks they match engine.completion / engine.config.
-MAX_K = 32
-MAX_NEW_TOKENS = 512
-DTYPES = ("float32", "bfloat16", "float16")
-MODES = ("diverse", "sample")
+from kspec.engine.api import MAX_K, MAX_NEW_TOKENS, MODES
+from kspec.engine.config import DTYPES
+
 PLACEMENTS = ("inprocess", "daemon", "remote", "openai")
 SECTION = "kspec"
 
@@ -73,7 +70,7 @@ def _engine_url(value: Any) -> str | None:
         return None
     if not isinstance(value, str):
         return "must be a URL string or null"
-    from lsp_server.protocol import parse_engine_url
+    from kspec.engine.serve.protocol import parse_engine_url
 
     try:
         parse_engine_url(value)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from lsp_server.context import EditorContext
-from lsp_server.edits import CLOSERS
+from kspec.lsp_server.context import EditorContext
+from kspec.lsp_server.edits import CLOSERS
 
 
 @dataclass(frozen=True)

@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kernels import triton_bifurcated as tb  # noqa: E402
-from kernels.bifurcated import dense_attention, reference_bifurcated_attention  # noqa: E402
+from kspec.bench.baselines import dense_attention  # noqa: E402
+from kspec.kernels import triton_bifurcated as tb  # noqa: E402
+from kspec.kernels.reference import reference_bifurcated_attention  # noqa: E402
 
 TOL = {torch.float32: 2e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}  # max |kernel - reference| / (1 + |reference|)
 

@@ -12,22 +12,22 @@ torch.manual_seed(0)
 
 @pytest.fixture(scope="session")
 def random_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.models.testing import write_random_model
+    from model_factory import write_random_model
 
     return write_random_model(tmp_path_factory.mktemp("llama"), "llama", seed=0)
 
 
 @pytest.fixture(scope="session")
 def default_engine():
-    from engine.completion import CompletionEngine
-    from engine.config import EngineConfig
+    from kspec.engine.completion import CompletionEngine
+    from kspec.engine.config import EngineConfig
 
     return CompletionEngine.load(EngineConfig(progress=False))
 
 
 @pytest.fixture(scope="session")
 def random_engine(random_llama_dir: Path):
-    from engine.completion import CompletionEngine
-    from engine.config import EngineConfig
+    from kspec.engine.completion import CompletionEngine
+    from kspec.engine.config import EngineConfig
 
     return CompletionEngine.load(EngineConfig(model=str(random_llama_dir), progress=False))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import ModelLoadError
+from kspec.engine.errors import ModelLoadError
 
 # model_type in config.json -> the architecture family our decoder implements.
 SUPPORTED_ARCHITECTURES: dict[str, str] = {

@@ -9,10 +9,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from engine.errors import ModelLoadError
-from engine.models.args import ModelArgs
-from engine.models.rope import inverse_frequencies
-from engine.models.transformer import Transformer
+from kspec.engine.errors import ModelLoadError
+from kspec.engine.models.args import ModelArgs
+from kspec.engine.models.rope import inverse_frequencies
+from kspec.engine.models.transformer import Transformer
 
 
 def read_args(folder: Path) -> ModelArgs:

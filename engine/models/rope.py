@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from engine.models.args import RopeScaling
+from kspec.engine.models.args import RopeScaling
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> Tensor:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from engine.kv import CacheShape, KVCache, StepContext
-from engine.models.args import ModelArgs
-from engine.models.rope import apply_rotary, inverse_frequencies, rotary_cos_sin
+from kspec.engine.cache.kv import CacheShape, KVCache, StepContext
+from kspec.engine.models.args import ModelArgs
+from kspec.engine.models.rope import apply_rotary, inverse_frequencies, rotary_cos_sin
 
 
 class RMSNorm(nn.Module):

@@ -4,23 +4,23 @@ Public API (other packages import from here):
 
 * `detect_language(language_id, path)` -> canonical name or None
 * `Candidate` — one raw alternative from decoding
-* `postprocess(prefix, suffix, language, candidates, raw=False)` -> ranked `engine.api.Completion`s
+* `postprocess(prefix, suffix, language, candidates, raw=False)` -> ranked `kspec.engine.api.Completion`s
 * `unit_complete(prefix, completion_so_far, suffix, language)` — the early-stop hook
   (`UnitPredicate` is the same with the request's context built once)
 """
 
-from engine.syntax.checks import ANALYSIS, Checker, CheckResult
-from engine.syntax.early_stop import UnitPredicate, unit_complete
-from engine.syntax.languages import LANGUAGES, detect_language, normalize_language
-from engine.syntax.postprocess import (
+from kspec.engine.syntax.checks import ANALYSIS, Checker, CheckResult
+from kspec.engine.syntax.early_stop import UnitPredicate, unit_complete
+from kspec.engine.syntax.languages import LANGUAGES, detect_language, normalize_language
+from kspec.engine.syntax.postprocess import (
     Candidate,
     PostprocessConfig,
     Ranked,
     postprocess,
     rank_alternatives,
 )
-from engine.syntax.rank import RankConfig
-from engine.syntax.trim import trim
+from kspec.engine.syntax.rank import RankConfig
+from kspec.engine.syntax.trim import trim
 
 __all__ = [
     "ANALYSIS",

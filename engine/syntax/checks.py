@@ -24,10 +24,10 @@ from functools import lru_cache
 
 import tree_sitter
 
-from engine.syntax import pyscope
-from engine.syntax.context import CursorContext, build_context, top_level_start
-from engine.syntax.languages import SPECS, new_parser, normalize_language, ts_language
-from engine.syntax.pylines import line_errors
+from kspec.engine.syntax import pyscope
+from kspec.engine.syntax.context import CursorContext, build_context, top_level_start
+from kspec.engine.syntax.languages import SPECS, new_parser, normalize_language, ts_language
+from kspec.engine.syntax.pylines import line_errors
 
 ANALYSIS = (
     "tree-sitter ERROR/MISSING nodes new relative to prefix+suffix (Python: + line rules and "

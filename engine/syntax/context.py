@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from engine.syntax.languages import SPECS, LanguageSpec, normalize_language, spec_for
-from engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, LexState, Tok, lex, unmatched_openers
+from kspec.engine.syntax.languages import SPECS, LanguageSpec, normalize_language, spec_for
+from kspec.engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, LexState, Tok, lex, unmatched_openers
 
 # How much of the suffix is lexed to learn which open brackets it closes.
 SUFFIX_SCAN_CHARS = 4000

@@ -10,8 +10,8 @@ has); what trimming would keep is then already in the text, so more tokens only 
 
 from __future__ import annotations
 
-from engine.syntax.context import CursorContext, build_context
-from engine.syntax.trim import find_cut
+from kspec.engine.syntax.context import CursorContext, build_context
+from kspec.engine.syntax.trim import find_cut
 
 
 class UnitPredicate:

@@ -1,4 +1,4 @@
-"""Which language a buffer is in, and what the rest of `engine.syntax` needs to know about it.
+"""Which language a buffer is in, and what the rest of `kspec.engine.syntax` needs to know about it.
 
 One `LanguageSpec` per supported language: how to load its tree-sitter grammar (from the
 per-language wheel, e.g. `tree_sitter_python`), which lexical family it belongs to, and the

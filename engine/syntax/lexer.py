@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from engine.syntax.languages import LanguageSpec
+from kspec.engine.syntax.languages import LanguageSpec
 
 OPEN = "open"
 CLOSE = "close"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from engine.api import Completion
-from engine.syntax.checks import Checker, CheckResult
-from engine.syntax.context import CursorContext, build_context
-from engine.syntax.languages import normalize_language
-from engine.syntax.rank import RankConfig, Scored, dedupe_key, normalized_logprob, order, score
-from engine.syntax.trim import END, Cut, drop_truncated_line, find_cut, finalize
+from kspec.engine.api import Completion
+from kspec.engine.syntax.checks import Checker, CheckResult
+from kspec.engine.syntax.context import CursorContext, build_context
+from kspec.engine.syntax.languages import normalize_language
+from kspec.engine.syntax.rank import RankConfig, Scored, dedupe_key, normalized_logprob, order, score
+from kspec.engine.syntax.trim import END, Cut, drop_truncated_line, find_cut, finalize
 
 
 @dataclass

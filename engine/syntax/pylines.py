@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 
-from engine.syntax.context import CursorContext, code_of_line, indent_of, logical_line_starts
-from engine.syntax.languages import LanguageSpec
-from engine.syntax.lexer import lex
+from kspec.engine.syntax.context import CursorContext, code_of_line, indent_of, logical_line_starts
+from kspec.engine.syntax.languages import LanguageSpec
+from kspec.engine.syntax.lexer import lex
 
 
 # An error: (what, where). `where` is ("prefix", offset), ("suffix", offset without the

@@ -25,7 +25,7 @@ from functools import lru_cache
 
 import tree_sitter
 
-from engine.syntax.languages import ts_language
+from kspec.engine.syntax.languages import ts_language
 
 SCOPE_TYPES = frozenset({
     "module", "function_definition", "lambda", "class_definition",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from engine.syntax.checks import CheckResult
+from kspec.engine.syntax.checks import CheckResult
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine.syntax.context import CursorContext, code_of_line, indent_of
-from engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, STRING, Tok, lex
+from kspec.engine.syntax.context import CursorContext, code_of_line, indent_of
+from kspec.engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, STRING, Tok, lex
 
 MIDLINE, STATEMENT, BODY = "midline", "statement", "body"
 

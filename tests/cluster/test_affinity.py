@@ -1,4 +1,4 @@
-"""Document placement (lsp_server.affinity): sticky while the replica lives, spread evenly,
+"""Document placement (kspec.engine.serve.affinity): sticky while the replica lives, spread evenly,
 moved when the replica goes. Plain Python, no Ray."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from lsp_server.affinity import DocumentPlacement
+from kspec.engine.serve.affinity import DocumentPlacement
 
 
 def test_a_document_stays_on_its_replica():

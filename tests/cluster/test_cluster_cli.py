@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lsp_server.cli import main
+from kspec.cli.main import main
 
 WAIT_S = 120.0
 
@@ -36,7 +36,7 @@ def test_missing_token_file_is_a_clear_error(tmp_path: Path, capsys):
 
 def test_without_ray_it_says_what_to_install(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    monkeypatch.delitem(sys.modules, "lsp_server.cluster", raising=False)
+    monkeypatch.delitem(sys.modules, "kspec.engine.serve.cluster", raising=False)
     assert main(["cluster", "up", "--replicas", "2"]) == 2
     error = capsys.readouterr().err
     assert "pip install 'kspec[cluster]'" in error and "Traceback" not in error
@@ -59,7 +59,7 @@ def test_cluster_up_serves_and_stops_on_sigint(tmp_path: Path, random_llama_dir:
     psutil = pytest.importorskip("psutil")
     token_file = tmp_path / "token"
     token_file.write_text("cli-test-token\n")
-    command = [sys.executable, "-m", "lsp_server.cli", "cluster", "up", "--replicas", "1", "--model", str(random_llama_dir),
+    command = [sys.executable, "-m", "kspec.cli.main", "cluster", "up", "--replicas", "1", "--model", str(random_llama_dir),
                "--port", "0", "--token-file", str(token_file)]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     try:

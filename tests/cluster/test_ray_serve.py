@@ -26,8 +26,8 @@ WAIT_S = 60.0  # any single wait in these tests
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory):
-    from engine.models.testing import write_random_model
-    from lsp_server import cluster
+    from model_factory import write_random_model
+    from kspec.engine.serve import cluster
 
     model = write_random_model(tmp_path_factory.mktemp("cluster-llama"), "llama", seed=0)
     before = {child.pid for child in psutil.Process().children(recursive=True)}
@@ -119,7 +119,7 @@ def test_requests_without_document_are_answered(served):
 def test_replica_killed_mid_request(served):
     from ray import serve
 
-    from lsp_server import cluster
+    from kspec.engine.serve import cluster
 
     document = "killed.py"
     status, _, home = complete(served, document)

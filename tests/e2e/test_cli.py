@@ -14,7 +14,7 @@ DEMO = ROOT / "examples" / "demo.py"
 
 
 def kspec(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lsp_server.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return subprocess.run([sys.executable, "-m", "kspec.cli.main", *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
 def test_complete_json_with_default_model():

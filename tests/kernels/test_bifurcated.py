@@ -17,14 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attention_cases import CASES, TOL, assert_close, make_case, valid_rows
-from kernels.bench import bench_attention
-from kernels.bifurcated import (
-    bifurcated_attention,
-    dense_attention,
-    naive_attention,
-    reference_bifurcated_attention,
-    replicated_attention,
-)
+from kspec.bench.attention import bench_attention
+from attention_oracle import naive_attention
+from kspec.bench.baselines import dense_attention, replicated_attention
+from kspec.kernels.bifurcated import bifurcated_attention
+from kspec.kernels.reference import reference_bifurcated_attention
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)

@@ -20,8 +20,10 @@ import pytest
 import torch
 
 from attention_cases import CASES, make_case
-from kernels import triton_bifurcated as tb
-from kernels.bifurcated import Dims, bifurcated_attention, reference_bifurcated_attention
+from kspec.kernels import triton_bifurcated as tb
+from kspec.kernels.bifurcated import bifurcated_attention
+from kspec.kernels.contract import Dims
+from kspec.kernels.reference import reference_bifurcated_attention
 
 KERNEL_TOL = {
     torch.float32: dict(atol=2e-5, rtol=2e-4),

@@ -123,7 +123,7 @@ class Editor:
 
 
 def server_command(*extra: str) -> list[str]:
-    return [sys.executable, "-m", "lsp_server.cli", "lsp", *extra]
+    return [sys.executable, "-m", "kspec.cli.main", "lsp", *extra]
 
 
 def server_env(runtime_dir: Path | None = None) -> dict[str, str]:

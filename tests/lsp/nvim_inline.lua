@@ -16,7 +16,7 @@ vim.api.nvim_buf_set_lines(buf, 0, -1, false, { "def add(a, b):", "    return " 
 local ready = false
 local client_id = vim.lsp.start({
   name = "kspec",
-  cmd = { python, "-m", "lsp_server.cli", "lsp", "--engine", "inprocess" },
+  cmd = { python, "-m", "kspec.cli.main", "lsp", "--engine", "inprocess" },
   root_dir = vim.fs.dirname(path),
   init_options = { model = model, k = 2, maxTokens = 4, debounceMs = 0, deadlineMs = 30000, raw = true },
   handlers = {

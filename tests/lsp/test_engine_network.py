@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from lsp_harness import FAST, REPO, editor_session, server_env
 
-from engine.api import CompletionRequest
-from lsp_server.engine_client import DaemonEngine, DaemonOptions
-from lsp_server.openai_api import parse_completion
-from lsp_server.protocol import PROTOCOL_VERSION, EngineSpec, pack, parse_engine_url, read_frame
-from lsp_server.runner import EngineUnavailable
+from kspec.engine.api import CompletionRequest
+from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions
+from kspec.engine.serve.openai_api import parse_completion
+from kspec.engine.serve.protocol import PROTOCOL_VERSION, EngineSpec, pack, parse_engine_url, read_frame
+from kspec.engine.errors import EngineUnavailable
 
 TOKEN = "team-token-123"
 START_TIMEOUT_S = 90.0
@@ -44,7 +44,7 @@ class Served:
 def _start_engine(model_dir: Path, folder: Path, *extra: str) -> Served:
     token_file = folder / "token"
     token_file.write_text(TOKEN)
-    command = [sys.executable, "-m", "lsp_server.cli", "engine", "--model", str(model_dir), "--listen", "127.0.0.1:0", "--token-file", str(token_file), *extra]
+    command = [sys.executable, "-m", "kspec.cli.main", "engine", "--model", str(model_dir), "--listen", "127.0.0.1:0", "--token-file", str(token_file), *extra]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=server_env(folder), cwd=REPO)
     deadline = time.monotonic() + START_TIMEOUT_S
     assert process.stderr is not None
@@ -256,8 +256,8 @@ async def test_language_server_reports_a_wrong_token(engine_tcp: Served, tmp_pat
 
 
 def test_bench_hop_times_the_same_request_both_ways(engine_tcp: Served, model_dir: Path) -> None:
-    from engine.config import EngineConfig
-    from lsp_server.bench_serve import bench_hop
+    from kspec.engine.config import EngineConfig
+    from kspec.bench.serve import bench_hop
 
     _wait_ready(engine_tcp)
     report = bench_hop(EngineConfig(model=str(model_dir), progress=False), f"http://127.0.0.1:{engine_tcp.port}/v1", TOKEN, samples=1)

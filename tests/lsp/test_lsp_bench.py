@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lsp_server.bench_keystroke import bench_keystroke_lsp, typing_points
+from kspec.bench.keystroke import bench_keystroke_lsp, typing_points
 
 SOURCE = "import os\n\n\ndef main(argv):\n    # a comment\n    value = compute(argv)\n    return value + 1\n"
 

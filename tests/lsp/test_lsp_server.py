@@ -15,7 +15,7 @@ import pytest_asyncio
 from lsprotocol import types as lsp
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcMethodNotFound, JsonRpcRequestCancelled
 
-from lsp_server.edits import replaced_chars
+from kspec.lsp_server.edits import replaced_chars
 from lsp_harness import FAST, Editor, editor_session
 
 pytestmark = [

@@ -7,10 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from engine.api import CancelToken, CompletionRequest, CompletionResult
-from engine.batching import BatchConfig, ContinuousBatcher
-from engine.errors import InputError
-from engine.kv import BranchCacheGroup
+from kspec.engine.request import RequestState
+from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult
+from kspec.engine.batching import BatchConfig, ContinuousBatcher
+from kspec.engine.errors import InputError
+from kspec.engine.cache.kv import BranchCacheGroup
 
 SOURCES = [
     "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n    return total / ",
@@ -133,7 +134,7 @@ def test_long_prompt_is_prefilled_a_chunk_per_round(random_engine):
     batcher.add(_request(1, prefix=long_prefix, max_tokens=4), CancelToken(), outcomes.callback(1))
     batcher.run_round()
     newcomer = batcher._members[1].active
-    assert newcomer.preparing  # still prefilling after one round ...
+    assert newcomer.state is RequestState.PREPARING  # still prefilling after one round ...
     assert running.stats.rounds == 2  # ... while the running request got its round
     batcher.cancel_all()
     _drain(batcher)
@@ -157,8 +158,8 @@ def test_deadline_inside_a_batch_and_invalid_requests(random_engine):
 
 
 def test_group_of_caches_rejects_mismatched_counts(random_engine):
-    from engine.kv import BranchKVCache
-    from engine.prefix_cache import prefill_uncached
+    from kspec.engine.cache.kv import BranchKVCache
+    from kspec.engine.cache.prefix_cache import prefill_uncached
 
     model = random_engine.target.model
     prefill = prefill_uncached(model, [1, 2, 3])
@@ -171,7 +172,7 @@ def test_group_of_caches_rejects_mismatched_counts(random_engine):
 
 
 def test_many_newcomers_share_a_bounded_prefill_budget_in_turns(random_engine, monkeypatch):
-    from engine.completion import ActiveCompletion
+    from kspec.engine.request import ActiveCompletion
 
     stepped: list[int] = []
     original = ActiveCompletion.prepare_step
@@ -198,7 +199,7 @@ def test_many_newcomers_share_a_bounded_prefill_budget_in_turns(random_engine, m
 
 
 def test_a_failing_request_fails_alone(random_engine, monkeypatch):
-    from engine.speculative import SpeculativeRun
+    from kspec.engine.decode.speculative import SpeculativeRun
 
     requests = [_request(0, k=1), _request(1, k=3), _request(2, k=2)]
     alone = [_texts(random_engine.complete(r)) for r in requests]
@@ -222,7 +223,7 @@ def test_a_failing_request_fails_alone(random_engine, monkeypatch):
 
 def test_decoding_deadline_is_the_one_set_on_arrival(random_engine):
     active = random_engine.begin(_request(0), CancelToken())
-    while active.preparing:
+    while active.state is RequestState.PREPARING:
         active.prepare_step()
     assert active.run is not None
     assert active.run.tracker.limits.deadline == active.deadline  # prefill time counts against it

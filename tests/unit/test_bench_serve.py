@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
-from lsp_server.bench_serve import ServeBenchConfig, bench_serve_inprocess, documents
+from kspec.engine.config import EngineConfig
+from kspec.bench.serve import ServeBenchConfig, bench_serve_inprocess, documents
 
 
 def test_documents_differ_per_editor():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv import RaggedKVCache
-from engine.models.resolve import DEFAULT_MODEL_NAME, resolve_model
-from engine.tokenizer import IncrementalDetokenizer
+from kspec.engine.cache.kv import RaggedKVCache
+from kspec.engine.models.resolve import DEFAULT_MODEL_NAME, resolve_model
+from kspec.engine.models.tokenizer import IncrementalDetokenizer
 
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 
@@ -44,6 +44,6 @@ def test_logits_and_greedy_tokens_match_transformers(default_engine):
         ours = model.logits(model(torch.tensor([ids]), cache))[0]
         assert (ours - expected).abs().max().item() < 1e-3
         reference = hf.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids) :].tolist()
-    from engine.generate import greedy_batch
+    from kspec.bench.baselines import greedy_batch
 
     assert greedy_batch(model, [ids], len(reference))[0] == reference

@@ -6,10 +6,11 @@ import time
 
 import torch
 
-from engine.api import CancelToken, CompletionRequest
-from engine.generate import Branch, BranchTracker, DecodeLimits, decode_regular, greedy_batch
-from engine.sampling import SamplingParams, distinct_first_tokens, probabilities
-from engine.stopping import StopRule
+from kspec.engine.api import CancelToken, CompletionRequest
+from kspec.bench.baselines import decode_regular, greedy_batch
+from kspec.engine.decode.branches import Branch, BranchTracker, DecodeLimits
+from kspec.engine.decode.sampling import SamplingParams, distinct_first_tokens, probabilities
+from kspec.engine.decode.stopping import StopRule
 
 PROMPT = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n"
 

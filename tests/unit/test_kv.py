@@ -9,10 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.generate import BranchTracker, DecodeLimits, decode_regular
-from engine.kv import BranchKVCache, CacheShape, RaggedKVCache
-from engine.sampling import SamplingParams
-from engine.stopping import StopRule
+from kspec.bench.baselines import decode_regular
+from kspec.engine.decode.branches import BranchTracker, DecodeLimits
+from kspec.engine.cache.kv import BranchKVCache, CacheShape, RaggedKVCache
+from kspec.engine.decode.sampling import SamplingParams
+from kspec.engine.decode.stopping import StopRule
 
 SHAPE = CacheShape(n_layers=2, n_kv_heads=2, head_dim=4)
 HEADS = 4

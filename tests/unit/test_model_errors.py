@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import ModelLoadError
-from engine.models.resolve import default_gguf_path, resolve_model
+from kspec.engine.errors import ModelLoadError
+from kspec.engine.models.resolve import default_gguf_path, resolve_model
 
 
 @pytest.fixture()
@@ -53,7 +53,7 @@ def test_unsupported_gguf_architecture(tmp_path: Path, private_cache: Path):
 
 
 def test_unsupported_hf_architecture_names_the_supported_ones(tmp_path: Path):
-    from engine.models.hf_folder import read_args
+    from kspec.engine.models.hf_folder import read_args
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ModelLoadError, match="unsupported model architecture 'gpt2'; supported: llama, mistral, qwen2, starcoder2"):
@@ -73,8 +73,8 @@ def test_hub_id_not_cached_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp
 
 
 def test_draft_with_other_vocabulary_is_rejected(tmp_path: Path, random_llama_dir: Path):
-    from engine.completion import CompletionEngine
-    from engine.config import EngineConfig
+    from kspec.engine.completion import CompletionEngine
+    from kspec.engine.config import EngineConfig
 
     other = tmp_path / "other"
     other.mkdir()

@@ -15,9 +15,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from engine.generate import _ragged_forward, greedy_batch  # noqa: E402
-from engine.kv import RaggedKVCache  # noqa: E402
-from engine.models.hf_folder import load_transformer  # noqa: E402
+from kspec.bench.baselines import greedy_batch, ragged_forward  # noqa: E402
+from kspec.engine.cache.kv import RaggedKVCache  # noqa: E402
+from kspec.engine.models.hf_folder import load_transformer  # noqa: E402
 
 VOCAB = 512
 BASE = dict(
@@ -139,7 +139,7 @@ def test_ragged_decode_step_matches_single_rows(pair):
     _, _, ours, _ = pair
     cache = RaggedKVCache(ours.cache_shape, len(PROMPTS), 64, torch.float32)
     with torch.inference_mode():
-        _ragged_forward(ours, [list(p) for p in PROMPTS], cache)
+        ragged_forward(ours, [list(p) for p in PROMPTS], cache)
         batched = ours.step(torch.tensor([[3], [4], [5]]), cache)  # [B, V]
         for row, (prompt, token) in enumerate(zip(PROMPTS, [3, 4, 5])):
             single = RaggedKVCache(ours.cache_shape, 1, 64, torch.float32)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.prefix_cache import PrefixCache, PrefixCacheConfig, prefill_uncached
+from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig, prefill_uncached
 
 SOURCE = "import json\n\n\ndef load(path):\n    with open(path) as handle:\n        return json.load(handle)\n\n\ndef save(path, data):\n    with open(path, 'w') as handle:\n        json.dump(data, handle)\n"
 
@@ -70,8 +70,8 @@ def test_disabled_cache_never_reuses(random_engine):
 def test_cancelled_prefill_keeps_its_work_for_the_next_keystroke(random_engine):
     import pytest
 
-    from engine.api import CancelToken
-    from engine.errors import CancelledError
+    from kspec.engine.api import CancelToken
+    from kspec.engine.errors import CancelledError
 
     model, tokenizer = random_engine.target.model, random_engine.target.tokenizer
     ids = tokenizer.encode(SOURCE * 3)
@@ -87,8 +87,8 @@ def test_cancelled_prefill_keeps_its_work_for_the_next_keystroke(random_engine):
 
 
 def test_load_reports_progress(random_llama_dir):
-    from engine.completion import CompletionEngine
-    from engine.config import EngineConfig
+    from kspec.engine.completion import CompletionEngine
+    from kspec.engine.config import EngineConfig
 
     seen: list[float] = []
     CompletionEngine.load(EngineConfig(model=str(random_llama_dir), progress=False), lambda fraction, message: seen.append(fraction))

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.healing import HealingBias, consume, split_for_healing
-from engine.prompt import PromptBudget, build_prompt
-from engine.stopping import StopRule, rule_for_cursor
-from engine.tokenizer import Tokenizer
+from kspec.engine.decode.healing import HealingBias, consume, split_for_healing
+from kspec.engine.prompt import PromptBudget, build_prompt
+from kspec.engine.decode.stopping import StopRule, rule_for_cursor
+from kspec.engine.models.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,16 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
-from engine.api import CancelToken
-from engine.drafters import Draft, ModelDrafter, NoDrafter, PromptLookupDrafter
-from engine.generate import BranchTracker, DecodeLimits, decode_regular
-from engine.models.hf_folder import load_transformer
-from engine.models.testing import write_random_model
-from engine.sampling import SamplingParams
-from engine.speculative import SpeculationConfig, SpeculationStats, adapt_gamma, decode_speculative
-from engine.stopping import StopRule
-from engine.tokenizer import Tokenizer
+from kspec.engine.api import CancelToken
+from kspec.engine.decode.drafters import Draft, ModelDrafter, NoDrafter, PromptLookupDrafter
+from kspec.bench.baselines import decode_regular, decode_speculative
+from kspec.engine.decode.branches import BranchTracker, DecodeLimits
+from kspec.engine.models.hf_folder import load_transformer
+from model_factory import write_random_model
+from kspec.engine.decode.sampling import SamplingParams
+from kspec.engine.decode.speculative import SpeculationConfig, SpeculationStats, adapt_gamma
+from kspec.engine.decode.stopping import StopRule
+from kspec.engine.models.tokenizer import Tokenizer
 
 CODE = (
     "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n    return total / len(values)\n\n\n"
@@ -210,7 +211,7 @@ def test_speculative_sampling_matches_the_target_distribution(tmp_path: Path):
 
 
 def _logits(model, ids: list[int]) -> torch.Tensor:
-    from engine.kv import RaggedKVCache
+    from kspec.engine.cache.kv import RaggedKVCache
 
     cache = RaggedKVCache(model.cache_shape, 1, len(ids), torch.float32)
     return model.step(torch.tensor([ids]), cache)[0]

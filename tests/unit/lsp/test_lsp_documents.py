@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.errors import InputError
-from lsp_server.documents import (
+from kspec.engine.errors import InputError
+from kspec.lsp_server.documents import (
     ENCODINGS,
     UTF8,
     UTF16,
@@ -151,7 +151,7 @@ def test_cr_joins_lf_across_an_edit() -> None:
 
 
 def test_too_large_document_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
-    import lsp_server.documents as documents
+    import kspec.lsp_server.documents as documents
 
     monkeypatch.setattr(documents, "MAX_DOCUMENT_CHARS", 10)
     document = Document.create("file:///t", "python", 1, "x" * 11)

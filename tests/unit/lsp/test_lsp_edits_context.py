@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from lsp_server.context import Budgets, cursor_context, looks_binary
-from lsp_server.documents import Cursor, Document
-from lsp_server.edits import replaced_chars
+from kspec.lsp_server.context import Budgets, editor_context, looks_binary
+from kspec.lsp_server.documents import Cursor, Document
+from kspec.lsp_server.edits import replaced_chars
 
 
 @pytest.mark.parametrize(
@@ -45,7 +45,7 @@ def test_context_under_budgets() -> None:
     text = "".join(f"line {i}\n" for i in range(100))
     document = Document.create("file:///t", "python", 1, text)
     cursor = Cursor(50, 4)
-    context = cursor_context(document, cursor, Budgets(prefix_chars=30, suffix_chars=20))
+    context = editor_context(document, cursor, Budgets(prefix_chars=30, suffix_chars=20))
     offset = sum(len(f"line {i}\n") for i in range(50)) + 4
     assert context.prefix == text[offset - 30 : offset]
     assert context.suffix == text[offset : offset + 20]
@@ -55,14 +55,14 @@ def test_context_under_budgets() -> None:
 
 def test_context_at_document_edges() -> None:
     document = Document.create("file:///t", "python", 1, "ab\r\ncd")
-    start = cursor_context(document, Cursor(0, 0), Budgets(10, 10))
+    start = editor_context(document, Cursor(0, 0), Budgets(10, 10))
     assert (start.prefix, start.suffix, start.line_suffix) == ("", "ab\r\ncd", "ab")
-    end = cursor_context(document, Cursor(1, 2), Budgets(10, 10))
+    end = editor_context(document, Cursor(1, 2), Budgets(10, 10))
     assert (end.prefix, end.suffix, end.line_suffix) == ("ab\r\ncd", "", "")
-    assert cursor_context(document, Cursor(1, 1), Budgets(10, 0)).suffix == ""
+    assert editor_context(document, Cursor(1, 1), Budgets(10, 0)).suffix == ""
 
 
 def test_binary_context() -> None:
     document = Document.create("file:///t", "python", 1, "PK\x03\x04\x00\x00junk")
-    assert looks_binary(cursor_context(document, Cursor(0, 3), Budgets(10, 10)))
-    assert not looks_binary(cursor_context(Document.create("u", "python", 1, "plain"), Cursor(0, 1), Budgets(10, 10)))
+    assert looks_binary(editor_context(document, Cursor(0, 3), Budgets(10, 10)))
+    assert not looks_binary(editor_context(Document.create("u", "python", 1, "plain"), Cursor(0, 1), Budgets(10, 10)))

@@ -13,14 +13,15 @@ from typing import Any
 
 import pytest
 
-from engine.api import CancelToken, Completion, CompletionRequest, CompletionResult
-from engine.config import EngineConfig
-from engine.errors import InputError, ModelLoadError
-from lsp_server import engine_client
-from lsp_server.daemon import Daemon
-from lsp_server.engine_client import DaemonEngine, DaemonOptions, InProcessEngine
-from lsp_server.protocol import PROTOCOL_VERSION, DaemonPaths, EngineSpec, pack, parse_engine_url, read_frame, write_frame
-from lsp_server.runner import DeadlineExceeded, EngineUnavailable, Status
+from kspec.engine.api import CancelToken, Completion, CompletionRequest, CompletionResult
+from kspec.engine.config import EngineConfig
+from kspec.engine.errors import InputError, ModelLoadError
+from kspec.lsp_server import engine_client
+from kspec.engine.serve.daemon import Daemon
+from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions, InProcessEngine
+from kspec.engine.serve.protocol import PROTOCOL_VERSION, DaemonPaths, EngineSpec, pack, parse_engine_url, read_frame, write_frame
+from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
+from kspec.engine.serve.status import Status
 
 
 CONFIG = EngineConfig(model="fake", progress=False)

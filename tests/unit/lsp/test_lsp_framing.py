@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 
-from lsp_server.jsonrpc import MAX_HEADER_LINE, BadHeader, Body, ChunkReader, Oversized, read_frames
+from kspec.lsp_server.jsonrpc import MAX_HEADER_LINE, BadHeader, Body, ChunkReader, Oversized, read_frames
 
 
 def frame(body: bytes, headers: bytes = b"") -> bytes:

@@ -10,10 +10,10 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from engine.errors import InputError
-from lsp_server import protocol
-from lsp_server.daemon import request_from_wire
-from lsp_server.protocol import DaemonPaths, EngineSpec, ProtocolError, pack, read_frame, runtime_dir, tokens_match, unpack
+from kspec.engine.errors import InputError
+from kspec.engine.serve import protocol
+from kspec.engine.serve.daemon import request_from_wire
+from kspec.engine.serve.protocol import DaemonPaths, EngineSpec, ProtocolError, pack, read_frame, runtime_dir, tokens_match, unpack
 
 
 def feed(data: bytes) -> asyncio.StreamReader:

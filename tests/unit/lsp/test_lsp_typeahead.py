@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from lsp_server.context import Budgets, EditorContext, cursor_context
-from lsp_server.documents import Cursor, Document
-from lsp_server.typeahead import Entry, TypeaheadCache
+from kspec.lsp_server.context import Budgets, EditorContext, editor_context
+from kspec.lsp_server.documents import Cursor, Document
+from kspec.lsp_server.typeahead import Entry, TypeaheadCache
 
 BUDGETS = Budgets(prefix_chars=16, suffix_chars=8)
 
@@ -13,7 +13,7 @@ def context_at(text: str, offset: int) -> EditorContext:
     document = Document.create("file:///t", "python", 1, text)
     line = text.count("\n", 0, offset)
     column = offset - (text.rfind("\n", 0, offset) + 1)
-    return cursor_context(document, Cursor(line, column), BUDGETS)
+    return editor_context(document, Cursor(line, column), BUDGETS)
 
 
 def cache_with(text: str, offset: int, alternatives: tuple[str, ...]) -> TypeaheadCache:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.api import Completion, CompletionRequest, CompletionResult
-from engine.bench_quality import QualityBenchConfig, load_holes, run_quality_bench, widen
-from engine.syntax import Candidate
+from kspec.engine.api import Completion, CompletionRequest, CompletionResult
+from kspec.bench.quality import QualityBenchConfig, load_holes, run_quality_bench, widen
+from kspec.engine.syntax import Candidate
 
 DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"evaluation data not found at {DATA}")
@@ -82,9 +82,9 @@ def test_widen_gives_distinct_candidates() -> None:
 
 def test_a_model_that_writes_the_reference_and_keeps_going_gets_the_reference_back() -> None:
     """Over real holes: reference + the suffix's start (the usual way a model overshoots)."""
-    from engine.bench_quality import Judge
-    from engine.syntax.rank import dedupe_key
-    from engine.syntax import rank_alternatives
+    from kspec.bench.quality import Judge
+    from kspec.engine.syntax.rank import dedupe_key
+    from kspec.engine.syntax import rank_alternatives
 
     config = QualityBenchConfig(humaneval_single=60, humaneval_multi=20, mbxp_per_language=10, seed=7)
     exact: dict[str, list[bool]] = {}

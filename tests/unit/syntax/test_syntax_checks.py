@@ -8,8 +8,8 @@ import pytest
 from pyflakes import checker as pyflakes_checker
 from pyflakes import messages as pyflakes_messages
 
-from engine.syntax.checks import Checker, error_nodes
-from engine.syntax.languages import new_parser
+from kspec.engine.syntax.checks import Checker, error_nodes
+from kspec.engine.syntax.languages import new_parser
 
 # ---------------------------------------------------------------------------- syntax errors
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.syntax import UnitPredicate, unit_complete
-from engine.syntax.context import build_context
-from engine.syntax.trim import trim
+from kspec.engine.syntax import UnitPredicate, unit_complete
+from kspec.engine.syntax.context import build_context
+from kspec.engine.syntax.trim import trim
 
 PY_PREFIX = "def total(xs):\n    t = 0\n    for x in xs:\n"
 PY_SUFFIX = "    return t\n"

@@ -1,6 +1,6 @@
 """Typing at the end of a document: an open construct is normal there, not a broken file."""
 
-from engine.syntax import Candidate, postprocess
+from kspec.engine.syntax import Candidate, postprocess
 
 PREFIX = "import re\n\n\nclass Wrapper:\n    def __init__(self):\n        self.width = 70\n\n    def _wrap_chunks(sel"
 

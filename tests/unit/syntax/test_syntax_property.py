@@ -12,9 +12,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from engine.syntax.checks import Checker
-from engine.syntax.context import build_context
-from engine.syntax.trim import trim
+from kspec.engine.syntax.checks import Checker
+from kspec.engine.syntax.context import build_context
+from kspec.engine.syntax.trim import trim
 
 SETTINGS = settings(
     max_examples=120, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]

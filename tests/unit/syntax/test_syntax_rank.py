@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from engine.api import Completion
-from engine.syntax import Candidate, PostprocessConfig, RankConfig, postprocess, rank_alternatives
-from engine.syntax.checks import CheckResult
-from engine.syntax.rank import dedupe_key, score
+from kspec.engine.api import Completion
+from kspec.engine.syntax import Candidate, PostprocessConfig, RankConfig, postprocess, rank_alternatives
+from kspec.engine.syntax.checks import CheckResult
+from kspec.engine.syntax.rank import dedupe_key, score
 
 PREFIX = "def total(xs):\n    t = 0\n    for x in xs:\n"
 SUFFIX = "    return t\n"

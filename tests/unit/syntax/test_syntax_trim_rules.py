@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.syntax.context import build_context
-from engine.syntax.languages import detect_language
-from engine.syntax.trim import BRACKET, DEDENT, REPEAT, REPEAT_INLINE, drop_truncated_line, find_cut, trim
+from kspec.engine.syntax.context import build_context
+from kspec.engine.syntax.languages import detect_language
+from kspec.engine.syntax.trim import BRACKET, DEDENT, REPEAT, REPEAT_INLINE, drop_truncated_line, find_cut, trim
 
 
 def trimmed(prefix: str, completion: str, suffix: str, language: str | None, **kw: bool) -> str | None:
@@ -175,9 +175,9 @@ def test_closer_that_reopens_on_the_same_line_is_no_cut() -> None:
 
 def _contexts_agree(source: str, language: str, step: int) -> int:
     """build_context lexes from the last top-level construct; lexing everything must agree."""
-    from engine.syntax.context import MAX_OPEN_BRACKETS
-    from engine.syntax.languages import SPECS
-    from engine.syntax.lexer import lex, unmatched_openers
+    from kspec.engine.syntax.context import MAX_OPEN_BRACKETS
+    from kspec.engine.syntax.languages import SPECS
+    from kspec.engine.syntax.lexer import lex, unmatched_openers
 
     spec = SPECS[language]
     checked = 0
@@ -195,7 +195,7 @@ def _contexts_agree(source: str, language: str, step: int) -> int:
 def test_context_of_a_large_python_file_matches_lexing_all_of_it() -> None:
     import importlib
 
-    source = open(importlib.import_module("engine.syntax.trim").__file__, encoding="utf-8").read()
+    source = open(importlib.import_module("kspec.engine.syntax.trim").__file__, encoding="utf-8").read()
     assert _contexts_agree(source, "python", 211) > 50
 
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.syntax.checks import Checker
-from engine.syntax.context import build_context
-from engine.syntax.trim import trim
+from kspec.engine.syntax.checks import Checker
+from kspec.engine.syntax.context import build_context
+from kspec.engine.syntax.trim import trim
 
 CURSOR = "‸"
 

@@ -47,7 +47,7 @@ describe('the extension in a fake VS Code host, against kspec lsp', { timeout: 1
 		if (!model) {
 			model = path.join(tmp, 'model');
 			execFileSync(path.join(repoRoot, '.venv', 'bin', 'python'), ['-c',
-				'import sys; from pathlib import Path; from engine.models.testing import write_random_model; write_random_model(Path(sys.argv[1]), "llama")',
+				'import sys; from pathlib import Path; from model_factory import write_random_model; write_random_model(Path(sys.argv[1]), "llama")',
 				model], { cwd: repoRoot, stdio: ['ignore', 'ignore', 'inherit'] });
 		}
 		const settings: Record<string, unknown> = {

@@ -115,7 +115,7 @@ describe('kspec lsp over stdio', { timeout: 180_000 }, () => {
 			model = path.join(tmp, 'model');
 			const python = path.join(path.dirname(command), process.platform === 'win32' ? 'python.exe' : 'python');
 			execFileSync(python, ['-c',
-				'import sys; from pathlib import Path; from engine.models.testing import write_random_model; write_random_model(Path(sys.argv[1]), "llama")',
+				'import sys; from pathlib import Path; from model_factory import write_random_model; write_random_model(Path(sys.argv[1]), "llama")',
 				model], { cwd: repoRoot, stdio: ['ignore', 'ignore', 'inherit'] });
 		}
 		// The settings object the extension sends, from a settings.json-like source.

@@ -1,0 +1,279 @@
+"""`kspec bench generate`: our regular batched decoding vs transformers' generate(), same
+prompt, same sampling, interleaved in one run (A B A B), medians and ratios."""
+
+from __future__ import annotations
+
+import inspect
+import json.decoder
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+from kspec.engine.completion import CompletionEngine
+from kspec.engine.models.loading import LoadedModel
+from kspec.engine.config import EngineConfig
+from kspec.bench.stats import time_interleaved
+from kspec.bench.baselines import branch_cache, decode_regular, decode_speculative
+from kspec.engine.decode.branches import BranchTracker, DecodeLimits
+from kspec.engine.models.resolve import resolve_model
+from kspec.engine.decode.sampling import SamplingParams
+from kspec.engine.decode.stopping import StopRule
+
+
+def code_prompt_ids(target: LoadedModel, n_tokens: int) -> list[int]:
+    """The first n_tokens of a real source file (the stdlib's json.decoder)."""
+    ids = target.tokenizer.encode(inspect.getsource(json.decoder))
+    return ids[:n_tokens]
+
+
+def _ours(target: LoadedModel, prompt: list[int], k: int, new_tokens: int, params: SamplingParams) -> Callable[[], int]:
+    def run() -> int:
+        tracker = BranchTracker(target.tokenizer, StopRule(), DecodeLimits(new_tokens, ignore_eos=True), prompt)
+        output = decode_regular(target.model, tracker, k, params)
+        return sum(len(b.token_ids) for b in output.branches)
+
+    return run
+
+
+def _transformers(hf_model: Any, prompt: list[int], k: int, new_tokens: int, params: SamplingParams) -> Callable[[], int]:
+    inputs = torch.tensor([prompt])
+
+    def run() -> int:
+        torch.manual_seed(params.seed)
+        with torch.inference_mode():
+            out = hf_model.generate(
+                inputs,
+                attention_mask=torch.ones_like(inputs),
+                do_sample=True,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=0,
+                num_return_sequences=k,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=0,
+            )
+        return (out.shape[1] - len(prompt)) * out.shape[0]
+
+    return run
+
+
+def bench_generate(config: EngineConfig, ks: list[int], new_tokens: int, repeats: int, prompt_tokens: int = 512) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM  # dev dependency: the comparison baseline
+
+    engine = CompletionEngine.load(config)
+    target = engine.target
+    folder = resolve_model(config.model, progress=False).folder
+    hf_model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=config.torch_dtype).eval()
+    prompt = code_prompt_ids(target, prompt_tokens)
+    params = SamplingParams(temperature=1.0, top_p=1.0, seed=0)
+    _ours(target, prompt, 1, 4, params)()  # warm-up both
+    _transformers(hf_model, prompt, 1, 4, params)()
+    cases = []
+    for k in ks:
+        rates = time_interleaved(
+            {"kspec": _ours(target, prompt, k, new_tokens, params), "transformers": _transformers(hf_model, prompt, k, new_tokens, params)},
+            repeats,
+        )
+        ours, theirs = statistics.median(rates["kspec"]), statistics.median(rates["transformers"])
+        cases.append({"k": k, "kspec_tok_s": round(ours, 1), "transformers_tok_s": round(theirs, 1), "ratio": round(ours / theirs, 2)})
+    return {
+        "model": target.name,
+        "prompt_tokens": len(prompt),
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "cases": cases,
+    }
+
+
+def bench_decode_step(config: EngineConfig, k: int, contexts: list[int], repeats: int) -> dict[str, Any]:
+    """One decode step of the whole model at k branches: shared prefix (bifurcated) vs
+    the prompt KV replicated into k rows, interleaved; plus the KV bytes of each."""
+    from kspec.engine.cache.prefix_cache import prefill_uncached
+
+    engine = CompletionEngine.load(config)
+    model = engine.target.model
+    source = inspect.getsource(json.decoder) * 8
+    cases = []
+    for context in contexts:
+        ids = engine.target.tokenizer.encode(source)[:context]
+        prefill = prefill_uncached(model, ids)
+        caches = {name: branch_cache(prefill.cache, k, 64, shared) for name, shared in (("bifurcated", True), ("replicated", False))}
+        tokens = torch.full((k, 1), 5, dtype=torch.long)
+        for cache in caches.values():  # 16 generated tokens in each branch, like mid-completion
+            with torch.inference_mode():
+                model(torch.full((k, 16), 7, dtype=torch.long), cache)
+            cache.advance(16)
+        times: dict[str, list[float]] = {name: [] for name in caches}
+        for _ in range(repeats):
+            for name, cache in caches.items():
+                with torch.inference_mode():
+                    started = time.perf_counter()
+                    model(tokens, cache)
+                    times[name].append((time.perf_counter() - started) * 1000)
+        bifurcated, replicated = statistics.median(times["bifurcated"]), statistics.median(times["replicated"])
+        cases.append(
+            {
+                "k": k,
+                "context": len(ids),
+                "replicated_ms": round(replicated, 2),
+                "bifurcated_ms": round(bifurcated, 2),
+                "ratio": round(replicated / bifurcated, 2),
+                "replicated_kv_bytes": caches["replicated"].nbytes,
+                "bifurcated_kv_bytes": caches["bifurcated"].nbytes,
+            }
+        )
+    return {"model": engine.model_name, "threads": torch.get_num_threads(), "cases": cases}
+
+
+def bench_keystroke(config: EngineConfig, prompt_tokens: int, points: int, repeats: int) -> dict[str, Any]:
+    """Time to the first new token after typing one character into a ~prompt_tokens
+    prompt: with the previous keystroke's KV in the prefix cache vs a cold prefill."""
+    from kspec.engine.api import CompletionRequest
+
+    engine = CompletionEngine.load(config)
+    source = inspect.getsource(json.decoder)
+    tokenizer = engine.target.tokenizer
+    # typing points: line ends late enough in the file that the prompt holds ~prompt_tokens
+    offsets = [i for i, ch in enumerate(source) if ch == "\n" and len(tokenizer.encode(source[:i])) >= prompt_tokens]
+    offsets = offsets[:: max(1, len(offsets) // points)][:points]
+    cold: list[float] = []
+    warm: list[float] = []
+    for _ in range(repeats):
+        for offset in offsets:
+            before = source[max(0, offset - 6 * prompt_tokens) : offset - 1]
+            typed = source[max(0, offset - 6 * prompt_tokens) : offset]  # one more character
+            request = CompletionRequest(prefix=typed, k=1, max_tokens=1, deadline_ms=60000)
+            engine.prefix_cache.clear()
+            cold.append(engine.complete(request).timing_ms["total"])
+            engine.prefix_cache.clear()
+            engine.complete(CompletionRequest(prefix=before, k=1, max_tokens=1, deadline_ms=60000))
+            warm.append(engine.complete(request).timing_ms["total"])
+    cold_ms, warm_ms = statistics.median(cold), statistics.median(warm)
+    return {
+        "model": engine.model_name,
+        "prompt_tokens": prompt_tokens,
+        "samples": len(cold),
+        "cold_ms": round(cold_ms, 1),
+        "warm_ms": round(warm_ms, 1),
+        "ratio": round(cold_ms / warm_ms, 2),
+    }
+
+
+BENCH_SOURCES = ("json.decoder", "textwrap", "shlex")  # real code, shipped with every Python
+
+
+def _source_prompts(target: LoadedModel, n_tokens: int) -> list[list[int]]:
+    import importlib
+
+    return [target.tokenizer.encode(inspect.getsource(importlib.import_module(name)))[:n_tokens] for name in BENCH_SOURCES]
+
+
+def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: int, plot_path: str | None) -> dict[str, Any]:
+    """Regular batched decoding vs BASS with each drafter, and k sequential single-sequence
+    speculative runs, interleaved, greedy (diverse first tokens), same prompts; every
+    method's tokens are checked to be identical to regular decoding's."""
+    from kspec.engine.decode.drafters import ModelDrafter, NoDrafter, PromptLookupDrafter
+    from kspec.engine.models.transformer import EarlyExit
+
+    engine = CompletionEngine.load(config)
+    model, tokenizer = engine.target.model, engine.target.tokenizer
+    prompts = _source_prompts(engine.target, 384)
+    params = SamplingParams()
+    draft_layers = min(config.draft_layers, model.args.n_layers)
+    drafters = {
+        "lookup": lambda: PromptLookupDrafter(),
+        f"layerskip{draft_layers}": lambda: ModelDrafter(EarlyExit(model, draft_layers), params),
+        "none": lambda: NoDrafter(),
+    }
+    if engine.draft is not None:
+        drafters["model"] = lambda: ModelDrafter(engine.draft.model, params)
+
+    def tracker(prompt: list[int]) -> BranchTracker:
+        return BranchTracker(tokenizer, StopRule(), DecodeLimits(new_tokens, ignore_eos=True), prompt)
+
+    cases = []
+    for k in ks:
+        times: dict[str, list[float]] = {name: [] for name in ["regular", *drafters, "sequential-lookup"]}
+        accepted: dict[str, list[float]] = {name: [] for name in drafters}
+        profile: dict[str, dict[str, float]] = {name: {"draft_ms": 0.0, "verify_ms": 0.0, "accept_ms": 0.0, "rounds": 0} for name in drafters}
+        for _ in range(repeats):
+            for prompt in prompts:
+                started = time.perf_counter()
+                reference = [b.token_ids for b in decode_regular(model, tracker(prompt), k, params, diverse=True).branches]
+                times["regular"].append(time.perf_counter() - started)
+                for name, make in drafters.items():
+                    started = time.perf_counter()
+                    output = decode_speculative(model, tracker(prompt), k, params, make(), diverse=True)
+                    times[name].append(time.perf_counter() - started)
+                    accepted[name].append(output.stats.mean_accepted_per_round)
+                    for part in ("draft_ms", "verify_ms", "accept_ms"):
+                        profile[name][part] += getattr(output.stats, part)
+                    profile[name]["rounds"] += output.stats.rounds
+                    if [b.token_ids for b in output.branches] != reference:
+                        raise AssertionError(f"BASS with {name} diverged from regular decoding (k={k})")
+                started = time.perf_counter()
+                for _ in range(k):
+                    decode_speculative(model, tracker(prompt), 1, params, PromptLookupDrafter())
+                times["sequential-lookup"].append(time.perf_counter() - started)
+        tokens = k * new_tokens
+        regular_rate = tokens / statistics.median(times["regular"])
+        for name in [*drafters, "sequential-lookup"]:
+            rate = tokens / statistics.median(times[name])
+            cases.append(
+                {
+                    "k": k,
+                    "drafter": name,
+                    "regular_tok_s": round(regular_rate, 1),
+                    "bass_tok_s": round(rate, 1),
+                    "ratio": round(rate / regular_rate, 2),
+                    "mean_accepted_per_round": round(statistics.mean(accepted[name]), 2) if name in accepted else None,
+                    "round_profile_ms": _per_round(profile[name]) if name in profile else None,
+                }
+            )
+    report = {
+        "model": engine.model_name,
+        "prompts": list(BENCH_SOURCES),
+        "prompt_tokens": 384,
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "cases": cases,
+    }
+    if plot_path:
+        report["plot"] = plot_decode(report, plot_path)
+    return report
+
+
+def _per_round(totals: dict[str, float]) -> dict[str, float]:
+    rounds = max(1.0, totals["rounds"])
+    return {part: round(totals[part] / rounds, 2) for part in ("draft_ms", "verify_ms", "accept_ms")}
+
+
+def plot_decode(report: dict[str, Any], path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    cases = report["cases"]
+    ks = sorted({c["k"] for c in cases})
+    regular = {c["k"]: c["regular_tok_s"] for c in cases}
+    axes.plot(ks, [regular[k] for k in ks], marker="o", label="regular batched")
+    for name in sorted({c["drafter"] for c in cases}):
+        rates = {c["k"]: c["bass_tok_s"] for c in cases if c["drafter"] == name}
+        label = name if name.startswith("sequential") else f"BASS {name}"
+        axes.plot(ks, [rates[k] for k in ks], marker="o", label=label)
+    axes.set_xlabel("k (branches)")
+    axes.set_ylabel("tokens / s (all branches)")
+    axes.set_title(f"{report['model'].split(' (')[0]}, {report['new_tokens']} new tokens")
+    axes.set_xticks(ks)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

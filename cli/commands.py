@@ -1,0 +1,147 @@
+"""`kspec lsp` and `kspec engine`: arguments and entry points (wired into cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from kspec.engine.errors import KspecError
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _address(value: str) -> tuple[str, int]:
+    """PORT or HOST:PORT; the host defaults to loopback."""
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected PORT or HOST:PORT, got {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def _warn_if_public(host: str, what: str) -> None:
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        print(f"kspec {what}: warning: listening on {host}, reachable from other machines", file=sys.stderr)
+
+
+def _read_token(path: Path | None) -> str:
+    if path is None:
+        raise KspecError("a network engine needs its token: pass --engine-token-file")
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise KspecError(f"cannot read the token file {path}: {exc.strerror}") from exc
+    if not token:
+        raise KspecError(f"the token file {path} is empty")
+    return token
+
+
+def add_lsp_parser(commands: argparse._SubParsersAction) -> None:
+    lsp = commands.add_parser("lsp", help="language server on stdio (inline completions)")
+    lsp.add_argument("--tcp", type=_address, default=None, metavar="[HOST:]PORT", help="serve one client over TCP instead (debugging; loopback by default)")
+    lsp.add_argument("--engine", choices=["inprocess", "daemon", "remote", "openai"], default=None, help="where the model runs (default: the 'engine' setting, i.e. the shared daemon)")
+    lsp.add_argument("--engine-url", default=None, metavar="URL", help="a network engine: tcp://HOST:PORT or tls://HOST:PORT (`kspec engine --listen`), or http(s)://HOST:PORT/v1 (OpenAI-compatible); sets --engine remote / openai")
+    lsp.add_argument("--engine-tcp", type=_address, default=None, metavar="[HOST:]PORT", help="same as --engine-url tcp://HOST:PORT")
+    lsp.add_argument("--engine-token-file", type=Path, default=None, help="with --engine-url: the file holding the engine's token (API key)")
+    lsp.add_argument("--engine-idle-timeout", type=float, default=900.0, help="seconds a daemon this server starts waits without clients before exiting")
+    lsp.add_argument("--max-message-bytes", type=int, default=None, help="largest JSON-RPC message accepted (default 128 MiB)")
+    lsp.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="stderr log level (document text is logged only with the debugLog setting)")
+
+
+def add_engine_parser(commands: argparse._SubParsersAction) -> None:
+    engine = commands.add_parser("engine", help="the shared engine daemon (normally started by `kspec lsp`)")
+    engine.add_argument("--model", "-m", default=None, help="HF model folder, .gguf file or cached hub id (default: embedded demo model)")
+    engine.add_argument("--draft", default=None, help="draft model with the target's tokenizer")
+    engine.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    engine.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    engine.add_argument("--socket", type=Path, default=None, help="Unix socket path (default: in the user's runtime dir, named after the model)")
+    engine.add_argument("--idle-timeout", type=float, default=None, help="exit after this many seconds without clients (default: 900 on the Unix socket, never with --listen)")
+    engine.add_argument("--listen", "--tcp", dest="listen", type=_address, default=None, metavar="[HOST:]PORT", help="serve over the network instead: the msgpack protocol and the OpenAI-compatible HTTP API on one port (loopback by default; clients must present the token; port 0 picks a free one)")
+    engine.add_argument("--token-file", type=Path, default=None, help="with --listen: read the token from this file (default: write a new one in the runtime dir and print where)")
+    engine.add_argument("--tls-cert", type=Path, default=None, help="with --listen: serve TLS with this PEM certificate (chain)")
+    engine.add_argument("--tls-key", type=Path, default=None, help="with --tls-cert: its PEM private key (default: in the certificate file)")
+    engine.add_argument("--max-batch-requests", type=int, default=16, help="requests decoded together (continuous batching); 1 answers them one at a time")
+    engine.add_argument("--prefix-cache-mb", type=int, default=512, help="KV of recent prompts kept for reuse (one entry per document being typed in; ~70 MB per 1.5k-token prompt of the demo model)")
+
+
+def run_lsp(args: argparse.Namespace) -> int:
+    from kspec.engine.serve.protocol import parse_engine_url
+    from kspec.lsp_server.server import KspecServer, Redactor, ServerOptions
+
+    redactor = Redactor()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(redactor)
+    handler.setFormatter(logging.Formatter("%(asctime)s kspec-lsp %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler], force=True)
+    url = args.engine_url or (f"tcp://{args.engine_tcp[0]}:{args.engine_tcp[1]}" if args.engine_tcp else None)
+    engine, token = args.engine, None
+    if url is not None:
+        try:
+            parsed = parse_engine_url(url)
+        except ValueError as exc:
+            raise KspecError(str(exc)) from exc
+        engine = "openai" if parsed.is_http else "remote"
+        token = _read_token(args.engine_token_file) if args.engine_token_file or engine == "remote" else None
+    options = ServerOptions(engine=engine, daemon_idle_timeout_s=args.engine_idle_timeout, engine_url=url, daemon_token=token, redactor=redactor)
+    if args.max_message_bytes is not None:
+        options = replace(options, max_message_bytes=args.max_message_bytes)
+    server = KspecServer(options)
+    if args.tcp is not None:
+        _warn_if_public(args.tcp[0], "lsp")
+        server.start_tcp(*args.tcp)
+    else:
+        server.start_io()
+    return server.exit_code
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    from kspec.engine.serve.daemon import run_daemon
+    from kspec.engine.serve.protocol import DaemonPaths, EngineSpec, new_token
+
+    spec = EngineSpec(args.model, args.draft, args.dtype, args.device)
+    if not 1 <= args.max_batch_requests <= 256:
+        raise KspecError(f"--max-batch-requests must be between 1 and 256, got {args.max_batch_requests}")
+    if args.listen is None:
+        if args.tls_cert or args.token_file:
+            raise KspecError("--tls-cert and --token-file only apply with --listen HOST:PORT")
+        idle = 900.0 if args.idle_timeout is None else args.idle_timeout
+        return run_daemon(spec, args.socket, idle, max_batch_requests=args.max_batch_requests, prefix_cache_mb=args.prefix_cache_mb)
+    _warn_if_public(args.listen[0], "engine")
+    if args.token_file is not None:
+        token = _read_token(args.token_file)
+    else:
+        token = new_token()
+        token_file = DaemonPaths.for_spec(spec).lock.with_suffix(".token")
+        descriptor = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(descriptor, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(token)
+        print(f"kspec engine: token in {token_file}", file=sys.stderr, flush=True)
+    tls = _server_tls(args.tls_cert, args.tls_key)
+    return run_daemon(
+        spec, args.socket, args.idle_timeout, tcp=args.listen, token=token, tls=tls,
+        max_batch_requests=args.max_batch_requests, prefix_cache_mb=args.prefix_cache_mb,
+    )  # fmt: skip
+
+
+def _server_tls(cert: Path | None, key: Path | None):
+    if cert is None:
+        if key is not None:
+            raise KspecError("--tls-key needs --tls-cert")
+        return None
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise KspecError(f"cannot load the TLS certificate {cert}{f' / key {key}' if key else ''}: {exc}") from exc
+    return context

@@ -1,0 +1,230 @@
+"""`kspec` command line: complete, eval, bench (and, as they land, lsp and engine)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from kspec.engine.errors import KspecError
+from kspec.cli.cluster import add_cluster_parser, run_cluster
+from kspec.cli.commands import add_engine_parser, add_lsp_parser, run_engine, run_lsp
+
+
+def _engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "-m", default=None, help="HF model folder, .gguf file or cached hub id (default: embedded SmolLM2-135M demo model)")
+    parser.add_argument("--draft", default=None, help="draft model with the target's tokenizer")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--drafter", default="auto", choices=["auto", "lookup", "model", "layerskip", "none"], help="speculative drafter (auto: --draft if given, else prompt lookup; layerskip: the first 8 layers of the target)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
+
+
+def _generation_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-k", type=int, default=4, help="number of alternatives (default 4)")
+    parser.add_argument("--max-tokens", type=int, default=48, help="new tokens per alternative (default 48)")
+    parser.add_argument("--mode", choices=["diverse", "sample"], default="diverse")
+    parser.add_argument("--temperature", type=float, default=0.0, help="for --mode sample (0 = 0.8)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--deadline-ms", type=float, default=60000.0)
+    parser.add_argument("--raw", action="store_true", help="show untrimmed alternatives")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kspec", description="k alternative code completions at a cursor")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    complete = commands.add_parser("complete", help="complete at PATH:LINE:COL (1-based)")
+    complete.add_argument("location", help="PATH:LINE:COL, 1-based")
+    complete.add_argument("--json", action="store_true", help="print one JSON object")
+    _engine_args(complete)
+    _generation_args(complete)
+
+    evaluate = commands.add_parser("eval", help="complete every case of a JSONL file")
+    evaluate.add_argument("cases", help='JSONL: {"id", "prefix", "suffix", "language", ...} per line')
+    evaluate.add_argument("--out", required=True, help="results JSONL, one line per case in case order")
+    _engine_args(evaluate)
+    _generation_args(evaluate)
+
+    bench = commands.add_parser("bench", help="measure speed, side by side in one run")
+    bench.add_argument(
+        "what",
+        choices=["generate", "attention", "step", "keystroke", "decode", "quality", "serve"],
+        help="generate: our batched decoding vs transformers generate(); attention: bifurcated vs replicated "
+        "attention alone; step: a whole decode step, shared vs replicated prefix; keystroke: prefix-cache hit vs cold prefill; "
+        "serve: N editors at once, continuous batching vs one request at a time (or --url endpoints)",
+    )
+    bench.add_argument("--json", action="store_true")
+    bench.add_argument("--ks", default=None, help="comma-separated k values")
+    bench.add_argument("--contexts", default=None, help="comma-separated context lengths (tokens)")
+    bench.add_argument("--max-tokens", type=int, default=None, help="new tokens per branch (default: 48 for quality, 32 otherwise)")
+    bench.add_argument("--repeats", type=int, default=None)
+    bench.add_argument("--plot", default="bench-decode.png", help="decode: where to write the PNG plot")
+    bench.add_argument(
+        "--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"), help="quality: the shared evaluation data"
+    )
+    bench.add_argument("--lsp-points", type=int, default=3, help="keystroke: typing points replayed through kspec lsp")
+    bench.add_argument("--editors", default=None, help="serve: comma-separated numbers of editors typing at once (default 1,4,16)")
+    bench.add_argument("--requests-per-editor", type=int, default=3, help="serve: completions each editor asks for")
+    bench.add_argument("--url", action="append", default=None, help="serve: an OpenAI-compatible endpoint (http(s)://HOST:PORT/v1) to drive instead; repeat to compare, interleaved")
+    bench.add_argument("--token-file", type=Path, default=None, help="serve: the endpoints' token (API key)")
+    bench.add_argument("--hop", action="store_true", help="serve: with one --url, the same request in this process vs through that endpoint (the network / Ray hop)")
+    _engine_args(bench)
+
+    add_lsp_parser(commands)
+    add_engine_parser(commands)
+    add_cluster_parser(commands)
+    return parser
+
+
+def _engine_config(args: argparse.Namespace, progress: bool = True):
+    from kspec.engine.config import EngineConfig
+
+    try:
+        return EngineConfig(
+            model=args.model, draft=args.draft, dtype=args.dtype, device=args.device, progress=progress, drafter=args.drafter,
+            threads=args.threads,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise KspecError(str(exc)) from exc
+
+
+def _request_fields(args: argparse.Namespace) -> dict:
+    return {
+        "k": args.k,
+        "max_tokens": args.max_tokens,
+        "mode": args.mode,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "seed": args.seed,
+        "deadline_ms": args.deadline_ms,
+        "raw": args.raw,
+    }
+
+
+def run_complete(args: argparse.Namespace) -> int:
+    from kspec.engine.api import CompletionRequest
+    from kspec.engine.completion import CompletionEngine
+    from kspec.cli.location import read_location
+
+    context = read_location(args.location)  # validate the file before loading a model
+    engine = CompletionEngine.load(_engine_config(args))
+    request = CompletionRequest(prefix=context.prefix, suffix=context.suffix, path=str(context.path), **_request_fields(args))
+    result = engine.complete(request)
+    if args.json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+        return 0
+    print(f"model: {result.model}    {result.timing_ms.get('total', 0):.0f} ms")
+    for index, completion in enumerate(result.completions, 1):
+        print(f"--- {index}/{len(result.completions)}  score {completion.score:.3f}  ({completion.finish_reason})")
+        print(completion.text)
+    if not result.completions:
+        print("(no suggestion)")
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from kspec.engine.completion import CompletionEngine
+    from kspec.bench.evaluate import evaluate_file
+
+    engine = CompletionEngine.load(_engine_config(args))
+    summary = evaluate_file(engine, args.cases, args.out, _request_fields(args))
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def _ints(text: str | None, default: list[int]) -> list[int]:
+    return [int(part) for part in text.split(",") if part] if text else default
+
+
+def _bench_keystroke_lsp(config, args: argparse.Namespace) -> dict:
+    """Typing replayed through real language servers: kspec (prefix cache + typeahead) vs
+    a baseline with both off, interleaved point by point."""
+    import dataclasses
+
+    from kspec.engine.completion import CompletionEngine
+    from kspec.bench.keystroke import bench_keystroke_lsp
+
+    def baseline(engine_config, on_progress):
+        return CompletionEngine.load(dataclasses.replace(engine_config, prefix_cache_mb=0), on_progress)
+
+    return bench_keystroke_lsp(
+        model=config.model, points=args.lsp_points, chars_per_point=20, cps=10.0, baseline_engine_factory=baseline
+    )
+
+
+def _bench_serve(config, args: argparse.Namespace) -> dict:
+    from kspec.bench.serve import ServeBenchConfig, bench_hop, bench_serve_inprocess, bench_serve_urls
+    from kspec.cli.commands import _read_token
+
+    try:
+        serve = ServeBenchConfig(
+            editors=tuple(_ints(args.editors, [1, 4, 16])), requests_per_editor=args.requests_per_editor,
+            k=_ints(args.ks, [2])[0], max_tokens=args.max_tokens or 16, repeats=args.repeats or 1,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise KspecError(str(exc)) from exc
+    if args.hop and (not args.url or len(args.url) != 1):
+        raise KspecError("--hop needs exactly one --url")
+    if args.url:
+        token = _read_token(args.token_file) if args.token_file else None
+        try:
+            if args.hop:
+                return bench_hop(config, args.url[0], token, samples=args.repeats or 10)
+            return bench_serve_urls(args.url, token, serve)
+        except ValueError as exc:
+            raise KspecError(str(exc)) from exc
+    return bench_serve_inprocess(config, serve)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from kspec.engine import bench
+
+    config = _engine_config(args, progress=False)
+    if args.what == "generate":
+        report = bench.bench_generate(config, _ints(args.ks, [1, 4, 8]), args.max_tokens or 32, args.repeats or 3)
+    elif args.what == "attention":
+        from kspec.bench.attention import bench_attention
+
+        report = bench_attention(_ints(args.ks, [4, 8, 16, 32]), _ints(args.contexts, [1024, 4096, 8192]), args.repeats or 9)
+    elif args.what == "quality":
+        from kspec.bench.quality import QualityBenchConfig, run_quality_bench
+        from kspec.engine.completion import CompletionEngine
+
+        data = Path(args.data)
+        if not data.is_dir():
+            raise KspecError(f"{data}: evaluation data folder not found (pass --data DIR)")
+        engine = CompletionEngine.load(config)
+        quality = QualityBenchConfig(k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 48)
+        report = run_quality_bench(engine, data, quality, progress=lambda line: print(line, file=sys.stderr))
+    elif args.what == "decode":
+        report = bench.bench_decode(config, _ints(args.ks, [1, 4, 8]), args.max_tokens or 32, args.repeats or 1, args.plot)
+    elif args.what == "serve":
+        report = _bench_serve(config, args)
+    elif args.what == "step":
+        report = bench.bench_decode_step(config, _ints(args.ks, [8])[0], _ints(args.contexts, [1024, 4096]), args.repeats or 7)
+    else:
+        report = bench.bench_keystroke(config, _ints(args.contexts, [1024])[0], points=4, repeats=args.repeats or 2)
+        report.update(_bench_keystroke_lsp(config, args))
+    print(json.dumps(report, indent=None if args.json else 1))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"complete": run_complete, "eval": run_eval, "bench": run_bench, "lsp": run_lsp, "engine": run_engine, "cluster": run_cluster}
+    try:
+        return handlers[args.command](args)
+    except KspecError as exc:
+        print(f"kspec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kspec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

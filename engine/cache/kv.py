@@ -1,0 +1,312 @@
+"""KV caches the decoder writes into and attends over.
+
+The model talks to a cache through three calls per forward pass:
+`prepare(T)` (positions and masks for T new tokens per row, computed once for all
+layers), `attend(layer, q, k, v, step)` (write the new K/V by index, attend over the
+row's whole history) and, after the pass, `advance(n)` (how many of the T new tokens
+each row keeps; the rest is rolled back by simply not counting it).
+
+`RaggedKVCache` is the plain cache: one preallocated buffer per row, rows may have
+different lengths (a batch of prompts of different lengths, or branches that accepted
+different numbers of draft tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kspec.engine.errors import InputError
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What one forward pass of T new tokens per row needs, shared by every layer."""
+
+    positions: Tensor  # [B, T] absolute positions of the new tokens (rotary + masks)
+    n_new: int  # T
+
+
+_StepT = TypeVar("_StepT", bound=StepContext)
+
+
+class KVCache(Protocol):
+    def prepare(self, n_new: int) -> StepContext: ...
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, step: StepContext) -> Tensor: ...
+
+    def advance(self, n_kept: int | Sequence[int]) -> None: ...
+
+
+def _expect(step: StepContext, kind: type[_StepT]) -> _StepT:
+    if not isinstance(step, kind):
+        raise TypeError(f"{type(step).__name__} was prepared by another cache (expected {kind.__name__})")
+    return step
+
+
+@dataclass(frozen=True)
+class CacheShape:
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True)
+class _RaggedStep(StepContext):
+    kv_len: int = 0  # keys attended: [0, kv_len)
+    uniform_start: int | None = None  # all rows start at this length (slice writes), else None
+    mask: Tensor | None = None  # [B or 1, 1, T, kv_len] bool, True = attend; None = everything visible
+    is_causal: bool = False
+
+
+class RowLengths:
+    """Per-row lengths of a cache: what `advance` keeps and `truncate` rolls back.
+    Rolling back is only a shorter length; the buffers are overwritten later."""
+
+    lengths: list[int]
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    def advance(self, n_kept: int | Sequence[int]) -> None:
+        kept = [n_kept] * self.batch if isinstance(n_kept, int) else list(n_kept)
+        if len(kept) != self.batch:
+            raise ValueError(f"advance: got {len(kept)} counts for {self.batch} rows")
+        self.lengths = [length + n for length, n in zip(self.lengths, kept)]
+
+    def truncate(self, row: int, length: int) -> None:
+        """Roll a row back to its first `length` entries (e.g. rejected drafts)."""
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(f"truncate row {row} to {length}: it holds {self.lengths[row]}")
+        self.lengths[row] = length
+
+
+class RaggedKVCache(RowLengths):
+    """K/V buffers [layers, B, Hkv, capacity, D] with one length per row, written by index."""
+
+    def __init__(self, shape: CacheShape, batch: int, capacity: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
+        if batch <= 0 or capacity <= 0:
+            raise ValueError(f"batch and capacity must be > 0, got {batch}, {capacity}")
+        self.shape = shape
+        self.capacity = capacity
+        buffer_shape = (shape.n_layers, batch, shape.n_kv_heads, capacity, shape.head_dim)
+        self.keys = torch.zeros(buffer_shape, dtype=dtype, device=device)  # [L, B, Hkv, C, D]
+        self.values = torch.zeros(buffer_shape, dtype=dtype, device=device)  # [L, B, Hkv, C, D]
+        self.lengths: list[int] = [0] * batch
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.numel() * self.keys.element_size() * 2
+
+    def prepare(self, n_new: int) -> StepContext:
+        device = self.keys.device
+        start = max(self.lengths)
+        kv_len = start + n_new
+        if kv_len > self.capacity:
+            raise InputError(f"context of {kv_len} tokens exceeds the cache capacity of {self.capacity}")
+        offsets = torch.arange(n_new, device=device)  # [T]
+        if all(length == start for length in self.lengths):
+            positions = (start + offsets).expand(self.batch, n_new)  # [B, T]
+            mask, is_causal = self._uniform_mask(start, n_new, device)
+            return _RaggedStep(positions, n_new, kv_len, start, mask, is_causal)
+        lengths = torch.tensor(self.lengths, device=device)  # [B]
+        positions = lengths[:, None] + offsets  # [B, T]
+        key_positions = torch.arange(kv_len, device=device)  # [S]
+        mask = key_positions[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        mask = self._apply_window(mask, positions, key_positions)
+        return _RaggedStep(positions, n_new, kv_len, None, mask[:, None], False)
+
+    def _uniform_mask(self, start: int, n_new: int, device: torch.device) -> tuple[Tensor | None, bool]:
+        window = self.shape.sliding_window
+        windowed = window is not None and start + n_new > window
+        if n_new == 1 and not windowed:
+            return None, False
+        if start == 0 and not windowed:
+            return None, True
+        positions = start + torch.arange(n_new, device=device)  # [T]
+        key_positions = torch.arange(start + n_new, device=device)  # [S]
+        mask = key_positions[None, :] <= positions[:, None]  # [T, S]
+        mask = self._apply_window(mask, positions, key_positions)
+        return mask[None, None], False
+
+    def _apply_window(self, mask: Tensor, positions: Tensor, key_positions: Tensor) -> Tensor:
+        window = self.shape.sliding_window
+        if window is None:
+            return mask
+        return mask & (positions[..., :, None] - key_positions < window)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, step: StepContext) -> Tensor:
+        """q [B, H, T, D], k/v [B, Hkv, T, D] -> [B, H, T, D]."""
+        step = _expect(step, _RaggedStep)
+        keys, values = self.keys[layer], self.values[layer]  # [B, Hkv, C, D]
+        if step.uniform_start is not None:
+            stop = step.uniform_start + step.n_new
+            keys[:, :, step.uniform_start : stop] = k
+            values[:, :, step.uniform_start : stop] = v
+        else:
+            rows = torch.arange(self.batch, device=q.device)[:, None]  # [B, 1]
+            keys[rows, :, step.positions] = k.transpose(1, 2)  # [B, T, Hkv, D] by index
+            values[rows, :, step.positions] = v.transpose(1, 2)
+        return F.scaled_dot_product_attention(
+            q,
+            keys[:, :, : step.kv_len],
+            values[:, :, : step.kv_len],
+            attn_mask=step.mask,
+            is_causal=step.is_causal,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+
+
+
+@dataclass(frozen=True)
+class _BranchStep(StepContext):
+    write_positions: Tensor = None  # type: ignore[assignment]  # [k, T] slots in each branch buffer
+    lengths_after: Tensor = None  # type: ignore[assignment]  # [k] branch entries incl. the T new ones
+
+
+class BranchKVCache(RowLengths):
+    """k branches over one shared prompt: the prompt's KV is stored once (batch 1), each
+    branch owns only the KV of the tokens it generated, preallocated and written by index.
+    Attention is bifurcated (kernels/bifurcated.py): one matmul over the prefix for all
+    branches, one per branch over its own entries, merged with log-sum-exp.
+
+    prefix_keys/values [L, 1, Hkv, P, D]; branch buffers [L, k, Hkv, capacity, D].
+    """
+
+    def __init__(
+        self,
+        shape: CacheShape,
+        prefix_keys: Tensor,
+        prefix_values: Tensor,
+        k: int,
+        capacity: int,
+    ):
+        if k <= 0 or capacity <= 0:
+            raise ValueError(f"k and capacity must be > 0, got {k}, {capacity}")
+        self.shape = shape
+        self.prefix_keys, self.prefix_values = prefix_keys, prefix_values  # [L, 1, Hkv, P, D]
+        self.prefix_len = prefix_keys.shape[3]
+        self.capacity = capacity
+        buffer_shape = (shape.n_layers, k, shape.n_kv_heads, capacity, shape.head_dim)
+        dtype, device = prefix_keys.dtype, prefix_keys.device
+        self.keys = torch.zeros(buffer_shape, dtype=dtype, device=device)  # [L, k, Hkv, S, D]
+        self.values = torch.zeros(buffer_shape, dtype=dtype, device=device)  # [L, k, Hkv, S, D]
+        self.lengths: list[int] = [0] * k  # generated entries per branch
+
+    @classmethod
+    def from_prompt(cls, prompt: RaggedKVCache, k: int, capacity: int) -> "BranchKVCache":
+        """Branches over row 0 of a prefilled batch-1 cache (a view, not a copy)."""
+        length = prompt.lengths[0]
+        keys = prompt.keys[:, :1, :, :length]  # [L, 1, Hkv, P, D]
+        values = prompt.values[:, :1, :, :length]
+        return cls(prompt.shape, keys, values, k, capacity)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the prefix once plus every branch buffer."""
+        element = self.keys.element_size()
+        return 2 * element * (self.prefix_keys[:, :, :, : self.prefix_len].numel() + self.keys.numel())
+
+    def prepare(self, n_new: int) -> StepContext:
+        device = self.keys.device
+        if max(self.lengths) + n_new > self.capacity:
+            raise InputError(f"branch length {max(self.lengths) + n_new} exceeds the branch capacity of {self.capacity}")
+        lengths = torch.tensor(self.lengths, device=device)  # [k]
+        write_positions = lengths[:, None] + torch.arange(n_new, device=device)  # [k, T]
+        return _BranchStep(self.prefix_len + write_positions, n_new, write_positions, lengths + n_new)
+
+    def write(self, layer: int, k: Tensor, v: Tensor, step: StepContext) -> None:
+        """k/v [k, Hkv, T, D] into each branch's next T slots."""
+        step = _expect(step, _BranchStep)
+        rows = torch.arange(self.batch, device=k.device)[:, None]  # [k, 1]
+        self.keys[layer][rows, :, step.write_positions] = k.transpose(1, 2)  # [k, T, Hkv, D] by index
+        self.values[layer][rows, :, step.write_positions] = v.transpose(1, 2)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, step: StepContext) -> Tensor:
+        """q [k, H, T, D], k/v [k, Hkv, T, D] -> [k, H, T, D]."""
+        from kspec.kernels.bifurcated import bifurcated_attention
+
+        step = _expect(step, _BranchStep)
+        self.write(layer, k, v, step)
+        return bifurcated_attention(
+            q,
+            self.prefix_keys[layer],
+            self.prefix_values[layer],
+            self.keys[layer],
+            self.values[layer],
+            step.lengths_after,
+            sliding_window=self.shape.sliding_window,
+        )
+
+    def fork(self, source: int, target: int) -> None:
+        """Make branch `target` a copy of branch `source` (its entries and length)."""
+        length = self.lengths[source]
+        self.keys[:, target, :, :length] = self.keys[:, source, :, :length]
+        self.values[:, target, :, :length] = self.values[:, source, :, :length]
+        self.lengths[target] = length
+
+    def keep(self, rows: list[int]) -> None:
+        """Only these branches stay (in this order); the others' buffers are released.
+        Copies the branch buffers only (the prefix is shared and stays where it is)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.keys.device)
+        self.keys = self.keys.index_select(1, index)  # [L, k', Hkv, S, D]
+        self.values = self.values.index_select(1, index)
+        self.lengths = [self.lengths[row] for row in rows]
+
+    def branch_entries(self, branch: int) -> tuple[Tensor, Tensor]:
+        """The valid K and V of one branch: [L, Hkv, len, D] each (views)."""
+        length = self.lengths[branch]
+        return self.keys[:, branch, :, :length], self.values[:, branch, :, :length]
+
+
+@dataclass(frozen=True)
+class _GroupStep(StepContext):
+    parts: tuple[StepContext, ...] = ()
+
+
+class BranchCacheGroup:
+    """Several requests' branch caches verified in one forward pass (cross-request
+    batching): rows are the concatenation of each cache's rows, in order. Projections and
+    MLPs run once over all rows; attention runs per request, so each request keeps its
+    own shared prefix (stored and read once for its k branches)."""
+
+    def __init__(self, parts: Sequence[BranchKVCache]):
+        if not parts:
+            raise ValueError("a cache group needs at least one cache")
+        self.parts = list(parts)
+        self.sizes = [part.batch for part in self.parts]
+
+    @property
+    def batch(self) -> int:
+        return sum(self.sizes)
+
+    def prepare(self, n_new: int) -> StepContext:
+        steps = tuple(part.prepare(n_new) for part in self.parts)
+        positions = torch.cat([step.positions for step in steps])  # [B, T]
+        return _GroupStep(positions, n_new, steps)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, step: StepContext) -> Tensor:
+        """q [B, H, T, D], k/v [B, Hkv, T, D] with B = sum of the parts' rows -> [B, H, T, D]."""
+        step = _expect(step, _GroupStep)
+        outputs = [
+            part.attend(layer, q_part, k_part, v_part, part_step)
+            for part, part_step, q_part, k_part, v_part in zip(
+                self.parts, step.parts, q.split(self.sizes), k.split(self.sizes), v.split(self.sizes)
+            )
+        ]
+        return torch.cat(outputs)  # [B, H, T, D]
+
+    def advance(self, n_kept: int | Sequence[int]) -> None:
+        kept = [n_kept] * self.batch if isinstance(n_kept, int) else list(n_kept)
+        if len(kept) != self.batch:
+            raise ValueError(f"advance: got {len(kept)} counts for {self.batch} rows")
+        offset = 0
+        for part, size in zip(self.parts, self.sizes):
+            part.advance(kept[offset : offset + size])
+            offset += size

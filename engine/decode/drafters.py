@@ -1,0 +1,168 @@
+"""Drafters propose up to γ tokens per branch each round; the target verifies them.
+
+A drafter sees each live branch's history (its generated tokens, the last one not yet
+verified) and returns one `Draft` per branch. `keep(rows)` follows the target when
+finished branches leave the batch.
+
+* `PromptLookupDrafter` — no model: the branch's last n tokens are looked up in the
+  prompt and the branch's own text; the tokens that followed the latest match are the draft.
+* `ModelDrafter` — a small model with the target's tokenizer, with its own shared-prefix
+  KV for the same k branches. It keeps, per branch, the tokens whose KV it holds and
+  rolls back to the longest common prefix with the branch's history, so rejected drafts
+  are undone without any message from the verifier.
+* `NoDrafter` — proposes nothing (plain decoding through the same loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from kspec.engine.cache.kv import BranchKVCache
+from kspec.engine.models.transformer import EarlyExit, Transformer
+from kspec.engine.cache.prefix_cache import PrefixCache, common_prefix_length
+from kspec.engine.decode.sampling import SamplingParams, probabilities
+
+DRAFTERS = ("lookup", "model", "none")
+GAMMA_LIMIT = 16  # the longest draft any drafter is asked for
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    q: Tensor | None = None  # [len(tokens), V] the drafter's distributions (None: deterministic draft)
+
+
+class Drafter(Protocol):
+    name: str
+
+    def begin(self, prompt_ids: list[int], k: int, max_new_tokens: int) -> None: ...
+
+    def propose(self, histories: list[list[int]], gamma: int) -> list[Draft]: ...
+
+    def keep(self, rows: list[int]) -> None: ...
+
+
+class NoDrafter:
+    name = "none"
+
+    def begin(self, prompt_ids: list[int], k: int, max_new_tokens: int) -> None:
+        pass
+
+    def propose(self, histories: list[list[int]], gamma: int) -> list[Draft]:
+        return [Draft([]) for _ in histories]
+
+    def keep(self, rows: list[int]) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class LookupConfig:
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+
+
+class PromptLookupDrafter:
+    name = "lookup"
+
+    def __init__(self, config: LookupConfig = LookupConfig()):
+        self.config = config
+        self._prompt: list[int] = []
+
+    def begin(self, prompt_ids: list[int], k: int, max_new_tokens: int) -> None:
+        self._prompt = list(prompt_ids)
+
+    def propose(self, histories: list[list[int]], gamma: int) -> list[Draft]:
+        return [Draft(self._lookup(self._prompt + history, gamma)) for history in histories]
+
+    def _lookup(self, sequence: list[int], gamma: int) -> list[int]:
+        """The γ tokens after the latest earlier occurrence of the sequence's last n-gram."""
+        for n in range(self.config.max_ngram, self.config.min_ngram - 1, -1):
+            if len(sequence) <= n:
+                continue
+            tail = sequence[-n:]
+            for start in range(len(sequence) - n - 1, -1, -1):
+                if sequence[start : start + n] == tail:
+                    return sequence[start + n : start + n + gamma]
+        return []
+
+    def keep(self, rows: list[int]) -> None:
+        pass
+
+
+class ModelDrafter:
+    name = "model"
+
+    def __init__(self, model: Transformer | EarlyExit, params: SamplingParams, prefix_cache: PrefixCache | None = None):
+        self.model, self.params = model, params
+        self.prefix_cache = prefix_cache or PrefixCache()
+        self._generator = torch.Generator().manual_seed(params.seed + 1)
+        self._cache: BranchKVCache | None = None
+        self._cached: list[list[int]] = []  # per branch: generated tokens whose KV the draft cache holds
+
+    def begin(self, prompt_ids: list[int], k: int, max_new_tokens: int) -> None:
+        prefill = self.prefix_cache.prefill(self.model, prompt_ids)
+        self._cache = BranchKVCache.from_prompt(prefill.cache, k, max_new_tokens + GAMMA_LIMIT + 2)
+        self._cached = [[] for _ in range(k)]
+
+    def propose(self, histories: list[list[int]], gamma: int) -> list[Draft]:
+        cache = self._cache
+        if cache is None:
+            raise RuntimeError("ModelDrafter.propose before begin")
+        if gamma == 0:
+            return [Draft([]) for _ in histories]
+        # roll each branch back to what it shares with its verified history, then feed the rest
+        # (always at least the branch's last, unverified token)
+        pending: list[list[int]] = []
+        for row, history in enumerate(histories):
+            shared = common_prefix_length(tuple(self._cached[row]), history[:-1])
+            cache.truncate(row, shared)
+            self._cached[row] = history[:shared]
+            pending.append(history[shared:])
+        drafted: list[list[int]] = [[] for _ in histories]
+        distributions: list[list[Tensor]] = [[] for _ in histories]
+        with torch.inference_mode():
+            logits = self._feed(cache, pending)  # [k, V]
+            for step in range(gamma):
+                tokens, q = self._choose(logits)  # [k], [k, V] or None
+                for row, token in enumerate(tokens.tolist()):
+                    drafted[row].append(token)
+                    if q is not None:
+                        distributions[row].append(q[row])
+                if step == gamma - 1:
+                    break
+                logits = self.model.step(tokens[:, None], cache)
+        for row, history in enumerate(histories):  # the cache now holds the history and all drafts but the last
+            self._cached[row] = history + drafted[row][:-1]
+        return [
+            Draft(tokens, torch.stack(qs) if qs else None) for tokens, qs in zip(drafted, distributions)
+        ]
+
+    def _feed(self, cache: BranchKVCache, pending: list[list[int]]) -> Tensor:
+        """Write each branch's pending tokens (ragged, >= 1 each); logits after the last of each [k, V]."""
+        counts = [len(p) for p in pending]
+        width = max(counts)
+        padded = torch.tensor([p + [0] * (width - len(p)) for p in pending], device=self.model.device)  # [k, T]
+        hidden = self.model(padded, cache)  # [k, T, dim]
+        cache.advance(counts)
+        last = torch.tensor(counts, device=self.model.device) - 1
+        return self.model.logits(hidden[torch.arange(len(pending)), last])
+
+    def _choose(self, logits: Tensor) -> tuple[Tensor, Tensor | None]:
+        if self.params.greedy:
+            return logits.argmax(dim=-1), None
+        q = probabilities(logits, self.params)  # [k, V]
+        return torch.multinomial(q, 1, generator=self._generator).squeeze(-1), q
+
+    def keep(self, rows: list[int]) -> None:
+        if self._cache is not None:
+            self._cache.keep(rows)
+            self._cached = [self._cached[row] for row in rows]
+

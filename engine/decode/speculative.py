@@ -1,0 +1,270 @@
+"""BASS: batched speculative decoding of k branches over one shared prompt.
+
+Each round:
+  1. the drafter proposes up to γ tokens for every live branch (branches may differ);
+  2. the target scores all live branches' [last token, drafts...] in ONE forward pass on
+     the shared-prefix cache (bifurcated attention);
+  3. each branch accepts its own number of drafts (greedy: the longest run that matches
+     the target's argmax; sampling: exact speculative sampling), then takes one token of
+     the target's own (the correction or the bonus token);
+  4. each branch keeps the KV of what it accepted (ragged advance: the rejected drafts'
+     entries are simply not counted), finished branches leave the batch, the deadline
+     and the cancel token are checked.
+
+γ adapts (see `adapt_gamma`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from kspec.engine.api import CancelToken
+from kspec.engine.decode.drafters import GAMMA_LIMIT, Draft, Drafter
+from kspec.engine.decode.branches import Branch, BranchTracker, DecodeOutput, interrupted
+from kspec.engine.decode.healing import HealingBias
+from kspec.engine.cache.kv import BranchKVCache
+from kspec.engine.models.transformer import Transformer
+from kspec.engine.cache.prefix_cache import Prefill, prefill_uncached
+from kspec.engine.decode.sampling import SamplingParams, first_tokens, probabilities
+
+UnitDone = Callable[[str], bool]  # early-stop hook: this branch's text has completed its unit
+
+
+GAMMA_RULES = ("mean", "max", "fixed")
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    gamma: int = 4  # starting draft length
+    gamma_min: int = 1
+    gamma_max: int = 8
+    rule: str = "mean"  # how γ adapts between rounds, see adapt_gamma
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.gamma_min <= self.gamma <= self.gamma_max <= GAMMA_LIMIT:
+            raise ValueError(
+                f"need 1 <= gamma_min <= gamma <= gamma_max <= {GAMMA_LIMIT}, "
+                f"got {self.gamma_min}, {self.gamma}, {self.gamma_max}"
+            )
+        if self.rule not in GAMMA_RULES:
+            raise ValueError(f"gamma rule must be one of {', '.join(GAMMA_RULES)}, got {self.rule!r}")
+
+
+def adapt_gamma(gamma: int, drafted: list[int], accepted: list[int], config: SpeculationConfig) -> int:
+    """The next round's γ from this round's acceptance, one step at a time.
+
+    "max" (the BASS paper's idea): grow when some branch accepted its whole full-length
+    draft, shrink when no branch accepted anything. With many branches one lucky branch
+    keeps γ high while the others waste the verification of long drafts.
+    "mean" (default): grow when the branches accepted at least half of γ on average,
+    shrink when they accepted less than a quarter; the batch's verification cost grows
+    with k·(γ+1), so γ follows the typical branch, not the best one.
+    "fixed": never change."""
+    if config.rule == "fixed" or not drafted:
+        return gamma
+    if config.rule == "max":
+        if any(a == d == gamma for a, d in zip(accepted, drafted)):
+            return min(gamma + 1, config.gamma_max)
+        if all(a == 0 for a in accepted):
+            return max(gamma - 1, config.gamma_min)
+        return gamma
+    mean_accepted = sum(accepted) / len(accepted)
+    if mean_accepted >= 0.5 * gamma:
+        return min(gamma + 1, config.gamma_max)
+    if mean_accepted < 0.25 * gamma:
+        return max(gamma - 1, config.gamma_min)
+    return gamma
+
+
+@dataclass
+class SpeculationStats:
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    branch_rounds: int = 0  # sum over rounds of live branches
+    gammas: list[int] = field(default_factory=list)
+    draft_ms: float = 0.0  # where a round's time goes: drafting,
+    verify_ms: float = 0.0  # the target's forward pass,
+    accept_ms: float = 0.0  # acceptance, detokenization, stop checks and cache bookkeeping
+
+    @property
+    def mean_accepted_per_round(self) -> float:
+        """Drafted tokens accepted per branch per round (plus 1 target token each round)."""
+        return self.accepted / self.branch_rounds if self.branch_rounds else 0.0
+
+
+@dataclass
+class SpeculativeOutput(DecodeOutput):
+    stats: SpeculationStats = field(default_factory=SpeculationStats)
+
+
+def accept_greedy(draft: list[int], target_logits: Tensor) -> tuple[int, int]:
+    """target_logits [n+1, V] for [last, d1..dn] -> (accepted count, the target's next token)."""
+    choices = target_logits.argmax(dim=-1).tolist()  # [n+1]
+    accepted = 0
+    while accepted < len(draft) and draft[accepted] == choices[accepted]:
+        accepted += 1
+    return accepted, choices[accepted]
+
+
+def accept_sampling(
+    draft: Draft, target_logits: Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[int, int]:
+    """Exact speculative sampling: accept d_j with probability min(1, p(d_j)/q(d_j)); on the
+    first rejection draw from the normalised residual max(0, p - q); if all are accepted,
+    draw the bonus token from p. Each branch's output then follows the target's
+    distribution. A draft without q is deterministic (q is one-hot)."""
+    p = probabilities(target_logits, params)  # [n+1, V]
+    for j, token in enumerate(draft.tokens):
+        q_j = draft.q[j] if draft.q is not None else None
+        q_token = float(q_j[token]) if q_j is not None else 1.0
+        if torch.rand((), generator=generator).item() * q_token < float(p[j, token]):
+            continue
+        residual = p[j] - q_j if q_j is not None else p[j].clone()
+        if q_j is None:
+            residual[token] = 0.0
+        residual = residual.clamp_min(0.0)
+        total = float(residual.sum())
+        if total <= 0.0:  # p == q: any draw from p is exact
+            residual = p[j]
+        return j, int(torch.multinomial(residual, 1, generator=generator))
+    return len(draft.tokens), int(torch.multinomial(p[len(draft.tokens)], 1, generator=generator))
+
+
+class SpeculativeRun:
+    """One request's k branches being decoded, one round at a time.
+
+    A round is `propose()` (the rows to verify: each live branch's last token and its
+    draft), one target forward pass over those rows on `cache` — alone, or together with
+    other requests' rows (engine/batching.py) — and `accept(logits)`. `finished()` drops
+    branches that ended (they stop costing work) and says when none is left, or the
+    deadline passed, or the request was cancelled."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tracker: BranchTracker,
+        k: int,
+        params: SamplingParams,
+        drafter: Drafter,
+        config: SpeculationConfig = SpeculationConfig(),
+        cancel: CancelToken | None = None,
+        diverse: bool = False,
+        prefill: Prefill | None = None,
+        unit_done: UnitDone | None = None,
+        healing: HealingBias | None = None,
+    ):
+        self.model, self.tracker, self.params, self.drafter, self.config = model, tracker, params, drafter, config
+        self.cancel, self.unit_done = cancel, unit_done
+        self.generator = torch.Generator().manual_seed(params.seed)
+        self.stats = SpeculationStats()
+        started = time.perf_counter()
+        limits = tracker.limits
+        with torch.inference_mode():
+            prefill = prefill or prefill_uncached(model, tracker.prompt_ids)
+            self.reused_tokens = prefill.reused_tokens
+            self.cache = BranchKVCache.from_prompt(prefill.cache, k, limits.max_new_tokens + GAMMA_LIMIT + 2)
+            self.prefill_ms = (time.perf_counter() - started) * 1000
+            self.healing = healing or HealingBias(tracker.tokenizer, prefill.last_logits.shape[-1], prefill.last_logits.device)
+            self.branches = [Branch(heal_remaining=tracker.healed_text) for _ in range(k)]
+            self.detoks = [tracker.new_detokenizer() for _ in range(k)]
+            first_logits = tracker.constrain(prefill.last_logits[None].expand(k, -1), self.branches, self.healing)  # [k, V]
+            tokens, logprobs = first_tokens(first_logits, params, self.generator, diverse, tracker.tokenizer.stop_ids)  # [k], [k]
+        for branch, detok, token, logprob in zip(self.branches, self.detoks, tokens.tolist(), logprobs.tolist()):
+            _commit(tracker, branch, detok, token, logprob, unit_done)
+        drafter.begin(tracker.prompt_ids, k, limits.max_new_tokens)
+        self.live = list(range(k))  # branch index of each cache row
+        self.gamma = config.gamma
+        self._drafts: list[Draft] = []
+        self._round_started = 0.0
+        self._drafted_at = 0.0
+
+    @torch.inference_mode()
+    def finished(self) -> bool:
+        """True when no branch is left to decode; otherwise compacts the live rows."""
+        still = [row for row, index in enumerate(self.live) if not self.branches[index].done]
+        if not still or interrupted(self.branches, self.tracker.limits, self.cancel):
+            return True
+        if len(still) < len(self.live):  # finished branches stop costing work
+            self.cache.keep(still)
+            self.drafter.keep(still)
+            self.live = [self.live[row] for row in still]
+        return False
+
+    @property
+    def live_branches(self) -> list[Branch]:
+        return [self.branches[index] for index in self.live]
+
+    def propose(self) -> list[list[int]]:
+        """This round's rows, one per live branch: [last token, drafts...] (ragged)."""
+        self._round_started = time.perf_counter()
+        limits = self.tracker.limits
+        live_branches = self.live_branches
+        drafts = self.drafter.propose([b.token_ids for b in live_branches], self.gamma)
+        for draft, branch in zip(drafts, live_branches):
+            room = max(0, limits.max_new_tokens - len(branch.token_ids))
+            if branch.heal_remaining or room == 0:
+                draft.tokens, draft.q = [], None  # healing: the target picks, one token at a time
+            elif len(draft.tokens) > room:
+                draft.tokens = draft.tokens[:room]
+                draft.q = draft.q[:room] if draft.q is not None else None
+        self._drafts = drafts
+        self._drafted_at = time.perf_counter()
+        return [[b.token_ids[-1], *d.tokens] for b, d in zip(live_branches, drafts)]
+
+    @torch.inference_mode()
+    def accept(self, logits: Tensor, verify_ms: float) -> None:
+        """logits [k', T, V] of this request's rows (T >= each row's length; padding ignored)."""
+        verified_at = time.perf_counter()
+        live_branches, drafts = self.live_branches, self._drafts
+        logits[:, 0] = self.tracker.constrain(logits[:, 0], live_branches, self.healing)
+        log_probs = torch.log_softmax(logits, dim=-1)  # [k', T, V]
+        kept: list[int] = []
+        accepted_counts: list[int] = []
+        for row, (branch, draft) in enumerate(zip(live_branches, drafts)):
+            n = len(draft.tokens)
+            if self.params.greedy:
+                accepted, next_token = accept_greedy(draft.tokens, logits[row, : n + 1])
+            else:
+                accepted, next_token = accept_sampling(draft, logits[row, : n + 1], self.params, self.generator)
+            accepted_counts.append(accepted)
+            detok = self.detoks[self.live[row]]
+            for position, token in enumerate(draft.tokens[:accepted] + [next_token]):
+                if branch.done:
+                    break
+                _commit(self.tracker, branch, detok, token, float(log_probs[row, position, token]), self.unit_done)
+            kept.append(1 + accepted)  # the previous last token and the accepted drafts
+        self.cache.advance(kept)
+        stats = self.stats
+        stats.rounds += 1
+        stats.branch_rounds += len(self.live)
+        stats.drafted += sum(len(d.tokens) for d in drafts)
+        stats.accepted += sum(accepted_counts)
+        stats.gammas.append(self.gamma)
+        stats.draft_ms += (self._drafted_at - self._round_started) * 1000
+        stats.verify_ms += verify_ms
+        stats.accept_ms += (time.perf_counter() - verified_at) * 1000
+        self.gamma = adapt_gamma(self.gamma, [len(d.tokens) for d in drafts], accepted_counts, self.config)
+
+    def output(self) -> SpeculativeOutput:
+        decode_ms = self.stats.draft_ms + self.stats.verify_ms + self.stats.accept_ms  # this request's rounds (shared ones whole)
+        return SpeculativeOutput(self.branches, self.prefill_ms, decode_ms, self.stats.rounds, self.stats)
+
+
+def pad_rows(rows: list[list[int]], device: torch.device) -> Tensor:
+    """Ragged token rows -> [B, T] right-padded with token 0 (padding positions are never kept)."""
+    width = max(len(row) for row in rows)
+    return torch.tensor([row + [0] * (width - len(row)) for row in rows], device=device)  # [B, T]
+
+
+def _commit(
+    tracker: BranchTracker, branch: Branch, detok, token: int, logprob: float, unit_done: UnitDone | None
+) -> None:
+    tracker.push(branch, detok, token, logprob)
+    if not branch.done and unit_done is not None and branch.text and unit_done(branch.text):
+        branch.finish_reason = "stop"

@@ -1,0 +1,121 @@
+"""The model's own tokenizer (HF `tokenizers`, local tokenizer.json only), FIM tokens, and
+incremental detokenization that never splits a multi-byte character."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from kspec.engine.errors import ModelLoadError
+
+REPLACEMENT_CHAR = "\ufffd"
+
+# FIM token spellings per model family: (prefix, suffix, middle)
+FIM_SPELLINGS: tuple[tuple[str, str, str], ...] = (
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder / StarCoder2
+    ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),  # DeepSeek-Coder
+    ("▁<PRE>", "▁<SUF>", "▁<MID>"),  # CodeLlama
+)
+STOP_TOKEN_SPELLINGS = ("<|endoftext|>", "<|im_end|>", "<|file_separator|>", "<|fim_pad|>", "<EOT>", "<｜end▁of▁sentence｜>", "</s>")
+
+
+@dataclass(frozen=True)
+class FimTokens:
+    prefix: int
+    suffix: int
+    middle: int
+
+
+class Tokenizer:
+    def __init__(self, tokenizer: HFTokenizer, eos_ids: tuple[int, ...]):
+        self._tok = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.fim = self._find_fim()
+        stops = {tid for tid in (tokenizer.token_to_id(s) for s in STOP_TOKEN_SPELLINGS) if tid is not None}
+        self.stop_ids: frozenset[int] = frozenset(stops | set(eos_ids))
+        self._token_texts: list[str] | None = None
+        self._text_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None
+
+    @classmethod
+    def from_folder(cls, folder: Path, eos_ids: tuple[int, ...] = ()) -> "Tokenizer":
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise ModelLoadError(f"{folder}: no tokenizer.json (the model's fast-tokenizer file is required)")
+        try:
+            tokenizer = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception on bad files
+            raise ModelLoadError(f"{path}: unreadable tokenizer ({exc})") from exc
+        config_path = folder / "tokenizer_config.json"
+        if config_path.is_file():
+            try:
+                eos = json.loads(config_path.read_text()).get("eos_token")
+                eos_text = eos.get("content") if isinstance(eos, dict) else eos
+                eos_id = tokenizer.token_to_id(eos_text) if isinstance(eos_text, str) else None
+                eos_ids = eos_ids + ((eos_id,) if eos_id is not None else ())
+            except (OSError, json.JSONDecodeError):
+                pass
+        return cls(tokenizer, eos_ids)
+
+    def _find_fim(self) -> FimTokens | None:
+        for spelling in FIM_SPELLINGS:
+            ids = [self._tok.token_to_id(s) for s in spelling]
+            if all(i is not None for i in ids):
+                return FimTokens(*ids)  # type: ignore[arg-type]
+        return None
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+    def token_texts(self) -> list[str]:
+        """The text of every token id on its own (computed once per tokenizer)."""
+        if self._token_texts is None:
+            self._token_texts = [self._tok.decode([i], skip_special_tokens=False) for i in range(self.vocab_size)]
+        return self._token_texts
+
+    def token_text_index(self) -> tuple[list[str], list[int], dict[str, list[int]]]:
+        """(token texts sorted, their ids in that order, ids by text) for prefix queries (computed once)."""
+        if self._text_index is None:
+            texts = self.token_texts()
+            order = sorted((text, i) for i, text in enumerate(texts) if text)
+            by_text: dict[str, list[int]] = {}
+            for text, i in order:
+                by_text.setdefault(text, []).append(i)
+            self._text_index = ([t for t, _ in order], [i for _, i in order], by_text)
+        return self._text_index
+
+    def vocabulary(self) -> dict[str, int]:
+        return self._tok.get_vocab(with_added_tokens=True)
+
+
+class IncrementalDetokenizer:
+    """Turns a growing token list into text pieces; holds back bytes of an unfinished character.
+
+    Decodes a short window (a few tokens before the last emitted point) rather than the
+    whole sequence, so the cost per token stays constant.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, context_ids: list[int] | None = None):
+        self._tokenizer = tokenizer
+        self._ids: list[int] = list(context_ids or [])[-4:]
+        self._prefix_offset = 0  # window start
+        self._read_offset = len(self._ids)  # tokens up to here are already emitted
+        self.text = ""
+
+    def push(self, token_id: int) -> str:
+        """Add one token; returns the newly completed text (maybe empty)."""
+        self._ids.append(token_id)
+        before = self._tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])
+        after = self._tokenizer.decode(self._ids[self._prefix_offset :])
+        if len(after) <= len(before) or after.endswith(REPLACEMENT_CHAR):
+            return ""  # an unfinished multi-byte character: wait for its next bytes
+        piece = after[len(before) :]
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        self.text += piece
+        return piece

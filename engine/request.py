@@ -1,0 +1,197 @@
+"""One request's life, in order: validated -> prompt -> prefill (a chunk per batch round,
+reusing the prefix cache) -> token-healing walk -> speculative rounds over k branches
+(driven by the batcher, engine/batching.py) -> post-processing into ranked alternatives.
+
+The request's state is explicit (`RequestState`); the batcher schedules by it.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Generator, Protocol
+
+from kspec.engine.api import (
+    DEFAULT_SAMPLE_TEMPERATURE,
+    MAX_K,
+    MAX_NEW_TOKENS,
+    MAX_STOP_CHARS,
+    MAX_STOPS,
+    MODES,
+    CancelToken,
+    CompletionRequest,
+    CompletionResult,
+)
+from kspec.engine.cache.prefix_cache import PrefixCache
+from kspec.engine.config import EngineConfig
+from kspec.engine.decode.branches import BranchTracker, DecodeLimits
+from kspec.engine.decode.drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
+from kspec.engine.decode.healing import HealingBias, walk_healing
+from kspec.engine.decode.sampling import SamplingParams
+from kspec.engine.decode.speculative import SpeculationConfig, SpeculativeRun
+from kspec.engine.decode.stopping import StopRule, rule_for_cursor
+from kspec.engine.errors import CancelledError, InputError
+from kspec.engine.models.loading import LoadedModel
+from kspec.engine.models.transformer import EarlyExit
+from kspec.engine.prompt import PromptBudget, build_prompt
+from kspec.engine.syntax import Candidate, UnitPredicate, detect_language, postprocess
+
+
+class RequestState(enum.Enum):
+    PREPARING = "preparing"  # prompt prefill, a chunk per round
+    DECODING = "decoding"  # in the batch's verification passes
+    OVER = "over"  # ready for `result()`: decoded, nothing to complete, cancelled or late
+
+
+class EngineParts(Protocol):
+    """What a request uses of the engine that runs it (CompletionEngine)."""
+
+    target: LoadedModel
+    draft: LoadedModel | None
+    config: EngineConfig
+    prefix_cache: PrefixCache
+    draft_prefix_cache: PrefixCache
+
+    @property
+    def model_name(self) -> str: ...
+
+
+def validate_request(request: CompletionRequest) -> None:
+    if not 1 <= request.k <= MAX_K:
+        raise InputError(f"k must be between 1 and {MAX_K}, got {request.k}")
+    if not 1 <= request.max_tokens <= MAX_NEW_TOKENS:
+        raise InputError(f"max_tokens must be between 1 and {MAX_NEW_TOKENS}, got {request.max_tokens}")
+    if request.deadline_ms <= 0:
+        raise InputError(f"deadline_ms must be > 0, got {request.deadline_ms}")
+    if len(request.stop) > MAX_STOPS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in request.stop):
+        raise InputError(f"stop must be at most {MAX_STOPS} non-empty strings of up to {MAX_STOP_CHARS} characters")
+    if request.mode not in MODES:
+        raise InputError(f"mode must be one of {', '.join(MODES)}, got {request.mode!r}")
+    try:
+        sampling_params(request)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+
+
+def sampling_params(request: CompletionRequest) -> SamplingParams:
+    if request.mode == "diverse":
+        return SamplingParams(0.0, 1.0, request.seed)  # greedy after the distinct first tokens
+    return SamplingParams(request.temperature or DEFAULT_SAMPLE_TEMPERATURE, request.top_p, request.seed)
+
+
+def choose_drafter(parts: EngineParts, params: SamplingParams) -> Drafter:
+    choice = parts.config.drafter
+    if choice == "auto":
+        choice = "model" if parts.draft is not None else "lookup"
+    if choice == "model" and parts.draft is not None:
+        return ModelDrafter(parts.draft.model, params, parts.draft_prefix_cache)
+    if choice == "layerskip":
+        layers = min(parts.config.draft_layers, parts.target.model.args.n_layers)
+        return ModelDrafter(EarlyExit(parts.target.model, layers), params, parts.draft_prefix_cache)
+    return PromptLookupDrafter() if choice == "lookup" else NoDrafter()
+
+
+def prepare(
+    parts: EngineParts, request: CompletionRequest, cancel: CancelToken, deadline: float, language: str
+) -> Generator[None, None, SpeculativeRun | None]:
+    """Prompt, prefill (yielding between chunks) and the healing walk -> the request's
+    decoding state, or None when there is nothing to complete (empty prompt).
+    `deadline` (time.monotonic()) was set when the request arrived: prefill counts."""
+    tokenizer, model = parts.target.tokenizer, parts.target.model
+    prompt = build_prompt(tokenizer, request.prefix, request.suffix, PromptBudget(parts.config.prompt_tokens))
+    if not prompt.ids:
+        return None
+    first = yield from parts.prefix_cache.prefill_steps(model, prompt.ids)
+    bias = HealingBias(tokenizer, model.args.vocab_size, model.device)
+    ids, healed_text, prefill = walk_healing(
+        lambda ids: parts.prefix_cache.prefill(model, ids, cancel), tokenizer, prompt.ids, prompt.healed_text, bias, first
+    )
+    stops = rule_for_cursor(request.prefix, request.suffix, request.stop) if request.cursor_rules else StopRule(request.stop)
+    tracker = BranchTracker(tokenizer, stops, DecodeLimits(request.max_tokens, deadline), ids, healed_text)
+    params = sampling_params(request)
+    unit_done = None
+    if parts.config.early_stop and not request.raw:
+        unit_done = UnitPredicate(request.prefix, request.suffix, language)
+    return SpeculativeRun(
+        model,
+        tracker,
+        request.k,
+        params,
+        choose_drafter(parts, params),
+        SpeculationConfig(gamma=parts.config.gamma, gamma_max=max(8, parts.config.gamma)),
+        cancel,
+        diverse=request.mode == "diverse",
+        prefill=prefill,
+        unit_done=unit_done,
+        healing=bias,
+    )
+
+
+class ActiveCompletion:
+    """One request inside a batch: PREPARING (a prefill chunk per round), then DECODING
+    (its rows join each round's verification pass), then OVER (`result()`)."""
+
+    def __init__(self, parts: EngineParts, request: CompletionRequest, cancel: CancelToken):
+        validate_request(request)
+        self.parts, self.request, self.cancel = parts, request, cancel
+        self.started = time.perf_counter()
+        self.deadline = time.monotonic() + request.deadline_ms / 1000
+        self.language = detect_language(request.language, request.path)
+        self.state = RequestState.PREPARING
+        self.run: SpeculativeRun | None = None
+        self._preparing: Generator[None, None, SpeculativeRun | None] | None = prepare(
+            parts, request, cancel, self.deadline, self.language
+        )
+        self._decode_started = 0.0
+
+    @property
+    def expired(self) -> bool:
+        """Cancelled, or past its deadline."""
+        return self.cancel.cancelled or time.monotonic() > self.deadline
+
+    def prepare_step(self) -> None:
+        """One chunk of preparation; the state moves on to DECODING when the prompt is
+        ready, or to OVER (nothing to complete, cancelled, or late while prefilling)."""
+        assert self.state is RequestState.PREPARING and self._preparing is not None
+        if self.expired:
+            self._preparing.close()  # the prefix cache keeps the prompt's KV computed so far
+            self._end_preparing(None)
+            return
+        try:
+            next(self._preparing)
+        except StopIteration as prepared:
+            self._end_preparing(prepared.value)
+        except CancelledError:  # the healing walk's prefill saw the cancel
+            self._end_preparing(None)
+
+    def _end_preparing(self, run: SpeculativeRun | None) -> None:
+        self._preparing = None
+        self.run = run
+        self._decode_started = time.perf_counter()
+        self.state = RequestState.OVER if run is None or run.finished() else RequestState.DECODING
+
+    def after_round(self) -> None:
+        """A verification round was accepted: OVER once every branch has ended."""
+        if self.run is not None and self.run.finished():
+            self.state = RequestState.OVER
+
+    def result(self) -> CompletionResult:
+        parts, request, run = self.parts, self.request, self.run
+        now = time.perf_counter()
+        if run is None:
+            return CompletionResult([], parts.model_name, {"total": (now - self.started) * 1000})
+        output = run.output()
+        candidates = [Candidate(b.text, b.logprob, len(b.token_ids), b.finish_reason) for b in output.branches if b.text]
+        completions = postprocess(request.prefix, request.suffix, self.language, candidates, raw=request.raw)
+        finished = time.perf_counter()
+        timing = {
+            "prefill": (self._decode_started - self.started) * 1000,
+            "prompt_tokens": float(len(run.tracker.prompt_ids)),
+            "reused_prompt_tokens": float(run.reused_tokens),
+            "decode": (now - self._decode_started) * 1000,
+            "postprocess": (finished - now) * 1000,
+            "total": (finished - self.started) * 1000,
+            "rounds": float(output.stats.rounds),
+            "accepted_per_round": output.stats.mean_accepted_per_round,
+        }
+        return CompletionResult(completions, parts.model_name, timing)

@@ -1,0 +1,307 @@
+"""`kspec engine`: one warm model shared by every editor window of this user.
+
+Start-up order keeps a second daemon cheap and harmless: take the lock (another daemon
+holds it -> exit 0 at once), bind the socket (0600, in the 0700 runtime dir), then load
+the model on the worker thread while already answering handshakes ("loading"). Requests
+of all clients are decoded together (continuous batching, engine/batching.py);
+`cancel(id)` stops one at its next decode round; a client that disconnects has its
+requests cancelled. With no client for `--idle-timeout` seconds the daemon exits and
+removes its socket (a network daemon, `--listen`, waits forever unless told).
+
+`--listen HOST:PORT` serves the same protocol over TCP (loopback by default; every
+client must present the token; TLS with `--tls-cert/--tls-key`), and on the same port
+the OpenAI-compatible HTTP endpoint (lsp_server/http_api.py), told apart by the first
+bytes of a connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+import ssl
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from kspec.engine.api import CompletionRequest, CompletionResult
+from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, InputError, KspecError
+from kspec.engine.serve.http_api import HttpApi, looks_like_http, serve_http
+from kspec.engine.serve.protocol import (
+    PROTOCOL_VERSION,
+    DaemonPaths,
+    EngineSpec,
+    ProtocolError,
+    read_frame,
+    tokens_match,
+    write_frame,
+)
+from kspec.engine.serve.runner import EngineFactory, EngineRunner, default_engine_factory
+from kspec.engine.serve.status import READY, Status
+
+log = logging.getLogger("kspec.daemon")
+MAX_UNIX_PATH = 107
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+def status_to_wire(status: Status) -> dict[str, Any]:
+    return {
+        "type": "status",
+        "state": status.state,
+        "message": status.message,
+        "progress": status.progress,
+        "model": status.model,
+        "latency_ms": status.latency_ms,
+    }
+
+
+def request_from_wire(data: Any) -> CompletionRequest:
+    """A CompletionRequest from an untrusted map: known fields only, each of its declared type."""
+    if not isinstance(data, dict):
+        raise InputError("'request' must be a map")
+    defaults = CompletionRequest(prefix="")
+    values: dict[str, Any] = {}
+    for spec in fields(CompletionRequest):
+        if spec.name not in data:
+            continue
+        value, expected = data[spec.name], type(getattr(defaults, spec.name))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if expected is tuple and isinstance(value, list) and all(isinstance(item, str) for item in value):
+            value = tuple(value)
+        if type(value) is not expected:
+            raise InputError(f"request field {spec.name!r} must be {expected.__name__}")
+        values[spec.name] = value
+    if "prefix" not in values:
+        raise InputError("request field 'prefix' is required")
+    return CompletionRequest(**values)
+
+
+class _Peer:
+    def __init__(self, writer: asyncio.StreamWriter):
+        self.writer = writer
+        self.jobs: dict[str, asyncio.Task] = {}
+
+    def send(self, message: dict[str, Any]) -> None:
+        if not self.writer.is_closing():
+            write_frame(self.writer, message)
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Any,
+        factory: EngineFactory = default_engine_factory,
+        idle_timeout_s: float | None = 900.0,  # None: never exit for lack of clients
+        token: str | None = None,
+        max_batch_requests: int = 16,
+    ):
+        self.runner = EngineRunner(config, factory, self._broadcast, max_batch_requests)
+        self.idle_timeout_s = idle_timeout_s
+        self.token = token
+        self.http = HttpApi(self._complete_http, self._model_name, self._ready, token)
+        self._peers: set[_Peer] = set()
+        self._stop = asyncio.Event()
+        self._idle: asyncio.TimerHandle | None = None
+        self.bound_port: int | None = None
+
+    async def serve_unix(self, path: Path) -> None:
+        if len(os.fsencode(str(path))) > MAX_UNIX_PATH:
+            raise KspecError(f"socket path {path} is too long for a Unix socket; set XDG_RUNTIME_DIR to a shorter folder")
+        path.unlink(missing_ok=True)  # we hold the lock: any socket file there is stale
+        umask = os.umask(0o177)  # created 0600, no window where others could connect
+        try:
+            server = await asyncio.start_unix_server(self._serve_peer, str(path))
+        finally:
+            os.umask(umask)
+        os.chmod(path, 0o600)
+        log.info("listening on %s", path)
+        try:
+            await self._run(server)
+        finally:
+            path.unlink(missing_ok=True)
+
+    async def serve_tcp(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
+        """TCP (only when asked; the CLI defaults to loopback); `token` must be set.
+        With `tls` every connection is TLS (msgpack and HTTP alike)."""
+        if self.token is None:
+            raise KspecError("a TCP engine daemon needs a token")
+        server = await asyncio.start_server(self._serve_peer, host, port, ssl=tls)
+        self.bound_port = server.sockets[0].getsockname()[1]
+        scheme = "tls" if tls is not None else "tcp"
+        print(f"kspec engine: listening on {scheme}://{host}:{self.bound_port} (and http{'s' if tls else ''}://{host}:{self.bound_port}/v1)", file=sys.stderr, flush=True)
+        await self._run(server)
+
+    async def _complete_http(self, request: CompletionRequest, document: str) -> tuple[CompletionResult, dict[str, str]]:
+        return await self.runner.complete(request), {}
+
+    async def _model_name(self) -> str:
+        return self.runner.status.model
+
+    async def _ready(self) -> tuple[bool, str]:
+        status = self.runner.status
+        return status.state == READY, status.state if status.state == READY else f"{status.state}: {status.message}"
+
+    async def _run(self, server: asyncio.AbstractServer) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._stop.set)
+        self.runner.start()
+        self._arm_idle()
+        try:
+            async with server:
+                await self._stop.wait()
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+            for peer in list(self._peers):
+                peer.writer.close()
+            self.runner.stop()
+
+    def _arm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        if self.idle_timeout_s is not None:
+            self._idle = asyncio.get_running_loop().call_later(self.idle_timeout_s, self._idle_exit)
+
+    def _idle_exit(self) -> None:
+        if not self._peers:
+            log.info("no client for %.0f s: exiting", self.idle_timeout_s)
+            self._stop.set()
+
+    def _broadcast(self, status: Status) -> None:
+        message = status_to_wire(status)
+        for peer in list(self._peers):
+            peer.send(message)
+
+    async def _serve_peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = _Peer(writer)
+        try:
+            try:
+                first = await asyncio.wait_for(reader.readexactly(4), HANDSHAKE_TIMEOUT_S)
+            except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+                return
+            if looks_like_http(first):
+                await serve_http(reader, writer, first, self.http)
+                return
+            if not await self._handshake(peer, reader, first):
+                return
+            self._peers.add(peer)
+            if self._idle is not None:
+                self._idle.cancel()
+            while (message := await read_frame(reader)) is not None:
+                self._handle(peer, message)
+        except (ProtocolError, ConnectionError) as exc:
+            log.warning("dropping a client: %s", exc)
+        finally:
+            self._peers.discard(peer)
+            for job in peer.jobs.values():
+                job.cancel()
+            writer.close()
+            if not self._peers:
+                self._arm_idle()
+
+    async def _handshake(self, peer: _Peer, reader: asyncio.StreamReader, header: bytes) -> bool:
+        try:
+            hello = await asyncio.wait_for(read_frame(reader, header), HANDSHAKE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return False
+        if hello is None or hello.get("type") != "hello":
+            peer.send({"type": "error", "id": None, "kind": "protocol", "message": "expected a hello"})
+            return False
+        if not tokens_match(self.token, hello.get("token")):
+            peer.send({"type": "error", "id": None, "kind": "protocol", "message": "bad token"})
+            return False
+        peer.send({"type": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(), "status": status_to_wire(self.runner.status)})
+        if hello.get("version") != PROTOCOL_VERSION:
+            log.warning("client speaks protocol %r, we speak %d", hello.get("version"), PROTOCOL_VERSION)
+            return False
+        return True
+
+    def _handle(self, peer: _Peer, message: dict[str, Any]) -> None:
+        kind, request_id = message["type"], str(message.get("id"))
+        if kind == "cancel":
+            job = peer.jobs.get(request_id)
+            if job is not None:
+                job.cancel()
+        elif kind == "complete":
+            if request_id in peer.jobs:
+                peer.send({"type": "error", "id": request_id, "kind": "input", "message": "duplicate request id"})
+                return
+            peer.jobs[request_id] = asyncio.ensure_future(self._complete(peer, request_id, message.get("request")))
+        else:
+            peer.send({"type": "error", "id": request_id, "kind": "protocol", "message": f"unknown message type {kind!r}"})
+
+    async def _complete(self, peer: _Peer, request_id: str, data: Any) -> None:
+        try:
+            result = await self.runner.complete(request_from_wire(data))
+            peer.send({"type": "result", "id": request_id, "result": result.to_dict()})
+        except asyncio.CancelledError:
+            peer.send({"type": "error", "id": request_id, "kind": "cancelled", "message": "cancelled"})
+        except InputError as exc:
+            peer.send({"type": "error", "id": request_id, "kind": "input", "message": str(exc)})
+        except DeadlineExceeded as exc:
+            peer.send({"type": "error", "id": request_id, "kind": "deadline", "message": str(exc)})
+        except (EngineUnavailable, KspecError) as exc:
+            peer.send({"type": "error", "id": request_id, "kind": "unavailable", "message": str(exc)})
+        finally:
+            peer.jobs.pop(request_id, None)
+
+
+def _lock(path: Path) -> int | None:
+    """Hold an exclusive flock on `path` for this process's life and write our pid into it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def run_daemon(
+    spec: EngineSpec,
+    socket: Path | None,
+    idle_timeout_s: float | None,
+    tcp: tuple[str, int] | None = None,
+    token: str | None = None,
+    tls: ssl.SSLContext | None = None,
+    max_batch_requests: int = 16,
+    prefix_cache_mb: int = 512,
+) -> int:
+    """Entry point of `kspec engine`; returns the exit code. A Unix-socket daemon holds
+    the lock for its model (a second one exits at once); a network daemon needs none:
+    its port is its identity, and binding a busy port fails with a clear message."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s kspec-engine[%(process)d] %(levelname)s %(message)s")
+    lock = None
+    if tcp is None:
+        paths = DaemonPaths.for_spec(spec) if socket is None else DaemonPaths(socket, socket.with_suffix(".lock"), socket.with_suffix(".log"))
+        lock = _lock(paths.lock)  # before importing torch: a second daemon costs almost nothing
+        if lock is None:
+            print(f"kspec engine: already running (pid {paths.daemon_pid()}) at {paths.socket}", file=sys.stderr)
+            return 0
+    from kspec.engine.config import EngineConfig
+
+    try:
+        config = EngineConfig(
+            model=spec.model, draft=spec.draft, dtype=spec.dtype, device=spec.device, progress=False, prefix_cache_mb=prefix_cache_mb
+        )
+        daemon = Daemon(config, idle_timeout_s=idle_timeout_s, token=token, max_batch_requests=max_batch_requests)
+        if tcp is not None:
+            asyncio.run(daemon.serve_tcp(*tcp, tls=tls))
+        else:
+            asyncio.run(daemon.serve_unix(paths.socket))
+    except ValueError as exc:
+        raise KspecError(str(exc)) from exc
+    except OSError as exc:
+        where = f"{tcp[0]}:{tcp[1]}" if tcp is not None else str(paths.socket)
+        raise KspecError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
+    finally:
+        if lock is not None:
+            os.close(lock)
+    return 0

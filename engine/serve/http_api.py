@@ -1,0 +1,186 @@
+"""The engine's HTTP/1.1 endpoint (OpenAI-compatible), served on the same port as the
+msgpack protocol: the daemon looks at a connection's first bytes and hands HTTP ones
+here (a msgpack frame starts with a 4-byte length, which can never read "POST"/"GET ").
+
+Routes: `POST /v1/completions`, `GET /v1/models`, `GET /health`. With a token, every
+route needs `Authorization: Bearer <token>` (401 and nothing else otherwise). Bodies are
+limited to MAX_BODY bytes; keep-alive is supported; a client that disconnects while its
+request runs has it cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import h11
+
+from kspec.engine.api import CompletionRequest, CompletionResult
+from kspec.engine.errors import DeadlineExceeded, InputError, KspecError
+from kspec.engine.serve.openai_api import ApiError, check_model, completion_response, error_body, models_response, parse_completion
+from kspec.engine.serve.protocol import tokens_match
+
+log = logging.getLogger("kspec.http")
+
+HTTP_METHOD_PREFIXES = (b"GET ", b"POST", b"HEAD", b"PUT ", b"DELE", b"OPTI", b"PATC")
+MAX_BODY = 16 * 1024 * 1024
+READ_CHUNK = 65536
+IDLE_TIMEOUT_S = 120.0  # a keep-alive connection with no request for this long is closed
+
+
+def looks_like_http(first_bytes: bytes) -> bool:
+    return first_bytes[:4] in HTTP_METHOD_PREFIXES
+
+
+Answer = tuple[int, dict[str, Any], dict[str, str]]  # HTTP status, JSON body, extra headers
+CompleteFn = Callable[[CompletionRequest, str], Awaitable[tuple[CompletionResult, dict[str, str]]]]  # (request, document) -> (result, headers)
+
+
+@dataclass
+class HttpApi:
+    """The endpoint's routes over what serves them: a completion function (given the
+    request and its document key; returns the result and extra response headers), the
+    model's name and readiness. The engine daemon and the Ray Serve ingress share it."""
+
+    complete: CompleteFn
+    model_name: Callable[[], Awaitable[str]]
+    ready: Callable[[], Awaitable[tuple[bool, str]]]  # (ready, state message)
+    token: str | None = None
+
+    async def respond(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Answer:
+        path = path.split("?", 1)[0]
+        if not tokens_match(self.token, bearer(headers.get("authorization", ""))):
+            return 401, error_body("missing or wrong API token (Authorization: Bearer <token>)", "authentication_error"), {"www-authenticate": "Bearer"}
+        try:
+            if path == "/health" and method == "GET":
+                ready, state = await self.ready()
+                return (200 if ready else 503), {"status": state}, {}
+            if path == "/v1/models" and method == "GET":
+                return 200, models_response(await self.model_name()), {}
+            if path == "/v1/completions" and method == "POST":
+                return await self._completions(body)
+            if path in ("/v1/models", "/v1/completions", "/health"):
+                return 405, error_body(f"{method} is not allowed on {path}"), {}
+            return 404, error_body(f"no route {path}; this server offers /v1/completions and /v1/models", "not_found_error"), {}
+        except ApiError as exc:
+            return exc.status, exc.body(), exc.headers
+
+    async def _completions(self, body: bytes) -> Answer:
+        if len(body) > MAX_BODY:
+            raise ApiError(413, f"the body exceeds {MAX_BODY} bytes")
+        try:
+            data = json.loads(body or b"null")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"the body is not valid JSON: {exc}") from exc
+        parsed = parse_completion(data)
+        ready, state = await self.ready()
+        if not ready:
+            raise ApiError(503, f"the engine is not ready: {state}", kind="server_error")
+        check_model(parsed.model, await self.model_name())
+        try:
+            result, headers = await self.complete(parsed.request, parsed.document)
+        except InputError as exc:
+            raise ApiError(400, str(exc)) from exc
+        except DeadlineExceeded as exc:
+            raise ApiError(504, str(exc), kind="timeout_error") from exc
+        except KspecError as exc:
+            raise ApiError(503, str(exc), kind="server_error") from exc
+        return 200, completion_response(result, result.model), headers
+
+
+def bearer(value: str) -> str | None:
+    scheme, _, credentials = value.partition(" ")
+    return credentials.strip() if scheme.lower() == "bearer" and credentials.strip() else None
+
+
+async def serve_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, first_bytes: bytes, api: HttpApi) -> None:
+    """HTTP/1.1 on one connection whose first bytes were already read."""
+    connection = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
+    connection.receive_data(first_bytes)
+    try:
+        while True:
+            request = await _next_event(connection, reader)
+            if not isinstance(request, h11.Request):
+                return
+            headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in request.headers}
+            body = await _read_body(connection, reader)
+            if body is None:
+                status, payload, extra = 413, error_body(f"the body exceeds {MAX_BODY} bytes"), {}
+            else:
+                answered = await _answer_unless_gone(api.respond(request.method.decode(), request.target.decode("latin-1"), headers, body), reader, connection)
+                if answered is None:  # the client went away; its request was cancelled
+                    return
+                status, payload, extra = answered
+            _send_json(connection, writer, status, payload, extra if body is not None else {})
+            await writer.drain()
+            if connection.our_state is h11.MUST_CLOSE or body is None:
+                return
+            connection.start_next_cycle()
+    except h11.RemoteProtocolError as exc:
+        if connection.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            _send_json(connection, writer, exc.error_status_hint, error_body(f"bad HTTP request: {exc}"))
+    except (ConnectionError, asyncio.TimeoutError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _next_event(connection: h11.Connection, reader: asyncio.StreamReader) -> Any:
+    while True:
+        event = connection.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        data = await asyncio.wait_for(reader.read(READ_CHUNK), IDLE_TIMEOUT_S)
+        connection.receive_data(data)  # b"" marks the end of the stream
+
+
+async def _read_body(connection: h11.Connection, reader: asyncio.StreamReader) -> bytes | None:
+    """The request body, or None when it is over MAX_BODY."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        event = await _next_event(connection, reader)
+        if isinstance(event, h11.Data):
+            size += len(event.data)
+            if size > MAX_BODY:
+                return None
+            parts.append(bytes(event.data))
+        elif isinstance(event, h11.EndOfMessage):
+            return b"".join(parts)
+        else:
+            raise h11.RemoteProtocolError("the connection ended inside a request body", error_status_hint=400)
+
+
+async def _answer_unless_gone(job: Awaitable[Answer], reader: asyncio.StreamReader, connection: h11.Connection) -> Answer | None:
+    """Runs `job`; if the client closes the connection meanwhile, cancels it -> None.
+    Bytes that arrive meanwhile (a pipelined request) are kept for the next cycle."""
+    task = asyncio.ensure_future(job)
+    watcher = asyncio.ensure_future(reader.read(READ_CHUNK))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if task in done:
+                return task.result()
+            data = watcher.result()
+            if not data:
+                task.cancel()
+                return None
+            connection.receive_data(data)
+            watcher = asyncio.ensure_future(reader.read(READ_CHUNK))
+    finally:
+        if watcher.done() and not watcher.cancelled() and watcher.exception() is None:
+            connection.receive_data(watcher.result())  # read in the same turn the answer was ready
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+
+
+def _send_json(connection: h11.Connection, writer: asyncio.StreamWriter, status: int, payload: dict[str, Any], extra: dict[str, str] | None = None) -> None:
+    body = json.dumps(payload).encode()
+    headers = [("content-type", "application/json"), ("content-length", str(len(body))), *(extra or {}).items()]
+    writer.write(connection.send(h11.Response(status_code=status, headers=headers)))
+    writer.write(connection.send(h11.Data(data=body)))
+    writer.write(connection.send(h11.EndOfMessage()))

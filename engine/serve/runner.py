@@ -1,0 +1,247 @@
+"""One engine on one worker thread, driven from asyncio (used in-process and by the daemon).
+
+The worker runs the engine's batcher round after round: requests that arrive while
+others are decoding join the batch at the next round (continuous batching, see
+engine/batching.py; `max_batch_requests=1` answers them one at a time, in arrival
+order). Cancelling the awaiting coroutine sets the request's CancelToken: a request not
+started yet is skipped, a running one leaves the batch at its next round. Every request
+carries a deadline; time spent waiting counts against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Protocol
+
+from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult, Done
+from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError
+from kspec.engine.serve.status import ERROR, LOADING, READY, Status
+
+if TYPE_CHECKING:
+    from kspec.engine.config import EngineConfig
+
+log = logging.getLogger("kspec.engine")
+
+class Engine(Protocol):
+    @property
+    def model_name(self) -> str: ...
+
+    def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult: ...
+
+
+class Batcher(Protocol):
+    """Requests in, rounds run on the worker thread (kspec.engine.batching.ContinuousBatcher)."""
+
+    @property
+    def idle(self) -> bool: ...
+
+    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done) -> None: ...
+
+    def run_round(self) -> None: ...
+
+    def cancel_all(self) -> None: ...
+
+
+class SerialBatcher:
+    """For an engine that can only answer whole requests: one request per round."""
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+        self._waiting: list[tuple[CompletionRequest, CancelToken, Done]] = []
+
+    @property
+    def idle(self) -> bool:
+        return not self._waiting
+
+    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done) -> None:
+        self._waiting.append((request, cancel, done))
+
+    def run_round(self) -> None:
+        request, cancel, done = self._waiting.pop(0)
+        try:
+            result = self._engine.complete(request, cancel)
+        except BaseException as exc:  # handed to the waiting coroutine
+            done(None, exc)
+            return
+        done(result, None)
+
+    def cancel_all(self) -> None:
+        for _, cancel, _ in self._waiting:
+            cancel.cancel()
+
+
+def batcher_for(engine: Engine, max_requests: int) -> Batcher:
+    make = getattr(engine, "batcher", None)
+    return make(max_requests) if make is not None else SerialBatcher(engine)
+
+
+ProgressCallback = Callable[[float, str], None]  # (fraction loaded, what is happening)
+EngineFactory = Callable[["EngineConfig", ProgressCallback], Engine]
+
+
+def default_engine_factory(config: "EngineConfig", on_progress: ProgressCallback) -> Engine:
+    from kspec.engine.completion import CompletionEngine
+
+    return CompletionEngine.load(config, on_progress)
+
+
+@dataclass
+class _Job:
+    request: CompletionRequest
+    cancel: CancelToken
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    deadline: float  # time.monotonic()
+
+
+def _resolve(job: _Job, result: CompletionResult | None, error: BaseException | None) -> None:
+    def settle() -> None:
+        if job.future.done():
+            return
+        if error is not None:
+            job.future.set_exception(error)
+        else:
+            job.future.set_result(result)
+
+    try:
+        job.loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
+
+
+class EngineRunner:
+    def __init__(
+        self, config: "EngineConfig", factory: EngineFactory, on_status: Callable[[Status], None], max_batch_requests: int = 16
+    ):
+        self.config = config
+        self.max_batch_requests = max_batch_requests
+        self._factory = factory
+        self._on_status = on_status
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        # Not a daemon thread: the interpreter must not exit while it runs torch code (that
+        # aborts the process); stop() makes it finish the current decode round and return.
+        self._thread = threading.Thread(target=self._work, name="kspec-engine")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._status = Status(LOADING, "loading the model", progress=0.0, model=config.model or "default")
+        self._running: set[CancelToken] = set()  # requests handed to the batcher and not settled
+        self._guard = threading.Lock()  # guards _status/_running between threads; never held across an await
+
+    @property
+    def status(self) -> Status:
+        with self._guard:
+            return self._status
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread.start()
+        # At interpreter exit, stop the worker before threading joins it (the hook
+        # concurrent.futures uses for its own workers): an owner that never called stop(),
+        # e.g. after an exception, must not hang the process at exit.
+        threading._register_atexit(self.stop)  # type: ignore[attr-defined]
+
+    def stop(self) -> None:
+        """Cancels the running requests (each stops at its next round) and ends the thread (without waiting)."""
+        with self._guard:
+            for cancel in self._running:
+                cancel.cancel()
+        self._queue.put(None)
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the worker to finish after stop()."""
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    async def complete(self, request: CompletionRequest) -> CompletionResult:
+        loop = asyncio.get_running_loop()
+        job = _Job(request, CancelToken(), loop.create_future(), loop, time.monotonic() + request.deadline_ms / 1000)
+        self._queue.put(job)
+        try:
+            return await job.future
+        finally:
+            job.cancel.cancel()  # no-op when finished; stops it when we were cancelled
+
+    def _set_status(self, status: Status) -> None:
+        with self._guard:
+            self._status = status
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._on_status, status)
+            except RuntimeError:
+                pass
+
+    def _work(self) -> None:
+        engine = self._load()
+        batcher = batcher_for(engine, self.max_batch_requests) if engine is not None else None
+        while True:
+            stopping = False
+            for job in self._arrivals(block=batcher is None or batcher.idle):
+                if job is None:
+                    stopping = True
+                elif not (job.cancel.cancelled or job.future.done()):
+                    self._submit(job, batcher)
+            if stopping and batcher is not None:
+                batcher.cancel_all()  # each request ends at its next round
+            if batcher is not None and not batcher.idle:
+                try:
+                    batcher.run_round()
+                except Exception:  # a bug must not kill the worker: the requests fail, the engine stays
+                    log.exception("a decode round failed")
+                    batcher.cancel_all()
+            elif stopping:
+                return
+
+    def _arrivals(self, block: bool) -> list[_Job | None]:
+        """The jobs queued since the last round; waits for one when there is no work."""
+        jobs: list[_Job | None] = []
+        try:
+            jobs.append(self._queue.get() if block else self._queue.get_nowait())
+            while True:
+                jobs.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        return jobs
+
+    def _submit(self, job: _Job, batcher: Batcher | None) -> None:
+        if batcher is None:
+            _resolve(job, None, EngineUnavailable(self.status.message))
+            return
+        remaining_ms = (job.deadline - time.monotonic()) * 1000
+        if remaining_ms <= 1:
+            _resolve(job, None, DeadlineExceeded("the deadline passed while waiting for the engine"))
+            return
+        with self._guard:
+            self._running.add(job.cancel)
+        batcher.add(replace(job.request, deadline_ms=remaining_ms), job.cancel, lambda result, error: self._settle(job, result, error))
+
+    def _settle(self, job: _Job, result: CompletionResult | None, error: BaseException | None) -> None:
+        with self._guard:
+            self._running.discard(job.cancel)
+        if error is not None and not isinstance(error, KspecError):
+            log.error("engine failed on a request: %s: %s", type(error).__name__, error)
+            error = EngineUnavailable(f"engine error: {type(error).__name__}: {error}")
+        _resolve(job, result, error)
+
+    def _report_loading(self, fraction: float, message: str) -> None:
+        self._set_status(Status(LOADING, message, progress=round(fraction, 3), model=self.config.model or "default"))
+
+    def _load(self) -> Engine | None:
+        started = time.perf_counter()
+        self._set_status(Status(LOADING, "loading the model", progress=0.0, model=self.config.model or "default"))
+        try:
+            engine = self._factory(self.config, self._report_loading)
+        except KspecError as exc:
+            self._set_status(Status(ERROR, f"cannot load the model: {exc}", model=self.config.model or "default"))
+            return None
+        except Exception as exc:
+            log.exception("loading the model failed")
+            self._set_status(Status(ERROR, f"cannot load the model: {type(exc).__name__}: {exc}", model=self.config.model or "default"))
+            return None
+        log.info("model %s loaded in %.1f s", engine.model_name, time.perf_counter() - started)
+        self._set_status(Status(READY, "ready", progress=1.0, model=engine.model_name))
+        return engine

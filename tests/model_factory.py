@@ -1,0 +1,66 @@
+"""Small random models on disk, for tests and benchmarks (no hub, no download).
+
+The tokenizer is the embedded default model's, so prompts are real code tokens."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+
+from kspec.engine.models.args import ModelArgs
+from kspec.engine.models.resolve import resolve_model
+from kspec.engine.models.transformer import init_random
+
+TOKENIZER_VOCAB = 49152  # the default model's tokenizer
+
+FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {"model_type": "llama", "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "rope_theta": 10000.0},
+    "qwen2": {"model_type": "qwen2", "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "rope_theta": 1000000.0},
+    "mistral": {"model_type": "mistral", "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": 4096},
+    "starcoder2": {
+        "model_type": "starcoder2",
+        "norm_epsilon": 1e-5,
+        "use_bias": True,
+        "hidden_act": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+        "sliding_window": None,
+    },
+}
+
+
+def random_config(family: str, **overrides: Any) -> dict[str, Any]:
+    """An HF config.json dict for a small model of `family`."""
+    if family not in FAMILY_CONFIGS:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILY_CONFIGS)}")
+    config = {
+        "vocab_size": TOKENIZER_VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        **FAMILY_CONFIGS[family],
+    }
+    config.update(overrides)
+    return config
+
+
+def write_random_model(folder: Path, family: str = "llama", seed: int = 0, **overrides: Any) -> Path:
+    """Write config.json, model.safetensors and tokenizer.json of a random model into `folder`."""
+    config = random_config(family, **overrides)
+    model = init_random(ModelArgs.from_hf_config(config), seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+    if model.args.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    shutil.copyfile(resolve_model(None, progress=False).folder / "tokenizer.json", folder / "tokenizer.json")
+    return folder
