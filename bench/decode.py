@@ -1,5 +1,10 @@
-"""`kspec bench generate`: our regular batched decoding vs transformers' generate(), same
-prompt, same sampling, interleaved in one run (A B A B), medians and ratios."""
+"""`kspec bench generate | decode | step | keystroke`: the engine's speed, always as ratios
+of runs interleaved in one process (A B A B), medians.
+
+generate: our regular batched decoding vs transformers' generate(), same prompt and
+sampling. decode: BASS per drafter vs regular decoding through the serving path. step:
+one forward step, bifurcated vs replicated prefix KV. keystroke: a keystroke's latency
+with the prefix cache cold vs warm."""
 
 from __future__ import annotations
 
@@ -7,15 +12,17 @@ import inspect
 import json.decoder
 import statistics
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 
+from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.completion import CompletionEngine
 from kspec.engine.models.loading import LoadedModel
 from kspec.engine.config import EngineConfig
 from kspec.bench.stats import time_interleaved
-from kspec.bench.baselines import branch_cache, decode_regular, decode_speculative
+from kspec.bench.baselines import branch_cache, decode_regular
 from kspec.engine.decode.branches import BranchTracker, DecodeLimits
 from kspec.engine.models.resolve import resolve_model
 from kspec.engine.decode.sampling import SamplingParams
@@ -132,7 +139,6 @@ def bench_decode_step(config: EngineConfig, k: int, contexts: list[int], repeats
 def bench_keystroke(config: EngineConfig, prompt_tokens: int, points: int, repeats: int) -> dict[str, Any]:
     """Time to the first new token after typing one character into a ~prompt_tokens
     prompt: with the previous keystroke's KV in the prefix cache vs a cold prefill."""
-    from kspec.engine.api import CompletionRequest
 
     engine = CompletionEngine.load(config)
     source = inspect.getsource(json.decoder)
@@ -147,9 +153,9 @@ def bench_keystroke(config: EngineConfig, prompt_tokens: int, points: int, repea
             before = source[max(0, offset - 6 * prompt_tokens) : offset - 1]
             typed = source[max(0, offset - 6 * prompt_tokens) : offset]  # one more character
             request = CompletionRequest(prefix=typed, k=1, max_tokens=1, deadline_ms=60000)
-            engine.prefix_cache.clear()
+            engine.clear_caches()
             cold.append(engine.complete(request).timing_ms["total"])
-            engine.prefix_cache.clear()
+            engine.clear_caches()
             engine.complete(CompletionRequest(prefix=before, k=1, max_tokens=1, deadline_ms=60000))
             warm.append(engine.complete(request).timing_ms["total"])
     cold_ms, warm_ms = statistics.median(cold), statistics.median(warm)
@@ -173,56 +179,56 @@ def _source_prompts(target: LoadedModel, n_tokens: int) -> list[list[int]]:
 
 
 def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: int, plot_path: str | None) -> dict[str, Any]:
-    """Regular batched decoding vs BASS with each drafter, and k sequential single-sequence
-    speculative runs, interleaved, greedy (diverse first tokens), same prompts; every
-    method's tokens are checked to be identical to regular decoding's."""
-    from kspec.engine.decode.drafters import ModelDrafter, NoDrafter, PromptLookupDrafter
-    from kspec.engine.models.transformer import EarlyExit
-
-    engine = CompletionEngine.load(config)
-    model, tokenizer = engine.target.model, engine.target.tokenizer
-    prompts = _source_prompts(engine.target, 384)
-    params = SamplingParams()
+    """BASS with each drafter vs regular decoding (no drafter: one token per branch per
+    round), and k sequential single-branch requests, all through the path that serves
+    requests (`CompletionEngine.complete`: the batcher, prefix cache warm as when typing),
+    interleaved, greedy (diverse first tokens), same prompts. Every method's texts are
+    checked to be identical to regular decoding's."""
+    loaded = CompletionEngine.load(config)
+    model = loaded.target.model
     draft_layers = min(config.draft_layers, model.args.n_layers)
-    drafters = {
-        "lookup": lambda: PromptLookupDrafter(),
-        f"layerskip{draft_layers}": lambda: ModelDrafter(EarlyExit(model, draft_layers), params),
-        "none": lambda: NoDrafter(),
-    }
-    if engine.draft is not None:
-        drafters["model"] = lambda: ModelDrafter(engine.draft.model, params)
+    drafters = {"lookup": "lookup", f"layerskip{draft_layers}": "layerskip"}
+    if loaded.draft is not None:
+        drafters["model"] = "model"
+    engines = {name: CompletionEngine(loaded.target, replace(config, drafter=choice), loaded.draft) for name, choice in drafters.items()}
+    engines["regular"] = CompletionEngine(loaded.target, replace(config, drafter="none"), loaded.draft)
+    engines["sequential-lookup"] = CompletionEngine(loaded.target, replace(config, drafter="lookup"), loaded.draft)
+    prompts = [loaded.target.tokenizer.decode(ids) for ids in _source_prompts(loaded.target, 384)]
 
-    def tracker(prompt: list[int]) -> BranchTracker:
-        return BranchTracker(tokenizer, StopRule(), DecodeLimits(new_tokens, ignore_eos=True), prompt)
+    def request(prompt: str, k: int) -> CompletionRequest:
+        return CompletionRequest(prefix=prompt, k=k, max_tokens=new_tokens, raw=True, cursor_rules=False, deadline_ms=600_000)
 
+    def run(name: str, prompt: str, k: int) -> tuple[list[str], int, CompletionResult]:
+        if name == "sequential-lookup":
+            results = [engines[name].complete(request(prompt, 1)) for _ in range(k)]
+        else:
+            results = [engines[name].complete(request(prompt, k))]
+        texts = [c.text for r in results for c in r.completions]
+        return texts, sum(c.n_tokens for r in results for c in r.completions), results[-1]
+
+    for engine in engines.values():  # each engine's prefix cache holds the prompts, as when typing
+        for prompt in prompts:
+            engine.complete(CompletionRequest(prefix=prompt, k=1, max_tokens=1, deadline_ms=600_000))
     cases = []
     for k in ks:
-        times: dict[str, list[float]] = {name: [] for name in ["regular", *drafters, "sequential-lookup"]}
+        rates: dict[str, list[float]] = {name: [] for name in engines}
         accepted: dict[str, list[float]] = {name: [] for name in drafters}
-        profile: dict[str, dict[str, float]] = {name: {"draft_ms": 0.0, "verify_ms": 0.0, "accept_ms": 0.0, "rounds": 0} for name in drafters}
         for _ in range(repeats):
             for prompt in prompts:
-                started = time.perf_counter()
-                reference = [b.token_ids for b in decode_regular(model, tracker(prompt), k, params, diverse=True).branches]
-                times["regular"].append(time.perf_counter() - started)
-                for name, make in drafters.items():
+                reference: list[str] | None = None
+                for name in ["regular", *drafters, "sequential-lookup"]:  # interleaved: A B C A B C
                     started = time.perf_counter()
-                    output = decode_speculative(model, tracker(prompt), k, params, make(), diverse=True)
-                    times[name].append(time.perf_counter() - started)
-                    accepted[name].append(output.stats.mean_accepted_per_round)
-                    for part in ("draft_ms", "verify_ms", "accept_ms"):
-                        profile[name][part] += getattr(output.stats, part)
-                    profile[name]["rounds"] += output.stats.rounds
-                    if [b.token_ids for b in output.branches] != reference:
-                        raise AssertionError(f"BASS with {name} diverged from regular decoding (k={k})")
-                started = time.perf_counter()
-                for _ in range(k):
-                    decode_speculative(model, tracker(prompt), 1, params, PromptLookupDrafter())
-                times["sequential-lookup"].append(time.perf_counter() - started)
-        tokens = k * new_tokens
-        regular_rate = tokens / statistics.median(times["regular"])
+                    texts, tokens, result = run(name, prompt, k)
+                    rates[name].append(tokens / (time.perf_counter() - started))
+                    if name == "regular":
+                        reference = texts
+                    elif name in drafters:
+                        accepted[name].append(result.timing_ms.get("accepted_per_round", 0.0))
+                        if texts != reference:
+                            raise AssertionError(f"BASS with {name} diverged from regular decoding (k={k})")
+        regular_rate = statistics.median(rates["regular"])
         for name in [*drafters, "sequential-lookup"]:
-            rate = tokens / statistics.median(times[name])
+            rate = statistics.median(rates[name])
             cases.append(
                 {
                     "k": k,
@@ -231,11 +237,11 @@ def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: 
                     "bass_tok_s": round(rate, 1),
                     "ratio": round(rate / regular_rate, 2),
                     "mean_accepted_per_round": round(statistics.mean(accepted[name]), 2) if name in accepted else None,
-                    "round_profile_ms": _per_round(profile[name]) if name in profile else None,
                 }
             )
     report = {
-        "model": engine.model_name,
+        "model": loaded.model_name,
+        "path": "CompletionEngine.complete (batcher, warm prefix cache, raw texts)",
         "prompts": list(BENCH_SOURCES),
         "prompt_tokens": 384,
         "new_tokens": new_tokens,
@@ -246,11 +252,6 @@ def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: 
     if plot_path:
         report["plot"] = plot_decode(report, plot_path)
     return report
-
-
-def _per_round(totals: dict[str, float]) -> dict[str, float]:
-    rounds = max(1.0, totals["rounds"])
-    return {part: round(totals[part] / rounds, 2) for part in ("draft_ms", "verify_ms", "accept_ms")}
 
 
 def plot_decode(report: dict[str, Any], path: str) -> str:

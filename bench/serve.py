@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from kspec.engine.api import CompletionRequest
+from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.bench.keystroke import typing_points
 from kspec.bench.stats import percentile, rounded
 from kspec.lsp_server.http_client import request_json
@@ -65,6 +65,7 @@ class RunResult:
     latencies_ms: list[float] = field(default_factory=list)
     errors: int = 0
     wall_s: float = 0.0
+    largest_batch: int | None = None  # most requests verified together (engines in this process report it)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -74,6 +75,7 @@ class RunResult:
             "answered": len(self.latencies_ms),
             "errors": self.errors,
             "wall_s": round(self.wall_s, 2),
+            "largest_batch": self.largest_batch,
         }
 
 
@@ -109,11 +111,13 @@ async def _editor(doc: TypedFile, complete: Complete, config: ServeBenchConfig, 
         typed += config.chars_per_burst
         started = time.perf_counter()
         try:
-            await complete(_request(doc, typed, config))
+            reply = await complete(_request(doc, typed, config))
         except Exception:  # counted, the editor goes on typing
             result.errors += 1
             continue
         result.latencies_ms.append((time.perf_counter() - started) * 1000)
+        if isinstance(reply, CompletionResult) and "batch_requests_max" in reply.timing_ms:
+            result.largest_batch = max(result.largest_batch or 0, int(reply.timing_ms["batch_requests_max"]))
 
 
 async def run_editors(count: int, complete: Complete, config: ServeBenchConfig) -> RunResult:
@@ -177,7 +181,7 @@ def bench_serve_inprocess(engine_config: Any, config: ServeBenchConfig) -> dict[
             runner.start()
         try:
             await asyncio.gather(*(r.complete(CompletionRequest(prefix="def f():\n    ", k=1, max_tokens=2)) for r in runners.values()))  # loaded, warm
-            return await _compare({name: r.complete for name, r in runners.items()}, config, engine.prefix_cache.clear)
+            return await _compare({name: r.complete for name, r in runners.items()}, config, engine.clear_caches)
         finally:
             for runner in runners.values():
                 runner.stop()

@@ -1,5 +1,5 @@
 """`kspec cluster up`: N engine replicas on Ray Serve behind one OpenAI-compatible endpoint
-(lsp_server/cluster.py; needs the optional extra `cluster`)."""
+(engine/serve/cluster.py; needs the optional extra `cluster`)."""
 
 from __future__ import annotations
 

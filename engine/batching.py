@@ -191,7 +191,7 @@ class ContinuousBatcher:
             for member, part in zip(plan.decode, logits.split([len(r) for r in plan.rows])):
                 try:
                     self._run_of(member).accept(part, plan.verify_ms)
-                    member.active.after_round()
+                    member.active.after_round(batch_requests=len(plan.decode))
                 except Exception as exc:
                     self._fail(member, exc)
         self._leave([m for m in self._members if m.active.state is RequestState.OVER])

@@ -39,6 +39,11 @@ class CompletionEngine:
         report(1.0, "ready")
         return cls(target, config, draft)
 
+    def clear_caches(self) -> None:
+        """Forget every prompt's KV (the target's and the draft's prefix caches): the next request starts cold."""
+        self.prefix_cache.clear()
+        self.draft_prefix_cache.clear()
+
     @property
     def model_name(self) -> str:
         return self.target.name

@@ -75,7 +75,7 @@ def _head_tokens(tokenizer: Tokenizer, text: str, budget: int) -> list[int]:
 
 
 def build_prompt(tokenizer: Tokenizer, prefix: str, suffix: str, budget: PromptBudget) -> Prompt:
-    """The prefix's last tokens are held back for token healing (engine/healing.py)."""
+    """The prefix's last tokens are held back for token healing (engine/decode/healing.py)."""
     fim = tokenizer.fim
     suffix_ids: list[int] = []
     if fim is not None:

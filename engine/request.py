@@ -143,6 +143,7 @@ class ActiveCompletion:
             parts, request, cancel, self.deadline, self.language
         )
         self._decode_started = 0.0
+        self.batch_peak = 0  # most requests verified together in one of this request's rounds
 
     @property
     def expired(self) -> bool:
@@ -170,8 +171,10 @@ class ActiveCompletion:
         self._decode_started = time.perf_counter()
         self.state = RequestState.OVER if run is None or run.finished() else RequestState.DECODING
 
-    def after_round(self) -> None:
-        """A verification round was accepted: OVER once every branch has ended."""
+    def after_round(self, batch_requests: int = 0) -> None:
+        """A verification round (shared by `batch_requests` requests) was accepted, or the
+        request was interrupted between rounds: OVER once every branch has ended."""
+        self.batch_peak = max(self.batch_peak, batch_requests)
         if self.run is not None and self.run.finished():
             self.state = RequestState.OVER
 
@@ -193,5 +196,6 @@ class ActiveCompletion:
             "total": (finished - self.started) * 1000,
             "rounds": float(output.stats.rounds),
             "accepted_per_round": output.stats.mean_accepted_per_round,
+            "batch_requests_max": float(self.batch_peak),
         }
         return CompletionResult(completions, parts.model_name, timing)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,8 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_installs_only_the_kspec_namespace(tmp_path: Path) -> None:
+    source = tmp_path / "source"  # a copy: building leaves a build/ folder behind
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", "node_modules", "build", "__pycache__", "*.egg-info"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", str(ROOT), "-w", str(tmp_path)],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", str(source), "-w", str(tmp_path)],
         check=True, capture_output=True, cwd=tmp_path,
     )
     (wheel,) = tmp_path.glob("kspec-*.whl")

@@ -173,7 +173,7 @@ class _BranchStep(StepContext):
 class BranchKVCache(RowLengths):
     """k branches over one shared prompt: the prompt's KV is stored once (batch 1), each
     branch owns only the KV of the tokens it generated, preallocated and written by index.
-    Attention is bifurcated (kernels/bifurcated.py): one matmul over the prefix for all
+    Attention is bifurcated (kernels/reference.py, dispatched by kernels/bifurcated.py): one matmul over the prefix for all
     branches, one per branch over its own entries, merged with log-sum-exp.
 
     prefix_keys/values [L, 1, Hkv, P, D]; branch buffers [L, k, Hkv, capacity, D].

@@ -26,7 +26,6 @@ from kspec.engine.models.transformer import EarlyExit, Transformer
 from kspec.engine.cache.prefix_cache import PrefixCache, common_prefix_length
 from kspec.engine.decode.sampling import SamplingParams, probabilities
 
-DRAFTERS = ("lookup", "model", "none")
 GAMMA_LIMIT = 16  # the longest draft any drafter is asked for
 
 

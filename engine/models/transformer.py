@@ -1,7 +1,7 @@
 """The decoder: llama family (Llama, Qwen2, Mistral) and StarCoder2 in one short module.
 
 Module names follow the HF checkpoints (`model.layers.N.self_attn.q_proj`, ...) so a
-state dict loads as is. Attention goes through a KV cache object (engine/kv.py) that
+state dict loads as is. Attention goes through a KV cache object (engine/cache/kv.py) that
 owns the buffers, the positions and the masks; the model never copies KV.
 """
 

@@ -25,6 +25,9 @@ def test_inprocess_bench_answers_every_editor(random_llama_dir: Path):
             assert row[name]["answered"] == 2 * count and row[name]["errors"] == 0
             assert row[name]["p50_ms"] > 0 and row[name]["throughput_rps"] > 0
         assert row["throughput_batched_over_serial"] > 0
+        assert row["serial"]["largest_batch"] == 1
+        if count > 1:  # the editors' requests were verified together at least once
+            assert 2 <= row["batched"]["largest_batch"] <= count
 
 
 def test_config_is_validated():

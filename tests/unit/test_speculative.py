@@ -215,3 +215,45 @@ def _logits(model, ids: list[int]) -> torch.Tensor:
 
     cache = RaggedKVCache(model.cache_shape, 1, len(ids), torch.float32)
     return model.step(torch.tensor([ids]), cache)[0]
+
+
+SERVED_PROMPTS = [CODE, "import os\n\n\ndef list_python_files(folder):\n    names = []\n", "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"]
+
+
+def _served_texts(engine, requests, together: bool) -> list[list[str]]:
+    """The serving path: requests through the batcher (all in one batch, or each alone)."""
+    outcomes: dict[int, object] = {}
+    batchers = [engine.batcher(max_requests=len(requests))] if together else [engine.batcher(max_requests=1) for _ in requests]
+    for index, request in enumerate(requests):
+        batcher = batchers[0] if together else batchers[index]
+        batcher.add(request, CancelToken(), lambda result, error, index=index: outcomes.__setitem__(index, result if error is None else error))
+    for batcher in batchers:
+        while not batcher.idle:
+            batcher.run_round()
+    assert all(not isinstance(value, BaseException) for value in outcomes.values()), outcomes
+    return [[c.text for c in outcomes[i].completions] for i in range(len(requests))]
+
+
+def test_bass_on_the_serving_path_is_exact_for_every_drafter(random_engine, draft_model):
+    """BASS through the batcher (the path that serves requests), several requests verified
+    together, gives the texts of plain greedy decoding (no drafter, one token per round)."""
+    from dataclasses import replace
+
+    from kspec.engine.api import CompletionRequest
+    from kspec.engine.completion import CompletionEngine
+    from kspec.engine.models.loading import LoadedModel
+
+    requests = [
+        CompletionRequest(prefix=prompt, k=k, max_tokens=16, raw=True, cursor_rules=False, deadline_ms=600_000)
+        for prompt, k in zip(SERVED_PROMPTS, (3, 1, 4))
+    ]
+    target, config = random_engine.target, random_engine.config
+    draft = LoadedModel(draft_model, target.tokenizer, "random draft")
+
+    def engine(drafter: str, with_draft: bool = False) -> CompletionEngine:
+        return CompletionEngine(target, replace(config, drafter=drafter, draft="draft" if with_draft else None), draft if with_draft else None)
+
+    plain = _served_texts(engine("none"), requests, together=False)
+    assert all(texts for texts in plain)
+    for name, made in {"none": engine("none"), "lookup": engine("lookup"), "layerskip": engine("layerskip"), "model": engine("model", True)}.items():
+        assert _served_texts(made, requests, together=True) == plain, name

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kspec.lsp_server.context import Budgets, editor_context, looks_binary
 from kspec.lsp_server.documents import Cursor, Document
@@ -31,14 +33,29 @@ def test_replaced_chars(text: str, line_suffix: str, expected: int) -> None:
     assert replaced_chars(text, line_suffix) == expected
 
 
-def test_replacement_never_loses_text() -> None:
-    """Whatever is replaced reappears, in order, in the suggestion."""
-    cases = [("a, b)", ")"), ("x])", "])"), ("a)", ") + 1"), ("q'", "'), z")]
-    for text, suffix in cases:
-        n = replaced_chars(text, suffix)
-        position = 0
-        for char in suffix[:n]:
-            position = text.index(char, position) + 1
+def _is_subsequence(needle: str, haystack: str) -> bool:
+    position = 0
+    for char in needle:
+        position = haystack.find(char, position) + 1
+        if position == 0:
+            return False
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="ab )]}\"',;:\t\n+", max_size=12), line_suffix=st.text(alphabet="ab )]}\"',;:\t+", max_size=8))
+def test_replacement_never_loses_text(text: str, line_suffix: str) -> None:
+    """Whatever is replaced reappears, in order, in the suggestion (trailing blanks of the
+    line aside); and nothing is replaced by an empty suggestion."""
+    n = replaced_chars(text, line_suffix)
+    assert 0 <= n <= len(line_suffix)
+    assert _is_subsequence(line_suffix[:n].rstrip(), text), (text, line_suffix, n)
+    if not text:
+        assert n == 0
+
+
+def test_subsequence_helper_can_say_no() -> None:
+    assert _is_subsequence(")]", "a)b]") and not _is_subsequence("])", "a)b]")
 
 
 def test_context_under_budgets() -> None:
