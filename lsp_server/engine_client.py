@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Protocol
 
-from kspec.engine.api import CompletionRequest, CompletionResult
-from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, InputError
+from kspec.engine.api import CompletionRequest, CompletionResult, EarlyAnswer
+from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
 from kspec.engine.serve.protocol import (
     PROTOCOL_VERSION,
     DaemonPaths,
@@ -35,6 +35,7 @@ from kspec.engine.serve.protocol import (
     EngineUrl,
     client_tls,
     ProtocolError,
+    error_from_frame,
     read_frame,
     write_frame,
 )
@@ -53,7 +54,10 @@ class EngineClient(Protocol):
 
     async def start(self) -> None: ...
 
-    async def complete(self, request: CompletionRequest) -> CompletionResult: ...
+    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:
+        """The final answer; an engine that answers early (`request.first_answer_ms`) calls
+        `early(interim)` first, on this loop. Engines that cannot, never call it."""
+        ...
 
     def close(self) -> None: ...
 
@@ -73,8 +77,8 @@ class InProcessEngine:
     async def start(self) -> None:
         self._runner.start()
 
-    async def complete(self, request: CompletionRequest) -> CompletionResult:
-        return await self._runner.complete(request)
+    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:
+        return await self._runner.complete(request, early)
 
     def close(self) -> None:
         self._runner.stop()
@@ -97,7 +101,7 @@ class UnusableEngine:
     async def start(self) -> None:
         self._on_status(self._status)
 
-    async def complete(self, request: CompletionRequest) -> CompletionResult:
+    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:
         raise EngineUnavailable(self._status.message)
 
     def close(self) -> None:
@@ -131,15 +135,9 @@ class _Connection:
     writer: asyncio.StreamWriter
     pid: int | None
     pending: dict[str, asyncio.Future] = field(default_factory=dict)
+    early: dict[str, EarlyAnswer] = field(default_factory=dict)  # interim-answer callbacks by request id
     reader_task: asyncio.Task | None = None
     alive: bool = True
-
-
-_ERROR_KINDS: dict[str, type[Exception]] = {
-    "input": InputError,
-    "deadline": DeadlineExceeded,
-    "unavailable": EngineUnavailable,
-}
 
 
 class DaemonEngine:
@@ -166,11 +164,13 @@ class DaemonEngine:
     async def start(self) -> None:
         self._begin_connecting()
 
-    async def complete(self, request: CompletionRequest) -> CompletionResult:
+    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:
         connection = await self._wait_connection(request.deadline_ms / 1000)
         request_id = f"r{next(self._ids)}"
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         connection.pending[request_id] = future
+        if early is not None:
+            connection.early[request_id] = early
         try:
             write_frame(connection.writer, {"type": "complete", "id": request_id, "request": request.to_dict()})
             return await future
@@ -180,6 +180,7 @@ class DaemonEngine:
             raise
         finally:
             connection.pending.pop(request_id, None)
+            connection.early.pop(request_id, None)
 
     def close(self) -> None:
         self._closing = True
@@ -342,14 +343,21 @@ class DaemonEngine:
         future = connection.pending.get(str(message.get("id")))
         if future is None or future.done():
             return
+        if kind == "early":
+            callback = connection.early.pop(str(message.get("id")), None)
+            if callback is not None:
+                try:
+                    callback(CompletionResult.from_dict(message["result"]))
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.warning("malformed early answer from the engine daemon: %s", exc)
+            return
         if kind == "result":
             try:
                 future.set_result(CompletionResult.from_dict(message["result"]))
             except (KeyError, TypeError, ValueError) as exc:
                 future.set_exception(EngineUnavailable(f"malformed result from the engine daemon: {exc}"))
         elif kind == "error":
-            error_type = _ERROR_KINDS.get(str(message.get("kind")), EngineUnavailable)
-            future.set_exception(error_type(str(message.get("message", "engine error"))))
+            future.set_exception(error_from_frame(message))
 
     def _drop(self, connection: _Connection, error: Exception) -> None:
         connection.alive = False

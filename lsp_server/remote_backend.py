@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from kspec.engine.api import DEFAULT_SAMPLE_TEMPERATURE, CompletionRequest, CompletionResult
-from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, InputError
+from kspec.engine.api import DEFAULT_SAMPLE_TEMPERATURE, CompletionRequest, CompletionResult, EarlyAnswer
+from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, from_status
 from kspec.engine.decode.stopping import rule_for_cursor
 from kspec.engine.syntax import Candidate, detect_language, postprocess
 from kspec.lsp_server.http_client import HttpError, request_json
@@ -101,7 +101,7 @@ class OpenAIEngine:
             return
         self._set_status(Status(READY, "ready", model=self._model))
 
-    async def complete(self, request: CompletionRequest) -> CompletionResult:
+    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:  # whole answers only
         if self._model is None:
             raise EngineUnavailable(self._status.message or "the remote engine is not connected")
         rule = rule_for_cursor(request.prefix, request.suffix, request.stop)
@@ -126,10 +126,8 @@ class OpenAIEngine:
             raise DeadlineExceeded(f"the engine at {self.options.url} did not answer within {request.deadline_ms:.0f} ms") from None
         except HttpError as exc:
             raise EngineUnavailable(str(exc)) from exc
-        if status == 400:
-            raise InputError(f"the engine refused the request: {_message(reply)}")
         if status != 200:
-            raise EngineUnavailable(f"the engine at {self.options.url} answered {status}: {_message(reply)}")
+            raise from_status(status, f"the engine at {self.options.url} answered {status}: {_message(reply)}")
         return self._result(request, rule, reply)
 
     def _result(self, request: CompletionRequest, rule, reply: Any) -> CompletionResult:

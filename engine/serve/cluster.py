@@ -50,7 +50,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from kspec.engine.api import CompletionRequest, CompletionResult
-from kspec.engine.errors import DeadlineExceeded, InputError, KspecError
+from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError, describe, from_kind
 from kspec.engine.serve.affinity import MAX_DOCUMENTS, DocumentPlacement
 from kspec.engine.serve.http_api import MAX_BODY, HttpApi
 from kspec.engine.serve.openai_api import ApiError, error_body
@@ -119,10 +119,6 @@ class DocumentRouter(RequestRouter):
 # -- the engine replica --------------------------------------------------------------------
 
 
-def _error(status: int, message: str, kind: str) -> dict[str, Any]:
-    return {"status": status, "message": message, "type": kind}
-
-
 class KspecEngine:
     """One engine replica: an EngineRunner (continuous batching, own prefix cache)."""
 
@@ -156,12 +152,9 @@ class KspecEngine:
         self._running += 1
         try:
             result = await self._runner.complete(CompletionRequest.from_dict(request))
-        except InputError as exc:
-            answer["error"] = _error(400, str(exc), "invalid_request_error")
-        except DeadlineExceeded as exc:
-            answer["error"] = _error(504, str(exc), "timeout_error")
-        except KspecError as exc:  # EngineUnavailable and the rest
-            answer["error"] = _error(503, str(exc), "server_error")
+        except KspecError as exc:
+            error = describe(exc)
+            answer["error"] = {"kind": error.kind, "message": error.message}
         else:
             answer["result"] = result.to_dict()
         finally:
@@ -229,8 +222,7 @@ class KspecIngress:
         answer = await self._complete_with_failover(request, document)
         headers = {REPLICA_HEADER: answer["replica"]}
         if "error" in answer:
-            error = answer["error"]
-            raise ApiError(error["status"], error["message"], kind=error["type"], headers=headers)
+            raise ApiError.of(from_kind(answer["error"]["kind"], answer["error"]["message"]), headers)
         return CompletionResult.from_dict(answer["result"]), headers
 
     async def _complete_with_failover(self, request: CompletionRequest, document: str) -> dict[str, Any]:
@@ -248,10 +240,10 @@ class KspecIngress:
                 failure = exc
                 log.warning("an engine replica was lost during a request (attempt %d of %d): %s", attempt + 1, MAX_ATTEMPTS, type(exc).__name__)
             except asyncio.TimeoutError:
-                raise ApiError(504, "no engine replica answered before the deadline", kind="timeout_error") from None
+                raise ApiError.of(DeadlineExceeded("no engine replica answered before the deadline")) from None
         if failure is None:
-            raise ApiError(504, "the deadline passed before an engine replica could answer", kind="timeout_error")
-        raise ApiError(503, f"engine replicas kept failing: {type(failure).__name__}", kind="server_error")
+            raise ApiError.of(DeadlineExceeded("the deadline passed before an engine replica could answer"))
+        raise ApiError.of(EngineUnavailable(f"engine replicas kept failing: {type(failure).__name__}"))
 
 
 # -- building and running the application ----------------------------------------------------

@@ -10,7 +10,7 @@ removes its socket (a network daemon, `--listen`, waits forever unless told).
 
 `--listen HOST:PORT` serves the same protocol over TCP (loopback by default; every
 client must present the token; TLS with `--tls-cert/--tls-key`), and on the same port
-the OpenAI-compatible HTTP endpoint (lsp_server/http_api.py), told apart by the first
+the OpenAI-compatible HTTP endpoint (engine/serve/http_api.py), told apart by the first
 bytes of a connection.
 """
 
@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from kspec.engine.api import CompletionRequest, CompletionResult
-from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, InputError, KspecError
+from kspec.engine.errors import InputError, KspecError
 from kspec.engine.serve.http_api import HttpApi, looks_like_http, serve_http
 from kspec.engine.serve.protocol import (
     PROTOCOL_VERSION,
     DaemonPaths,
     EngineSpec,
     ProtocolError,
+    error_frame,
     read_frame,
     tokens_match,
     write_frame,
@@ -210,10 +211,10 @@ class Daemon:
         except asyncio.TimeoutError:
             return False
         if hello is None or hello.get("type") != "hello":
-            peer.send({"type": "error", "id": None, "kind": "protocol", "message": "expected a hello"})
+            peer.send(error_frame(None, ProtocolError("expected a hello")))
             return False
         if not tokens_match(self.token, hello.get("token")):
-            peer.send({"type": "error", "id": None, "kind": "protocol", "message": "bad token"})
+            peer.send(error_frame(None, ProtocolError("bad token")))
             return False
         peer.send({"type": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(), "status": status_to_wire(self.runner.status)})
         if hello.get("version") != PROTOCOL_VERSION:
@@ -229,24 +230,21 @@ class Daemon:
                 job.cancel()
         elif kind == "complete":
             if request_id in peer.jobs:
-                peer.send({"type": "error", "id": request_id, "kind": "input", "message": "duplicate request id"})
+                peer.send(error_frame(request_id, InputError("duplicate request id")))
                 return
             peer.jobs[request_id] = asyncio.ensure_future(self._complete(peer, request_id, message.get("request")))
         else:
-            peer.send({"type": "error", "id": request_id, "kind": "protocol", "message": f"unknown message type {kind!r}"})
+            peer.send(error_frame(request_id, ProtocolError(f"unknown message type {kind!r}")))
 
     async def _complete(self, peer: _Peer, request_id: str, data: Any) -> None:
         try:
-            result = await self.runner.complete(request_from_wire(data))
+            def early(interim: CompletionResult) -> None:  # then the final "result" frame
+                peer.send({"type": "early", "id": request_id, "result": interim.to_dict()})
+
+            result = await self.runner.complete(request_from_wire(data), early)
             peer.send({"type": "result", "id": request_id, "result": result.to_dict()})
-        except asyncio.CancelledError:
-            peer.send({"type": "error", "id": request_id, "kind": "cancelled", "message": "cancelled"})
-        except InputError as exc:
-            peer.send({"type": "error", "id": request_id, "kind": "input", "message": str(exc)})
-        except DeadlineExceeded as exc:
-            peer.send({"type": "error", "id": request_id, "kind": "deadline", "message": str(exc)})
-        except (EngineUnavailable, KspecError) as exc:
-            peer.send({"type": "error", "id": request_id, "kind": "unavailable", "message": str(exc)})
+        except (asyncio.CancelledError, Exception) as exc:  # the request fails alone, with the kind of its error
+            peer.send(error_frame(request_id, exc))
         finally:
             peer.jobs.pop(request_id, None)
 

@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable
 import h11
 
 from kspec.engine.api import CompletionRequest, CompletionResult
-from kspec.engine.errors import DeadlineExceeded, InputError, KspecError
+from kspec.engine.errors import EngineUnavailable, KspecError
 from kspec.engine.serve.openai_api import ApiError, check_model, completion_response, error_body, models_response, parse_completion
 from kspec.engine.serve.protocol import tokens_match
 
@@ -78,16 +78,12 @@ class HttpApi:
         parsed = parse_completion(data)
         ready, state = await self.ready()
         if not ready:
-            raise ApiError(503, f"the engine is not ready: {state}", kind="server_error")
+            raise ApiError.of(EngineUnavailable(f"the engine is not ready: {state}"))
         check_model(parsed.model, await self.model_name())
         try:
             result, headers = await self.complete(parsed.request, parsed.document)
-        except InputError as exc:
-            raise ApiError(400, str(exc)) from exc
-        except DeadlineExceeded as exc:
-            raise ApiError(504, str(exc), kind="timeout_error") from exc
         except KspecError as exc:
-            raise ApiError(503, str(exc), kind="server_error") from exc
+            raise ApiError.of(exc) from exc
         return 200, completion_response(result, result.model), headers
 
 

@@ -1,6 +1,6 @@
 """The OpenAI-compatible completions API, as plain data: request bodies to
 CompletionRequests and results to response bodies. No I/O and no torch here; the HTTP
-transport (lsp_server/http_api.py), the Ray Serve ingress (lsp_server/cluster.py) and
+transport (engine/serve/http_api.py), the Ray Serve ingress (engine/serve/cluster.py) and
 the language server's remote backend (lsp_server/remote_backend.py) share it.
 
 `POST /v1/completions` fields: prompt (the text before the cursor), suffix (after it),
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kspec.engine.api import MAX_K, MAX_NEW_TOKENS, MAX_STOP_CHARS, CompletionRequest, CompletionResult
+from kspec.engine.errors import InputError, describe
 
 MAX_API_STOPS = 4  # as OpenAI's API (the engine takes up to MAX_STOPS)
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default
@@ -34,17 +35,23 @@ class ApiError(Exception):
     """A request the API refuses: HTTP status and an OpenAI-style error body."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error", headers: dict[str, str] | None = None
+        self, status: int, message: str, param: str | None = None, kind: str = InputError.http_type, headers: dict[str, str] | None = None
     ):
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
         self.headers = headers or {}  # extra response headers
 
+    @classmethod
+    def of(cls, error: BaseException, headers: dict[str, str] | None = None) -> "ApiError":
+        """The answer to an engine error: its HTTP status and type (kspec.engine.errors)."""
+        answer = describe(error)
+        return cls(answer.http_status, answer.message, kind=answer.http_type, headers=headers)
+
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.kind, self.param)
 
 
-def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None) -> dict[str, Any]:
+def error_body(message: str, kind: str = InputError.http_type, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}
 
 

@@ -28,16 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from kspec.engine.errors import KspecError, ProtocolError, describe, from_kind
+
 if TYPE_CHECKING:
     import ssl
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 16 * 1024 * 1024
 _HEADER = struct.Struct(">I")
-
-
-class ProtocolError(Exception):
-    """A peer that does not speak this protocol (bad frame, size, version or token)."""
 
 
 def pack(message: dict[str, Any]) -> bytes:
@@ -79,6 +77,17 @@ async def read_frame(reader: asyncio.StreamReader, header: bytes | None = None) 
 
 def write_frame(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
     writer.write(pack(message))
+
+
+def error_frame(request_id: str | None, error: BaseException) -> dict[str, Any]:
+    """The daemon's answer to a request (or a handshake, id None) that failed with `error`."""
+    answer = describe(error)
+    return {"type": "error", "id": request_id, "kind": answer.kind, "message": answer.message}
+
+
+def error_from_frame(message: dict[str, Any]) -> KspecError:
+    """What the engine raised, from its error frame."""
+    return from_kind(message.get("kind"), str(message.get("message", "engine error")))
 
 
 # --- where daemons live ------------------------------------------------------------
