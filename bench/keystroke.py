@@ -1,23 +1,49 @@
 """Keystroke replay through the language server: what a typing user gets.
 
 A real file is typed character by character at `cps` characters per second from
-several points (the rest of the line at each point removed first). Every keystroke sends a
-`didChange` and an automatic inline-completion request, and, like an editor, cancels
-the previous request if it is still pending. Two configurations run side by side,
-point by point (A B A B, each with its own server and engine in this process):
+several points. At each point the line being typed is removed from the point on (see
+`removed_end`: the rest of that line, and the following lines when the typed span runs
+past it) and the user writes it anew. Every keystroke sends a `didChange` and an
+automatic inline-completion request, and, like an editor, cancels the previous request
+if it is still pending. Like the editor plugins, a `$/kspec/suggestionsUpdated`
+notification for the document at the version just typed re-requests at once (answered
+from the server's typeahead cache: the longer version of what is shown).
 
-  kspec     typeahead cache on, engines from `engine_factory` (prefix cache on)
-  baseline  typeahead cache off, engines from `baseline_engine_factory` (prefix cache off)
+Two configurations, each with its own server and engine in this process, run side by
+side point by point (A B A B: both see the same moments of machine noise):
 
-Reported: p50 / p95 latency of answered requests (a response with at least one item,
-received before the next keystroke or, for the last keystroke of a point, at all),
-the typeahead hit rate (requests served from the typeahead cache / requests), and the
-share of requests cancelled because the next keystroke came first.
+  kspec     the server's current defaults (`kspec_settings`, default none: what a user
+            gets without settings), engines from `engine_factory`
+  previous  what shipped before issue 13's work: fp32 weights, no early answer
+            (`firstAnswerMs` 0) and the old fixed k / maxTokens / debounce / deadline
+            (`PREVIOUS_SETTINGS`), engines from `previous_engine_factory`
+
+Settings the server does not know (yet) are not sent (the server reports unknown keys);
+the report lists them under `settings.not_sent`. Reported per configuration:
+
+  answered_share       requests answered with at least one item before the next keystroke
+                       (for the last keystroke of a point: at all) / requests
+  ttfs_p50_ms, ttfs_p95_ms
+                       time to first suggestion: from a keystroke's request to its answer
+                       with items, over the answered requests
+  predict_top_share, predict_any_share
+                       over the keystrokes with at least PREDICT_CHARS (8) characters still
+                       to type at that point: the share whose top suggestion (any of the k)
+                       predicts the next 8 typed characters (`predicts`). What counts is the
+                       latest suggestion list on screen before the next keystroke: the
+                       request's answer, replaced by a refresh's after a notification
+  typeahead_hit_rate   server requests served from its typeahead cache / server requests
+                       (keystrokes and refreshes)
+  cancelled_share      requests cancelled because the next keystroke came first / requests
+  engine_calls         requests the server sent to its engine (warm-up excluded)
+  refreshes, refreshed notifications acted on; keystrokes whose suggestions a refresh
+                       replaced in time
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import textwrap
@@ -25,7 +51,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from lsprotocol import types as lsp
 from pygls.io_ import run_async
@@ -34,35 +60,89 @@ from pygls.lsp.client import LanguageClient
 from kspec.bench.stats import percentile, rounded
 from kspec.engine.serve.runner import EngineFactory, default_engine_factory
 from kspec.lsp_server.server import KspecServer, ServerOptions
+from kspec.lsp_server.settings import Settings, camel, parse_settings
 
 log = logging.getLogger("kspec.bench")
+
+PREDICT_CHARS = 8
+UPDATED_METHOD = "$/kspec/suggestionsUpdated"
+# What shipped before issue 13 (fast CPU path, answers shaped for a typist): the settings'
+# defaults of that time, fp32 weights and one answer at the deadline
+PREVIOUS_SETTINGS: dict[str, Any] = {"dtype": "float32", "firstAnswerMs": 0, "k": 3, "maxTokens": 48, "debounceMs": 40, "deadlineMs": 3000}
+PREVIOUS_ENGINE: dict[str, Any] = {"dtype": "float32"}  # EngineConfig fields of that time (fields it lacks are skipped)
+
+
+def predicts(suggestion: str, still_to_type: str, chars: int = PREDICT_CHARS) -> bool:
+    """Does `suggestion` predict the next `chars` characters the user types?
+
+    `still_to_type` is what the user types next at this point, from the source file. True
+    when the suggestion's first `chars` characters are exactly those: the suggestion is at
+    least `chars` long (a shorter one does not cover them, even if it is right so far) and
+    nothing is stripped or normalised (indentation, newlines and trailing spaces count).
+    False when fewer than `chars` characters are still to type (such keystrokes are not
+    counted at all)."""
+    return len(still_to_type) >= chars and suggestion[:chars] == still_to_type[:chars]
+
+
+def removed_end(text: str, point: int, length: int) -> int:
+    """End (exclusive) of the span removed before typing `length` characters from `point`:
+    the rest of the line where the typed span ends (its newline stays), or the file's end.
+    The user types text[point:point + length] of it; text[point + length:end] is never typed
+    in the replay but is still what this user would type next."""
+    end = text.find("\n", point + length)
+    return end if end != -1 else len(text)
+
+
+def still_to_type(text: str, point: int, length: int, typed: int) -> str:
+    """What the user types next at `point` after `typed` of its `length` characters: the rest
+    of the removed span (not the suffix left in the document, which is already there)."""
+    return text[point + typed : removed_end(text, point, length)]
 
 
 @dataclass
 class Outcome:
     sent: float
+    still_to_type: str = ""
     latency_ms: float | None = None  # set when answered with items in time
     cancelled: bool = False
+    closed: bool = False  # the next keystroke came (or the point ended): later answers are not seen
+    texts: tuple[str, ...] = ()  # the suggestions on screen for this keystroke
+    refreshed: bool = False
 
 
 @dataclass
 class Run:
     outcomes: list[Outcome] = field(default_factory=list)
+    server_requests: int = 0
     typeahead_hits: int = 0
     engine_calls: int = 0
+    refreshes: int = 0
 
     def summary(self) -> dict[str, Any]:
         latencies = sorted(o.latency_ms for o in self.outcomes if o.latency_ms is not None)
         total = len(self.outcomes)
+        counted = [o for o in self.outcomes if len(o.still_to_type) >= PREDICT_CHARS]
+        top = sum(bool(o.texts) and predicts(o.texts[0], o.still_to_type) for o in counted)
+        any_ = sum(any(predicts(text, o.still_to_type) for text in o.texts) for o in counted)
         return {
-            "p50_ms": rounded(percentile(latencies, 50)),
-            "p95_ms": rounded(percentile(latencies, 95)),
-            "typeahead_hit_rate": self.typeahead_hits / total if total else 0.0,
-            "cancelled_share": sum(o.cancelled for o in self.outcomes) / total if total else 0.0,
             "requests": total,
             "answered": len(latencies),
+            "answered_share": _share(len(latencies), total),
+            "ttfs_p50_ms": rounded(percentile(latencies, 50)),
+            "ttfs_p95_ms": rounded(percentile(latencies, 95)),
+            "predict_keystrokes": len(counted),
+            "predict_top_share": _share(top, len(counted)),
+            "predict_any_share": _share(any_, len(counted)),
+            "typeahead_hit_rate": _share(self.typeahead_hits, self.server_requests),
+            "cancelled_share": _share(sum(o.cancelled for o in self.outcomes), total),
             "engine_calls": self.engine_calls,
+            "refreshes": self.refreshes,
+            "refreshed": sum(o.refreshed for o in self.outcomes),
         }
+
+
+def _share(part: int, whole: int) -> float:
+    return round(part / whole, 3) if whole else 0.0
 
 
 class ThreadServer:
@@ -77,8 +157,15 @@ class ThreadServer:
         self.thread.start()
         self.client = LanguageClient("kspec-bench", "0")
         self.client.feature("$/kspec/status")(lambda params: None)
+        self.on_updated: dict[str, Callable[[Any], None]] = {}  # uri -> the replay's handler of UPDATED_METHOD
+        self.client.feature(UPDATED_METHOD)(lambda params: self._updated(params))  # pygls tags the function: no bound method
         self.client.feature(lsp.WINDOW_SHOW_MESSAGE)(lambda params: log.warning("server: %s", params.message))
         self._task: asyncio.Task | None = None
+
+    def _updated(self, params: Any) -> None:
+        handler = self.on_updated.get(getattr(params, "uri", None))  # type: ignore[arg-type]
+        if handler is not None:
+            handler(params)
 
     async def connect(self) -> None:
         loop = asyncio.get_running_loop()
@@ -120,64 +207,93 @@ def _utf16_position(text: str, offset: int) -> lsp.Position:
     return lsp.Position(line=line, character=len(text[start:offset].encode("utf-16-le")) // 2)
 
 
+@dataclass
+class _Keystroke:
+    version: int
+    position: lsp.Position
+    outcome: Outcome
+    futures: list[tuple[str, asyncio.Future]] = field(default_factory=list)  # (request id, answer): the request, then refreshes
+
+
 async def replay_point(server: ThreadServer, uri: str, text: str, point: int, length: int, cps: float, run: Run, deadline_s: float) -> None:
     client = server.client
+    loop = asyncio.get_running_loop()
     # the line being typed is removed from the point on: the user writes it anew, and the
     # suffix (the following lines) must not already hold the completion the model should make
-    line_end = text.find("\n", point + length)
-    document = text[:point] + text[line_end if line_end != -1 else len(text) :]
+    document = text[:point] + text[removed_end(text, point, length) :]
     client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id="python", version=0, text=document)))
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    pending: tuple[str, asyncio.Future, Outcome] | None = None
-    for index in range(length):
-        await asyncio.sleep(max(0.0, start + index / cps - loop.time()))
-        if pending is not None and not pending[1].done():
-            pending[2].cancelled = True
-            client.cancel_request(lsp.CancelParams(id=pending[0]))
-        char = text[point + index]
-        cursor = point + index
-        position = _utf16_position(document, cursor)
-        document = document[:cursor] + char + document[cursor:]
-        change = lsp.TextDocumentContentChangePartial(range=lsp.Range(position, position), text=char)
-        client.text_document_did_change(lsp.DidChangeTextDocumentParams(lsp.VersionedTextDocumentIdentifier(uri=uri, version=index + 1), [change]))
-        request_id = f"{uri}#{index}"
+    current: _Keystroke | None = None
+
+    def ask(keystroke: _Keystroke, request_id: str, kind: lsp.InlineCompletionTriggerKind) -> asyncio.Future:
         params = lsp.InlineCompletionParams(
-            context=lsp.InlineCompletionContext(trigger_kind=lsp.InlineCompletionTriggerKind.Automatic),
-            text_document=lsp.TextDocumentIdentifier(uri=uri),
-            position=_utf16_position(document, cursor + 1),
+            context=lsp.InlineCompletionContext(trigger_kind=kind), text_document=lsp.TextDocumentIdentifier(uri=uri), position=keystroke.position
         )
-        outcome = Outcome(sent=loop.time())
-        run.outcomes.append(outcome)
         future = asyncio.ensure_future(client.protocol.send_request_async(lsp.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=request_id))
-        future.add_done_callback(lambda f, o=outcome: _record(f, o, loop.time()))
-        pending = (request_id, future, outcome)
-    if pending is not None:
-        await asyncio.wait({pending[1]}, timeout=deadline_s)
+        keystroke.futures.append((request_id, future))
+        return future
+
+    def refresh(params: Any) -> None:
+        """What the editors do on UPDATED_METHOD: ask again if the document is still at that version."""
+        keystroke = current
+        if keystroke is None or keystroke.outcome.closed or getattr(params, "version", None) != keystroke.version:
+            return
+        run.refreshes += 1
+        future = ask(keystroke, f"{uri}#{keystroke.version}r{len(keystroke.futures)}", lsp.InlineCompletionTriggerKind.Invoked)
+        future.add_done_callback(lambda f, o=keystroke.outcome: _record(f, o, loop.time(), refresh=True))
+
+    server.on_updated[uri] = refresh
+    start = loop.time()
+    try:
+        for index in range(length):
+            await asyncio.sleep(max(0.0, start + index / cps - loop.time()))
+            if current is not None:
+                _close(client, current)
+            char = text[point + index]
+            cursor = point + index
+            position = _utf16_position(document, cursor)
+            document = document[:cursor] + char + document[cursor:]
+            change = lsp.TextDocumentContentChangePartial(range=lsp.Range(position, position), text=char)
+            client.text_document_did_change(lsp.DidChangeTextDocumentParams(lsp.VersionedTextDocumentIdentifier(uri=uri, version=index + 1), [change]))
+            outcome = Outcome(sent=loop.time(), still_to_type=still_to_type(text, point, length, index + 1))
+            run.outcomes.append(outcome)
+            current = _Keystroke(index + 1, _utf16_position(document, cursor + 1), outcome)
+            future = ask(current, f"{uri}#{index}", lsp.InlineCompletionTriggerKind.Automatic)
+            future.add_done_callback(lambda f, o=outcome: _record(f, o, loop.time()))
+        if current is not None:
+            # the last keystroke: its answer counts whenever it comes; a refresh, within
+            # the time the next keystroke would have taken
+            await asyncio.wait({current.futures[0][1]}, timeout=deadline_s)
+            await asyncio.sleep(1 / cps)
+            _close(client, current)
+    finally:
+        server.on_updated.pop(uri, None)
     client.text_document_did_close(lsp.DidCloseTextDocumentParams(lsp.TextDocumentIdentifier(uri=uri)))
 
 
-def _record(future: asyncio.Future, outcome: Outcome, now: float) -> None:
-    if future.cancelled() or future.exception() is not None or outcome.cancelled:
+def _close(client: LanguageClient, keystroke: _Keystroke) -> None:
+    """The next keystroke came: what is still pending for this one is cancelled, as an editor does."""
+    keystroke.outcome.closed = True
+    for number, (request_id, future) in enumerate(keystroke.futures):
+        if not future.done():
+            if number == 0:
+                keystroke.outcome.cancelled = True
+            client.cancel_request(lsp.CancelParams(id=request_id))
+
+
+def _record(future: asyncio.Future, outcome: Outcome, now: float, refresh: bool = False) -> None:
+    if future.cancelled() or future.exception() is not None or outcome.closed or (outcome.cancelled and not refresh):
         return
     result = future.result()
-    if result is not None and result.items:
+    texts = tuple(getattr(item.insert_text, "value", item.insert_text) for item in (result.items if result is not None else ()))
+    if not texts:
+        return
+    outcome.texts = texts
+    outcome.refreshed = outcome.refreshed or refresh
+    if outcome.latency_ms is None:
         outcome.latency_ms = (now - outcome.sent) * 1000
 
 
-async def _bench(
-    text: str,
-    settings: dict[str, Any],
-    points: list[int],
-    length: int,
-    cps: float,
-    engine_factory: EngineFactory,
-    baseline_engine_factory: EngineFactory,
-) -> dict[str, Any]:
-    configurations = {
-        "kspec": (engine_factory, {**settings, "typeahead": True}),
-        "baseline": (baseline_engine_factory, {**settings, "typeahead": False}),
-    }
+async def _bench(text: str, configurations: dict[str, tuple[EngineFactory, dict[str, Any]]], points: list[int], length: int, cps: float) -> dict[str, Any]:
     servers: dict[str, ThreadServer] = {}
     runs = {name: Run() for name in configurations}
     try:
@@ -186,7 +302,7 @@ async def _bench(
             await server.connect()
             await asyncio.wait_for(server.client.initialize_async(lsp.InitializeParams(capabilities=lsp.ClientCapabilities(), initialization_options=options)), 60)
             server.client.initialized(lsp.InitializedParams())
-        deadline_s = settings["deadlineMs"] / 1000 + 5
+        deadline_s = max(parse_settings(options).settings.deadline_ms for _, options in configurations.values()) / 1000 + 5
         for warm in configurations:  # load the models before measuring
             await _warm_up(servers[warm], text, deadline_s * 12)
         for number, point in enumerate(points):
@@ -194,25 +310,29 @@ async def _bench(
                 await replay_point(servers[name], f"file:///bench/{name}/{number}.py", text, point, length, cps, runs[name], deadline_s)
         for name, server in servers.items():
             stats = await asyncio.wait_for(server.client.protocol.send_request_async("kspec/stats", None), 10)
-            runs[name].typeahead_hits, runs[name].engine_calls = stats.typeahead_hits, stats.engine_calls - 1  # minus the warm-up
+            run = runs[name]  # the warm-up's request and engine call are not counted
+            run.server_requests, run.typeahead_hits, run.engine_calls = stats.requests - 1, stats.typeahead_hits, stats.engine_calls - 1
     finally:
         for server in servers.values():
             await server.close()
-    kspec, baseline = runs["kspec"].summary(), runs["baseline"].summary()
-    return {
-        "p50_ms": kspec["p50_ms"],
-        "p95_ms": kspec["p95_ms"],
-        "typeahead_hit_rate": round(kspec["typeahead_hit_rate"], 3),
-        "cancelled_share": round(kspec["cancelled_share"], 3),
-        "baseline_p50_ms": baseline["p50_ms"],
-        "baseline_p95_ms": baseline["p95_ms"],
-        "baseline_cancelled_share": round(baseline["cancelled_share"], 3),
-        "requests": kspec["requests"],
-        "answered": kspec["answered"],
-        "baseline_answered": baseline["answered"],
-        "engine_calls": kspec["engine_calls"],
-        "baseline_engine_calls": baseline["engine_calls"],
-    }
+    return {name: run.summary() for name, run in runs.items()}
+
+
+def known_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(the keys this server version knows, the others): unknown keys are reported to the
+    user by the server, so a setting that has not landed yet is left out, not sent."""
+    known = {key for f in dataclasses.fields(Settings) for key in (f.name, camel(f.name))}
+    return {k: v for k, v in settings.items() if k in known}, [k for k in settings if k not in known]
+
+
+def previous_engine_factory(factory: EngineFactory = default_engine_factory) -> EngineFactory:
+    """`factory` with the engine configuration of `PREVIOUS_ENGINE` (the fields EngineConfig still has)."""
+
+    def build(config: Any, on_progress: Any) -> Any:
+        names = {f.name for f in dataclasses.fields(config)}
+        return factory(dataclasses.replace(config, **{k: v for k, v in PREVIOUS_ENGINE.items() if k in names}), on_progress)
+
+    return build
 
 
 async def _warm_up(server: ThreadServer, text: str, timeout_s: float) -> None:
@@ -233,38 +353,48 @@ def bench_keystroke_lsp(
     points: int = 3,
     chars_per_point: int = 24,
     cps: float = 10.0,
-    k: int = 3,
-    max_tokens: int = 24,
-    debounce_ms: float = 40.0,
-    deadline_ms: float = 3000.0,
+    k: int | None = None,
+    max_tokens: int | None = None,
+    debounce_ms: float | None = None,
+    deadline_ms: float | None = None,
     device: str = "cpu",
     raw: bool = False,
     engine_factory: EngineFactory = default_engine_factory,
-    baseline_engine_factory: EngineFactory | None = None,
+    previous_factory: EngineFactory | None = None,
+    kspec_settings: dict[str, Any] | None = None,
+    previous_settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Replay typing `source` (default: Python's textwrap.py) and measure; see the module docstring.
+    """Replay typing `source` (default: Python's textwrap.py) in both configurations and
+    measure; see the module docstring.
 
-    `baseline_engine_factory` builds the engines of the baseline run (e.g. with the
-    prefix cache off); by default the same factory as the kspec run. `raw` skips trimming
-    (random test models only make garbage, which trimming drops)."""
+    `model`, `k`, `max_tokens`, `debounce_ms`, `deadline_ms`, `device` and `raw` (skip
+    trimming: random test models only make garbage, which trimming drops) apply to both
+    configurations when given; None leaves each configuration's own value (the server's
+    defaults for kspec, `PREVIOUS_SETTINGS` for previous). `previous_factory` defaults to
+    `previous_engine_factory(engine_factory)`."""
     path = Path(source) if source is not None else Path(textwrap.__file__)
     text = path.read_text(encoding="utf-8")
-    settings = {"k": k, "maxTokens": max_tokens, "debounceMs": debounce_ms, "deadlineMs": deadline_ms, "device": device, "raw": raw}
-    if model is not None:
-        settings["model"] = model
+    overrides: dict[str, Any] = {"device": device, "raw": raw}
+    for key, value in (("model", model), ("k", k), ("maxTokens", max_tokens), ("debounceMs", debounce_ms), ("deadlineMs", deadline_ms)):
+        if value is not None:
+            overrides[key] = value
+    sent, not_sent = {}, {}
+    for name, base in (("kspec", kspec_settings or {}), ("previous", PREVIOUS_SETTINGS if previous_settings is None else previous_settings)):
+        sent[name], not_sent[name] = known_settings({**base, **overrides})
+    configurations = {
+        "kspec": (engine_factory, sent["kspec"]),
+        "previous": (previous_factory or previous_engine_factory(engine_factory), sent["previous"]),
+    }
     started = time.perf_counter()
-    report = asyncio.run(
-        _bench(text, settings, typing_points(text, points, chars_per_point), chars_per_point, cps, engine_factory, baseline_engine_factory or engine_factory)
-    )
+    report: dict[str, Any] = asyncio.run(_bench(text, configurations, typing_points(text, points, chars_per_point), chars_per_point, cps))
     report.update(
         {
+            "settings": {**sent, "not_sent": not_sent},
             "source": str(path),
             "points": points,
             "chars_per_point": chars_per_point,
             "cps": cps,
-            "k": k,
-            "max_tokens": max_tokens,
-            "device": device,
+            "predict_chars": PREDICT_CHARS,
             "wall_s": round(time.perf_counter() - started, 1),
         }
     )
