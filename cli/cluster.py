@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import signal
@@ -13,7 +12,7 @@ import threading
 from pathlib import Path
 
 from kspec.engine.errors import KspecError
-from kspec.cli.commands import _read_token, _warn_if_public
+from kspec.cli.commands import warn_if_public
 
 INSTALL_HINT = "kspec cluster needs Ray Serve: pip install 'kspec[cluster]'"
 
@@ -42,13 +41,6 @@ def add_cluster_parser(commands: argparse._SubParsersAction) -> None:
     up.add_argument("--address", default=None, help="join a running Ray cluster ('auto' or HOST:PORT) instead of starting a local one")
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 def _import_cluster():
     try:
         from kspec.engine.serve import cluster
@@ -64,12 +56,14 @@ def run_cluster(args: argparse.Namespace) -> int:
         raise KspecError(f"unknown cluster command {args.cluster_command!r}")
     if not 0 <= args.port <= 65535:
         raise KspecError(f"--port must be between 0 and 65535, got {args.port}")
-    if args.token_file is None and not _is_loopback(args.host):
+    from kspec.engine.serve.protocol import is_loopback, read_token
+
+    if args.token_file is None and not is_loopback(args.host):
         raise KspecError(
             f"refusing to serve on {args.host} without a token: pass --token-file FILE "
             "(clients then send 'Authorization: Bearer <token>'), or keep the default --host 127.0.0.1"
         )
-    token = _read_token(args.token_file) if args.token_file is not None else None
+    token = read_token(args.token_file) if args.token_file is not None else None
     cluster = _import_cluster()
     try:
         options = cluster.ClusterOptions(
@@ -79,7 +73,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         options.engine_config()  # validates dtype/device before Ray starts
     except ValueError as exc:
         raise KspecError(str(exc)) from exc
-    _warn_if_public(args.host, "cluster")
+    warn_if_public(args.host, "cluster")
     logging.getLogger("ray").setLevel(logging.WARNING)
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import sys
@@ -23,25 +22,11 @@ def _address(value: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def _warn_if_public(host: str, what: str) -> None:
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if not loopback:
+def warn_if_public(host: str, what: str) -> None:
+    from kspec.engine.serve.protocol import is_loopback
+
+    if not is_loopback(host):
         print(f"kspec {what}: warning: listening on {host}, reachable from other machines", file=sys.stderr)
-
-
-def _read_token(path: Path | None) -> str:
-    if path is None:
-        raise KspecError("a network engine needs its token: pass --engine-token-file")
-    try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise KspecError(f"cannot read the token file {path}: {exc.strerror}") from exc
-    if not token:
-        raise KspecError(f"the token file {path} is empty")
-    return token
 
 
 def add_lsp_parser(commands: argparse._SubParsersAction) -> None:
@@ -73,7 +58,7 @@ def add_engine_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run_lsp(args: argparse.Namespace) -> int:
-    from kspec.engine.serve.protocol import parse_engine_url
+    from kspec.engine.serve.protocol import parse_engine_url, read_token
     from kspec.lsp_server.server import KspecServer, Redactor, ServerOptions
 
     redactor = Redactor()
@@ -89,13 +74,15 @@ def run_lsp(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise KspecError(str(exc)) from exc
         engine = "openai" if parsed.is_http else "remote"
-        token = _read_token(args.engine_token_file) if args.engine_token_file or engine == "remote" else None
+        if engine == "remote" and args.engine_token_file is None:
+            raise KspecError("a network engine needs its token: pass --engine-token-file")
+        token = read_token(args.engine_token_file) if args.engine_token_file else None
     options = ServerOptions(engine=engine, daemon_idle_timeout_s=args.engine_idle_timeout, engine_url=url, daemon_token=token, redactor=redactor)
     if args.max_message_bytes is not None:
         options = replace(options, max_message_bytes=args.max_message_bytes)
     server = KspecServer(options)
     if args.tcp is not None:
-        _warn_if_public(args.tcp[0], "lsp")
+        warn_if_public(args.tcp[0], "lsp")
         server.start_tcp(*args.tcp)
     else:
         server.start_io()
@@ -114,9 +101,9 @@ def run_engine(args: argparse.Namespace) -> int:
             raise KspecError("--tls-cert and --token-file only apply with --listen HOST:PORT")
         idle = 900.0 if args.idle_timeout is None else args.idle_timeout
         return run_daemon(spec, args.socket, idle, max_batch_requests=args.max_batch_requests, prefix_cache_mb=args.prefix_cache_mb)
-    _warn_if_public(args.listen[0], "engine")
+    warn_if_public(args.listen[0], "engine")
     if args.token_file is not None:
-        token = _read_token(args.token_file)
+        token = read_token(args.token_file)
     else:
         token = new_token()
         token_file = DaemonPaths.for_spec(spec).lock.with_suffix(".token")

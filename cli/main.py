@@ -158,7 +158,7 @@ def _bench_keystroke_lsp(config, args: argparse.Namespace) -> dict:
 
 def _bench_serve(config, args: argparse.Namespace) -> dict:
     from kspec.bench.serve import ServeBenchConfig, bench_hop, bench_serve_inprocess, bench_serve_urls
-    from kspec.cli.commands import _read_token
+    from kspec.engine.serve.protocol import read_token
 
     try:
         serve = ServeBenchConfig(
@@ -170,7 +170,7 @@ def _bench_serve(config, args: argparse.Namespace) -> dict:
     if args.hop and (not args.url or len(args.url) != 1):
         raise KspecError("--hop needs exactly one --url")
     if args.url:
-        token = _read_token(args.token_file) if args.token_file else None
+        token = read_token(args.token_file) if args.token_file else None
         try:
             if args.hop:
                 return bench_hop(config, args.url[0], token, samples=args.repeats or 10)

@@ -21,6 +21,12 @@ MAX_STOP_CHARS = 256  # characters per stop string
 MODES = ("diverse", "sample")  # see CompletionRequest.mode
 
 
+def mode_for_temperature(temperature: float) -> str:
+    """The mode of an API's sampling temperature (the inverse of CompletionRequest.sampling_temperature):
+    0 asks for the k most likely distinct continuations, anything else for k samples."""
+    return "diverse" if temperature == 0 else "sample"
+
+
 @dataclass(frozen=True)
 class CompletionRequest:
     """One keystroke's question: complete the text between `prefix` and `suffix`."""
@@ -44,6 +50,14 @@ class CompletionRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.stop, tuple):  # a list from JSON or msgpack
             object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def sampling_temperature(self) -> float:
+        """The temperature the branches are sampled at: 0 in mode "diverse" (greedy after k
+        distinct first tokens); in mode "sample" `temperature`, where 0 means DEFAULT_SAMPLE_TEMPERATURE."""
+        if self.mode == "diverse":
+            return 0.0
+        return self.temperature or DEFAULT_SAMPLE_TEMPERATURE
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

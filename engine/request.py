@@ -12,7 +12,6 @@ import time
 from typing import Generator, Protocol
 
 from kspec.engine.api import (
-    DEFAULT_SAMPLE_TEMPERATURE,
     MAX_K,
     MAX_NEW_TOKENS,
     MAX_STOP_CHARS,
@@ -74,9 +73,8 @@ def validate_request(request: CompletionRequest) -> None:
 
 
 def sampling_params(request: CompletionRequest) -> SamplingParams:
-    if request.mode == "diverse":
-        return SamplingParams(0.0, 1.0, request.seed)  # greedy after the distinct first tokens
-    return SamplingParams(request.temperature or DEFAULT_SAMPLE_TEMPERATURE, request.top_p, request.seed)
+    top_p = 1.0 if request.mode == "diverse" else request.top_p  # diverse: greedy after the distinct first tokens
+    return SamplingParams(request.sampling_temperature, top_p, request.seed)
 
 
 def choose_drafter(parts: EngineParts, params: SamplingParams) -> Drafter:

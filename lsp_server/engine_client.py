@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Protocol
 
-from kspec.engine.api import CompletionRequest, CompletionResult, EarlyAnswer
+from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
 from kspec.engine.serve.protocol import (
     PROTOCOL_VERSION,
@@ -54,10 +54,7 @@ class EngineClient(Protocol):
 
     async def start(self) -> None: ...
 
-    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:
-        """The final answer; an engine that answers early (`request.first_answer_ms`) calls
-        `early(interim)` first, on this loop. Engines that cannot, never call it."""
-        ...
+    async def complete(self, request: CompletionRequest) -> CompletionResult: ...
 
     def close(self) -> None: ...
 
@@ -77,8 +74,8 @@ class InProcessEngine:
     async def start(self) -> None:
         self._runner.start()
 
-    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:
-        return await self._runner.complete(request, early)
+    async def complete(self, request: CompletionRequest) -> CompletionResult:
+        return await self._runner.complete(request)
 
     def close(self) -> None:
         self._runner.stop()
@@ -101,7 +98,7 @@ class UnusableEngine:
     async def start(self) -> None:
         self._on_status(self._status)
 
-    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:
+    async def complete(self, request: CompletionRequest) -> CompletionResult:
         raise EngineUnavailable(self._status.message)
 
     def close(self) -> None:
@@ -135,7 +132,6 @@ class _Connection:
     writer: asyncio.StreamWriter
     pid: int | None
     pending: dict[str, asyncio.Future] = field(default_factory=dict)
-    early: dict[str, EarlyAnswer] = field(default_factory=dict)  # interim-answer callbacks by request id
     reader_task: asyncio.Task | None = None
     alive: bool = True
 
@@ -164,13 +160,11 @@ class DaemonEngine:
     async def start(self) -> None:
         self._begin_connecting()
 
-    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:
+    async def complete(self, request: CompletionRequest) -> CompletionResult:
         connection = await self._wait_connection(request.deadline_ms / 1000)
         request_id = f"r{next(self._ids)}"
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         connection.pending[request_id] = future
-        if early is not None:
-            connection.early[request_id] = early
         try:
             write_frame(connection.writer, {"type": "complete", "id": request_id, "request": request.to_dict()})
             return await future
@@ -180,7 +174,6 @@ class DaemonEngine:
             raise
         finally:
             connection.pending.pop(request_id, None)
-            connection.early.pop(request_id, None)
 
     def close(self) -> None:
         self._closing = True
@@ -342,14 +335,6 @@ class DaemonEngine:
             return
         future = connection.pending.get(str(message.get("id")))
         if future is None or future.done():
-            return
-        if kind == "early":
-            callback = connection.early.pop(str(message.get("id")), None)
-            if callback is not None:
-                try:
-                    callback(CompletionResult.from_dict(message["result"]))
-                except (KeyError, TypeError, ValueError) as exc:
-                    log.warning("malformed early answer from the engine daemon: %s", exc)
             return
         if kind == "result":
             try:

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from kspec.engine.api import DEFAULT_SAMPLE_TEMPERATURE, CompletionRequest, CompletionResult, EarlyAnswer
+from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, from_status
 from kspec.engine.decode.stopping import rule_for_cursor
 from kspec.engine.syntax import Candidate, detect_language, postprocess
 from kspec.lsp_server.http_client import HttpError, request_json
-from kspec.engine.serve.protocol import EngineUrl, client_tls
+from kspec.engine.serve.protocol import EngineUrl, client_tls, read_token
 from kspec.engine.serve.status import ERROR, LOADING, READY, Status
 
 log = logging.getLogger("kspec.remote")
@@ -49,13 +49,10 @@ class RemoteOptions:
 
 
 def api_key_from(path: str | None, variables: tuple[str, ...]) -> str | None:
-    """The token / API key: from a file when one is named, else the first of these
-    environment variables that is set."""
+    """The token / API key: from a file when one is named (InputError when it cannot be
+    read or is empty), else the first of these environment variables that is set."""
     if path:
-        try:
-            return Path(path).expanduser().read_text().strip() or None
-        except OSError as exc:
-            raise ValueError(f"cannot read the token file {path}: {exc.strerror}") from exc
+        return read_token(path)
     return next((os.environ[name] for name in variables if os.environ.get(name)), None)
 
 
@@ -101,7 +98,7 @@ class OpenAIEngine:
             return
         self._set_status(Status(READY, "ready", model=self._model))
 
-    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:  # whole answers only
+    async def complete(self, request: CompletionRequest) -> CompletionResult:
         if self._model is None:
             raise EngineUnavailable(self._status.message or "the remote engine is not connected")
         rule = rule_for_cursor(request.prefix, request.suffix, request.stop)
@@ -109,7 +106,7 @@ class OpenAIEngine:
             "model": self._model,
             "n": request.k,
             "max_tokens": request.max_tokens,
-            "temperature": 0.0 if request.mode == "diverse" else (request.temperature or DEFAULT_SAMPLE_TEMPERATURE),
+            "temperature": request.sampling_temperature,
             "top_p": request.top_p,
             "seed": request.seed,
             "user": request.path or "",

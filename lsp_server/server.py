@@ -314,12 +314,12 @@ class Session:
             return DaemonEngine(options, self._on_status)
         try:
             return self._network_engine(settings, spec)
-        except ValueError as exc:
+        except (ValueError, InputError) as exc:
             return UnusableEngine(f"engine {settings.engine!r}: {exc}", self._on_status)
 
     def _network_engine(self, settings: Settings, spec: EngineSpec) -> EngineClient:
         """A kspec engine on the network ("remote") or an OpenAI-compatible one ("openai").
-        Raises ValueError for settings that cannot work (no URL, wrong scheme, no token file)."""
+        Raises ValueError / InputError for settings that cannot work (no URL, wrong scheme, no token file)."""
         text = self.options.engine_url or settings.engine_url
         if not text:
             raise ValueError("set engineUrl (tcp://HOST:PORT or tls://HOST:PORT for a kspec engine, http(s)://HOST:PORT/v1 for an OpenAI-compatible one)")

@@ -54,6 +54,7 @@ from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError,
 from kspec.engine.serve.affinity import MAX_DOCUMENTS, DocumentPlacement
 from kspec.engine.serve.http_api import MAX_BODY, HttpApi
 from kspec.engine.serve.openai_api import ApiError, error_body
+from kspec.engine.serve.protocol import read_token
 
 log = logging.getLogger("kspec.cluster")
 
@@ -289,12 +290,7 @@ class ClusterOptions:
                 continue
             values[name] = types[name](value) if name in types else str(value)
         if token_file:
-            from pathlib import Path
-
-            token = Path(str(token_file)).expanduser().read_text().strip()
-            if not token:
-                raise ValueError(f"the token file {token_file} is empty")
-            values["token"] = token
+            values["token"] = read_token(str(token_file))
         return cls(**values)
 
     def engine_config(self) -> dict[str, Any]:

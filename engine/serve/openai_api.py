@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from kspec.engine.api import MAX_K, MAX_NEW_TOKENS, MAX_STOP_CHARS, CompletionRequest, CompletionResult
+from kspec.engine.api import MAX_K, MAX_NEW_TOKENS, MAX_STOP_CHARS, CompletionRequest, CompletionResult, mode_for_temperature
 from kspec.engine.errors import InputError, describe
 
 MAX_API_STOPS = 4  # as OpenAI's API (the engine takes up to MAX_STOPS)
@@ -133,7 +133,7 @@ def parse_completion(body: Any) -> ParsedCompletion:
         path=_text(extensions, "path"),
         k=_integer(body, "n", 1, 1, MAX_K),
         max_tokens=_integer(body, "max_tokens", DEFAULT_MAX_TOKENS, 1, MAX_NEW_TOKENS),
-        mode="diverse" if temperature == 0 else "sample",
+        mode=mode_for_temperature(temperature),
         temperature=temperature,
         top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
         seed=_integer(body, "seed", 0, 0, 2**63 - 1),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import json
 import os
 import secrets
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from kspec.engine.errors import KspecError, ProtocolError, describe, from_kind
+from kspec.engine.errors import InputError, KspecError, ProtocolError, describe, from_kind
 
 if TYPE_CHECKING:
     import ssl
@@ -157,6 +158,27 @@ def tokens_match(expected: str | None, given: Any) -> bool:
     if expected is None:
         return True
     return isinstance(given, str) and secrets.compare_digest(expected, given)
+
+
+def read_token(path: str | Path) -> str:
+    """The token (API key) held in a file, for servers and clients alike; `~` is expanded.
+    Raises InputError when the file cannot be read or holds nothing."""
+    path = Path(path).expanduser()
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise InputError(f"cannot read the token file {path}: {exc.strerror or exc}") from exc
+    if not token:
+        raise InputError(f"the token file {path} is empty")
+    return token
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listening address is reachable from this machine only."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 # --- engines on the network ----------------------------------------------------------

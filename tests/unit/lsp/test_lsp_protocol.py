@@ -13,7 +13,7 @@ import pytest
 from kspec.engine.errors import InputError
 from kspec.engine.serve import protocol
 from kspec.engine.serve.daemon import request_from_wire
-from kspec.engine.serve.protocol import DaemonPaths, EngineSpec, ProtocolError, pack, read_frame, runtime_dir, tokens_match, unpack
+from kspec.engine.serve.protocol import DaemonPaths, EngineSpec, ProtocolError, is_loopback, pack, read_frame, read_token, runtime_dir, tokens_match, unpack
 
 
 def feed(data: bytes) -> asyncio.StreamReader:
@@ -78,3 +78,21 @@ def test_tokens() -> None:
     assert tokens_match(None, None)
     assert tokens_match("secret", "secret")
     assert not tokens_match("secret", "guess") and not tokens_match("secret", None) and not tokens_match("secret", 1)
+
+
+def test_token_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One reader for every token file (engine --token-file, lsp --engine-token-file,
+    cluster up, bench serve, the engineTokenFile setting, serve run's token_file)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "token").write_text("  s3cret\n")
+    assert read_token(tmp_path / "token") == "s3cret" and read_token("~/token") == "s3cret"
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(InputError, match="is empty"):
+        read_token(tmp_path / "empty")
+    with pytest.raises(InputError, match="cannot read the token file"):
+        read_token(tmp_path / "missing")
+
+
+def test_loopback_addresses() -> None:
+    assert all(is_loopback(host) for host in ("127.0.0.1", "127.8.0.1", "::1", "localhost"))
+    assert not any(is_loopback(host) for host in ("0.0.0.0", "::", "10.0.0.1", "example.com"))
