@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         "what",
         choices=["generate", "attention", "step", "keystroke", "decode", "quality", "serve"],
         help="generate: our batched decoding vs transformers generate(); attention: bifurcated vs replicated "
-        "attention alone; step: a whole decode step, shared vs replicated prefix; keystroke: prefix-cache hit vs cold prefill; "
+        "attention alone; step: a whole decode step, shared vs replicated prefix; keystroke: prefix-cache hit vs cold prefill, "
+        "then typing replayed through kspec lsp (under \"lsp\": kspec vs the previous configuration); "
         "serve: N editors at once, continuous batching vs one request at a time (or --url endpoints)",
     )
     bench.add_argument("--json", action="store_true")
@@ -66,7 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"), help="quality: the shared evaluation data"
     )
-    bench.add_argument("--lsp-points", type=int, default=3, help="keystroke: typing points replayed through kspec lsp")
+    bench.add_argument(
+        "--lsp-points", type=int, default=3,
+        help="keystroke: places in Python's textwrap.py typed again through kspec lsp, kspec's defaults vs the previous "
+        "configuration (fp32, no early answer), interleaved (default 3). --model, --device, --threads and, when given, "
+        "the first of --ks and --max-tokens apply to both; --dtype does not (kspec: the server's default, previous: float32)",
+    )  # fmt: skip
+    bench.add_argument("--lsp-chars", type=int, default=20, help="keystroke: characters typed at each place, one request per keystroke (default 20)")
+    bench.add_argument("--lsp-cps", type=float, default=10.0, help="keystroke: typing speed in characters per second (default 10)")
     bench.add_argument("--editors", default=None, help="serve: comma-separated numbers of editors typing at once (default 1,4,16)")
     bench.add_argument("--requests-per-editor", type=int, default=3, help="serve: completions each editor asks for")
     bench.add_argument("--url", action="append", default=None, help="serve: an OpenAI-compatible endpoint (http(s)://HOST:PORT/v1) to drive instead; repeat to compare, interleaved")
@@ -141,19 +149,21 @@ def _ints(text: str | None, default: list[int]) -> list[int]:
 
 
 def _bench_keystroke_lsp(config, args: argparse.Namespace) -> dict:
-    """Typing replayed through real language servers: kspec (prefix cache + typeahead) vs
-    a baseline with both off, interleaved point by point."""
+    """Typing replayed through real language servers: kspec's defaults vs the configuration
+    that shipped before (fp32, no early answer), interleaved point by point."""
     import dataclasses
 
-    from kspec.engine.completion import CompletionEngine
     from kspec.bench.keystroke import bench_keystroke_lsp
+    from kspec.engine.serve.runner import default_engine_factory
 
-    def baseline(engine_config, on_progress):
-        return CompletionEngine.load(dataclasses.replace(engine_config, prefix_cache_mb=0), on_progress)
+    def factory(engine_config, on_progress):  # --threads reaches the engines the servers load
+        threads = config.threads if config.threads is not None else engine_config.threads
+        return default_engine_factory(dataclasses.replace(engine_config, threads=threads), on_progress)
 
     return bench_keystroke_lsp(
-        model=config.model, points=args.lsp_points, chars_per_point=20, cps=10.0, baseline_engine_factory=baseline
-    )
+        model=config.model, points=args.lsp_points, chars_per_point=args.lsp_chars, cps=args.lsp_cps, device=config.device,
+        k=_ints(args.ks, [])[0] if args.ks else None, max_tokens=args.max_tokens, engine_factory=factory,
+    )  # fmt: skip
 
 
 def _bench_serve(config, args: argparse.Namespace) -> dict:
@@ -181,7 +191,7 @@ def _bench_serve(config, args: argparse.Namespace) -> dict:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from kspec.engine import bench
+    from kspec.bench import decode as bench
 
     config = _engine_config(args, progress=False)
     if args.what == "generate":
@@ -208,7 +218,7 @@ def run_bench(args: argparse.Namespace) -> int:
         report = bench.bench_decode_step(config, _ints(args.ks, [8])[0], _ints(args.contexts, [1024, 4096]), args.repeats or 7)
     else:
         report = bench.bench_keystroke(config, _ints(args.contexts, [1024])[0], points=4, repeats=args.repeats or 2)
-        report.update(_bench_keystroke_lsp(config, args))
+        report["lsp"] = _bench_keystroke_lsp(config, args)
     print(json.dumps(report, indent=None if args.json else 1))
     return 0
 
