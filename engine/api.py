@@ -11,6 +11,8 @@ import threading
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
 
+from kspec.engine.errors import InputError
+
 DEFAULT_SAMPLE_TEMPERATURE = 0.8  # mode "sample" with temperature 0
 
 # The limits of one request, on every surface (CLI, LSP settings, msgpack, OpenAI API).
@@ -63,9 +65,28 @@ class CompletionRequest:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CompletionRequest":
-        known = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in known})
+    def from_dict(cls, data: Any) -> "CompletionRequest":
+        """The one parser of request maps from outside (msgpack, a Ray call): known fields
+        only, each of its declared type (an int is taken for a float, a list of strings for
+        `stop`); `prefix` is required. Raises InputError. The engine checks the values."""
+        if not isinstance(data, dict):
+            raise InputError("a request must be a map")
+        defaults = cls(prefix="")
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            if spec.name not in data:
+                continue
+            value, expected = data[spec.name], type(getattr(defaults, spec.name))
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if expected is tuple and isinstance(value, (list, tuple)):
+                value = tuple(value) if all(isinstance(item, str) for item in value) else None
+            if type(value) is not expected:
+                raise InputError(f"request field {spec.name!r} must be {expected.__name__}")
+            values[spec.name] = value
+        if "prefix" not in values:
+            raise InputError("request field 'prefix' is required")
+        return cls(**values)
 
 
 @dataclass

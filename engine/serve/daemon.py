@@ -23,7 +23,6 @@ import os
 import signal
 import ssl
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -57,28 +56,6 @@ def status_to_wire(status: Status) -> dict[str, Any]:
         "model": status.model,
         "latency_ms": status.latency_ms,
     }
-
-
-def request_from_wire(data: Any) -> CompletionRequest:
-    """A CompletionRequest from an untrusted map: known fields only, each of its declared type."""
-    if not isinstance(data, dict):
-        raise InputError("'request' must be a map")
-    defaults = CompletionRequest(prefix="")
-    values: dict[str, Any] = {}
-    for spec in fields(CompletionRequest):
-        if spec.name not in data:
-            continue
-        value, expected = data[spec.name], type(getattr(defaults, spec.name))
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if expected is tuple and isinstance(value, list) and all(isinstance(item, str) for item in value):
-            value = tuple(value)
-        if type(value) is not expected:
-            raise InputError(f"request field {spec.name!r} must be {expected.__name__}")
-        values[spec.name] = value
-    if "prefix" not in values:
-        raise InputError("request field 'prefix' is required")
-    return CompletionRequest(**values)
 
 
 class _Peer:
@@ -238,7 +215,7 @@ class Daemon:
 
     async def _complete(self, peer: _Peer, request_id: str, data: Any) -> None:
         try:
-            result = await self.runner.complete(request_from_wire(data))
+            result = await self.runner.complete(CompletionRequest.from_dict(data))
             peer.send({"type": "result", "id": request_id, "result": result.to_dict()})
         except (asyncio.CancelledError, Exception) as exc:  # the request fails alone, with the kind of its error
             peer.send(error_frame(request_id, exc))

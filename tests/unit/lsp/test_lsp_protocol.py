@@ -12,7 +12,6 @@ import pytest
 
 from kspec.engine.errors import InputError
 from kspec.engine.serve import protocol
-from kspec.engine.serve.daemon import request_from_wire
 from kspec.engine.serve.protocol import DaemonPaths, EngineSpec, ProtocolError, is_loopback, pack, read_frame, read_token, runtime_dir, tokens_match, unpack
 
 
@@ -45,14 +44,6 @@ async def test_bad_frames_are_protocol_errors(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(protocol, "MAX_FRAME", 10)
     with pytest.raises(ProtocolError, match="exceeds"):
         pack({"type": "x", "data": "y" * 20})
-
-
-def test_requests_from_the_wire_are_type_checked() -> None:
-    request = request_from_wire({"prefix": "a", "k": 2, "deadline_ms": 100, "unknown": 1})
-    assert request.k == 2 and request.deadline_ms == 100.0
-    for bad in ({"prefix": 1}, {"prefix": "a", "k": "2"}, {"prefix": "a", "raw": 1}, {"k": 1}, ["prefix"]):
-        with pytest.raises(InputError):
-            request_from_wire(bad)
 
 
 def test_runtime_dir_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
