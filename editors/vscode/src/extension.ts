@@ -1,8 +1,10 @@
 // VS Code glue: starts `kspec lsp`, keeps its settings in step, shows its status.
 // Inline completions come from vscode-languageclient's built-in LSP 3.18 feature;
 // VS Code's own next/previous inline suggestion commands (Alt+] / Alt+[) cycle the
-// k items the server returns. Everything that can be decided without VS Code lives
-// in settings.ts, serverCommand.ts and status.ts (tested under node).
+// k items the server returns; `$/kspec/suggestionsUpdated` re-triggers them when the
+// server has longer ones for the text on screen. Everything that can be decided without
+// VS Code lives in settings.ts, serverCommand.ts, status.ts and suggestionsUpdated.ts
+// (tested under node).
 
 import * as os from 'os';
 import * as vscode from 'vscode';
@@ -16,6 +18,7 @@ import {
 import { defaultIsExecutable, resolveServerCommand, toExecutable } from './serverCommand';
 import { defaultPathContext, KspecSettings, needsRestart, readSettings, shouldComplete, toServerSettings } from './settings';
 import { COMMANDS, parseStatus, STATUS_METHOD, StatusModel } from './status';
+import { SUGGESTIONS_UPDATED_METHOD, suggestionsUpdatedHandler, TRIGGER_INLINE_SUGGEST } from './suggestionsUpdated';
 
 class KspecExtension implements vscode.Disposable {
 	private client: LanguageClient | undefined;
@@ -145,6 +148,20 @@ class KspecExtension implements vscode.Disposable {
 			this.status.onServerStatus(params);
 			this.render();
 		});
+		// Longer alternatives are ready for the text being edited: ask again (served from
+		// the server's typeahead cache), so the suggestion on screen grows without a keystroke.
+		client.onNotification(SUGGESTIONS_UPDATED_METHOD, suggestionsUpdatedHandler({
+			activeDocument: () => {
+				const editor = vscode.window.activeTextEditor;
+				return editor && {
+					uri: editor.document.uri.toString(), version: editor.document.version,
+					languageId: editor.document.languageId, selectionEmpty: editor.selection.isEmpty,
+				};
+			},
+			settings: () => this.settings,
+			trigger: () => void vscode.commands.executeCommand(TRIGGER_INLINE_SUGGEST),
+			warn: (message) => this.log.warn(message),
+		}));
 		client.onDidChangeState((e) => {
 			if (e.newState === State.Running) {
 				this.status.setPhase('running');

@@ -1,0 +1,73 @@
+// `$/kspec/suggestionsUpdated`: the server answered a request early (what was complete at
+// its first deadline), kept decoding, and has now stored the longer alternatives in its
+// typeahead cache for that document at that version. If the user is still looking at that
+// text, asking again shows them at once (the new request is answered from the cache).
+// No `vscode` import: extension.ts supplies the active editor and the trigger command.
+
+import { ServerSettings, shouldComplete } from './settings';
+
+export const SUGGESTIONS_UPDATED_METHOD = '$/kspec/suggestionsUpdated';
+/** VS Code's command that asks the inline completion providers again (trigger kind Invoke). */
+export const TRIGGER_INLINE_SUGGEST = 'editor.action.inlineSuggest.trigger';
+
+export interface SuggestionsUpdatedParams {
+	uri: string;
+	version: number;
+}
+
+/** Validate a notification's params; undefined for anything malformed (logged, ignored). */
+export function parseSuggestionsUpdated(raw: unknown): SuggestionsUpdatedParams | undefined {
+	if (typeof raw !== 'object' || raw === null) {
+		return undefined;
+	}
+	const r = raw as Record<string, unknown>;
+	if (typeof r.uri !== 'string' || r.uri === '' || typeof r.version !== 'number' || !Number.isInteger(r.version)) {
+		return undefined;
+	}
+	return { uri: r.uri, version: r.version };
+}
+
+/** What the user is looking at: the active text editor's document and cursor. */
+export interface ActiveDocument {
+	/** `document.uri.toString()`, as vscode-languageclient sends it to the server. */
+	uri: string;
+	/** `document.version`, as sent in didOpen / didChange. */
+	version: number;
+	languageId: string;
+	/** No text selected: a cursor, where inline suggestions show. */
+	selectionEmpty: boolean;
+}
+
+/** Ask again only for the document being edited, still at that version, with a cursor (not a
+ * selection), and completions on for its language. */
+export function shouldRetrigger(params: SuggestionsUpdatedParams, active: ActiveDocument | undefined, settings: ServerSettings): boolean {
+	return (
+		active !== undefined &&
+		active.uri === params.uri &&
+		active.version === params.version &&
+		active.selectionEmpty &&
+		shouldComplete(settings, active.languageId)
+	);
+}
+
+export interface SuggestionsUpdatedDeps {
+	activeDocument(): ActiveDocument | undefined;
+	settings(): ServerSettings;
+	/** Runs TRIGGER_INLINE_SUGGEST. */
+	trigger(): void;
+	warn(message: string): void;
+}
+
+/** The notification handler extension.ts registers on its LanguageClient. */
+export function suggestionsUpdatedHandler(deps: SuggestionsUpdatedDeps): (raw: unknown) => void {
+	return (raw: unknown) => {
+		const params = parseSuggestionsUpdated(raw);
+		if (params === undefined) {
+			deps.warn(`ignored a malformed ${SUGGESTIONS_UPDATED_METHOD}: ${JSON.stringify(raw)}`);
+			return;
+		}
+		if (shouldRetrigger(params, deps.activeDocument(), deps.settings())) {
+			deps.trigger();
+		}
+	};
+}

@@ -1,0 +1,75 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { DEFAULTS } from '../../src/settings';
+import {
+	ActiveDocument,
+	parseSuggestionsUpdated,
+	shouldRetrigger,
+	suggestionsUpdatedHandler,
+	SUGGESTIONS_UPDATED_METHOD,
+	TRIGGER_INLINE_SUGGEST,
+} from '../../src/suggestionsUpdated';
+
+const URI = 'file:///proj/example.py';
+const editing = (over: Partial<ActiveDocument> = {}): ActiveDocument => ({ uri: URI, version: 7, languageId: 'python', selectionEmpty: true, ...over });
+
+describe('parseSuggestionsUpdated', () => {
+	it('accepts the shape the server sends', () => {
+		assert.equal(SUGGESTIONS_UPDATED_METHOD, '$/kspec/suggestionsUpdated');
+		assert.deepEqual(parseSuggestionsUpdated({ uri: URI, version: 7 }), { uri: URI, version: 7 });
+		assert.deepEqual(parseSuggestionsUpdated({ uri: URI, version: 0, extra: true }), { uri: URI, version: 0 });
+	});
+	it('rejects what is not one', () => {
+		for (const bad of [null, undefined, 'x', 3, [], {}, { uri: URI }, { version: 7 }, { uri: '', version: 7 }, { uri: URI, version: '7' }, { uri: URI, version: 7.5 }, { uri: 1, version: 7 }]) {
+			assert.equal(parseSuggestionsUpdated(bad), undefined, JSON.stringify(bad));
+		}
+	});
+});
+
+describe('shouldRetrigger', () => {
+	const params = { uri: URI, version: 7 };
+	it('asks again for the document being edited at that version', () => {
+		assert.equal(shouldRetrigger(params, editing(), DEFAULTS), true);
+	});
+	it('not after a further edit, in another document, with a selection or without an editor', () => {
+		assert.equal(shouldRetrigger(params, editing({ version: 8 }), DEFAULTS), false);
+		assert.equal(shouldRetrigger(params, editing({ version: 6 }), DEFAULTS), false);
+		assert.equal(shouldRetrigger(params, editing({ uri: 'file:///proj/other.py' }), DEFAULTS), false);
+		assert.equal(shouldRetrigger(params, editing({ selectionEmpty: false }), DEFAULTS), false);
+		assert.equal(shouldRetrigger(params, undefined, DEFAULTS), false);
+	});
+	it('not when completions are off, or off for that language', () => {
+		assert.equal(shouldRetrigger(params, editing(), { ...DEFAULTS, enabled: false }), false);
+		assert.equal(shouldRetrigger(params, editing(), { ...DEFAULTS, languages: ['go'] }), false);
+		assert.equal(shouldRetrigger(params, editing(), { ...DEFAULTS, languages: ['go', 'python'] }), true);
+	});
+});
+
+describe('suggestionsUpdatedHandler', () => {
+	function setup(active: ActiveDocument | undefined) {
+		const calls = { trigger: 0, warnings: [] as string[] };
+		const handler = suggestionsUpdatedHandler({
+			activeDocument: () => active,
+			settings: () => DEFAULTS,
+			trigger: () => { calls.trigger += 1; },
+			warn: (message) => { calls.warnings.push(message); },
+		});
+		return { handler, calls };
+	}
+	it('runs the trigger command once per matching notification', () => {
+		assert.equal(TRIGGER_INLINE_SUGGEST, 'editor.action.inlineSuggest.trigger');
+		const { handler, calls } = setup(editing());
+		handler({ uri: URI, version: 7 });
+		assert.equal(calls.trigger, 1);
+		handler({ uri: URI, version: 6 });
+		assert.equal(calls.trigger, 1);
+		assert.deepEqual(calls.warnings, []);
+	});
+	it('logs and ignores a malformed one', () => {
+		const { handler, calls } = setup(editing());
+		handler({ uri: URI });
+		assert.equal(calls.trigger, 0);
+		assert.equal(calls.warnings.length, 1);
+		assert.match(calls.warnings[0], /malformed \$\/kspec\/suggestionsUpdated/);
+	});
+});
