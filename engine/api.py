@@ -8,7 +8,7 @@ protocol) uses these plain dataclasses; they serialise to dicts with `to_dict` /
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable
 
 from kspec.engine.errors import InputError
@@ -44,6 +44,7 @@ class CompletionRequest:
     top_p: float = 1.0
     seed: int = 0
     deadline_ms: float = 5000.0  # wall-clock budget; the engine returns what is complete by then
+    first_answer_ms: float = 0.0  # > 0: also answer early, with what is complete this soon, then keep decoding
     raw: bool = False  # skip trimming/ranking (for comparison)
     request_id: str = ""
     stop: tuple[str, ...] = ()  # extra stop strings: a branch ends where one first occurs (dropped)
@@ -52,6 +53,12 @@ class CompletionRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.stop, tuple):  # a list from JSON or msgpack
             object.__setattr__(self, "stop", tuple(self.stop))
+
+    def after_waiting(self, waited_ms: float) -> "CompletionRequest":
+        """The same request after `waited_ms` in a queue: waiting counts against its deadline
+        and its early answer (due at once, not dropped, when that moment passed already)."""
+        first = max(0.001, self.first_answer_ms - waited_ms) if self.first_answer_ms > 0 else 0.0
+        return replace(self, deadline_ms=self.deadline_ms - waited_ms, first_answer_ms=first)
 
     @property
     def sampling_temperature(self) -> float:
@@ -140,3 +147,4 @@ class CancelToken:
 
 
 Done = Callable[[CompletionResult | None, BaseException | None], None]  # a request's outcome: exactly one of the two is set
+EarlyAnswer = Callable[[CompletionResult], None]  # what was complete at `first_answer_ms`; decoding goes on to `Done`

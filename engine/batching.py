@@ -23,12 +23,12 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
-from kspec.engine.api import CancelToken, CompletionRequest, Done
+from kspec.engine.api import CancelToken, CompletionRequest, Done, EarlyAnswer
 from kspec.engine.cache.kv import BranchCacheGroup
 from kspec.engine.decode.speculative import SpeculativeRun, pad_rows
 from kspec.engine.errors import DeadlineExceeded, KspecError
@@ -63,6 +63,7 @@ class BatchConfig:
 class _Member:
     active: ActiveCompletion
     done: Done
+    early: EarlyAnswer | None = None  # called once, with the first non-empty interim answer
 
 
 @dataclass
@@ -80,7 +81,7 @@ class ContinuousBatcher:
 
     def __init__(self, engine: BatchEngine, config: BatchConfig = BatchConfig()):
         self.engine, self.config = engine, config
-        self._waiting: deque[tuple[CompletionRequest, CancelToken, Done, float]] = deque()
+        self._waiting: deque[tuple[CompletionRequest, CancelToken, Done, EarlyAnswer | None, float]] = deque()
         self._members: list[_Member] = []
         self.rounds = 0
         self.largest_batch = 0  # most requests verified in one round
@@ -94,14 +95,16 @@ class ContinuousBatcher:
     def size(self) -> int:
         return len(self._members)
 
-    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done) -> None:
-        """Queue a request; `done(result, error)` is called once, from `run_round`."""
-        self._waiting.append((request, cancel, done, time.monotonic()))
+    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done, early: EarlyAnswer | None = None) -> None:
+        """Queue a request; `done(result, error)` is called once, from `run_round`. With
+        `request.first_answer_ms` > 0, `early(result)` is called before that, once, at the
+        first round past that moment whose interim answer has an alternative."""
+        self._waiting.append((request, cancel, done, early, time.monotonic()))
 
     def cancel_all(self) -> None:
         for member in self._members:
             member.active.cancel.cancel()
-        for _, cancel, _, _ in self._waiting:
+        for _, cancel, _, _, _ in self._waiting:
             cancel.cancel()
 
     def run_round(self) -> None:
@@ -119,13 +122,13 @@ class ContinuousBatcher:
 
     def _admit(self) -> None:
         while self._waiting and len(self._members) < self.config.max_requests:
-            request, cancel, done, arrived = self._waiting.popleft()
-            remaining_ms = request.deadline_ms - (time.monotonic() - arrived) * 1000  # waiting counts
-            if remaining_ms <= 1:
+            request, cancel, done, early, arrived = self._waiting.popleft()
+            waited = request.after_waiting((time.monotonic() - arrived) * 1000)  # waiting counts
+            if waited.deadline_ms <= 1:
                 done(None, DeadlineExceeded("the deadline passed while waiting for a place in the batch"))
                 continue
             try:
-                self._members.append(_Member(self.engine.begin(replace(request, deadline_ms=remaining_ms), cancel), done))
+                self._members.append(_Member(self.engine.begin(waited, cancel), done, early))
             except Exception as exc:  # an invalid request (InputError) fails alone
                 done(None, exc)
 
@@ -192,9 +195,18 @@ class ContinuousBatcher:
                 try:
                     self._run_of(member).accept(part, plan.verify_ms)
                     member.active.after_round(batch_requests=len(plan.decode))
+                    if member.early is not None and member.active.early_answer_due:
+                        self._answer_early(member)
                 except Exception as exc:
                     self._fail(member, exc)
         self._leave([m for m in self._members if m.active.state is RequestState.OVER])
+
+    @staticmethod
+    def _answer_early(member: _Member) -> None:
+        interim = member.active.result(interim=True)
+        if interim.completions and member.early is not None:
+            early, member.early = member.early, None
+            early(interim)
 
     def _leave(self, over: list[_Member]) -> None:
         for member in over:

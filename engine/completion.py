@@ -11,10 +11,34 @@ from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult
 from kspec.engine.batching import BatchConfig, ContinuousBatcher
 from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 from kspec.engine.config import EngineConfig
+from kspec.engine.machine_fit import MachineDefaults, MachineTiming, choose_defaults
 from kspec.engine.models.gguf_convert import ProgressCallback
 from kspec.engine.models.loading import LoadedModel, check_draft_compatible, load_model
 from kspec.engine.request import ActiveCompletion
 
+CALIBRATION_CODE = """import os
+
+
+def list_python_files(folder):
+    \"\"\"Every .py file under folder, sorted.\"\"\"
+    names = []
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            if name.endswith(".py"):
+                names.append(os.path.join(root, name))
+    return sorted(names)
+
+
+def count_lines(path):
+    with open(path, encoding="utf-8") as handle:
+        return sum(1 for _ in handle)
+
+
+def main():
+    total = 0
+    for path in list_python_files("."):
+        total += count_lines(path)
+"""
 
 class CompletionEngine:
     """Satisfies `request.EngineParts` (what a request uses) and `batching.BatchEngine`."""
@@ -24,6 +48,7 @@ class CompletionEngine:
         self.prefix_cache = PrefixCache(PrefixCacheConfig(max_bytes=config.prefix_cache_mb * 1024 * 1024))
         self.draft_prefix_cache = PrefixCache(PrefixCacheConfig(max_bytes=config.prefix_cache_mb * 1024 * 1024 // 4))
         self.lock = threading.Lock()  # one round at a time: the model and caches are not re-entrant
+        self.defaults: MachineDefaults | None = None  # set by fit_to_machine()
 
     @classmethod
     def load(cls, config: EngineConfig, on_progress: ProgressCallback | None = None) -> "CompletionEngine":
@@ -36,8 +61,34 @@ class CompletionEngine:
         draft = load_model(config.draft, config, lambda f, m: report(share + (1 - share) * f, m)) if config.draft else None
         if draft is not None:
             check_draft_compatible(target, draft)
+        engine = cls(target, config, draft)
+        if config.fit_to_machine:
+            report(0.99, "timing this machine")
+            engine.fit_to_machine()
         report(1.0, "ready")
-        return cls(target, config, draft)
+        return engine
+
+    def measure_machine(self) -> MachineTiming:
+        """Time a prefill and decode rounds at a few k on real code, through `complete`."""
+        def run(prefix: str, k: int, max_tokens: int) -> CompletionResult:
+            request = CompletionRequest(prefix=prefix, k=k, max_tokens=max_tokens, raw=True, cursor_rules=False, deadline_ms=120_000)
+            return self.complete(request)
+
+        self.clear_caches()
+        run(CALIBRATION_CODE[:200], 1, 2)  # warm-up: first passes allocate
+        cold = run(CALIBRATION_CODE, 1, 1)
+        per_token = cold.timing_ms["prefill"] / max(1.0, cold.timing_ms.get("prompt_tokens", 1.0) - cold.timing_ms.get("reused_prompt_tokens", 0.0))
+        rounds = {}
+        for k in (2, 4):
+            result = run(CALIBRATION_CODE, k, 12)
+            rounds[k] = result.timing_ms["decode"] / max(1.0, result.timing_ms.get("rounds", 1.0))
+        self.clear_caches()
+        return MachineTiming(rounds, per_token)
+
+    def fit_to_machine(self) -> MachineDefaults:
+        """Measure this machine and choose the defaults a typist needs (`machine_fit`)."""
+        self.defaults = choose_defaults(self.measure_machine())
+        return self.defaults
 
     def clear_caches(self) -> None:
         """Forget every prompt's KV (the target's and the draft's prefix caches): the next request starts cold."""

@@ -62,6 +62,8 @@ def validate_request(request: CompletionRequest) -> None:
         raise InputError(f"max_tokens must be between 1 and {MAX_NEW_TOKENS}, got {request.max_tokens}")
     if request.deadline_ms <= 0:
         raise InputError(f"deadline_ms must be > 0, got {request.deadline_ms}")
+    if request.first_answer_ms < 0:
+        raise InputError(f"first_answer_ms must be >= 0 (0: no early answer), got {request.first_answer_ms}")
     if len(request.stop) > MAX_STOPS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in request.stop):
         raise InputError(f"stop must be at most {MAX_STOPS} non-empty strings of up to {MAX_STOP_CHARS} characters")
     if request.mode not in MODES:
@@ -176,13 +178,28 @@ class ActiveCompletion:
         if self.run is not None and self.run.finished():
             self.state = RequestState.OVER
 
-    def result(self) -> CompletionResult:
+    @property
+    def early_answer_due(self) -> bool:
+        """Decoding, asked for an early answer, and that moment has come."""
+        return (
+            self.state is RequestState.DECODING
+            and self.request.first_answer_ms > 0
+            and (time.perf_counter() - self.started) * 1000 >= self.request.first_answer_ms
+        )
+
+    def result(self, interim: bool = False) -> CompletionResult:
+        """The ranked alternatives. `interim`: while decoding goes on — each branch as if the
+        deadline were now (its unfinished last line is dropped like a deadline's)."""
         parts, request, run = self.parts, self.request, self.run
         now = time.perf_counter()
         if run is None:
             return CompletionResult([], parts.model_name, {"total": (now - self.started) * 1000})
         output = run.output()
-        candidates = [Candidate(b.text, b.logprob, len(b.token_ids), b.finish_reason) for b in output.branches if b.text]
+        candidates = [
+            Candidate(b.text, b.logprob, len(b.token_ids), b.finish_reason or ("deadline" if interim else ""))
+            for b in output.branches
+            if b.text
+        ]
         completions = postprocess(request.prefix, request.suffix, self.language, candidates, raw=request.raw)
         finished = time.perf_counter()
         timing = {
@@ -195,5 +212,6 @@ class ActiveCompletion:
             "rounds": float(output.stats.rounds),
             "accepted_per_round": output.stats.mean_accepted_per_round,
             "batch_requests_max": float(self.batch_peak),
+            "interim": float(interim),
         }
         return CompletionResult(completions, parts.model_name, timing)

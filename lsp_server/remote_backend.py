@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from kspec.engine.api import CompletionRequest, CompletionResult
+from kspec.engine.api import CompletionRequest, CompletionResult, EarlyAnswer
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, from_status
 from kspec.engine.decode.stopping import rule_for_cursor
 from kspec.engine.syntax import Candidate, detect_language, postprocess
@@ -98,7 +98,7 @@ class OpenAIEngine:
             return
         self._set_status(Status(READY, "ready", model=self._model))
 
-    async def complete(self, request: CompletionRequest) -> CompletionResult:
+    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:  # whole answers only
         if self._model is None:
             raise EngineUnavailable(self._status.message or "the remote engine is not connected")
         rule = rule_for_cursor(request.prefix, request.suffix, request.stop)

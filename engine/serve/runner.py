@@ -15,10 +15,10 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult, Done
+from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult, Done, EarlyAnswer
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError
 from kspec.engine.serve.status import ERROR, LOADING, READY, Status
 
@@ -40,7 +40,7 @@ class Batcher(Protocol):
     @property
     def idle(self) -> bool: ...
 
-    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done) -> None: ...
+    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done, early: EarlyAnswer | None = None) -> None: ...
 
     def run_round(self) -> None: ...
 
@@ -58,8 +58,8 @@ class SerialBatcher:
     def idle(self) -> bool:
         return not self._waiting
 
-    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done) -> None:
-        self._waiting.append((request, cancel, done))
+    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done, early: EarlyAnswer | None = None) -> None:
+        self._waiting.append((request, cancel, done))  # whole requests only: no early answer
 
     def run_round(self) -> None:
         request, cancel, done = self._waiting.pop(0)
@@ -96,7 +96,18 @@ class _Job:
     cancel: CancelToken
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-    deadline: float  # time.monotonic()
+    arrived: float  # time.monotonic()
+    early: EarlyAnswer | None = None  # called on the job's loop
+
+
+def _call_soon(job: _Job, callback: EarlyAnswer, result: CompletionResult) -> None:
+    """An early answer, handed to the waiting side's loop (unless it stopped waiting)."""
+    if job.future.done():
+        return
+    try:
+        job.loop.call_soon_threadsafe(callback, result)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
 
 
 def _resolve(job: _Job, result: CompletionResult | None, error: BaseException | None) -> None:
@@ -157,9 +168,11 @@ class EngineRunner:
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
-    async def complete(self, request: CompletionRequest) -> CompletionResult:
+    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:
+        """The final answer; with `request.first_answer_ms` > 0, `early(result)` may be called
+        (on this loop) with an interim one first, while decoding goes on."""
         loop = asyncio.get_running_loop()
-        job = _Job(request, CancelToken(), loop.create_future(), loop, time.monotonic() + request.deadline_ms / 1000)
+        job = _Job(request, CancelToken(), loop.create_future(), loop, time.monotonic(), early)
         self._queue.put(job)
         try:
             return await job.future
@@ -211,13 +224,14 @@ class EngineRunner:
         if batcher is None:
             _resolve(job, None, EngineUnavailable(self.status.message))
             return
-        remaining_ms = (job.deadline - time.monotonic()) * 1000
-        if remaining_ms <= 1:
+        request = job.request.after_waiting((time.monotonic() - job.arrived) * 1000)
+        if request.deadline_ms <= 1:
             _resolve(job, None, DeadlineExceeded("the deadline passed while waiting for the engine"))
             return
         with self._guard:
             self._running.add(job.cancel)
-        batcher.add(replace(job.request, deadline_ms=remaining_ms), job.cancel, lambda result, error: self._settle(job, result, error))
+        early = (lambda result: _call_soon(job, job.early, result)) if job.early is not None else None  # type: ignore[arg-type]
+        batcher.add(request, job.cancel, lambda result, error: self._settle(job, result, error), early)
 
     def _settle(self, job: _Job, result: CompletionResult | None, error: BaseException | None) -> None:
         with self._guard:
@@ -243,5 +257,6 @@ class EngineRunner:
             self._set_status(Status(ERROR, f"cannot load the model: {type(exc).__name__}: {exc}", model=self.config.model or "default"))
             return None
         log.info("model %s loaded in %.1f s", engine.model_name, time.perf_counter() - started)
-        self._set_status(Status(READY, "ready", progress=1.0, model=engine.model_name))
+        fitted = getattr(engine, "defaults", None)  # MachineDefaults, for engines that time themselves
+        self._set_status(Status(READY, "ready", progress=1.0, model=engine.model_name, defaults=fitted.to_dict() if fitted else None))
         return engine

@@ -15,6 +15,7 @@ class Status:
     model: str = ""
     latency_ms: float | None = None  # of the last answered request
     engine_pid: int | None = None  # the daemon's pid, when there is one
+    defaults: dict[str, float] | None = None  # what the engine chose for this machine (MachineDefaults.to_dict)
 
     def to_dict(self) -> dict:
         data = {"state": self.state, "message": self.message, "model": self.model}
@@ -24,4 +25,11 @@ class Status:
             data["latencyMs"] = round(self.latency_ms, 1)
         if self.engine_pid is not None:
             data["enginePid"] = self.engine_pid
+        if self.defaults is not None:
+            data["defaults"] = {_camel(key): value for key, value in self.defaults.items()}
         return data
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)

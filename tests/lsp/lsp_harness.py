@@ -42,23 +42,34 @@ class Editor:
         self.statuses: list[dict[str, Any]] = []
         self._arrived = asyncio.Event()
         client.feature("$/kspec/status")(lambda params: self._on_status(params))
+        self.updates: list[dict[str, Any]] = []  # $/kspec/suggestionsUpdated
+        client.feature("$/kspec/suggestionsUpdated")(lambda params: self._on_update(params))
         self._versions: dict[str, int] = {}
 
-    def _on_status(self, params: Any) -> None:
-        self.statuses.append(plain(params))
+    def _on_update(self, params: Any) -> None:
+        self.updates.append(plain(params))
         self._arrived.set()
+
+    async def wait_update(self, uri: str, timeout: float = 60.0) -> dict[str, Any]:
+        """The first `$/kspec/suggestionsUpdated` for `uri`, waiting up to `timeout` (no sleeps)."""
+        return await self._wait_for(self.updates, lambda update: update["uri"] == uri, timeout, f"suggestionsUpdated for {uri}")
 
     async def wait_status(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = START_TIMEOUT_S, after: int = 0) -> dict[str, Any]:
         """The first status (from index `after`) that satisfies `predicate`, waiting up to `timeout`."""
+        return await self._wait_for(self.statuses, predicate, timeout, "matching status", after)
+
+    async def _wait_for(
+        self, arrived: list[dict[str, Any]], predicate: Callable[[dict[str, Any]], bool], timeout: float, what: str, after: int = 0
+    ) -> dict[str, Any]:
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
-            for status in self.statuses[after:]:
-                if predicate(status):
-                    return status
+            for message in arrived[after:]:
+                if predicate(message):
+                    return message
             self._arrived.clear()
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
-                raise AssertionError(f"no matching status within {timeout} s; got {self.statuses[after:]}")
+                raise AssertionError(f"no {what} within {timeout} s; got {arrived[after:]}")
             try:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
             except asyncio.TimeoutError:

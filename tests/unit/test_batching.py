@@ -227,3 +227,39 @@ def test_decoding_deadline_is_the_one_set_on_arrival(random_engine):
         active.prepare_step()
     assert active.run is not None
     assert active.run.tracker.limits.deadline == active.deadline  # prefill time counts against it
+
+
+def test_early_answer_comes_first_and_decoding_goes_on_unchanged(random_engine):
+    """An early answer (what was complete after the first round) before the final one,
+    which is the same as without an early answer: answering early changes no token."""
+    request = _request(0, k=3, max_tokens=40)
+    alone = _texts(random_engine.complete(request))
+    batcher = random_engine.batcher(max_requests=2)
+    events: list[tuple[str, object]] = []
+    batcher.add(
+        replace(request, first_answer_ms=0.001),
+        CancelToken(),
+        lambda result, error: events.append(("done", result if error is None else error)),
+        lambda interim: events.append(("early", interim)),
+    )
+    _drain(batcher)
+    assert [kind for kind, _ in events] == ["early", "done"]
+    interim, final = events[0][1], events[1][1]
+    assert isinstance(interim, CompletionResult) and interim.completions and interim.timing_ms["interim"] == 1.0
+    assert isinstance(final, CompletionResult) and _texts(final) == alone
+    assert sum(c.n_tokens for c in interim.completions) < sum(c.n_tokens for c in final.completions)
+
+
+def test_no_early_answer_unless_asked(random_engine):
+    batcher = random_engine.batcher(max_requests=1)
+    early: list[object] = []
+    outcomes = Outcomes()
+    batcher.add(_request(0, max_tokens=6), CancelToken(), outcomes.callback(0), early.append)
+    _drain(batcher)
+    assert early == [] and outcomes.by_index[0][1] is None
+
+
+def test_waiting_counts_against_the_early_answer_too():
+    waited = CompletionRequest(prefix="x", deadline_ms=1000, first_answer_ms=200).after_waiting(250)
+    assert waited.deadline_ms == 750 and 0 < waited.first_answer_ms < 1  # due at once, not dropped
+    assert CompletionRequest(prefix="x", deadline_ms=1000).after_waiting(100).first_answer_ms == 0.0
