@@ -59,6 +59,9 @@ def started_nvim(root: Path, nvim_bin: str, kspec_bin: Path, settings: dict, env
 def nvim(tmp_path_factory, nvim_bin, kspec_bin, random_llama_dir):
     settings = {"model": str(random_llama_dir), "k": K, "maxTokens": 8, "debounceMs": 0, "deadlineMs": 60000, "engine": "inprocess"}
     with started_nvim(tmp_path_factory.mktemp("nvim"), nvim_bin, kspec_bin, settings) as editor:
+        # one answer per request: these tests compare what is shown with the first answer,
+        # which an early answer's refresh ($/kspec/suggestionsUpdated) would replace under them
+        editor.lua("require('kspec').set({ firstAnswerMs = 0 })")
         yield editor
 
 
@@ -223,6 +226,112 @@ def test_tab_is_a_normal_tab_when_nothing_is_shown(nvim: Nvim):
         assert nvim.lua("return vim.lsp.get_clients({ name = 'kspec' })[1].settings.enabled") is False
     finally:
         nvim.lua("require('kspec').enable(true)")
+
+
+UPDATED = "$/kspec/suggestionsUpdated"
+
+
+def notify_updated(nvim: Nvim, version: int | None = None, uri: str | None = None) -> bool:
+    """The server's notification that longer alternatives for (uri, version) are in its
+    typeahead cache, delivered to the handler the plugin registered on its kspec client
+    (default: the current buffer at its current version). -> whether it asked again."""
+    return nvim.lua(
+        """
+        local version, uri = ...
+        local client = vim.lsp.get_clients({ name = 'kspec', bufnr = 0 })[1]
+        local bufnr = vim.api.nvim_get_current_buf()
+        local params = {
+          uri = (uri == nil or uri == vim.NIL) and vim.uri_from_bufnr(bufnr) or uri,
+          version = (version == nil or version == vim.NIL) and vim.lsp.util.buf_versions[bufnr] or version,
+        }
+        return client.handlers[a_method](nil, params, { method = a_method, client_id = client.id, bufnr = bufnr })
+        """.replace("a_method", repr(UPDATED)),
+        version,
+        uri,
+    )
+
+
+def document_version(nvim: Nvim) -> int:
+    return nvim.lua("return vim.lsp.util.buf_versions[vim.api.nvim_get_current_buf()]")
+
+
+def server_stats(nvim: Nvim) -> dict:
+    """The server's counters (kspec/stats): requests, typeahead_hits, engine_calls, ..."""
+    return nvim.lua("local r = vim.lsp.get_clients({ name = 'kspec' })[1]:request_sync('kspec/stats', vim.empty_dict(), 10000, 0); assert(r and r.result, vim.inspect(r)); return r.result")
+
+
+def server_requests(nvim: Nvim) -> int:
+    return server_stats(nvim)["requests"]
+
+
+def wait_refreshed(nvim: Nvim, seq: int) -> dict:
+    nvim.wait_for(
+        "the answer to the request asked again", f"{GHOST}._debug().seq == a[1] and not {GHOST}._debug().pending and {GHOST}.shown() ~= nil",
+        60, seq, diagnose=lambda: diagnose(nvim),
+    )  # fmt: skip
+    return nvim.lua(f"return {GHOST}.shown()")
+
+
+def test_longer_suggestions_ready_for_this_version_asks_again_and_keeps_the_alternative(nvim: Nvim):
+    fresh_comment_line(nvim)
+    items = wait_ghost(nvim)["items"]
+    nvim.input("<M-]>")
+    nvim.wait_for("the 2nd alternative", f"{GHOST}.shown().index == 2", 10)
+    seq, requests = nvim.lua(f"return {GHOST}._debug().seq"), server_requests(nvim)
+    # not for this text: an older version of the buffer, another document
+    assert notify_updated(nvim, document_version(nvim) - 1) is False
+    assert notify_updated(nvim, uri="file:///elsewhere/other.py") is False
+    assert nvim.lua(f"return {GHOST}._debug().seq") == seq
+
+    assert notify_updated(nvim) is True
+    now = wait_refreshed(nvim, seq + 1)
+    assert server_requests(nvim) == requests + 1  # a new request reached the server (its typeahead cache answers it)
+    # still the alternative the user was looking at (its longer version, when there is one)
+    assert now["text"].startswith(items[1]), (now, items)
+    assert now["index"] == next(i for i, text in enumerate(now["items"], 1) if text.startswith(items[1]))
+    assert marks(nvim) == (now["text"].split("\n")[0], f" ({now['index']}/{now['count']})")
+
+
+def test_typed_into_the_suggestion_its_requests_notification_still_asks_again(nvim: Nvim):
+    fresh_comment_line(nvim)
+    text = wait_ghost(nvim)["text"]
+    asked_at = document_version(nvim)
+    first = text[0]
+    nvim.input("<lt>" if first == "<" else first)
+    nvim.wait_for("the ghost text to follow the typed character", f"{GHOST}.shown() ~= nil and {GHOST}.shown().text == a[1]", 10, text[1:])
+    assert document_version(nvim) != asked_at
+    seq = nvim.lua(f"return {GHOST}._debug().seq")
+    assert notify_updated(nvim, asked_at) is True  # the answer shown is that request's
+    now = wait_refreshed(nvim, seq + 1)
+    assert now["text"].startswith(text[1:]), (now, text)  # the server's typeahead cache answers for the text as typed
+    assert nvim.lua(f"return {GHOST}._debug().typed") == ""
+    assert buffer(nvim)[0] == FIRST_LINE + first
+
+    # out of insert mode nothing is asked
+    nvim.input("<Esc>")
+    nvim.wait_for("normal mode", "vim.api.nvim_get_mode().mode == 'n'", 10)
+    assert notify_updated(nvim) is False
+
+
+def test_the_servers_longer_answer_replaces_its_early_one_without_a_keystroke(tmp_path: Path, nvim_bin: str, kspec_bin: Path, random_llama_dir: Path):
+    """End to end: the server answers after its first decode round, decodes on, sends
+    $/kspec/suggestionsUpdated; the plugin asks again by itself and shows the answer its
+    typeahead cache gives."""
+    settings = {"model": str(random_llama_dir), "k": K, "maxTokens": 24, "debounceMs": 0, "deadlineMs": 60000, "engine": "inprocess"}
+    with started_nvim(tmp_path, nvim_bin, kspec_bin, settings) as editor:
+        editor.lua("require('kspec').set({ firstAnswerMs = 1 })")  # an early answer after the first round
+        fresh_comment_line(editor)
+        editor.wait_for(
+            "the plugin to ask again after the server's notification",
+            f"{GHOST}._debug().refreshes >= 1 and not {GHOST}._debug().pending and {GHOST}.shown() ~= nil", 120,
+            diagnose=lambda: diagnose(editor) + f"\nstats: {server_stats(editor)}",
+        )  # fmt: skip
+        stats = server_stats(editor)
+        assert stats["early_answers"] >= 1 and stats["continued"] >= 1, stats
+        assert stats["typeahead_hits"] >= 1, stats  # the request asked again was answered from the cache
+        assert buffer(editor)[0] == FIRST_LINE  # nothing was typed or inserted
+        shown = editor.lua(f"return {GHOST}.shown()")
+        assert marks(editor)[0] == shown["text"].split("\n")[0]
 
 
 def test_status_and_checkhealth_report_server_engine_and_features(nvim: Nvim):

@@ -5,6 +5,9 @@
 -- overlay, further lines as virt_lines) with " (i/k)" at the end of the line.
 -- Typing the next characters of the shown text keeps it (no new request); moving the
 -- cursor, leaving insert mode or leaving the buffer cancels the request and hides it.
+-- When the server says it has longer alternatives for the buffer as it is
+-- ($/kspec/suggestionsUpdated, see init.lua), refresh() asks again without hiding what is
+-- shown; the answer replaces it, keeping the alternative the user was looking at.
 local M = {}
 
 local api = vim.api
@@ -22,6 +25,7 @@ local TRIGGER_INVOKED, TRIGGER_AUTOMATIC = 1, 2 -- LSP 3.18 InlineCompletionTrig
 ---   tick,                                 -- b:changedtick the anchor/typed were computed at
 ---   items = { { text, insert, row, scol, ecol } } | nil,  -- text: what follows the anchor
 ---   index, typed,                         -- current item; characters typed since the anchor
+---   version,                              -- LSP document version of the request the items answer
 --- }
 local buffers = {}
 
@@ -210,6 +214,7 @@ local function send(bufnr, seq, trigger)
   end
   local params = vim.lsp.util.make_position_params(0, client.offset_encoding)
   params.context = { triggerKind = trigger }
+  local version = vim.lsp.util.buf_versions[bufnr] -- the document version the server answers for
   local ok, id = client_request(client, 'textDocument/inlineCompletion', params, function(err, result)
     if st.seq ~= seq then
       return -- superseded or cancelled
@@ -228,9 +233,19 @@ local function send(bufnr, seq, trigger)
     end
     local items = to_items(bufnr, result, client.offset_encoding, st.anchor)
     if #items == 0 then
-      return
+      return -- (a refresh that brings nothing keeps what is shown)
     end
-    st.items, st.index, st.typed = items, 1, ''
+    -- after a refresh, stay on the alternative that was shown: its longer version
+    local index, shown = 1, current_item(st)
+    if shown then
+      for i, item in ipairs(items) do
+        if item.text:sub(1, #shown.text) == shown.text then
+          index = i
+          break
+        end
+      end
+    end
+    st.items, st.index, st.typed, st.version = items, index, '', version
     render(bufnr)
   end, bufnr)
   if ok and id then
@@ -455,6 +470,53 @@ function M.trigger(bufnr)
   end
 end
 
+--- Is what is shown the answer to a request made at document `version` (the user may
+--- have typed into it since)?
+function M.shows_answer_of(bufnr, version)
+  local st = buffers[bufnr or api.nvim_get_current_buf()]
+  return current_item(st) ~= nil and st.version == version
+end
+
+--- The shown items as if asked at the cursor: what was typed into them is dropped from
+--- their text and becomes part of the line they replace.
+local function rebase(st, row, col)
+  local typed = st.typed
+  if st.items and typed ~= '' then
+    for i, item in ipairs(st.items) do
+      local text = item.text:sub(#typed + 1)
+      st.items[i] = { text = text, insert = text, row = row, scol = col, ecol = item.ecol + #typed }
+    end
+  end
+  st.typed = ''
+end
+
+--- Ask again at the cursor, keeping what is shown until the answer replaces it: the
+--- server stored longer alternatives for this text. false (nothing sent) unless this
+--- buffer is current, in insert mode and enabled, with the cursor where the shown
+--- suggestion (if any) goes on.
+function M.refresh(bufnr)
+  bufnr = bufnr or api.nvim_get_current_buf()
+  local st = buffers[bufnr]
+  if not st or not enabled(st) or not in_insert() or api.nvim_get_current_buf() ~= bufnr then
+    return false
+  end
+  local row, col = cursor()
+  if st.anchor and (row ~= st.anchor.row or col ~= st.anchor.col + #st.typed) then
+    return false -- moved since: CursorMovedI decides
+  end
+  if st.anchor and api.nvim_buf_get_changedtick(bufnr) ~= st.tick then
+    return false -- a change TextChangedI has not seen yet: it decides
+  end
+  st.seq = st.seq + 1 -- an older request's answer is dropped
+  st.refreshes = (st.refreshes or 0) + 1
+  cancel_pending(st)
+  rebase(st, row, col)
+  st.anchor = { row = row, col = col, before = line_at(bufnr, row):sub(1, col) }
+  st.tick = api.nvim_buf_get_changedtick(bufnr)
+  send(bufnr, st.seq, TRIGGER_INVOKED)
+  return true
+end
+
 --- Start ghost text in a buffer for a client.
 --- @param is_enabled fun(): boolean
 function M.attach(bufnr, client_id, opts, is_enabled)
@@ -520,6 +582,7 @@ function M._debug(bufnr)
     anchor = st.anchor and { row = st.anchor.row, col = st.anchor.col } or nil,
     typed = st.typed,
     count = st.items and #st.items or 0,
+    refreshes = st.refreshes or 0, -- requests asked again by refresh()
   }
 end
 

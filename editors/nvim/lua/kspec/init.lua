@@ -141,8 +141,48 @@ local function capabilities()
   }
 end
 
+--- Sent by the server when a request's background decoding finished and stored longer
+--- alternatives in its typeahead cache for { uri, version } (the short first answer was
+--- already returned): asking again now is answered from that cache at once.
+M.SUGGESTIONS_UPDATED = '$/kspec/suggestionsUpdated'
+
+--- Handler of M.SUGGESTIONS_UPDATED: if that document is the current buffer, attached to
+--- that client, in insert mode and enabled, and still at that version (with ghost text
+--- also: or showing that request's answer, typed into since), ask again.
+--- Returns (for tests) whether a new request was started: nil when the check is deferred
+--- (called in a fast event), else true / false.
+function M.on_suggestions_updated(_, params, ctx)
+  if type(params) ~= 'table' or type(params.uri) ~= 'string' or type(params.version) ~= 'number' then
+    return false
+  end
+  if vim.in_fast_event() then
+    vim.schedule(function()
+      M.on_suggestions_updated(nil, params, ctx)
+    end)
+    return nil
+  end
+  local bufnr = api.nvim_get_current_buf()
+  if not is_enabled() or vim.uri_from_bufnr(bufnr) ~= params.uri or not api.nvim_get_mode().mode:find('^i') then
+    return false
+  end
+  if ctx and ctx.client_id and not vim.lsp.buf_is_attached(bufnr, ctx.client_id) then
+    return false
+  end
+  local same_version = vim.lsp.util.buf_versions[bufnr] == params.version
+  if M.display() == 'plugin' then
+    -- typed into the suggestion since: the server's typeahead cache answers for the text now
+    return (same_version or ghost.shows_answer_of(bufnr, params.version)) and ghost.refresh(bufnr)
+  end
+  if not same_version then
+    return false -- typed on since: that answer is not for this text
+  end
+  -- vim.lsp.inline_completion has no "request now": its automatic request runs on
+  -- CursorMovedI, from its own autocommand group for this buffer (only that group runs)
+  return (pcall(api.nvim_exec_autocmds, 'CursorMovedI', { group = ('nvim.lsp.inline_completion:%d'):format(bufnr), buffer = bufnr, modeline = false }))
+end
+
 local function handlers()
-  return { [status.METHOD] = status.handler }
+  return { [status.METHOD] = status.handler, [M.SUGGESTIONS_UPDATED] = M.on_suggestions_updated }
 end
 
 --- One kspec process per Neovim: completions do not depend on the workspace root.
