@@ -21,11 +21,13 @@ side point by point (A B A B: both see the same moments of machine noise):
 Settings the server does not know (yet) are not sent (the server reports unknown keys);
 the report lists them under `settings.not_sent`. Reported per configuration:
 
-  answered_share       requests answered with at least one item before the next keystroke
-                       (for the last keystroke of a point: at all) / requests
+  answered_share       keystrokes answered with at least one item before the next keystroke
+                       (for the last keystroke of a point: at all) / keystrokes; "answered"
+                       is the keystroke's request, or a refresh for it when that request's
+                       own answer was empty
   ttfs_p50_ms, ttfs_p95_ms
-                       time to first suggestion: from a keystroke's request to its answer
-                       with items, over the answered requests
+                       time to first suggestion: from a keystroke's request to the first
+                       answer with items, over the answered keystrokes
   predict_top_share, predict_any_share
                        over the keystrokes with at least PREDICT_CHARS (8) characters still
                        to type at that point: the share whose top suggestion (any of the k)
