@@ -12,7 +12,8 @@ import threading
 from pathlib import Path
 
 from kspec.engine.errors import KspecError
-from kspec.cli.commands import warn_if_public
+from kspec.cli.commands import engine_config, warn_if_public
+from kspec.engine.config import add_flags
 
 INSTALL_HINT = "kspec cluster needs Ray Serve: pip install 'kspec[cluster]'"
 
@@ -25,19 +26,17 @@ def add_cluster_parser(commands: argparse._SubParsersAction) -> None:
         help="start N engine replicas behind one OpenAI-compatible endpoint and serve until interrupted",
         description="Starts a local Ray instance (or joins a cluster with --address), deploys N engine replicas "
         "and serves POST /v1/completions and GET /v1/models until SIGINT/SIGTERM. Each document's requests go to "
-        "the replica holding its prefix cache while that replica is alive.",
+        "the replica holding its prefix cache while that replica is alive. The model (and draft) must be readable "
+        "on every node; --device cuda needs --num-gpus.",
     )
     up.add_argument("--replicas", type=int, default=1, help="engine replicas (default 1)")
-    up.add_argument("--model", "-m", default=None, help="HF model folder, .gguf file or cached hub id, readable on every node (default: embedded demo model)")
-    up.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    up.add_argument("--device", default="cpu", help="cpu or cuda (with --num-gpus)")
+    add_flags(up)
     up.add_argument("--host", default="127.0.0.1", help="HTTP host of Serve's proxy (default loopback; any other needs --token-file)")
     up.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000; 0: a free one, printed)")
     up.add_argument("--token-file", type=Path, default=None, help="clients must send 'Authorization: Bearer <the token in this file>'")
     up.add_argument("--max-batch-requests", type=int, default=16, help="requests one replica decodes together (default 16)")
-    up.add_argument("--num-cpus", type=float, default=1.0, help="Ray CPUs per replica (default 1; also its torch threads)")
+    up.add_argument("--num-cpus", type=float, default=1.0, help="Ray CPUs per replica (default 1; also its torch threads unless --threads is given)")
     up.add_argument("--num-gpus", type=float, default=0.0, help="Ray GPUs per replica (default 0)")
-    up.add_argument("--threads", type=int, default=None, help="torch threads per replica (default: --num-cpus, at least 1)")
     up.add_argument("--address", default=None, help="join a running Ray cluster ('auto' or HOST:PORT) instead of starting a local one")
 
 
@@ -67,10 +66,9 @@ def run_cluster(args: argparse.Namespace) -> int:
     cluster = _import_cluster()
     try:
         options = cluster.ClusterOptions(
-            replicas=args.replicas, model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-            max_batch_requests=args.max_batch_requests, num_cpus=args.num_cpus, num_gpus=args.num_gpus, token=token,
-        )
-        options.engine_config()  # validates dtype/device before Ray starts
+            engine_config(args, progress=False), replicas=args.replicas, max_batch_requests=args.max_batch_requests,
+            num_cpus=args.num_cpus, num_gpus=args.num_gpus, token=token,
+        )  # fmt: skip
     except ValueError as exc:
         raise KspecError(str(exc)) from exc
     warn_if_public(args.host, "cluster")
@@ -92,7 +90,7 @@ def run_cluster(args: argparse.Namespace) -> int:
                 cluster.start_ray(args.address)
             except (ConnectionError, RuntimeError) as exc:
                 raise KspecError(f"cannot join the Ray cluster at {args.address}: {exc}") from exc
-        print(f"kspec cluster: starting {args.replicas} engine replica(s) of {args.model or 'the default model'}", file=sys.stderr, flush=True)
+        print(f"kspec cluster: starting {args.replicas} engine replica(s) of {options.engine.model or 'the default model'}", file=sys.stderr, flush=True)
         url = cluster.deploy(options, args.host, args.port)
         print(f"kspec cluster: serving {url}" + (" (token required)" if token else ""), file=sys.stderr, flush=True)
         while not stop.wait(3600):

@@ -8,10 +8,24 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kspec.engine.errors import KspecError
 
+if TYPE_CHECKING:
+    from kspec.engine.config import EngineConfig
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def engine_config(args: argparse.Namespace, **fixed: Any) -> "EngineConfig":
+    """The engine a command was asked for (its flags come from `engine.config.add_flags`)."""
+    from kspec.engine.config import from_flags
+
+    try:
+        return from_flags(args, **fixed)
+    except ValueError as exc:
+        raise KspecError(str(exc)) from exc
 
 
 def _address(value: str) -> tuple[str, int]:
@@ -42,11 +56,10 @@ def add_lsp_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def add_engine_parser(commands: argparse._SubParsersAction) -> None:
+    from kspec.engine.config import add_flags
+
     engine = commands.add_parser("engine", help="the shared engine daemon (normally started by `kspec lsp`)")
-    engine.add_argument("--model", "-m", default=None, help="HF model folder, .gguf file or cached hub id (default: embedded demo model)")
-    engine.add_argument("--draft", default=None, help="draft model with the target's tokenizer")
-    engine.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    engine.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    add_flags(engine)
     engine.add_argument("--socket", type=Path, default=None, help="Unix socket path (default: in the user's runtime dir, named after the model)")
     engine.add_argument("--idle-timeout", type=float, default=None, help="exit after this many seconds without clients (default: 900 on the Unix socket, never with --listen)")
     engine.add_argument("--listen", "--tcp", dest="listen", type=_address, default=None, metavar="[HOST:]PORT", help="serve over the network instead: the msgpack protocol and the OpenAI-compatible HTTP API on one port (loopback by default; clients must present the token; port 0 picks a free one)")
@@ -54,7 +67,6 @@ def add_engine_parser(commands: argparse._SubParsersAction) -> None:
     engine.add_argument("--tls-cert", type=Path, default=None, help="with --listen: serve TLS with this PEM certificate (chain)")
     engine.add_argument("--tls-key", type=Path, default=None, help="with --tls-cert: its PEM private key (default: in the certificate file)")
     engine.add_argument("--max-batch-requests", type=int, default=16, help="requests decoded together (continuous batching); 1 answers them one at a time")
-    engine.add_argument("--prefix-cache-mb", type=int, default=512, help="KV of recent prompts kept for reuse (one entry per document being typed in; ~70 MB per 1.5k-token prompt of the demo model)")
 
 
 def run_lsp(args: argparse.Namespace) -> int:
@@ -91,22 +103,22 @@ def run_lsp(args: argparse.Namespace) -> int:
 
 def run_engine(args: argparse.Namespace) -> int:
     from kspec.engine.serve.daemon import run_daemon
-    from kspec.engine.serve.protocol import DaemonPaths, EngineSpec, new_token
+    from kspec.engine.serve.protocol import DaemonPaths, new_token, read_token
 
-    spec = EngineSpec(args.model, args.draft, args.dtype, args.device)
+    config = engine_config(args, progress=False)
     if not 1 <= args.max_batch_requests <= 256:
         raise KspecError(f"--max-batch-requests must be between 1 and 256, got {args.max_batch_requests}")
     if args.listen is None:
         if args.tls_cert or args.token_file:
             raise KspecError("--tls-cert and --token-file only apply with --listen HOST:PORT")
         idle = 900.0 if args.idle_timeout is None else args.idle_timeout
-        return run_daemon(spec, args.socket, idle, max_batch_requests=args.max_batch_requests, prefix_cache_mb=args.prefix_cache_mb)
+        return run_daemon(config, args.socket, idle, max_batch_requests=args.max_batch_requests)
     warn_if_public(args.listen[0], "engine")
     if args.token_file is not None:
         token = read_token(args.token_file)
     else:
         token = new_token()
-        token_file = DaemonPaths.for_spec(spec).lock.with_suffix(".token")
+        token_file = DaemonPaths.for_config(config).lock.with_suffix(".token")
         descriptor = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.fchmod(descriptor, 0o600)
         with os.fdopen(descriptor, "w") as handle:
@@ -114,9 +126,8 @@ def run_engine(args: argparse.Namespace) -> int:
         print(f"kspec engine: token in {token_file}", file=sys.stderr, flush=True)
     tls = _server_tls(args.tls_cert, args.tls_key)
     return run_daemon(
-        spec, args.socket, args.idle_timeout, tcp=args.listen, token=token, tls=tls,
-        max_batch_requests=args.max_batch_requests, prefix_cache_mb=args.prefix_cache_mb,
-    )  # fmt: skip
+        config, args.socket, args.idle_timeout, tcp=args.listen, token=token, tls=tls, max_batch_requests=args.max_batch_requests
+    )
 
 
 def _server_tls(cert: Path | None, key: Path | None):

@@ -10,16 +10,8 @@ from typing import Sequence
 
 from kspec.engine.errors import KspecError
 from kspec.cli.cluster import add_cluster_parser, run_cluster
-from kspec.cli.commands import add_engine_parser, add_lsp_parser, run_engine, run_lsp
-
-
-def _engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", "-m", default=None, help="HF model folder, .gguf file or cached hub id (default: embedded SmolLM2-135M demo model)")
-    parser.add_argument("--draft", default=None, help="draft model with the target's tokenizer")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--drafter", default="auto", choices=["auto", "lookup", "model", "layerskip", "none"], help="speculative drafter (auto: --draft if given, else prompt lookup; layerskip: the first 8 layers of the target)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
+from kspec.cli.commands import add_engine_parser, add_lsp_parser, engine_config, run_engine, run_lsp
+from kspec.engine.config import add_flags
 
 
 def _generation_args(parser: argparse.ArgumentParser) -> None:
@@ -40,13 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
     complete = commands.add_parser("complete", help="complete at PATH:LINE:COL (1-based)")
     complete.add_argument("location", help="PATH:LINE:COL, 1-based")
     complete.add_argument("--json", action="store_true", help="print one JSON object")
-    _engine_args(complete)
+    add_flags(complete)
     _generation_args(complete)
 
     evaluate = commands.add_parser("eval", help="complete every case of a JSONL file")
     evaluate.add_argument("cases", help='JSONL: {"id", "prefix", "suffix", "language", ...} per line')
     evaluate.add_argument("--out", required=True, help="results JSONL, one line per case in case order")
-    _engine_args(evaluate)
+    add_flags(evaluate)
     _generation_args(evaluate)
 
     bench = commands.add_parser("bench", help="measure speed, side by side in one run")
@@ -80,24 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--url", action="append", default=None, help="serve: an OpenAI-compatible endpoint (http(s)://HOST:PORT/v1) to drive instead; repeat to compare, interleaved")
     bench.add_argument("--token-file", type=Path, default=None, help="serve: the endpoints' token (API key)")
     bench.add_argument("--hop", action="store_true", help="serve: with one --url, the same request in this process vs through that endpoint (the network / Ray hop)")
-    _engine_args(bench)
+    add_flags(bench)
 
     add_lsp_parser(commands)
     add_engine_parser(commands)
     add_cluster_parser(commands)
     return parser
-
-
-def _engine_config(args: argparse.Namespace, progress: bool = True):
-    from kspec.engine.config import EngineConfig
-
-    try:
-        return EngineConfig(
-            model=args.model, draft=args.draft, dtype=args.dtype, device=args.device, progress=progress, drafter=args.drafter,
-            threads=args.threads,
-        )  # fmt: skip
-    except ValueError as exc:
-        raise KspecError(str(exc)) from exc
 
 
 def _request_fields(args: argparse.Namespace) -> dict:
@@ -119,7 +99,7 @@ def run_complete(args: argparse.Namespace) -> int:
     from kspec.cli.location import read_location
 
     context = read_location(args.location)  # validate the file before loading a model
-    engine = CompletionEngine.load(_engine_config(args))
+    engine = CompletionEngine.load(engine_config(args))
     request = CompletionRequest(prefix=context.prefix, suffix=context.suffix, path=str(context.path), **_request_fields(args))
     result = engine.complete(request)
     if args.json:
@@ -138,7 +118,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from kspec.engine.completion import CompletionEngine
     from kspec.bench.evaluate import evaluate_file
 
-    engine = CompletionEngine.load(_engine_config(args))
+    engine = CompletionEngine.load(engine_config(args))
     summary = evaluate_file(engine, args.cases, args.out, _request_fields(args))
     print(json.dumps(summary, indent=1))
     return 0
@@ -193,7 +173,7 @@ def _bench_serve(config, args: argparse.Namespace) -> dict:
 def run_bench(args: argparse.Namespace) -> int:
     from kspec.bench import decode as bench
 
-    config = _engine_config(args, progress=False)
+    config = engine_config(args, progress=False)
     if args.what == "generate":
         report = bench.bench_generate(config, _ints(args.ks, [1, 4, 8]), args.max_tokens or 32, args.repeats or 3)
     elif args.what == "attention":

@@ -1,36 +1,68 @@
-"""Engine configuration: validated dataclasses with defaults that work on a laptop CPU."""
+"""Engine configuration: validated dataclasses with defaults that work on a laptop CPU.
+
+EngineConfig is the one list of what configures an engine. A field declared with
+`option(...)` is, with no other change: a flag of every command that loads an engine
+(`add_flags` / `from_flags`; complete, eval, bench, engine, cluster up), an argument of
+the daemon a language server spawns (`to_flags`) and part of that daemon's identity, an
+argument of `serve run ... cluster:build_app` (`from_values`), and with `setting=True`
+a language-server setting (lsp_server/settings.py; the editors' settings are checked
+against those in tests/unit/lsp/test_settings_schema.py).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import argparse
+import re
+import typing
+from dataclasses import Field, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
 DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names (this module imports no torch: the language server reads it)
 DRAFTER_CHOICES = ("auto", "lookup", "model", "layerskip", "none")
+DEVICE_PATTERN = r"cpu|cuda(:\d+)?"  # the whole value
+
+
+def option(default: Any, help: str, *, short: str | None = None, choices: tuple[str, ...] | None = None,
+           pattern: str | None = None, path: bool = False, setting: bool = False) -> Any:  # fmt: skip
+    """A field that users set: a command-line flag `--the-name` (and `short`) with this help;
+    `choices` / `pattern` (a regex for the whole value) say what is valid; `path`: a file or
+    folder (resolved when it names the engine); `setting`: also a language-server setting."""
+    metadata = {"help": help, "short": short, "choices": choices, "pattern": pattern, "path": path, "setting": setting}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # None: the embedded default model
-    draft: str | None = None  # a draft model with the target's tokenizer (speculative decoding)
-    dtype: str = "float32"
-    device: str = "cpu"
+    model: str | None = option(
+        None, "HF model folder, .gguf file or cached hub id (default: the embedded SmolLM2-135M demonstration model)",
+        short="-m", path=True, setting=True,
+    )  # fmt: skip
+    draft: str | None = option(None, "draft model with the target's tokenizer (speculative decoding)", path=True, setting=True)
+    dtype: str = option("float32", "weight and activation type", choices=DTYPES, setting=True)
+    device: str = option("cpu", "cpu or cuda[:N]", pattern=DEVICE_PATTERN, setting=True)
     prompt_tokens: int = 1536  # token budget for prefix + suffix
-    threads: int | None = None  # torch intra-op threads; None keeps torch's default
+    threads: int | None = option(None, "torch intra-op threads (default: torch's, one per core)")
     progress: bool = True  # progress bar while converting a GGUF file
-    prefix_cache_mb: int = 512  # KV of recent prompts kept for reuse across keystrokes; 0 disables
-    drafter: str = "auto"  # "auto" (the draft model if given, else prompt lookup), "lookup", "model", "layerskip", "none"
+    prefix_cache_mb: int = option(
+        512, "KV of recent prompts kept for reuse across keystrokes, in MB (one entry per document being typed in; "
+        "~70 MB per 1.5k-token prompt of the demo model); 0 disables",
+    )  # fmt: skip
+    drafter: str = option(
+        "auto", "speculative drafter (auto: --draft if given, else prompt lookup; layerskip: the first 8 layers of the target)",
+        choices=DRAFTER_CHOICES,
+    )  # fmt: skip
     draft_layers: int = 8  # layerskip: the target's first N layers + its head draft
     gamma: int = 4  # starting draft length (adapts per round)
     early_stop: bool = True  # stop a branch once tree-sitter says its unit is complete
+    fit_to_machine: bool = True  # at load, time this machine and choose k / max tokens / first answer (engine/machine_fit.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if not (self.device == "cpu" or self.device.startswith("cuda")):
+        if not isinstance(self.device, str) or not re.fullmatch(DEVICE_PATTERN, self.device):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.prompt_tokens < 16:
             raise ValueError(f"prompt_tokens must be >= 16, got {self.prompt_tokens}")
@@ -52,3 +84,82 @@ class EngineConfig:
         import torch
 
         return getattr(torch, self.dtype)
+
+
+# --- what derives from the options ------------------------------------------------------
+
+
+def options() -> tuple[Field, ...]:
+    """The fields users set (declared with `option`), in declaration order."""
+    return tuple(f for f in fields(EngineConfig) if "help" in f.metadata)
+
+
+def flag(option_field: Field) -> str:
+    return "--" + option_field.name.replace("_", "-")
+
+
+def value_type(option_field: Field) -> type:
+    """str, int, float or bool: the field's type without its None."""
+    hint = typing.get_type_hints(EngineConfig)[option_field.name]
+    kinds = [kind for kind in typing.get_args(hint) if kind is not type(None)] or [hint]
+    return kinds[0]
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Every option as a flag; one not given stays None (-> EngineConfig's default)."""
+    for option_field in options():
+        meta = option_field.metadata
+        names = [flag(option_field), *([meta["short"]] if meta["short"] else [])]
+        kind = value_type(option_field)
+        if kind is bool:
+            parser.add_argument(*names, dest=option_field.name, action=argparse.BooleanOptionalAction, default=None, help=meta["help"])
+            continue
+        shown = "" if option_field.default is None or "default" in meta["help"] else f" (default: {option_field.default})"
+        parser.add_argument(
+            *names, dest=option_field.name, type=kind, choices=meta["choices"], default=None, help=meta["help"] + shown,
+            metavar=None if meta["choices"] else option_field.name.upper(),
+        )  # fmt: skip
+
+
+def from_flags(args: argparse.Namespace, **fixed: Any) -> EngineConfig:
+    """The config of parsed flags (`add_flags`), with `fixed` fields set by the caller.
+    Raises ValueError naming what is invalid."""
+    given = {f.name: getattr(args, f.name) for f in options() if getattr(args, f.name, None) is not None}
+    return EngineConfig(**{**given, **fixed})
+
+
+def to_flags(config: EngineConfig) -> list[str]:
+    """The flags that give `config` back through `from_flags` (options at their default are left out)."""
+    out: list[str] = []
+    for option_field in options():
+        value = getattr(config, option_field.name)
+        if value == option_field.default:
+            continue
+        if value_type(option_field) is bool:
+            out.append(flag(option_field) if value else "--no-" + flag(option_field)[2:])
+        else:
+            out += [flag(option_field), str(value)]
+    return out
+
+
+def from_values(values: dict[str, Any], **fixed: Any) -> EngineConfig:
+    """The config of option values given as text or typed (`serve run` arguments, a YAML
+    file); None or "" keeps the default. Raises ValueError for an unknown name or a bad value."""
+    by_name = {f.name: f for f in options()}
+    unknown = set(values) - set(by_name)
+    if unknown:
+        raise ValueError(f"unknown engine option(s) {', '.join(sorted(unknown))}; known: {', '.join(by_name)}")
+    typed: dict[str, Any] = {}
+    for name, value in values.items():
+        if value is None or value == "":
+            continue
+        kind = value_type(by_name[name])
+        if kind is bool and isinstance(value, str):
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
+            value = value.lower() in ("true", "1", "yes")
+        try:
+            typed[name] = kind(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name} must be {kind.__name__}, got {value!r}") from exc
+    return EngineConfig(**{**typed, **fixed})

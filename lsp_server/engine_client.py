@@ -5,7 +5,7 @@ background and is reported through `on_status`), `complete(request)` (raises
 EngineUnavailable / DeadlineExceeded / InputError; cancelling the awaiting task stops
 the request in the engine at its next round) and `close()`.
 
-The daemon client connects to the daemon for its EngineSpec, starting one when none
+The daemon client connects to the daemon for its EngineConfig, starting one when none
 answers (under a spawn lock, so two editors starting together start one daemon), checks
 the protocol version, and when the connection drops while in use it reports that once
 and starts the daemon again (giving up after `max_restarts` crashes in a short while).
@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import IO, Any, Callable, Protocol
 
 from kspec.engine.api import CompletionRequest, CompletionResult
+from kspec.engine.config import EngineConfig, to_flags
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
 from kspec.engine.serve.protocol import (
     PROTOCOL_VERSION,
     DaemonPaths,
-    EngineSpec,
     EngineUrl,
     client_tls,
     ProtocolError,
@@ -110,7 +110,7 @@ class UnusableEngine:
 
 @dataclass(frozen=True)
 class DaemonOptions:
-    spec: EngineSpec = field(default_factory=EngineSpec)
+    config: EngineConfig = field(default_factory=EngineConfig)  # what the daemon serves (and which daemon: DaemonPaths)
     folder: Path | None = None  # runtime dir; None: $XDG_RUNTIME_DIR/kspec or a private temp dir
     connect_timeout_s: float = 120.0  # a cold start imports torch and loads the model
     handshake_timeout_s: float = 10.0
@@ -123,7 +123,7 @@ class DaemonOptions:
     ca_file: Path | None = None  # tls://: trust this certificate / CA instead of the system's
 
     def paths(self) -> DaemonPaths:
-        return DaemonPaths.for_spec(self.spec, self.folder)
+        return DaemonPaths.for_config(self.config, self.folder)
 
 
 @dataclass
@@ -144,7 +144,7 @@ class DaemonEngine:
         self.paths = options.paths()
         self.where = str(options.url) if options.url else str(self.paths.socket)
         self._on_status = on_status
-        self._status = Status(LOADING, "connecting to the engine daemon", progress=0.0, model=options.spec.model or "default")
+        self._status = Status(LOADING, "connecting to the engine daemon", progress=0.0, model=options.config.model or "default")
         self._connection: _Connection | None = None
         self._connecting: asyncio.Task | None = None
         self._closing = False
@@ -207,7 +207,7 @@ class DaemonEngine:
         if error is not None:
             message = f"cannot reach the engine daemon: {error} (log: {self.paths.log})"
             log.error("%s", message)
-            self._set_status(Status(ERROR, message, model=self.options.spec.model or "default"))
+            self._set_status(Status(ERROR, message, model=self.options.config.model or "default"))
 
     async def _wait_connection(self, timeout_s: float) -> _Connection:
         if self._connection is not None and self._connection.alive:
@@ -298,7 +298,7 @@ class DaemonEngine:
 
     def _spawn(self) -> subprocess.Popen:
         command = [
-            self.options.python, "-m", "kspec.cli.main", "engine", *self.options.spec.to_args(),
+            self.options.python, "-m", "kspec.cli.main", "engine", *to_flags(self.options.config),
             "--socket", str(self.paths.socket), "--idle-timeout", str(self.options.idle_timeout_s),
         ]  # fmt: skip
         log.info("starting the engine daemon: %s", " ".join(command))
@@ -367,11 +367,11 @@ class DaemonEngine:
         if len(self._crashes) > self.options.max_restarts:
             self._gave_up = True
             message = f"the engine daemon stopped {len(self._crashes)} times; not restarting it (log: {self.paths.log})"
-            self._set_status(Status(ERROR, message, model=self.options.spec.model or "default"))
+            self._set_status(Status(ERROR, message, model=self.options.config.model or "default"))
             return
         message = f"the engine daemon stopped unexpectedly ({reason}); restarting it"
         log.warning("%s", message)
-        self._set_status(Status(ERROR, message, model=self.options.spec.model or "default"))
+        self._set_status(Status(ERROR, message, model=self.options.config.model or "default"))
         self._begin_connecting()
 
 

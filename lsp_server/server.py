@@ -36,7 +36,8 @@ from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Cur
 from kspec.lsp_server.edits import replaced_chars
 from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions, EngineClient, InProcessEngine, UnusableEngine
 from kspec.lsp_server.jsonrpc import MAX_MESSAGE_BYTES, Dispatcher, frames_to_loop
-from kspec.engine.serve.protocol import EngineSpec, parse_engine_url
+from kspec.engine.config import EngineConfig
+from kspec.engine.serve.protocol import parse_engine_url
 from kspec.lsp_server.remote_backend import OpenAIEngine, RemoteOptions, api_key_from
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
 from kspec.engine.serve.runner import EngineFactory, default_engine_factory
@@ -303,21 +304,18 @@ class Session:
         asyncio.ensure_future(self.engine.start())
 
     def _make_engine(self, settings: Settings) -> EngineClient:
+        config = settings.engine_config()
         if settings.engine == "inprocess":
-            from kspec.engine.config import EngineConfig
-
-            config = EngineConfig(model=settings.model, draft=settings.draft, dtype=settings.dtype, device=settings.device, progress=False)
             return InProcessEngine(config, self._on_status, self.options.engine_factory)
-        spec = EngineSpec(settings.model, settings.draft, settings.dtype, settings.device)
         if settings.engine == "daemon":
-            options = DaemonOptions(spec=spec, folder=self.options.daemon_folder, idle_timeout_s=self.options.daemon_idle_timeout_s)
+            options = DaemonOptions(config=config, folder=self.options.daemon_folder, idle_timeout_s=self.options.daemon_idle_timeout_s)
             return DaemonEngine(options, self._on_status)
         try:
-            return self._network_engine(settings, spec)
+            return self._network_engine(settings, config)
         except (ValueError, InputError) as exc:
             return UnusableEngine(f"engine {settings.engine!r}: {exc}", self._on_status)
 
-    def _network_engine(self, settings: Settings, spec: EngineSpec) -> EngineClient:
+    def _network_engine(self, settings: Settings, config: EngineConfig) -> EngineClient:
         """A kspec engine on the network ("remote") or an OpenAI-compatible one ("openai").
         Raises ValueError / InputError for settings that cannot work (no URL, wrong scheme, no token file)."""
         text = self.options.engine_url or settings.engine_url
@@ -333,7 +331,7 @@ class Session:
             raise ValueError(f"{url} is an HTTP URL: use engine 'openai' for it, or tcp:// / tls:// for a kspec engine")
         if not token:
             raise ValueError("a network engine needs its token: set engineTokenFile or $KSPEC_ENGINE_TOKEN")
-        options = DaemonOptions(spec=spec, url=url, token=token, ca_file=ca_file, connect_timeout_s=10.0)
+        options = DaemonOptions(config=config, url=url, token=token, ca_file=ca_file, connect_timeout_s=10.0)
         return DaemonEngine(options, self._on_status)
 
     # --- status and messages ---------------------------------------------------------

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
 from kspec.engine.api import MAX_K, MAX_NEW_TOKENS, MODES
-from kspec.engine.config import DTYPES
+from kspec.engine.config import DTYPES, EngineConfig, options
 
 PLACEMENTS = ("inprocess", "daemon", "remote", "openai")
 SECTION = "kspec"
@@ -55,10 +55,14 @@ class Settings:
     def language_enabled(self, language_id: str) -> bool:
         return self.enabled and (not self.languages or "*" in self.languages or language_id in self.languages)
 
+    def engine_config(self) -> EngineConfig:
+        """The engine these settings ask for: the EngineConfig options that are settings."""
+        return EngineConfig(**{f.name: getattr(self, f.name) for f in options() if f.metadata["setting"]}, progress=False)
+
     def engine_key(self) -> tuple[Any, ...]:
         """Settings that need a new engine (or daemon) when they change."""
-        return (self.engine, self.model, self.draft, self.device, self.dtype, self.engine_url, self.engine_token_file,
-                self.engine_ca_file, self.remote_model, self.remote_fim)  # fmt: skip
+        return (self.engine, self.engine_config(), self.engine_url, self.engine_token_file, self.engine_ca_file,
+                self.remote_model, self.remote_fim)  # fmt: skip
 
 
 def _optional_path(value: Any) -> str | None:

@@ -36,7 +36,7 @@ import logging
 import random
 import socket
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import ray
@@ -50,7 +50,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from kspec.engine.api import CompletionRequest, CompletionResult
-from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError, describe, from_kind
+from kspec.engine.config import EngineConfig, from_values
+from kspec.engine.config import options as engine_options
+from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError, from_kind
+from kspec.engine.errors import describe as describe_error
 from kspec.engine.serve.affinity import MAX_DOCUMENTS, DocumentPlacement
 from kspec.engine.serve.http_api import MAX_BODY, HttpApi
 from kspec.engine.serve.openai_api import ApiError, error_body
@@ -124,7 +127,6 @@ class KspecEngine:
     """One engine replica: an EngineRunner (continuous batching, own prefix cache)."""
 
     async def __init__(self, engine_config: dict[str, Any], max_batch_requests: int):
-        from kspec.engine.config import EngineConfig
         from kspec.engine.serve.runner import EngineRunner, default_engine_factory
         from kspec.engine.serve.status import ERROR, LOADING
 
@@ -154,7 +156,7 @@ class KspecEngine:
         try:
             result = await self._runner.complete(CompletionRequest.from_dict(request))
         except KspecError as exc:
-            error = describe(exc)
+            error = describe_error(exc)
             answer["error"] = {"kind": error.kind, "message": error.message}
         else:
             answer["result"] = result.to_dict()
@@ -252,13 +254,11 @@ class KspecIngress:
 
 @dataclass(frozen=True)
 class ClusterOptions:
-    """What `kspec cluster up` and `serve run ... kspec.engine.serve.cluster:build_app` take."""
+    """What `kspec cluster up` and `serve run ... kspec.engine.serve.cluster:build_app` take:
+    the replicas' engine (threads None: each replica's Ray CPUs, at least 1) and the cluster's own options."""
 
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(progress=False))
     replicas: int = 1
-    model: str | None = None
-    dtype: str = "float32"
-    device: str = "cpu"
-    threads: int | None = None  # torch threads per replica (default: its CPUs, at least 1)
     max_batch_requests: int = 16
     num_cpus: float = 1.0  # Ray CPUs reserved per engine replica
     num_gpus: float = 0.0  # Ray GPUs per engine replica
@@ -271,34 +271,31 @@ class ClusterOptions:
             raise ValueError(f"max_batch_requests must be >= 1, got {self.max_batch_requests}")
         if self.num_cpus < 0 or self.num_gpus < 0:
             raise ValueError("num_cpus and num_gpus must be >= 0")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
-
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> "ClusterOptions":
-        """From `serve run` arguments (strings on the command line, typed in a YAML file);
-        `token_file` reads the token from a file on the machine that builds the app."""
+        """From `serve run` arguments (strings on the command line, typed in a YAML file):
+        any engine option (kspec.engine.config) and the cluster's own; `token_file` reads
+        the token from a file on the machine that builds the app."""
         args = dict(args)
         token_file = args.pop("token_file", None)
-        unknown = set(args) - {f.name for f in fields(cls)}
+        engine_names = {f.name for f in engine_options()}
+        own = {f.name: f for f in fields(cls) if f.name not in ("engine", "token")}
+        unknown = set(args) - engine_names - set(own)
         if unknown:
-            raise ValueError(f"unknown argument(s) {', '.join(sorted(unknown))}; known: {', '.join(f.name for f in fields(cls))}, token_file")
-        types = {"replicas": int, "threads": int, "max_batch_requests": int, "num_cpus": float, "num_gpus": float}
-        values: dict[str, Any] = {}
+            known = ", ".join([*(f.name for f in engine_options()), *own, "token_file"])
+            raise ValueError(f"unknown argument(s) {', '.join(sorted(unknown))}; known: {known}")
+        values: dict[str, Any] = {"engine": from_values({k: v for k, v in args.items() if k in engine_names}, progress=False)}
         for name, value in args.items():
-            if value is None or value == "":
-                continue
-            values[name] = types[name](value) if name in types else str(value)
+            if name in own and value is not None and value != "":
+                values[name] = type(own[name].default)(value)
         if token_file:
             values["token"] = read_token(str(token_file))
         return cls(**values)
 
     def engine_config(self) -> dict[str, Any]:
-        from kspec.engine.config import EngineConfig
-
-        threads = self.threads or max(1, int(self.num_cpus))
-        config = EngineConfig(model=self.model, dtype=self.dtype, device=self.device, threads=threads, progress=False)
-        return {f.name: getattr(config, f.name) for f in fields(config)}
+        """Each replica's EngineConfig, as the keyword arguments Ray hands to it."""
+        threads = self.engine.threads or max(1, int(self.num_cpus))
+        return asdict(replace(self.engine, threads=threads, progress=False))
 
 
 def build_application(options: ClusterOptions) -> serve.Application:

@@ -23,16 +23,17 @@ import os
 import signal
 import ssl
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from kspec.engine.api import CompletionRequest, CompletionResult
+from kspec.engine.config import EngineConfig
 from kspec.engine.errors import InputError, KspecError
 from kspec.engine.serve.http_api import HttpApi, looks_like_http, serve_http
 from kspec.engine.serve.protocol import (
     PROTOCOL_VERSION,
     DaemonPaths,
-    EngineSpec,
     ProtocolError,
     error_frame,
     read_frame,
@@ -237,14 +238,13 @@ def _lock(path: Path) -> int | None:
 
 
 def run_daemon(
-    spec: EngineSpec,
+    config: EngineConfig,
     socket: Path | None,
     idle_timeout_s: float | None,
     tcp: tuple[str, int] | None = None,
     token: str | None = None,
     tls: ssl.SSLContext | None = None,
     max_batch_requests: int = 16,
-    prefix_cache_mb: int = 512,
 ) -> int:
     """Entry point of `kspec engine`; returns the exit code. A Unix-socket daemon holds
     the lock for its model (a second one exits at once); a network daemon needs none:
@@ -252,18 +252,13 @@ def run_daemon(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s kspec-engine[%(process)d] %(levelname)s %(message)s")
     lock = None
     if tcp is None:
-        paths = DaemonPaths.for_spec(spec) if socket is None else DaemonPaths(socket, socket.with_suffix(".lock"), socket.with_suffix(".log"))
+        paths = DaemonPaths.for_config(config) if socket is None else DaemonPaths(socket, socket.with_suffix(".lock"), socket.with_suffix(".log"))
         lock = _lock(paths.lock)  # before importing torch: a second daemon costs almost nothing
         if lock is None:
             print(f"kspec engine: already running (pid {paths.daemon_pid()}) at {paths.socket}", file=sys.stderr)
             return 0
-    from kspec.engine.config import EngineConfig
-
     try:
-        config = EngineConfig(
-            model=spec.model, draft=spec.draft, dtype=spec.dtype, device=spec.device, progress=False, prefix_cache_mb=prefix_cache_mb
-        )
-        daemon = Daemon(config, idle_timeout_s=idle_timeout_s, token=token, max_batch_requests=max_batch_requests)
+        daemon = Daemon(replace(config, progress=False), idle_timeout_s=idle_timeout_s, token=token, max_batch_requests=max_batch_requests)
         if tcp is not None:
             asyncio.run(daemon.serve_tcp(*tcp, tls=tls))
         else:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from kspec.engine.config import EngineConfig, options
 from kspec.engine.errors import InputError, KspecError, ProtocolError, describe, from_kind
 
 if TYPE_CHECKING:
@@ -107,27 +108,18 @@ def runtime_dir() -> Path:
     return folder
 
 
-@dataclass(frozen=True)
-class EngineSpec:
-    """What a daemon serves; daemons are shared between editors with the same spec."""
-
-    model: str | None = None
-    draft: str | None = None
-    dtype: str = "float32"
-    device: str = "cpu"
-
-    def key(self) -> str:
-        resolved = [str(Path(p).expanduser().resolve()) if p and Path(p).expanduser().exists() else p for p in (self.model, self.draft)]
-        data = json.dumps([PROTOCOL_VERSION, *resolved, self.dtype, self.device])
-        return hashlib.sha256(data.encode()).hexdigest()[:16]
-
-    def to_args(self) -> list[str]:
-        args = ["--dtype", self.dtype, "--device", self.device]
-        if self.model:
-            args += ["--model", self.model]
-        if self.draft:
-            args += ["--draft", self.draft]
-        return args
+def daemon_key(config: EngineConfig) -> str:
+    """Daemons are shared between editors whose engines are configured alike: a hash of
+    the protocol version and every engine option (paths resolved, so a folder named two
+    ways is one daemon)."""
+    values = []
+    for option_field in options():
+        value = getattr(config, option_field.name)
+        if option_field.metadata["path"] and value and Path(value).expanduser().exists():
+            value = str(Path(value).expanduser().resolve())
+        values.append([option_field.name, value])
+    data = json.dumps([PROTOCOL_VERSION, values])
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -137,9 +129,9 @@ class DaemonPaths:
     log: Path
 
     @classmethod
-    def for_spec(cls, spec: EngineSpec, folder: Path | None = None) -> "DaemonPaths":
+    def for_config(cls, config: EngineConfig, folder: Path | None = None) -> "DaemonPaths":
         folder = folder or runtime_dir()
-        stem = f"engine-v{PROTOCOL_VERSION}-{spec.key()}"
+        stem = f"engine-v{PROTOCOL_VERSION}-{daemon_key(config)}"
         return cls(folder / f"{stem}.sock", folder / f"{stem}.lock", folder / f"{stem}.log")
 
     def daemon_pid(self) -> int | None:

@@ -27,13 +27,14 @@ WAIT_S = 60.0  # any single wait in these tests
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory):
     from model_factory import write_random_model
+    from kspec.engine.config import EngineConfig
     from kspec.engine.serve import cluster
 
     model = write_random_model(tmp_path_factory.mktemp("cluster-llama"), "llama", seed=0)
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     cluster.start_ray(None, num_cpus=2)
     try:
-        url = cluster.deploy(cluster.ClusterOptions(replicas=2, model=str(model), token=TOKEN, max_batch_requests=4), "127.0.0.1", 0)
+        url = cluster.deploy(cluster.ClusterOptions(EngineConfig(model=str(model), progress=False), replicas=2, token=TOKEN, max_batch_requests=4), "127.0.0.1", 0)
         yield url
     finally:
         ray_processes = [child for child in psutil.Process().children(recursive=True) if child.pid not in before]

@@ -24,7 +24,8 @@ from lsp_harness import FAST, REPO, editor_session, server_env
 from kspec.engine.api import CompletionRequest
 from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions
 from kspec.engine.serve.openai_api import parse_completion
-from kspec.engine.serve.protocol import PROTOCOL_VERSION, EngineSpec, pack, parse_engine_url, read_frame
+from kspec.engine.config import EngineConfig
+from kspec.engine.serve.protocol import PROTOCOL_VERSION, pack, parse_engine_url, read_frame
 from kspec.engine.errors import EngineUnavailable
 
 TOKEN = "team-token-123"
@@ -101,7 +102,7 @@ def engine_tls(model_dir: Path, tmp_path_factory) -> Iterator[Served]:
 
 def _client(served: Served, token: str | None = TOKEN, scheme: str = "tcp") -> DaemonEngine:
     url = parse_engine_url(f"{scheme}://{served.host}:{served.port}")
-    options = DaemonOptions(spec=EngineSpec(), url=url, token=token, ca_file=served.ca_file, connect_timeout_s=START_TIMEOUT_S)
+    options = DaemonOptions(config=EngineConfig(), url=url, token=token, ca_file=served.ca_file, connect_timeout_s=START_TIMEOUT_S)
     return DaemonEngine(options, lambda status: None)
 
 

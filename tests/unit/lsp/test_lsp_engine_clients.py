@@ -19,7 +19,8 @@ from kspec.engine.errors import InputError, ModelLoadError
 from kspec.lsp_server import engine_client
 from kspec.engine.serve.daemon import Daemon
 from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions, InProcessEngine
-from kspec.engine.serve.protocol import PROTOCOL_VERSION, DaemonPaths, EngineSpec, pack, parse_engine_url, read_frame, write_frame
+from kspec.engine.config import EngineConfig
+from kspec.engine.serve.protocol import PROTOCOL_VERSION, DaemonPaths, pack, parse_engine_url, read_frame, write_frame
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
 from kspec.engine.serve.status import Status
 
@@ -142,7 +143,7 @@ async def serve(daemon: Daemon, socket: Path) -> asyncio.Task:
 
 async def test_daemon_client_round_trip_cancel_and_crash(short_dir: Path) -> None:
     fake = FakeEngine()
-    options = DaemonOptions(spec=EngineSpec(model="fake"), folder=short_dir, connect_timeout_s=5, max_restarts=0)
+    options = DaemonOptions(config=EngineConfig(model="fake"), folder=short_dir, connect_timeout_s=5, max_restarts=0)
     paths = options.paths()
     daemon = Daemon(CONFIG, factory_for(fake), idle_timeout_s=60)
     served = await serve(daemon, paths.socket)
@@ -223,8 +224,8 @@ async def test_idle_daemon_exits_and_removes_its_socket(short_dir: Path) -> None
 
 
 async def test_protocol_version_mismatch_is_a_clear_error(short_dir: Path) -> None:
-    options = DaemonOptions(spec=EngineSpec(model="old"), folder=short_dir, connect_timeout_s=5)
-    paths = DaemonPaths.for_spec(options.spec, short_dir)
+    options = DaemonOptions(config=EngineConfig(model="old"), folder=short_dir, connect_timeout_s=5)
+    paths = DaemonPaths.for_config(options.config, short_dir)
 
     async def old_daemon(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_frame(reader)
@@ -259,13 +260,13 @@ async def test_tcp_daemon_needs_its_token() -> None:
         await asyncio.sleep(0.01)
     address = ("127.0.0.1", daemon.bound_port)
 
-    good = DaemonEngine(DaemonOptions(spec=EngineSpec(model="fake"), url=parse_engine_url(f"tcp://{address[0]}:{address[1]}"), token="s3cret", connect_timeout_s=5), lambda s: None)
+    good = DaemonEngine(DaemonOptions(config=EngineConfig(model="fake"), url=parse_engine_url(f"tcp://{address[0]}:{address[1]}"), token="s3cret", connect_timeout_s=5), lambda s: None)
     result = await asyncio.wait_for(good.complete(CompletionRequest(prefix="tcp")), 10)
     assert result.completions[0].text == "pct"
     good.close()
 
     statuses: list[Status] = []
-    bad = DaemonEngine(DaemonOptions(spec=EngineSpec(model="fake"), url=parse_engine_url(f"tcp://{address[0]}:{address[1]}"), token="guess", connect_timeout_s=5), statuses.append)
+    bad = DaemonEngine(DaemonOptions(config=EngineConfig(model="fake"), url=parse_engine_url(f"tcp://{address[0]}:{address[1]}"), token="guess", connect_timeout_s=5), statuses.append)
     with pytest.raises(EngineUnavailable, match="bad token"):
         await asyncio.wait_for(bad.complete(CompletionRequest(prefix="tcp")), 10)
     bad.close()

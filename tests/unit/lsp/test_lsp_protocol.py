@@ -12,7 +12,8 @@ import pytest
 
 from kspec.engine.errors import InputError
 from kspec.engine.serve import protocol
-from kspec.engine.serve.protocol import DaemonPaths, EngineSpec, ProtocolError, is_loopback, pack, read_frame, read_token, runtime_dir, tokens_match, unpack
+from kspec.engine.config import EngineConfig
+from kspec.engine.serve.protocol import DaemonPaths, ProtocolError, is_loopback, pack, read_frame, read_token, runtime_dir, tokens_match, unpack
 
 
 def feed(data: bytes) -> asyncio.StreamReader:
@@ -56,10 +57,12 @@ def test_runtime_dir_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_socket_names_carry_version_and_spec(tmp_path: Path) -> None:
-    a = DaemonPaths.for_spec(EngineSpec(model=str(tmp_path)), tmp_path)
-    b = DaemonPaths.for_spec(EngineSpec(model=str(tmp_path), device="cuda"), tmp_path)
+    a = DaemonPaths.for_config(EngineConfig(model=str(tmp_path)), tmp_path)
+    b = DaemonPaths.for_config(EngineConfig(model=str(tmp_path), device="cuda"), tmp_path)
     assert a.socket != b.socket and f"-v{protocol.PROTOCOL_VERSION}-" in a.socket.name
-    assert DaemonPaths.for_spec(EngineSpec(model=str(tmp_path) + "/"), tmp_path) == a  # same folder, same daemon
+    assert DaemonPaths.for_config(EngineConfig(model=str(tmp_path) + "/"), tmp_path) == a  # same folder, same daemon
+    assert DaemonPaths.for_config(EngineConfig(model=str(tmp_path), progress=False), tmp_path) == a  # not an option
+    assert DaemonPaths.for_config(EngineConfig(model=str(tmp_path), prefix_cache_mb=64), tmp_path) != a  # every option counts
     assert a.daemon_pid() is None
     a.lock.write_text(f"{os.getpid()}\n")
     assert a.daemon_pid() == os.getpid()
