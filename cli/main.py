@@ -102,6 +102,8 @@ def run_complete(args: argparse.Namespace) -> int:
     engine = CompletionEngine.load(engine_config(args))
     request = CompletionRequest(prefix=context.prefix, suffix=context.suffix, path=str(context.path), **_request_fields(args))
     result = engine.complete(request)
+    if engine.defaults is not None:  # what the engine chose for this machine (what `kspec lsp` uses unless set)
+        result.timing_ms.update({f"machine_{name}": value for name, value in engine.defaults.to_dict().items()})
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
         return 0

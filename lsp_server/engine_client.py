@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Protocol
 
-from kspec.engine.api import CompletionRequest, CompletionResult
+from kspec.engine.api import CompletionRequest, CompletionResult, EarlyAnswer
 from kspec.engine.config import EngineConfig, to_flags
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
 from kspec.engine.serve.protocol import (
@@ -54,7 +54,10 @@ class EngineClient(Protocol):
 
     async def start(self) -> None: ...
 
-    async def complete(self, request: CompletionRequest) -> CompletionResult: ...
+    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:
+        """The final answer; an engine that answers early (`request.first_answer_ms`) calls
+        `early(interim)` first, on this loop. Engines that cannot, never call it."""
+        ...
 
     def close(self) -> None: ...
 
@@ -74,8 +77,8 @@ class InProcessEngine:
     async def start(self) -> None:
         self._runner.start()
 
-    async def complete(self, request: CompletionRequest) -> CompletionResult:
-        return await self._runner.complete(request)
+    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:
+        return await self._runner.complete(request, early)
 
     def close(self) -> None:
         self._runner.stop()
@@ -98,7 +101,7 @@ class UnusableEngine:
     async def start(self) -> None:
         self._on_status(self._status)
 
-    async def complete(self, request: CompletionRequest) -> CompletionResult:
+    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:
         raise EngineUnavailable(self._status.message)
 
     def close(self) -> None:
@@ -132,6 +135,7 @@ class _Connection:
     writer: asyncio.StreamWriter
     pid: int | None
     pending: dict[str, asyncio.Future] = field(default_factory=dict)
+    early: dict[str, EarlyAnswer] = field(default_factory=dict)  # interim-answer callbacks by request id
     reader_task: asyncio.Task | None = None
     alive: bool = True
 
@@ -160,11 +164,13 @@ class DaemonEngine:
     async def start(self) -> None:
         self._begin_connecting()
 
-    async def complete(self, request: CompletionRequest) -> CompletionResult:
+    async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:
         connection = await self._wait_connection(request.deadline_ms / 1000)
         request_id = f"r{next(self._ids)}"
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         connection.pending[request_id] = future
+        if early is not None:
+            connection.early[request_id] = early
         try:
             write_frame(connection.writer, {"type": "complete", "id": request_id, "request": request.to_dict()})
             return await future
@@ -174,6 +180,7 @@ class DaemonEngine:
             raise
         finally:
             connection.pending.pop(request_id, None)
+            connection.early.pop(request_id, None)
 
     def close(self) -> None:
         self._closing = True
@@ -336,6 +343,14 @@ class DaemonEngine:
         future = connection.pending.get(str(message.get("id")))
         if future is None or future.done():
             return
+        if kind == "early":
+            callback = connection.early.pop(str(message.get("id")), None)
+            if callback is not None:
+                try:
+                    callback(CompletionResult.from_dict(message["result"]))
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.warning("malformed early answer from the engine daemon: %s", exc)
+            return
         if kind == "result":
             try:
                 future.set_result(CompletionResult.from_dict(message["result"]))
@@ -380,6 +395,9 @@ def _status_from_wire(data: Any, pid: int | None) -> Status:
         return Status(LOADING, "connected", engine_pid=pid)
     progress = data.get("progress")
     latency = data.get("latency_ms")
+    defaults = data.get("defaults")
+    if not (isinstance(defaults, dict) and all(isinstance(k, str) and isinstance(v, (int, float)) for k, v in defaults.items())):
+        defaults = None
     return Status(
         state=str(data.get("state", LOADING)),
         message=str(data.get("message", "")),
@@ -387,6 +405,7 @@ def _status_from_wire(data: Any, pid: int | None) -> Status:
         model=str(data.get("model", "")),
         latency_ms=float(latency) if isinstance(latency, (int, float)) else None,
         engine_pid=pid,
+        defaults={k: float(v) for k, v in defaults.items()} if defaults else None,
     )
 
 

@@ -29,11 +29,11 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
 
-from kspec.engine.api import CompletionRequest
+from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.errors import InputError, KspecError
 from kspec.lsp_server.context import Budgets, EditorContext, editor_context, looks_binary
 from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Cursor, Document, DocumentStore, line_body, units_from_column
-from kspec.lsp_server.edits import replaced_chars
+from kspec.lsp_server.edits import CLOSERS, replaced_chars
 from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions, EngineClient, InProcessEngine, UnusableEngine
 from kspec.lsp_server.jsonrpc import MAX_MESSAGE_BYTES, Dispatcher, frames_to_loop
 from kspec.engine.config import EngineConfig
@@ -50,6 +50,9 @@ log = logging.getLogger("kspec.lsp")
 VERSION = "0.1.0"
 STATUS_METHOD = "$/kspec/status"
 STATS_METHOD = "kspec/stats"
+UPDATED_METHOD = "$/kspec/suggestionsUpdated"  # longer alternatives for {uri, version} are in the typeahead cache
+FALLBACK_FIRST_ANSWER_MS = 300.0  # when the engine chose none (a remote engine) and the user set none
+MID_LINE_MAX_TOKENS = 24  # a cursor before text on its line only completes that line
 ENGINE_GRACE_S = 0.5  # on top of the request's deadline, for the engine to return what it has
 CONFIGURATION_TIMEOUT_S = 5.0
 EXIT_JOIN_S = 3.0  # at exit, for the engine thread to leave torch code
@@ -91,6 +94,8 @@ class Stats:
     cancelled: int = 0  # $/cancelRequest
     timeouts: int = 0
     errors: int = 0
+    early_answers: int = 0  # answered at the first-answer moment while decoding went on
+    continued: int = 0  # of those, final answers stored in the typeahead cache (client told)
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class Query:
     body: str  # the cursor's line at request time, without its terminator
     context: EditorContext
     settings: Settings
+    version: int  # the document's version at request time
 
 
 class Ticket:
@@ -164,6 +170,7 @@ class Session:
         self._shown: set[str] = set()  # user messages already shown since the engine was last ready
         self._status = Status("loading", "starting")
         self._closed = False
+        self._user_set: set[str] = set()  # settings the client gave; the engine's machine defaults fill the rest
 
     def register(self) -> None:
         def feature(name: str, options: Any = None) -> Callable[[Callable], None]:
@@ -186,6 +193,7 @@ class Session:
     def initialize(self, params: lsp.InitializeParams) -> None:
         self.encoding = negotiate_encoding(params.capabilities)
         parsed = parse_settings(params.initialization_options, self.settings)
+        self._user_set |= parsed.given
         self._set_settings(parsed.settings)
         self._pending_problems = parsed.problems
         log.info("initialized: position encoding %s, engine %s", self.encoding, self.settings.engine)
@@ -262,6 +270,7 @@ class Session:
         if not raw and self._client_pulls_configuration():
             raw = await self._pull_configuration()
         parsed = parse_settings(raw, self.settings)
+        self._user_set |= parsed.given
         for problem in parsed.problems:
             self.show(f"kspec: {problem}", lsp.MessageType.Warning)
         self._set_settings(parsed.settings)
@@ -434,7 +443,7 @@ class Session:
         if looks_binary(context):
             self.show(f"kspec: {uri} looks binary (NUL characters); no completions there", lsp.MessageType.Info)
             return None
-        return Query(document, cursor, line_body(document.lines[cursor.line]), context, settings)
+        return Query(document, cursor, line_body(document.lines[cursor.line]), context, settings, document.version)
 
     def _edit_range(self, query: Query | None, text: str) -> lsp.Range:
         assert query is not None
@@ -453,8 +462,9 @@ class Session:
             if hit is not None:
                 self.stats.typeahead_hits += 1
                 self.stats.answered += 1
-                return list(hit.texts[: settings.k])
+                return list(hit.texts[: self._choice("k", settings.k)])
         ticket = self._begin(uri)
+        continuing: asyncio.Future | None = None
         try:
             if debounce and settings.debounce_ms > 0:
                 superseded = asyncio.ensure_future(ticket.superseded.wait())
@@ -465,67 +475,130 @@ class Session:
                 if done:
                     self.stats.superseded += 1
                     return []
-            texts = await self._ask_engine(query, ticket)
+            texts, continuing = await self._ask_engine(query, ticket)
         except asyncio.CancelledError:
             self.stats.cancelled += 1
             raise
         finally:
-            self._end(uri, ticket)
+            if continuing is None:
+                self._end(uri, ticket)
+            else:  # the request decodes on after its early answer: a diverging request still supersedes it
+                continuing.add_done_callback(lambda _: self._end(uri, ticket))
         if texts:
             self.stats.answered += 1
         else:
             self.stats.empty += 1
         return texts
 
-    async def _ask_engine(self, query: Query, ticket: Ticket) -> list[str]:
+    def _choice(self, name: str, value: Any) -> Any:
+        """A setting's value: the user's when given, else what the engine chose for this machine."""
+        defaults = self._status.defaults  # MachineDefaults.to_dict(): k, max_tokens, first_answer_ms, ...
+        chosen = defaults.get(name) if defaults and name not in self._user_set else None
+        if chosen is None:
+            return value
+        return int(chosen) if isinstance(value, int) else chosen
+
+    def _request(self, query: Query) -> CompletionRequest:
+        settings, context = query.settings, query.context
+        max_tokens = self._choice("max_tokens", settings.max_tokens)
+        first_answer = self._choice("first_answer_ms", settings.first_answer_ms)
+        if first_answer is None:
+            first_answer = FALLBACK_FIRST_ANSWER_MS
+        if any(char not in CLOSERS for char in context.line_suffix):
+            max_tokens = min(max_tokens, MID_LINE_MAX_TOKENS)  # text right of the cursor: only the rest of this line
+            first_answer = 0.0  # such a short request answers once, when done
+        return CompletionRequest(
+            prefix=context.prefix,
+            suffix=context.suffix,
+            language=query.document.language_id,
+            path=_uri_path(query.document.uri),
+            k=self._choice("k", settings.k),
+            max_tokens=max_tokens,
+            mode=settings.mode,
+            temperature=settings.temperature,
+            deadline_ms=settings.deadline_ms,
+            first_answer_ms=min(first_answer, settings.deadline_ms) if settings.typeahead else 0.0,
+            raw=settings.raw,
+        )
+
+    async def _ask_engine(self, query: Query, ticket: Ticket) -> tuple[list[str], asyncio.Future | None]:
+        """The texts to show now, and the request still decoding after an early answer (its
+        final answer lands in the typeahead cache), if any."""
         settings, context = query.settings, query.context
         if self.engine is None:
             self._ensure_engine()
         engine = self.engine
         if engine is None:
-            return []
-        request = CompletionRequest(
-            prefix=context.prefix,
-            suffix=context.suffix,
-            language=query.document.language_id,
-            path=_uri_path(query.document.uri),
-            k=settings.k,
-            max_tokens=settings.max_tokens,
-            mode=settings.mode,
-            temperature=settings.temperature,
-            deadline_ms=settings.deadline_ms,
-            raw=settings.raw,
-        )
+            return [], None
+        request = self._request(query)
         if settings.debug_log:
             log.debug("request at %s:%d: ...%r | %r...", query.document.uri, query.cursor.line, context.prefix[-80:], context.suffix[:40])
         self.stats.engine_calls += 1
         started = time.perf_counter()
-        job = asyncio.ensure_future(engine.complete(request))
+        early: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        def on_early(interim: CompletionResult) -> None:
+            if not early.done():
+                early.set_result(interim)
+
+        job = asyncio.ensure_future(engine.complete(request, on_early if request.first_answer_ms > 0 else None))
         superseded = asyncio.ensure_future(ticket.superseded.wait())
+        done: set[asyncio.Future] = set()
         try:
-            done, _ = await asyncio.wait({job, superseded}, timeout=settings.deadline_ms / 1000 + ENGINE_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({job, early, superseded}, timeout=settings.deadline_ms / 1000 + ENGINE_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
         finally:
             superseded.cancel()
-            if not job.done():
-                job.cancel()  # stops the engine at its next round
-        if job not in done:
-            if superseded in done:
-                self.stats.superseded += 1
-            else:
-                self.stats.timeouts += 1
-            return []
+            if not done & {job, early} and not job.done():
+                job.cancel()  # stops the engine at its next round (also when this request was cancelled)
+        if job in done:
+            return self._answered(query, request, job, started), None
+        if early in done:
+            texts = self._store(query, early.result(), started)
+            self.stats.early_answers += 1
+            return texts[: request.k], asyncio.ensure_future(self._decode_on(query, request, ticket, job, started))
+        if superseded in done:
+            self.stats.superseded += 1
+        else:
+            self.stats.timeouts += 1
+        return [], None
+
+    def _answered(self, query: Query, request: CompletionRequest, job: asyncio.Future, started: float) -> list[str]:
         try:
             result = job.result()
         except (DeadlineExceeded, EngineUnavailable, KspecError) as exc:
             self.stats.errors += 1
             log.info("no completion: %s", exc)
             return []
-        latency_ms = (time.perf_counter() - started) * 1000
+        return self._store(query, result, started)[: request.k]
+
+    def _store(self, query: Query, result: CompletionResult, started: float) -> list[str]:
+        """Texts of an answer, kept in the typeahead cache; the status carries its latency."""
+        settings = query.settings
         texts = [c.text for c in result.completions if c.text]
         if texts and settings.typeahead:
-            self.typeahead.store(query.document.uri, Entry(context, settings.prefix_chars, settings.suffix_chars, tuple(texts)))
-        self.notify_status(Status(READY, "ready", model=result.model, latency_ms=latency_ms, engine_pid=self._status.engine_pid))
-        return texts[: settings.k]
+            self.typeahead.store(query.document.uri, Entry(query.context, settings.prefix_chars, settings.suffix_chars, tuple(texts)))
+        latency_ms = (time.perf_counter() - started) * 1000
+        self.notify_status(replace(self._status, state=READY, message="ready", model=result.model, latency_ms=latency_ms))
+        return texts
+
+    async def _decode_on(self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, started: float) -> None:
+        """After an early answer: the final one goes into the typeahead cache and the client
+        is told (it asks again and gets the longer alternatives at once); a request for this
+        document that the typeahead cache cannot answer supersedes (cancels) it."""
+        superseded = asyncio.ensure_future(ticket.superseded.wait())
+        try:
+            done, _ = await asyncio.wait({job, superseded}, timeout=request.deadline_ms / 1000 + ENGINE_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            superseded.cancel()
+            if not job.done():
+                job.cancel()
+        if superseded in done and job not in done:
+            self.stats.superseded += 1
+        if job not in done or job.cancelled() or job.exception() is not None:
+            return
+        if self._answered(query, request, job, started) and not self._closed:
+            self.stats.continued += 1
+            self.server.protocol.notify(UPDATED_METHOD, {"uri": query.document.uri, "version": query.version})
 
     def _begin(self, uri: str) -> Ticket:
         previous = self._inflight.get(uri)

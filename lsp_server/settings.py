@@ -38,6 +38,7 @@ class Settings:
     temperature: float = 0.0
     debounce_ms: float = 40.0
     deadline_ms: float = 3000.0
+    first_answer_ms: float | None = None  # answer with what is complete this soon, decode on into the typeahead cache; None: the engine's choice for this machine, 0: off
     enabled: bool = True
     languages: tuple[str, ...] = ()  # languageIds to complete; empty (or "*") means all
     prefix_chars: int = 6000
@@ -138,6 +139,7 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "temperature": _number(0, 2),
     "debounce_ms": _number(0, 2000),
     "deadline_ms": _number(50, 120000),
+    "first_answer_ms": lambda value: None if value is None else _number(0, 120000)(value),
     "enabled": _boolean,
     "languages": _languages,
     "prefix_chars": _number(1, 200000, integer=True),
@@ -161,6 +163,7 @@ _BY_KEY = {key: f.name for f in fields(Settings) for key in (f.name, camel(f.nam
 class Parsed:
     settings: Settings
     problems: list[str] = field(default_factory=list)  # one line per rejected or unknown key
+    given: frozenset[str] = frozenset()  # the settings (field names) the client set to a valid value
 
 
 def parse_settings(raw: Any, base: Settings | None = None) -> Parsed:
@@ -176,6 +179,7 @@ def parse_settings(raw: Any, base: Settings | None = None) -> Parsed:
     defaults = Settings()
     values: dict[str, Any] = {}
     problems: list[str] = []
+    rejected: set[str] = set()
     for key, value in raw.items():
         name = _BY_KEY.get(key)
         if name is None:
@@ -186,12 +190,14 @@ def parse_settings(raw: Any, base: Settings | None = None) -> Parsed:
         if problem:
             problems.append(f"setting {camel(name)!r} {problem} (got {value!r:.80}); using the default {getattr(defaults, name)!r}")
             values[name] = getattr(defaults, name)
+            rejected.add(name)
             continue
         if name in INTEGERS:
             value = int(value)
         elif name == "languages":
             value = tuple(value)
-        elif isinstance(value, int) and not isinstance(value, bool) and name in {"temperature", "debounce_ms", "deadline_ms"}:
+        elif isinstance(value, int) and not isinstance(value, bool) and name in {"temperature", "debounce_ms", "deadline_ms", "first_answer_ms"}:
             value = float(value)
         values[name] = value
-    return Parsed(replace(base, **values), problems)
+    given = frozenset(name for name in values if name not in rejected)
+    return Parsed(replace(base, **values), problems, given)

@@ -10,7 +10,7 @@ removes its socket (a network daemon, `--listen`, waits forever unless told).
 
 `--listen HOST:PORT` serves the same protocol over TCP (loopback by default; every
 client must present the token; TLS with `--tls-cert/--tls-key`), and on the same port
-the OpenAI-compatible HTTP endpoint (lsp_server/http_api.py), told apart by the first
+the OpenAI-compatible HTTP endpoint (engine/serve/http_api.py), told apart by the first
 bytes of a connection.
 """
 
@@ -56,6 +56,7 @@ def status_to_wire(status: Status) -> dict[str, Any]:
         "progress": status.progress,
         "model": status.model,
         "latency_ms": status.latency_ms,
+        "defaults": status.defaults,
     }
 
 
@@ -216,7 +217,10 @@ class Daemon:
 
     async def _complete(self, peer: _Peer, request_id: str, data: Any) -> None:
         try:
-            result = await self.runner.complete(CompletionRequest.from_dict(data))
+            def early(interim: CompletionResult) -> None:  # then the final "result" frame
+                peer.send({"type": "early", "id": request_id, "result": interim.to_dict()})
+
+            result = await self.runner.complete(CompletionRequest.from_dict(data), early)
             peer.send({"type": "result", "id": request_id, "result": result.to_dict()})
         except (asyncio.CancelledError, Exception) as exc:  # the request fails alone, with the kind of its error
             peer.send(error_frame(request_id, exc))
