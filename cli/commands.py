@@ -46,7 +46,9 @@ def warn_if_public(host: str, what: str) -> None:
 def add_lsp_parser(commands: argparse._SubParsersAction) -> None:
     lsp = commands.add_parser("lsp", help="language server on stdio (inline completions)")
     lsp.add_argument("--tcp", type=_address, default=None, metavar="[HOST:]PORT", help="serve one client over TCP instead (debugging; loopback by default)")
-    lsp.add_argument("--engine", choices=["inprocess", "daemon", "remote", "openai"], default=None, help="where the model runs (default: the 'engine' setting, i.e. the shared daemon)")
+    from kspec.lsp_server.settings import PLACEMENTS
+
+    lsp.add_argument("--engine", choices=PLACEMENTS, default=None, help="where the model runs (default: the 'engine' setting, i.e. the shared daemon)")
     lsp.add_argument("--engine-url", default=None, metavar="URL", help="a network engine: tcp://HOST:PORT or tls://HOST:PORT (`kspec engine --listen`), or http(s)://HOST:PORT/v1 (OpenAI-compatible); sets --engine remote / openai")
     lsp.add_argument("--engine-tcp", type=_address, default=None, metavar="[HOST:]PORT", help="same as --engine-url tcp://HOST:PORT")
     lsp.add_argument("--engine-token-file", type=Path, default=None, help="with --engine-url: the file holding the engine's token (API key)")

@@ -42,7 +42,7 @@ class EngineConfig:
     )  # fmt: skip
     draft: str | None = option(None, "draft model with the target's tokenizer (speculative decoding)", path=True, setting=True)
     dtype: str = option("float32", "weight and activation type", choices=DTYPES, setting=True)
-    device: str = option("cpu", "cpu or cuda[:N]", pattern=DEVICE_PATTERN, setting=True)
+    device: str = option("cpu", "'cpu' or 'cuda[:N]'", pattern=DEVICE_PATTERN, setting=True)
     prompt_tokens: int = 1536  # token budget for prefix + suffix
     threads: int | None = option(None, "torch intra-op threads (default: torch's, one per core)")
     progress: bool = True  # progress bar while converting a GGUF file

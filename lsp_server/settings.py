@@ -9,72 +9,108 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, make_dataclass, replace
 from typing import Any, Callable
 
 from kspec.engine.api import MAX_K, MAX_NEW_TOKENS, MODES
-from kspec.engine.config import DTYPES, EngineConfig, options
+from kspec.engine.config import EngineConfig, options, value_type
 
-PLACEMENTS = ("inprocess", "daemon", "remote", "openai")
+PLACEMENTS = ("daemon", "inprocess", "remote", "openai")  # where completions are computed (the default first)
 SECTION = "kspec"
 
 
 @dataclass(frozen=True)
-class Settings:
-    model: str | None = None  # None: the embedded default (demonstration) model
-    draft: str | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
-    engine: str = "daemon"  # "daemon": one shared warm model for all editors; "inprocess": inside this server;
-    # "remote": a kspec engine on the network (engine_url tcp:// or tls://); "openai": an OpenAI-compatible API (http(s)://.../v1)
-    engine_url: str | None = None
-    engine_token_file: str | None = None  # the network engine's token / API key (else $KSPEC_ENGINE_TOKEN, for openai also $OPENAI_API_KEY)
-    engine_ca_file: str | None = None  # TLS: trust this certificate (self-signed) or CA instead of the system's
-    remote_model: str | None = None  # openai: the model to ask for (None: the first one the server lists)
-    remote_fim: str = "suffix"  # openai: "suffix" (the API's suffix field) or a template with {prefix} and {suffix}
-    k: int = 3
-    max_tokens: int = 48
-    mode: str = "diverse"
-    temperature: float = 0.0
-    debounce_ms: float = 40.0
-    deadline_ms: float = 3000.0
-    first_answer_ms: float | None = None  # answer with what is complete this soon, decode on into the typeahead cache; None: the engine's choice for this machine, 0: off
-    enabled: bool = True
-    languages: tuple[str, ...] = ()  # languageIds to complete; empty (or "*") means all
-    prefix_chars: int = 6000
-    suffix_chars: int = 2000
-    typeahead: bool = True
-    raw: bool = False  # untrimmed, unranked alternatives (comparisons, tests with random models)
-    debug_log: bool = False  # logs may contain document text only when this is on
+class Rule:
+    """What one setting accepts: checks a value (-> the problem, or None) and tells the
+    editors' declarations what to say (tests/unit/lsp/test_settings_schema.py compares
+    VS Code's manifest and settings.ts and Neovim's config.lua with these)."""
 
-    def __post_init__(self) -> None:
-        for name, check in CHECKS.items():
-            problem = check(getattr(self, name))
-            if problem:
-                raise ValueError(f"{name}: {problem}")
+    type: str  # the JSON type: "string", "integer", "number", "boolean" or "array" (of non-empty strings)
+    nullable: bool = False  # null is allowed (and means "not set")
+    enum: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    pattern: str | None = None  # a regex the whole string matches
+    check: Callable[[str], str | None] | None = None  # a further check of a string (a URL, a template)
+    expected: str = ""  # what "must be ..." says, when the generated words do not fit
 
-    def language_enabled(self, language_id: str) -> bool:
-        return self.enabled and (not self.languages or "*" in self.languages or language_id in self.languages)
+    def __call__(self, value: Any) -> str | None:
+        if value is None:
+            return None if self.nullable else self.must()
+        if not self._fits(value):
+            return self.must()
+        return self.check(value) if self.check is not None else None
 
-    def engine_config(self) -> EngineConfig:
-        """The engine these settings ask for: the EngineConfig options that are settings."""
-        return EngineConfig(**{f.name: getattr(self, f.name) for f in options() if f.metadata["setting"]}, progress=False)
+    def _fits(self, value: Any) -> bool:
+        if self.type == "boolean":
+            return isinstance(value, bool)
+        if self.type in ("integer", "number"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                return False
+            whole = self.type == "number" or float(value).is_integer()
+            return whole and (self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum)
+        if self.type == "array":
+            return isinstance(value, (list, tuple)) and all(isinstance(item, str) and item for item in value)
+        if not isinstance(value, str):
+            return False
+        if self.enum:
+            return value in self.enum
+        if self.pattern is not None:
+            return re.fullmatch(self.pattern, value) is not None
+        return self.check is not None or bool(value.strip())
 
-    def engine_key(self) -> tuple[Any, ...]:
-        """Settings that need a new engine (or daemon) when they change."""
-        return (self.engine, self.engine_config(), self.engine_url, self.engine_token_file, self.engine_ca_file,
-                self.remote_model, self.remote_fim)  # fmt: skip
+    def must(self) -> str:
+        if self.expected:
+            return f"must be {self.expected}"
+        if self.type == "boolean":
+            return "must be true or false"
+        if self.type in ("integer", "number"):
+            kind = "an integer" if self.type == "integer" else "a number"
+            if self.minimum is not None and self.maximum is not None:
+                return f"must be {kind} between {self.minimum:g} and {self.maximum:g}"
+            return f"must be {kind}" + (f" >= {self.minimum:g}" if self.minimum is not None else "") + (f" <= {self.maximum:g}" if self.maximum is not None else "")
+        if self.enum:
+            return f"must be one of {', '.join(self.enum)}"
+        return "must be a non-empty string or null" if self.nullable else "must be a non-empty string"
+
+    def convert(self, value: Any) -> Any:
+        """A checked value as Settings holds it."""
+        if value is None:
+            return None
+        if self.type == "integer":
+            return int(value)
+        if self.type == "number":
+            return float(value)
+        return tuple(value) if self.type == "array" else value
+
+    @classmethod
+    def of_option(cls, option_field: Field) -> "Rule":
+        """The rule of an engine option that is a setting (kspec.engine.config.option)."""
+        meta, kind = option_field.metadata, value_type(option_field)
+        nullable = option_field.default is None
+        if kind is bool:
+            return cls("boolean", nullable)
+        if kind in (int, float):
+            return cls("integer" if kind is int else "number", nullable, minimum=meta.get("minimum"), maximum=meta.get("maximum"))
+        expected = meta["help"] if meta["pattern"] else ""
+        return cls("string", nullable, enum=tuple(meta["choices"] or ()), pattern=meta["pattern"], expected=expected)
 
 
-def _optional_path(value: Any) -> str | None:
-    return None if value is None or isinstance(value, str) and value.strip() else "must be a non-empty string or null"
+def setting(default: Any, rule: Rule, *, vscode: bool = True) -> Any:
+    """A language-server setting; `vscode`: offered in VS Code's settings UI (Neovim passes any)."""
+    return field(default=default, metadata={"rule": rule, "vscode": vscode})
 
 
-def _engine_url(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        return "must be a URL string or null"
+# The engine options marked as settings (kspec.engine.config: model, draft, dtype, device),
+# with their defaults and rules, are the first fields of Settings: a new one needs no change here.
+EngineSettings = make_dataclass(
+    "EngineSettings",
+    [(f.name, f.type, setting(f.default, Rule.of_option(f))) for f in options() if f.metadata["setting"]],
+    frozen=True,
+)
+
+
+def _engine_url(value: str) -> str | None:
     from kspec.engine.serve.protocol import parse_engine_url
 
     try:
@@ -84,71 +120,67 @@ def _engine_url(value: Any) -> str | None:
     return None
 
 
-def _fim(value: Any) -> str | None:
-    if value == "suffix" or isinstance(value, str) and "{prefix}" in value and "{suffix}" in value:
-        return None
-    return "must be 'suffix' or a template containing {prefix} and {suffix}"
+FIM = "'suffix' or a template containing {prefix} and {suffix}"
 
 
-def _choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
-    return lambda value: None if value in options else f"must be one of {', '.join(options)}"
+def _fim(value: str) -> str | None:
+    return None if value == "suffix" or "{prefix}" in value and "{suffix}" in value else f"must be {FIM}"
 
 
-def _number(low: float, high: float, integer: bool = False) -> Callable[[Any], str | None]:
-    def check(value: Any) -> str | None:
-        kind = "an integer" if integer else "a number"
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not float(value).is_integer()):
-            return f"must be {kind} between {low:g} and {high:g}"
-        if not math.isfinite(value) or not low <= value <= high:
-            return f"must be {kind} between {low:g} and {high:g}"
-        return None
-
-    return check
+PATH = Rule("string", nullable=True)  # a file, folder or name; null: not set
 
 
-def _device(value: Any) -> str | None:
-    if isinstance(value, str) and re.fullmatch(r"cpu|cuda(:\d+)?", value):
-        return None
-    return "must be 'cpu' or 'cuda[:N]'"
+@dataclass(frozen=True)
+class Settings(EngineSettings):  # type: ignore[misc,valid-type]
+    """Every setting the server reads, with its default and its Rule: the one schema."""
+
+    # "daemon": one shared warm model for all editors; "inprocess": inside this server; "remote": a kspec engine
+    # on the network (engine_url tcp:// or tls://); "openai": an OpenAI-compatible API (http(s)://.../v1)
+    engine: str = setting("daemon", Rule("string", enum=PLACEMENTS))
+    engine_url: str | None = setting(None, Rule("string", nullable=True, check=_engine_url, expected="a URL string or null"))
+    # the network engine's token / API key (else $KSPEC_ENGINE_TOKEN, for openai also $OPENAI_API_KEY)
+    engine_token_file: str | None = setting(None, PATH)
+    engine_ca_file: str | None = setting(None, PATH)  # TLS: trust this certificate (self-signed) or CA instead of the system's
+    remote_model: str | None = setting(None, PATH)  # openai: the model to ask for (None: the first one the server lists)
+    # openai: "suffix" (the API's suffix field) or a template with {prefix} and {suffix}
+    remote_fim: str = setting("suffix", Rule("string", check=_fim, expected=FIM))
+    k: int = setting(3, Rule("integer", minimum=1, maximum=MAX_K))
+    max_tokens: int = setting(48, Rule("integer", minimum=1, maximum=MAX_NEW_TOKENS))
+    mode: str = setting("diverse", Rule("string", enum=MODES))
+    temperature: float = setting(0.0, Rule("number", minimum=0, maximum=2))
+    debounce_ms: float = setting(40.0, Rule("number", minimum=0, maximum=2000))
+    deadline_ms: float = setting(3000.0, Rule("number", minimum=50, maximum=120000))
+    # answer with what is complete this soon, decode on into the typeahead cache; None: the engine's choice for this machine, 0: off
+    first_answer_ms: float | None = setting(None, Rule("number", nullable=True, minimum=0, maximum=120000), vscode=False)
+    enabled: bool = setting(True, Rule("boolean"))
+    # languageIds to complete; empty (or "*") means all
+    languages: tuple[str, ...] = setting((), Rule("array", expected="a list of languageIds (empty for all)"))
+    prefix_chars: int = setting(6000, Rule("integer", minimum=1, maximum=200000), vscode=False)
+    suffix_chars: int = setting(2000, Rule("integer", minimum=0, maximum=100000), vscode=False)
+    typeahead: bool = setting(True, Rule("boolean"), vscode=False)
+    raw: bool = setting(False, Rule("boolean"), vscode=False)  # untrimmed, unranked alternatives (comparisons, tests with random models)
+    debug_log: bool = setting(False, Rule("boolean"), vscode=False)  # logs may contain document text only when this is on
+
+    def __post_init__(self) -> None:
+        for name, rule in RULES.items():
+            problem = rule(getattr(self, name))
+            if problem:
+                raise ValueError(f"{name}: {problem}")
+
+    def language_enabled(self, language_id: str) -> bool:
+        return self.enabled and (not self.languages or "*" in self.languages or language_id in self.languages)
+
+    def engine_config(self) -> EngineConfig:
+        """The engine these settings ask for: the EngineConfig options that are settings."""
+        return EngineConfig(**{f.name: getattr(self, f.name) for f in fields(EngineSettings)}, progress=False)
+
+    def engine_key(self) -> tuple[Any, ...]:
+        """Settings that need a new engine (or daemon) when they change."""
+        return (self.engine, self.engine_config(), self.engine_url, self.engine_token_file, self.engine_ca_file,
+                self.remote_model, self.remote_fim)  # fmt: skip
 
 
-def _languages(value: Any) -> str | None:
-    if isinstance(value, (list, tuple)) and all(isinstance(item, str) and item for item in value):
-        return None
-    return "must be a list of languageIds (empty for all)"
-
-
-def _boolean(value: Any) -> str | None:
-    return None if isinstance(value, bool) else "must be true or false"
-
-
-CHECKS: dict[str, Callable[[Any], str | None]] = {
-    "model": _optional_path,
-    "draft": _optional_path,
-    "device": _device,
-    "dtype": _choice(tuple(DTYPES)),
-    "engine": _choice(PLACEMENTS),
-    "engine_url": _engine_url,
-    "engine_token_file": _optional_path,
-    "engine_ca_file": _optional_path,
-    "remote_model": _optional_path,
-    "remote_fim": _fim,
-    "k": _number(1, MAX_K, integer=True),
-    "max_tokens": _number(1, MAX_NEW_TOKENS, integer=True),
-    "mode": _choice(MODES),
-    "temperature": _number(0, 2),
-    "debounce_ms": _number(0, 2000),
-    "deadline_ms": _number(50, 120000),
-    "first_answer_ms": lambda value: None if value is None else _number(0, 120000)(value),
-    "enabled": _boolean,
-    "languages": _languages,
-    "prefix_chars": _number(1, 200000, integer=True),
-    "suffix_chars": _number(0, 100000, integer=True),
-    "typeahead": _boolean,
-    "raw": _boolean,
-    "debug_log": _boolean,
-}
-INTEGERS = {"k", "max_tokens", "prefix_chars", "suffix_chars"}
+RULES: dict[str, Rule] = {f.name: f.metadata["rule"] for f in fields(Settings)}
 
 
 def camel(name: str) -> str:
@@ -186,18 +218,12 @@ def parse_settings(raw: Any, base: Settings | None = None) -> Parsed:
             if key != SECTION:
                 problems.append(f"unknown setting {key!r} ignored")
             continue
-        problem = CHECKS[name](value)
+        problem = RULES[name](value)
         if problem:
             problems.append(f"setting {camel(name)!r} {problem} (got {value!r:.80}); using the default {getattr(defaults, name)!r}")
             values[name] = getattr(defaults, name)
             rejected.add(name)
             continue
-        if name in INTEGERS:
-            value = int(value)
-        elif name == "languages":
-            value = tuple(value)
-        elif isinstance(value, int) and not isinstance(value, bool) and name in {"temperature", "debounce_ms", "deadline_ms", "first_answer_ms"}:
-            value = float(value)
-        values[name] = value
+        values[name] = RULES[name].convert(value)
     given = frozenset(name for name in values if name not in rejected)
     return Parsed(replace(base, **values), problems, given)

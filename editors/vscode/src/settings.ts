@@ -11,7 +11,7 @@ export interface ServerSettings {
 	model: string | null;
 	draft: string | null;
 	device: string;
-	dtype: 'float32' | 'bfloat16' | 'float16';
+	dtype: Dtype;
 	/** Where the model runs: the shared local daemon, inside the server, a kspec engine on the network, or an OpenAI-compatible server. */
 	engine: EnginePlacement;
 	/** `tcp://HOST:PORT` / `tls://HOST:PORT` (remote), `http(s)://HOST:PORT/v1` (openai). */
@@ -26,7 +26,7 @@ export interface ServerSettings {
 	remoteFim: string;
 	k: number;
 	maxTokens: number;
-	mode: 'diverse' | 'sample';
+	mode: Mode;
 	temperature: number;
 	debounceMs: number;
 	deadlineMs: number;
@@ -36,6 +36,12 @@ export interface ServerSettings {
 
 export type EnginePlacement = 'daemon' | 'inprocess' | 'remote' | 'openai';
 export const ENGINES: readonly EnginePlacement[] = ['daemon', 'inprocess', 'remote', 'openai'];
+// The choices, defaults and limits here are the server's (lsp_server/settings.py): a Python
+// test (tests/unit/lsp/test_settings_schema.py) reads this file and package.json and fails on a difference.
+export const DTYPES = ['float32', 'bfloat16', 'float16'] as const;
+export type Dtype = (typeof DTYPES)[number];
+export const MODES = ['diverse', 'sample'] as const;
+export type Mode = (typeof MODES)[number];
 
 /** Client-only settings: how to start the server. */
 export interface ServerLaunchSettings {
@@ -116,6 +122,11 @@ export function expandPath(value: string, ctx: PathContext, env: Record<string, 
 	return out;
 }
 
+/** '"a", "b" or "c"' */
+function oneOf(choices: readonly string[]): string {
+	return choices.map((c) => `"${c}"`).join(', ').replace(/, ([^,]*)$/, ' or $1');
+}
+
 function isInt(value: unknown): value is number {
 	return typeof value === 'number' && Number.isInteger(value);
 }
@@ -145,8 +156,8 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 	const numIn = (lo: number, hi: number) => (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v) && v >= lo && v <= hi;
 	const isStringList = (v: unknown): v is string[] => Array.isArray(v) && v.every((x) => typeof x === 'string');
 	const isDevice = (v: unknown): v is string => typeof v === 'string' && /^(cpu|cuda(:\d+)?)$/.test(v.trim());
-	const isDtype = (v: unknown): v is 'float32' | 'bfloat16' | 'float16' => v === 'float32' || v === 'bfloat16' || v === 'float16';
-	const isMode = (v: unknown): v is 'diverse' | 'sample' => v === 'diverse' || v === 'sample';
+	const isDtype = (v: unknown): v is Dtype => typeof v === 'string' && (DTYPES as readonly string[]).includes(v);
+	const isMode = (v: unknown): v is Mode => typeof v === 'string' && (MODES as readonly string[]).includes(v);
 	const isEngine = (v: unknown): v is EnginePlacement => typeof v === 'string' && (ENGINES as readonly string[]).includes(v);
 	// The server parses the URL fully (and says which scheme goes with which engine); here only the scheme.
 	const isEngineUrl = (v: unknown): v is string => typeof v === 'string' && (v.trim() === '' || /^(tcp|tls|https?):\/\/\S+$/i.test(v.trim()));
@@ -158,7 +169,7 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 	take('model', isString, 'a path (or empty for the embedded demo model)', (v) => { s.model = v.trim() === '' ? null : expandPath(v, ctx); });
 	take('draft', isString, 'a path (or empty for none)', (v) => { s.draft = v.trim() === '' ? null : expandPath(v, ctx); });
 	take('device', isDevice, '"cpu" or "cuda[:N]"', (v) => { s.device = v.trim(); });
-	take('dtype', isDtype, '"float32", "bfloat16" or "float16"', (v) => { s.dtype = v; });
+	take('dtype', isDtype, oneOf(DTYPES), (v) => { s.dtype = v; });
 	take('engine', isEngine, `one of ${ENGINES.map((e) => `"${e}"`).join(', ')}`, (v) => { s.engine = v; });
 	take('engineUrl', isEngineUrl, 'a URL: tcp:// or tls://HOST:PORT (remote), http(s)://HOST:PORT/v1 (openai), or empty', (v) => { s.engineUrl = v.trim() === '' ? null : v.trim(); });
 	take('engineTokenFile', isString, 'the path of a file holding the token (or empty)', (v) => { s.engineTokenFile = v.trim() === '' ? null : expandPath(v, ctx); });
@@ -167,10 +178,10 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 	take('remoteFim', isFim, '"suffix" or a template containing {prefix} and {suffix}', (v) => { s.remoteFim = v.trim() === '' || v.trim() === 'suffix' ? 'suffix' : v; });
 	take('k', intIn(1, 32), 'an integer from 1 to 32', (v) => { s.k = v; });
 	take('maxTokens', intIn(1, 512), 'an integer from 1 to 512', (v) => { s.maxTokens = v; });
-	take('mode', isMode, '"diverse" or "sample"', (v) => { s.mode = v; });
+	take('mode', isMode, oneOf(MODES), (v) => { s.mode = v; });
 	take('temperature', numIn(0, 2), 'a number from 0 to 2', (v) => { s.temperature = v; });
-	take('debounceMs', intIn(0, 2000), 'an integer from 0 to 2000', (v) => { s.debounceMs = v; });
-	take('deadlineMs', intIn(50, 120000), 'an integer from 50 to 120000', (v) => { s.deadlineMs = v; });
+	take('debounceMs', numIn(0, 2000), 'a number from 0 to 2000', (v) => { s.debounceMs = v; });
+	take('deadlineMs', numIn(50, 120000), 'a number from 50 to 120000', (v) => { s.deadlineMs = v; });
 	take('languages', isStringList, 'a list of language ids', (v) => { s.languages = v.map((x) => x.trim()).filter((x) => x !== ''); });
 	take('server.command', isString, 'a command or path', (v) => { s.server.command = v.trim(); });
 	take('server.args', isStringList, 'a list of strings', (v) => { s.server.args = [...v]; });

@@ -13,9 +13,8 @@ M.defaults = {
   -- Files that mark the project root (where .venv is looked for).
   root_markers = { 'pyproject.toml', 'setup.py', 'setup.cfg', 'package.json', 'Cargo.toml', 'go.mod', '.git' },
   -- Server settings, under the server's names. Only what is set here is sent; the
-  -- server's defaults apply to the rest. Known keys: model, draft, device, dtype,
-  -- engine, engineUrl, engineTokenFile, engineCaFile, remoteModel, remoteFim, k,
-  -- maxTokens, mode, temperature, debounceMs, deadlineMs, languages, enabled.
+  -- server's defaults apply to the rest. Known keys: SERVER_KEYS below (the server's
+  -- lsp_server/settings.py; tests/unit/lsp/test_settings_schema.py keeps the two equal).
   -- A team engine: engine = 'openai', engineUrl = 'http://gpu-box:8000/v1',
   -- engineTokenFile = '~/.config/kspec/token' (the file's path, never the token).
   -- vim.NIL sends null (e.g. set({ engineUrl = vim.NIL }) to unset a nullable key).
@@ -63,12 +62,14 @@ local SERVER_KEYS = {
   temperature = 'number',
   debounceMs = 'number',
   deadlineMs = 'number',
+  firstAnswerMs = { 'number', 'nil' }, -- answer with what is complete this soon (ms), then decode on; 0: off, nil: the engine's choice
   languages = 'table',
   enabled = 'boolean',
   -- further server keys
   prefixChars = 'number',
   suffixChars = 'number',
   typeahead = 'boolean',
+  raw = 'boolean', -- untrimmed, unranked alternatives (comparisons)
   debugLog = 'boolean',
 }
 M.SERVER_KEYS = SERVER_KEYS
