@@ -74,7 +74,7 @@ class HttpApi:
         try:
             data = json.loads(body or b"null")
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"the body is not valid JSON: {exc}") from exc
+            raise ApiError.invalid(f"the body is not valid JSON: {exc}") from exc
         parsed = parse_completion(data)
         ready, state = await self.ready()
         if not ready:

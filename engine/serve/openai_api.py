@@ -42,6 +42,11 @@ class ApiError(Exception):
         self.headers = headers or {}  # extra response headers
 
     @classmethod
+    def invalid(cls, message: str, param: str | None = None) -> "ApiError":
+        """A request the API refuses as an InputError would be refused (400, invalid_request_error)."""
+        return cls(InputError.http_status, message, param, InputError.http_type)
+
+    @classmethod
     def of(cls, error: BaseException, headers: dict[str, str] | None = None) -> "ApiError":
         """The answer to an engine error: its HTTP status and type (kspec.engine.errors)."""
         answer = describe(error)
@@ -67,7 +72,7 @@ def _integer(body: dict[str, Any], name: str, default: int, low: int, high: int)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ApiError(400, f"'{name}' must be an integer between {low} and {high}", name)
+        raise ApiError.invalid(f"'{name}' must be an integer between {low} and {high}", name)
     return value
 
 
@@ -76,7 +81,7 @@ def _number(body: dict[str, Any], name: str, default: float, low: float, high: f
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
-        raise ApiError(400, f"'{name}' must be a number between {low:g} and {high:g}", name)
+        raise ApiError.invalid(f"'{name}' must be a number between {low:g} and {high:g}", name)
     return float(value)
 
 
@@ -85,7 +90,7 @@ def _text(body: dict[str, Any], name: str, default: str = "") -> str:
     if value is None:
         return default
     if not isinstance(value, str):
-        raise ApiError(400, f"'{name}' must be a string", name)
+        raise ApiError.invalid(f"'{name}' must be a string", name)
     return value
 
 
@@ -94,7 +99,7 @@ def _prompt(body: dict[str, Any]) -> str:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
-        raise ApiError(400, "'prompt' must be a string (one prompt per request)", "prompt")
+        raise ApiError.invalid("'prompt' must be a string (one prompt per request)", "prompt")
     return prompt
 
 
@@ -104,28 +109,28 @@ def _stops(body: dict[str, Any]) -> tuple[str, ...]:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or len(stops) > MAX_API_STOPS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stops):
-        raise ApiError(400, f"'stop' must be a string or a list of up to {MAX_API_STOPS} non-empty strings", "stop")
+        raise ApiError.invalid(f"'stop' must be a string or a list of up to {MAX_API_STOPS} non-empty strings", "stop")
     return tuple(stops)
 
 
 def parse_completion(body: Any) -> ParsedCompletion:
     """A `POST /v1/completions` JSON body -> the engine request (raises ApiError)."""
     if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
+        raise ApiError.invalid("the request body must be a JSON object")
     for name in UNSUPPORTED:
         value = body.get(name)
         if value not in (None, False, 0) and not (name == "best_of" and value == body.get("n", 1)):
-            raise ApiError(400, f"'{name}' is not supported by this server", name)
+            raise ApiError.invalid(f"'{name}' is not supported by this server", name)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise ApiError(400, "'model' must be a string", "model")
+        raise ApiError.invalid("'model' must be a string", "model")
     extensions = body.get("kspec") or {}
     if not isinstance(extensions, dict):
-        raise ApiError(400, "'kspec' must be an object", "kspec")
+        raise ApiError.invalid("'kspec' must be an object", "kspec")
     temperature = _number(body, "temperature", DEFAULT_TEMPERATURE, 0.0, 2.0)
     postprocess = extensions.get("postprocess", False)
     if not isinstance(postprocess, bool):
-        raise ApiError(400, "'kspec.postprocess' must be true or false", "kspec.postprocess")
+        raise ApiError.invalid("'kspec.postprocess' must be true or false", "kspec.postprocess")
     request = CompletionRequest(
         prefix=_prompt(body),
         suffix=_text(body, "suffix"),

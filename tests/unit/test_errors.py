@@ -72,3 +72,9 @@ def test_every_error_class_is_described() -> None:
     classes = [value for value in vars(errors).values() if isinstance(value, type) and issubclass(value, KspecError)]
     kinds = {cls.kind for cls in classes}
     assert kinds == {cls.kind for cls in errors._ANSWERS}
+
+
+def test_the_apis_own_refusals_answer_as_an_input_error() -> None:
+    refusal = ApiError.invalid("'n' must be an integer between 1 and 32", "n")
+    expected = describe(InputError("x"))
+    assert (refusal.status, refusal.body()["error"]["type"], refusal.param) == (expected.http_status, expected.http_type, "n")
