@@ -6,7 +6,8 @@ when one drifts: a name, a type, a default, a choice or a limit.
 - VS Code: package.json `contributes.configuration` (the settings UI) and src/settings.ts
   (DEFAULTS, SERVER_KEYS and the validators of readSettings), for the settings offered
   there (`vscode=True`);
-- Neovim: lua/kspec/config.lua SERVER_KEYS (the type of every server setting).
+- Neovim: lua/kspec/config.lua SERVER_KEYS (the type of every server setting);
+- the server's own documentation: lsp_server/README.md's settings table (names and defaults).
 """
 
 from __future__ import annotations
@@ -147,11 +148,42 @@ def lua_problems(source: str) -> list[str]:
     return problems
 
 
+# --- lsp_server/README.md ---------------------------------------------------------------
+
+
+def readme_settings(text: str) -> dict[str, Any]:
+    """The Settings table: `key`, `key2` | default, default2 | ... -> {key: default}."""
+    section = text.split("## Settings", 1)[1].split("\n## ", 1)[0]
+    table = {}
+    for line in section.splitlines():
+        cells = line.split("|")
+        if len(cells) < 3 or not cells[1].strip().startswith("`"):
+            continue
+        keys = re.findall(r"`(\w+)`", cells[1])
+        defaults = [json.loads(value.strip().strip("`")) for value in cells[2].split(",")]
+        if len(defaults) == 1:
+            defaults *= len(keys)  # `model`, `draft` | `null`
+        table.update(zip(keys, defaults))
+    return table
+
+
+def readme_problems(text: str) -> list[str]:
+    declared, wanted = readme_settings(text), schema()
+    problems = [f"{key}: not a server setting" for key in sorted(set(declared) - set(wanted))]
+    for key, (spec, _) in wanted.items():
+        if key not in declared:
+            problems.append(f"{key}: missing")
+        elif declared[key] != json_default(spec.default):
+            problems.append(f"{key}: default is {declared[key]!r}, the server says {json_default(spec.default)!r}")
+    return problems
+
+
 # --- the tests -------------------------------------------------------------------------
 
 MANIFEST = EDITORS / "vscode" / "package.json"
 SETTINGS_TS = EDITORS / "vscode" / "src" / "settings.ts"
 CONFIG_LUA = EDITORS / "nvim" / "lua" / "kspec" / "config.lua"
+SERVER_README = EDITORS.parent / "lsp_server" / "README.md"
 
 
 def test_vscode_manifest_declares_the_server_settings() -> None:
@@ -164,6 +196,10 @@ def test_vscode_settings_ts_reads_the_server_settings() -> None:
 
 def test_neovim_config_types_every_server_setting() -> None:
     assert lua_problems(CONFIG_LUA.read_text()) == []
+
+
+def test_the_server_readme_lists_every_setting_with_its_default() -> None:
+    assert readme_problems(SERVER_README.read_text()) == []
 
 
 def test_every_setting_has_a_rule_that_accepts_its_default() -> None:
@@ -185,6 +221,8 @@ DRIFTS = [
     (CONFIG_LUA, "  k = 'number',", "  k = 'string',", lua_problems, None),
     (CONFIG_LUA, "  debugLog = 'boolean',\n", "", lua_problems, None),
     (CONFIG_LUA, "  model = { 'string', 'nil' },", "  model = 'string',", lua_problems, None),
+    (SERVER_README, "| `k` | 3 |", "| `k` | 4 |", readme_problems, None),
+    (SERVER_README, "| `raw` | false |", "| `rawText` | false |", readme_problems, None),
 ]
 
 
