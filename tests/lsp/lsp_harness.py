@@ -46,6 +46,10 @@ class Editor:
         client.feature("$/kspec/suggestionsUpdated")(lambda params: self._on_update(params))
         self._versions: dict[str, int] = {}
 
+    def _on_status(self, params: Any) -> None:
+        self.statuses.append(plain(params))
+        self._arrived.set()
+
     def _on_update(self, params: Any) -> None:
         self.updates.append(plain(params))
         self._arrived.set()
