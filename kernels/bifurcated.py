@@ -1,14 +1,16 @@
 """Bifurcated attention: one shared prompt prefix, k branches with their own KV.
 
 ``bifurcated_attention`` picks the implementation: the Triton kernel for CUDA tensors when
-triton is installed, else the PyTorch reference. Layout and masking: ``kspec.kernels.contract``.
+triton is installed, PyTorch's fused flash-attention kernel on CPU (``cpu_fused``) where it
+computes the contract exactly, else the PyTorch reference. Layout and masking: ``kspec.kernels.contract``.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
-from kspec.kernels import triton_bifurcated  # imports cleanly without triton or CUDA
+from kspec.kernels import cpu_fused, triton_bifurcated  # imports cleanly without triton or CUDA
+from kspec.kernels.contract import BranchLayout, check_inputs, lengths_list
 from kspec.kernels.reference import reference_bifurcated_attention
 
 __all__ = ["bifurcated_attention"]
@@ -20,22 +22,34 @@ def bifurcated_attention(
     prefix_v: Tensor,
     branch_k: Tensor,
     branch_v: Tensor,
-    branch_lengths: Tensor,
+    branch_lengths: Tensor | BranchLayout,
     scale: float | None = None,
     sliding_window: int | None = None,
 ) -> Tensor:
     """Exact attention of each branch's new tokens over (shared prefix ++ own KV).
 
     q [k, H, T, D]; prefix_k/v [1, Hkv, P, D]; branch_k/v [k, Hkv, S, D]; branch_lengths [k]
-    (valid entries including the T new tokens written at [len-T, len)). ``scale`` defaults to
-    1/sqrt(D); ``sliding_window`` W lets a query at position i see keys at i-W+1..i.
-    Uses the Triton kernel for CUDA tensors when triton is installed, else the reference.
-    Returns [k, H, T, D] in q's dtype.
+    (valid entries including the T new tokens written at [len-T, len)), or a BranchLayout
+    built once for all layers of a forward pass (then nothing here waits on the device).
+    ``scale`` defaults to 1/sqrt(D); ``sliding_window`` W lets a query at position i see keys
+    at i-W+1..i. Returns [k, H, T, D] in q's dtype.
     """
+    lengths = branch_lengths.lengths if isinstance(branch_lengths, BranchLayout) else branch_lengths
     if q.is_cuda and triton_bifurcated.TRITON_AVAILABLE:
         return triton_bifurcated.triton_bifurcated_attention(
-            q, prefix_k, prefix_v, branch_k, branch_v, branch_lengths, scale, sliding_window
+            q, prefix_k, prefix_v, branch_k, branch_v, lengths, scale, sliding_window
         )
+    if q.device.type == "cpu":
+        d = check_inputs(q, prefix_k, prefix_v, branch_k, branch_v, lengths, sliding_window)
+        layout = branch_lengths if isinstance(branch_lengths, BranchLayout) else _layout(branch_lengths, d.capacity, d.new, q, sliding_window)
+        if max(layout.host_lengths, default=0) > d.capacity:
+            raise ValueError(f"branch_lengths must lie in [0, S={d.capacity}], got {list(layout.host_lengths)}")
+        if cpu_fused.supports(q, d.prefix, layout, sliding_window):
+            return cpu_fused.fused_bifurcated_attention(q, prefix_k, prefix_v, branch_k, branch_v, layout, scale)
     return reference_bifurcated_attention(
         q, prefix_k, prefix_v, branch_k, branch_v, branch_lengths, scale, sliding_window
     )
+
+
+def _layout(lengths: Tensor, capacity: int, new: int, q: Tensor, sliding_window: int | None) -> BranchLayout:
+    return BranchLayout.build(lengths_list(lengths, capacity), new, q.dtype, q.device, sliding_window)

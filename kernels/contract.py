@@ -30,7 +30,9 @@ entries at or beyond len_b are never given weight, but must hold finite numbers
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -110,3 +112,42 @@ def lengths_list(branch_lengths: Tensor, capacity: int) -> list[int]:
     if bad:
         raise ValueError(f"branch_lengths must lie in [0, S={capacity}], got {bad}")
     return lengths
+
+
+@dataclass(frozen=True)
+class BranchLayout:
+    """What every layer's attention call of one forward pass shares, built once per pass so
+    that nothing inside the layer loop waits on the device or rebuilds a mask: the branch
+    lengths (the T new entries included) on the device and on the host, and the branch
+    piece's additive mask."""
+
+    lengths: Tensor  # [k] int64 on the tensors' device
+    host_lengths: tuple[int, ...]  # the same numbers on the host
+    new: int  # T
+    branch_mask: Tensor | None  # [k, 1, T, max(lengths)] 0 / -inf; None when every query sees every column
+
+    @classmethod
+    def build(
+        cls,
+        lengths: Sequence[int],
+        new: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        sliding_window: int | None = None,
+    ) -> "BranchLayout":
+        """lengths per branch including the T = new tokens written this pass; the mask follows
+        the masking rules above (causal inside the new tokens, ragged lengths, the window)."""
+        host = tuple(int(n) for n in lengths)
+        if new < 1 or any(n < 0 for n in host):
+            raise ValueError(f"a layout needs T >= 1 and lengths >= 0, got T={new}, lengths {host}")
+        device_lengths = torch.tensor(host, dtype=torch.int64, device=device)  # [k]
+        cols = max(host, default=0)
+        if cols == 0 or (new == 1 and min(host) == cols and (sliding_window is None or cols <= sliding_window)):
+            return cls(device_lengths, host, new, None)
+        qpos = device_lengths[:, None] + torch.arange(-new, 0, device=device)  # [k, T] own position of each query
+        j = torch.arange(cols, device=device)  # [N]
+        hidden = j > qpos[..., None]  # [k, T, N]
+        if sliding_window is not None:
+            hidden |= j <= qpos[..., None] - sliding_window
+        mask = torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(hidden, -math.inf)
+        return cls(device_lengths, host, new, mask[:, None])  # [k, 1, T, N]

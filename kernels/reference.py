@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from kspec.kernels.contract import Dims, check_inputs, compute_dtype, lengths_list
+from kspec.kernels.contract import BranchLayout, Dims, check_inputs, compute_dtype, lengths_list
 
 def _softmax_pieces(s: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Unnormalized attention of scores ``s`` [B, M, N] (-inf = masked) over ``v`` [B, N, D].
@@ -54,7 +54,7 @@ def _prefix_piece(
     pk = prefix_k[0, :, start:].to(q.dtype)  # [Hkv, P', D]
     pv = prefix_v[0, :, start:].to(q.dtype)  # [Hkv, P', D]
     s = torch.bmm(qp, pk.transpose(1, 2))  # [Hkv, k*g*T, P']
-    if first_key is not None and int(first_key.max()) > start:
+    if first_key is not None and max(lengths) + p_len - window > start:  # = first_key.max(), from the host
         cols = torch.arange(start, p_len, device=q.device)  # [P']
         hidden = cols < first_key.unsqueeze(-1)  # [k, T, P']
         s.view(hkv, k, g, t_new, p_len - start).masked_fill_(hidden[None, :, None], -math.inf)
@@ -120,16 +120,21 @@ def reference_bifurcated_attention(
     prefix_v: Tensor,
     branch_k: Tensor,
     branch_v: Tensor,
-    branch_lengths: Tensor,
+    branch_lengths: Tensor | BranchLayout,
     scale: float | None = None,
     sliding_window: int | None = None,
 ) -> Tensor:
     """Bifurcated attention in plain PyTorch (any device); see the module docstring.
+    branch_lengths: [k], or a BranchLayout (its host lengths: no device sync).
 
     Returns [k, H, T, D] in q's dtype; softmax pieces in fp32 for half inputs.
     """
-    d = check_inputs(q, prefix_k, prefix_v, branch_k, branch_v, branch_lengths, sliding_window)
-    lengths = lengths_list(branch_lengths, d.capacity)
+    if isinstance(branch_lengths, BranchLayout):
+        d = check_inputs(q, prefix_k, prefix_v, branch_k, branch_v, branch_lengths.lengths, sliding_window)
+        lengths = list(branch_lengths.host_lengths)
+    else:
+        d = check_inputs(q, prefix_k, prefix_v, branch_k, branch_v, branch_lengths, sliding_window)
+        lengths = lengths_list(branch_lengths, d.capacity)
     scale = 1.0 / math.sqrt(d.dim) if scale is None else scale
     qs = q.to(compute_dtype(q.dtype)) * scale  # [k, H, T, D]
     pieces = []

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kspec.engine.errors import InputError
+from kspec.kernels.contract import BranchLayout
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,9 @@ class RaggedKVCache(RowLengths):
 @dataclass(frozen=True)
 class _BranchStep(StepContext):
     write_positions: Tensor = None  # type: ignore[assignment]  # [k, T] slots in each branch buffer
-    lengths_after: Tensor = None  # type: ignore[assignment]  # [k] branch entries incl. the T new ones
+    layout: BranchLayout = None  # type: ignore[assignment]  # branch entries incl. the T new ones, mask: once for all layers
+    rows: Tensor = None  # type: ignore[assignment]  # [k, 1] branch index for the ragged writes
+    uniform_start: int | None = None  # every branch writes at this slot (one slice copy), else None
 
 
 class BranchKVCache(RowLengths):
@@ -217,16 +220,22 @@ class BranchKVCache(RowLengths):
         device = self.keys.device
         if max(self.lengths) + n_new > self.capacity:
             raise InputError(f"branch length {max(self.lengths) + n_new} exceeds the branch capacity of {self.capacity}")
-        lengths = torch.tensor(self.lengths, device=device)  # [k]
-        write_positions = lengths[:, None] + torch.arange(n_new, device=device)  # [k, T]
-        return _BranchStep(self.prefix_len + write_positions, n_new, write_positions, lengths + n_new)
+        layout = BranchLayout.build([n + n_new for n in self.lengths], n_new, self.keys.dtype, device, self.shape.sliding_window)
+        write_positions = layout.lengths[:, None] + torch.arange(-n_new, 0, device=device)  # [k, T]
+        rows = torch.arange(self.batch, device=device)[:, None]  # [k, 1]
+        uniform = self.lengths[0] if min(self.lengths) == max(self.lengths) else None
+        return _BranchStep(self.prefix_len + write_positions, n_new, write_positions, layout, rows, uniform)
 
     def write(self, layer: int, k: Tensor, v: Tensor, step: StepContext) -> None:
         """k/v [k, Hkv, T, D] into each branch's next T slots."""
         step = _expect(step, _BranchStep)
-        rows = torch.arange(self.batch, device=k.device)[:, None]  # [k, 1]
-        self.keys[layer][rows, :, step.write_positions] = k.transpose(1, 2)  # [k, T, Hkv, D] by index
-        self.values[layer][rows, :, step.write_positions] = v.transpose(1, 2)
+        if step.uniform_start is not None:  # every branch at the same length: one slice copy each
+            stop = step.uniform_start + step.n_new
+            self.keys[layer][:, :, step.uniform_start : stop] = k
+            self.values[layer][:, :, step.uniform_start : stop] = v
+            return
+        self.keys[layer][step.rows, :, step.write_positions] = k.transpose(1, 2)  # [k, T, Hkv, D] by index
+        self.values[layer][step.rows, :, step.write_positions] = v.transpose(1, 2)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, step: StepContext) -> Tensor:
         """q [k, H, T, D], k/v [k, Hkv, T, D] -> [k, H, T, D]."""
@@ -240,7 +249,7 @@ class BranchKVCache(RowLengths):
             self.prefix_values[layer],
             self.keys[layer],
             self.values[layer],
-            step.lengths_after,
+            step.layout,
             sliding_window=self.shape.sliding_window,
         )
 

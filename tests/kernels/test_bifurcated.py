@@ -20,7 +20,9 @@ from attention_cases import CASES, TOL, assert_close, make_case, valid_rows
 from kspec.bench.attention import bench_attention
 from attention_oracle import naive_attention
 from kspec.bench.baselines import dense_attention, replicated_attention
+from kspec.kernels import cpu_fused
 from kspec.kernels.bifurcated import bifurcated_attention
+from kspec.kernels.contract import BranchLayout
 from kspec.kernels.reference import reference_bifurcated_attention
 
 
@@ -89,9 +91,30 @@ def test_dense_attention_is_the_p0_case() -> None:
     torch.testing.assert_close(dense_attention(q, bk, bv, lengths), bifurcated_attention(q, pk, pv, bk, bv, lengths))
 
 
-def test_cpu_dispatch_is_the_reference() -> None:
-    case = make_case(3, 6, 3, 2, 16, 21, 9, [9, 5, 2])
-    torch.testing.assert_close(bifurcated_attention(*case), reference_bifurcated_attention(*case), atol=0, rtol=0)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cpu_dispatch_is_the_fused_kernel_where_it_applies(dtype: torch.dtype) -> None:
+    """On CPU the flash-kernel path serves every case it computes exactly (the engine's: each
+    branch holds its T new entries, no window hiding prefix keys) and agrees with the reference."""
+    case = make_case(3, 6, 3, 2, 16, 21, 9, [9, 5, 2], dtype)
+    layout = BranchLayout.build([9, 5, 2], 2, dtype, "cpu")
+    assert cpu_fused.supports(case[0], 21, layout, None)
+    fused = cpu_fused.fused_bifurcated_attention(*case[:5], layout)
+    torch.testing.assert_close(bifurcated_attention(*case), fused, atol=0, rtol=0)
+    assert_close(fused, naive_attention(*case), dtype)
+    short = BranchLayout.build([9, 1, 2], 2, dtype, "cpu")  # a branch with fewer entries than new tokens
+    assert not cpu_fused.supports(case[0], 21, short, None)
+    assert not cpu_fused.supports(case[0], 21, layout, 16)  # the window hides prefix keys
+
+
+def test_a_layout_gives_the_same_result_as_lengths() -> None:
+    """A BranchLayout (built once per forward pass: host lengths, mask) changes nothing."""
+    for window in (None, 6):
+        case = make_case(3, 6, 3, 2, 16, 21, 9, [9, 5, 2], junk=3.0)
+        layout = BranchLayout.build([9, 5, 2], 2, torch.float32, "cpu", window)
+        for attention in (bifurcated_attention, reference_bifurcated_attention):
+            torch.testing.assert_close(
+                attention(*case[:5], layout, sliding_window=window), attention(*case, sliding_window=window), atol=0, rtol=0
+            )
 
 
 def test_non_contiguous_inputs() -> None:
