@@ -34,14 +34,18 @@ def _llama3_scaled(inv_freq: Tensor, scaling: RopeScaling) -> Tensor:
 
 
 def rotary_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """positions [B, T] -> cos, sin [B, 1, T, D] (half-rotation layout, as HF checkpoints use)."""
+    """positions [B, T] -> cos, signed sin [B, T, 1, D] (half-rotation layout, as HF checkpoints use).
+
+    The sin comes with the rotation's sign folded in (-sin on the first half), so that
+    `apply_rotary` needs a roll instead of a negation and a concatenation."""
     freqs = positions.to(torch.float32)[..., None] * inv_freq  # [B, T, D/2]
-    angles = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    sin = freqs.sin()
+    cos = torch.cat((freqs, freqs), dim=-1).cos()  # [B, T, D]
+    signed_sin = torch.cat((-sin, sin), dim=-1)  # [B, T, D]
+    return cos[:, :, None].to(dtype), signed_sin[:, :, None].to(dtype)
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [B, H, T, D] rotated by cos/sin [B, 1, T, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """x [B, T, heads, D] rotated by cos/signed_sin [B, T, 1, D]: x cos + rotate_half(x) sin,
+    where rotate_half(x) sin = roll(x, D/2) signed_sin exactly (a sign flip is exact)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin

@@ -8,6 +8,7 @@ owns the buffers, the positions and the masks; the model never copies KV.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kspec.engine.cache.kv import CacheShape, KVCache, StepContext
@@ -22,9 +23,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        """x * rsqrt(mean(x^2) + eps) * weight in one fused op (float32: bitwise the formula;
+        half types: accumulated in float32, rounded once)."""
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def _norm(args: ModelArgs) -> nn.Module:
@@ -43,15 +44,26 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=args.qkv_bias)
         self.v_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=args.qkv_bias)
         self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=args.o_bias)
+        self.qkv_proj: nn.Module | None = None  # set by fuse(): one matmul for q, k and v
+
+    def fuse(self, qkv_proj: nn.Module, o_proj: nn.Module) -> None:
+        """Replace q/k/v_proj by one projection whose output is [q | k | v] (and o_proj)."""
+        del self.q_proj, self.k_proj, self.v_proj
+        self.qkv_proj, self.o_proj = qkv_proj, o_proj
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, step: StepContext) -> Tensor:
         batch, n_new, _ = x.shape  # [B, T, dim]
-        q = self.q_proj(x).view(batch, n_new, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = self.k_proj(x).view(batch, n_new, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-        v = self.v_proj(x).view(batch, n_new, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = cache.attend(layer, q, k, v, step)  # [B, H, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(batch, n_new, self.n_heads * self.head_dim))
+        heads, kv_heads, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
+        if self.qkv_proj is None:
+            q = apply_rotary(self.q_proj(x).view(batch, n_new, heads, head_dim), cos, sin)  # [B, T, H, D]
+            k = apply_rotary(self.k_proj(x).view(batch, n_new, kv_heads, head_dim), cos, sin)  # [B, T, Hkv, D]
+            v = self.v_proj(x).view(batch, n_new, kv_heads, head_dim)  # [B, T, Hkv, D]
+        else:
+            qkv = self.qkv_proj(x).view(batch, n_new, heads + 2 * kv_heads, head_dim)  # [B, T, H+2Hkv, D]
+            qk = apply_rotary(qkv[:, :, : heads + kv_heads], cos, sin)  # q and k rotated in one go
+            q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :]
+        out = cache.attend(layer, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), step)  # [B, H, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(batch, n_new, heads * head_dim))
 
 
 class MLP(nn.Module):
@@ -66,8 +78,19 @@ class MLP(nn.Module):
         else:
             self.c_fc = nn.Linear(args.dim, args.intermediate_size, bias=args.mlp_bias)
             self.c_proj = nn.Linear(args.intermediate_size, args.dim, bias=args.mlp_bias)
+        self.gate_up_proj: nn.Module | None = None  # set by fuse(): one matmul for gate and up
+
+    def fuse(self, gate_up_proj: nn.Module, down_proj: nn.Module) -> None:
+        """Gated MLP: replace gate/up_proj by one projection whose output is [gate | up]."""
+        if not self.gated:
+            raise ValueError("only a gated MLP has a gate and an up projection to fuse")
+        del self.gate_proj, self.up_proj
+        self.gate_up_proj, self.down_proj = gate_up_proj, down_proj
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [B, T, I] each
+            return self.down_proj(self.act(gate) * up)
         if self.gated:
             return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
         return self.c_proj(self.act(self.c_fc(x)))
@@ -125,7 +148,7 @@ class Transformer(nn.Module):
         """tokens [B, T] -> final hidden states [B, T, dim]. The caller advances the cache.
         n_layers: run only the first n blocks (early exit, for a layer-skip drafter)."""
         step = cache.prepare(tokens.shape[1])
-        cos, sin = rotary_cos_sin(step.positions, self.inv_freq, self.dtype)  # [B, 1, T, D]
+        cos, sin = rotary_cos_sin(step.positions, self.inv_freq, self.dtype)  # [B, T, 1, D]
         x = self.model.embed_tokens(tokens)  # [B, T, dim]
         for index, block in enumerate(self.model.layers[:n_layers]):
             x = block(x, cos, sin, cache, index, step)
