@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names (this module imports no torch: the language server reads it)
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto, or torch dtype names (this module imports no torch: the language server reads it)
 DRAFTER_CHOICES = ("auto", "lookup", "model", "layerskip", "none")
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"  # the whole value
 
@@ -41,7 +41,10 @@ class EngineConfig:
         short="-m", path=True, setting=True,
     )  # fmt: skip
     draft: str | None = option(None, "draft model with the target's tokenizer (speculative decoding)", path=True, setting=True)
-    dtype: str = option("float32", "weight and activation type", choices=DTYPES, setting=True)
+    dtype: str = option(
+        "auto", "weight and activation type; auto: the CPU fast path (bfloat16, a Q4 GGUF's own 4-bit weights) on an AVX-512 "
+        "CPU, else float32 (float32: the exact reference path)", choices=DTYPES, setting=True,
+    )  # fmt: skip
     device: str = option("cpu", "'cpu' or 'cuda[:N]'", pattern=DEVICE_PATTERN, setting=True)
     prompt_tokens: int = 1536  # token budget for prefix + suffix
     threads: int | None = option(None, "torch intra-op threads (default: torch's, one per core)")
@@ -81,8 +84,11 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> "torch.dtype":
+        """The explicit dtype (auto depends on the machine: engine/models/loading.py Compute.choose)."""
         import torch
 
+        if self.dtype == "auto":
+            raise ValueError("dtype 'auto' is chosen at load (Compute.choose), it has no fixed torch dtype")
         return getattr(torch, self.dtype)
 
 

@@ -22,7 +22,7 @@ def default_engine():
     from kspec.engine.completion import CompletionEngine
     from kspec.engine.config import EngineConfig
 
-    return CompletionEngine.load(EngineConfig(progress=False))
+    return CompletionEngine.load(EngineConfig(dtype="float32", progress=False))  # the exact path (auto: test_fast_path.py)
 
 
 @pytest.fixture(scope="session")
@@ -30,4 +30,4 @@ def random_engine(random_llama_dir: Path):
     from kspec.engine.completion import CompletionEngine
     from kspec.engine.config import EngineConfig
 
-    return CompletionEngine.load(EngineConfig(model=str(random_llama_dir), progress=False))
+    return CompletionEngine.load(EngineConfig(model=str(random_llama_dir), dtype="float32", progress=False))

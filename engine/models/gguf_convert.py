@@ -1,4 +1,5 @@
-"""Turn a GGUF file into an HF model folder (config.json, model.safetensors, tokenizer.json).
+"""Turn a GGUF file into an HF model folder (config.json, model.safetensors, tokenizer.json),
+plus its 4-bit weights as stored (q4.safetensors, for the CPU fast path).
 
 Quantized tensors are dequantized once with the `gguf` package; the folder is written
 to a temporary directory and renamed into place, so a failed conversion leaves nothing
@@ -8,6 +9,7 @@ half-written.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -20,6 +22,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from kspec.engine.errors import ModelLoadError
+from kspec.engine.models.quantized import Q4_FILE, Q4_TYPES, Q4Codes, save_q4
 
 ProgressCallback = Callable[[float, str], None]  # (fraction done in [0, 1], what is happening)
 
@@ -122,12 +125,61 @@ def gguf_state_dict(
         name = _hf_name(tensor.name, arch)
         array = quants.dequantize(tensor.data, tensor.tensor_type)
         array = np.asarray(array, dtype=np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
-        if arch == "llama" and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
-            array = _unpermute_rotary(array, config["num_attention_heads"])
-        elif arch == "llama" and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
-            array = _unpermute_rotary(array, config["num_key_value_heads"])
+        heads = _rotary_heads(arch, tensor.name, config)
+        if heads:
+            array = _unpermute_rotary(array, heads)
         state[name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
     return state
+
+
+def gguf_q4_codes(reader: Any, config: dict[str, Any]) -> dict[str, Q4Codes]:
+    """The 4-bit (Q4_0 / Q4_1) weight matrices of a GGUF file as stored, by HF name, rows in HF
+    order (llama's q/k rotary interleave undone as in the conversion). Other tensors are left out:
+    the converted folder has them (dequantized)."""
+    arch = _field(reader, "general.architecture")
+    codes: dict[str, Q4Codes] = {}
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type.name
+        if kind not in Q4_TYPES:
+            continue
+        q4 = Q4Codes.from_gguf_blocks(np.asarray(tensor.data), kind)
+        heads = _rotary_heads(arch, tensor.name, config)
+        if heads:
+            q4 = q4.permute_rows(torch.from_numpy(_unpermute_rotary(np.arange(q4.shape[0]), heads)))
+        codes[_hf_name(tensor.name, arch)] = q4
+    return codes
+
+
+def write_q4_file(path: Path, folder: Path) -> Path:
+    """Write a GGUF file's 4-bit weights into its converted folder (for one converted before they
+    were kept); atomically, so a concurrent or failed write leaves nothing half-written."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+        codes = gguf_q4_codes(reader, gguf_config(reader))
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # the gguf package raises many kinds on a truncated or corrupt file
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+    staging = folder / f".{Q4_FILE}.{os.getpid()}.tmp"
+    try:
+        save_q4(codes, staging)
+        os.replace(staging, folder / Q4_FILE)
+    finally:
+        staging.unlink(missing_ok=True)
+    return folder / Q4_FILE
+
+
+def _rotary_heads(arch: str, gguf_name: str, config: dict[str, Any]) -> int | None:
+    """Heads whose rotary halves llama.cpp interleaved in this tensor's rows (llama q/k), else None."""
+    if arch != "llama":
+        return None
+    if gguf_name.endswith(("attn_q.weight", "attn_q.bias")):
+        return int(config["num_attention_heads"])
+    if gguf_name.endswith(("attn_k.weight", "attn_k.bias")):
+        return int(config["num_key_value_heads"])
+    return None
 
 
 def gguf_tokenizer_json(reader: Any) -> str:
@@ -181,6 +233,7 @@ def convert_gguf(path: Path, destination: Path, progress: bool = True, on_progre
         try:
             state = gguf_state_dict(reader, config, progress, on_progress)
             tokenizer_json = gguf_tokenizer_json(reader)
+            save_q4(gguf_q4_codes(reader, config), staging / Q4_FILE)  # the 4-bit weights as stored (CPU fast path)
         except ModelLoadError:
             raise
         except Exception as exc:

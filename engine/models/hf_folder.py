@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 
 from kspec.engine.errors import ModelLoadError
 from kspec.engine.models.args import ModelArgs
+from kspec.engine.models.quantized import Q4_FILE
 from kspec.engine.models.rope import inverse_frequencies
 from kspec.engine.models.transformer import Transformer
 
@@ -34,7 +34,7 @@ def weight_files(folder: Path) -> list[Path]:
         except (OSError, json.JSONDecodeError, KeyError) as exc:
             raise ModelLoadError(f"{index}: unreadable shard index ({exc})") from exc
         return [folder / name for name in names]
-    files = sorted(folder.glob("*.safetensors"))
+    files = sorted(path for path in folder.glob("*.safetensors") if path.name != Q4_FILE)  # not the 4-bit copy
     if not files:
         raise ModelLoadError(f"{folder}: no *.safetensors weights (PyTorch .bin checkpoints are not supported)")
     return files
@@ -44,22 +44,21 @@ def load_transformer(folder: Path, dtype: torch.dtype, device: str = "cpu") -> T
     args = read_args(folder)
     with torch.device("meta"):
         model = Transformer(args)
+    expected = {name for name, _ in model.named_parameters()}  # lm_head.weight is not there when tied
     state: dict[str, torch.Tensor] = {}
     for path in weight_files(folder):
         try:
-            shard = load_file(str(path), device="cpu")
+            with safe_open(str(path), "pt", device="cpu") as shard:
+                # tensor by tensor: only one is ever held in the file's dtype (a float32 checkpoint
+                # loaded as bfloat16 never holds the whole float32 copy)
+                for name in shard.keys():
+                    if name in expected:
+                        state[name] = shard.get_tensor(name).to(dtype)
         except (OSError, SafetensorError) as exc:
             raise ModelLoadError(f"{path}: unreadable safetensors file ({exc})") from exc
-        state.update({name: tensor.to(dtype) for name, tensor in shard.items()})
-    if args.tie_embeddings:
-        state.pop("lm_head.weight", None)
-    expected = {name for name, _ in model.named_parameters()}
     missing = expected - set(state)
     if missing:
         raise ModelLoadError(f"{folder}: weights missing from the checkpoint: {', '.join(sorted(missing)[:5])}")
-    unused = [name for name in state if name not in expected]
-    for name in unused:
-        state.pop(name)
     model.load_state_dict(state, strict=False, assign=True)  # completeness checked above
     if args.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

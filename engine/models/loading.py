@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from kspec.engine.config import EngineConfig
 from kspec.engine.errors import ModelLoadError
 from kspec.engine.models.gguf_convert import ProgressCallback
+from kspec.engine.models.cpu_fast import describe, fast_path_available, to_fast_path
 from kspec.engine.models.hf_folder import load_transformer
+from kspec.engine.models.quantized import Q4_FILE, Q4File
 from kspec.engine.models.resolve import resolve_model
 from kspec.engine.models.tokenizer import Tokenizer
 from kspec.engine.models.transformer import Transformer
@@ -19,13 +23,43 @@ class LoadedModel:
     tokenizer: Tokenizer
     name: str
 
+    @property
+    def compute(self) -> str:
+        """How the model computes, for users: e.g. 'float32' or 'bfloat16 + int4 from the GGUF (...)'."""
+        return describe(self.model)
+
+
+@dataclass(frozen=True)
+class Compute:
+    """What `EngineConfig.dtype` means on this machine."""
+
+    dtype: torch.dtype
+    fast_cpu: bool  # the CPU fast path (engine/models/cpu_fast.py): fused projections, 4-bit weights where stored
+
+    @classmethod
+    def choose(cls, config: EngineConfig) -> "Compute":
+        """auto: the fast path on an AVX-512 CPU (cpu_fast.fast_path_available), float32 elsewhere.
+        An explicit dtype is that dtype on the plain path (float32: the exact reference)."""
+        if config.dtype == "auto":
+            fast = config.device == "cpu" and fast_path_available()
+            return cls(torch.bfloat16 if fast else torch.float32, fast)
+        return cls(getattr(torch, config.dtype), False)
+
 
 def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCallback | None = None) -> LoadedModel:
     """on_progress(fraction, message): conversion (if a GGUF file is new) up to 0.8, then weights."""
     report = on_progress or (lambda fraction, message: None)
     resolved = resolve_model(spec, progress=config.progress, on_progress=lambda f, m: report(0.8 * f, m))
     report(0.8, f"loading {resolved.name}")
-    model = load_transformer(resolved.folder, config.torch_dtype, config.device)
+    compute = Compute.choose(config)
+    model = load_transformer(resolved.folder, compute.dtype, config.device)
+    if compute.fast_cpu:
+        q4_file = resolved.folder / Q4_FILE  # a converted Q4 GGUF keeps its 4-bit weights there
+        if q4_file.is_file():
+            with Q4File(q4_file) as codes:
+                to_fast_path(model, codes)
+        else:
+            to_fast_path(model, {})
     tokenizer = Tokenizer.from_folder(resolved.folder, model.args.eos_token_ids)
     if tokenizer.vocab_size > model.args.vocab_size:
         raise ModelLoadError(

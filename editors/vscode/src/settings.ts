@@ -38,7 +38,7 @@ export type EnginePlacement = 'daemon' | 'inprocess' | 'remote' | 'openai';
 export const ENGINES: readonly EnginePlacement[] = ['daemon', 'inprocess', 'remote', 'openai'];
 // The choices, defaults and limits here are the server's (lsp_server/settings.py): a Python
 // test (tests/unit/lsp/test_settings_schema.py) reads this file and package.json and fails on a difference.
-export const DTYPES = ['float32', 'bfloat16', 'float16'] as const;
+export const DTYPES = ['auto', 'float32', 'bfloat16', 'float16'] as const;
 export type Dtype = (typeof DTYPES)[number];
 export const MODES = ['diverse', 'sample'] as const;
 export type Mode = (typeof MODES)[number];
@@ -60,7 +60,7 @@ export const DEFAULTS: KspecSettings = {
 	model: null,
 	draft: null,
 	device: 'cpu',
-	dtype: 'float32',
+	dtype: 'auto',
 	engine: 'daemon',
 	engineUrl: null,
 	engineTokenFile: null,
