@@ -1,15 +1,19 @@
-"""The CPU fast path (`--dtype auto` on an AVX-512 CPU): bfloat16 compute, one
-matmul for q/k/v and one for gate/up, and a Q4 GGUF's own 4-bit weights for steps with few rows.
+"""The CPU fast path (`--dtype auto` on an AVX-512 CPU): a Q4 GGUF's own 4-bit weights for
+steps with few rows, one matmul for q/k/v and one for gate/up; everything else stays float32.
 
 Why each piece (2 threads, SmolLM2-135M, a 512-token prompt; README "Measured"):
-- a decode step reads every weight once: 4-bit codes are ~4x fewer bytes than bfloat16 and
-  ~8x fewer than float32, and PyTorch's int4 CPU kernel multiplies them without unpacking;
+- a decode step reads every weight once: 4-bit codes are ~8x fewer bytes than float32, and
+  PyTorch's int4 CPU kernel multiplies them without unpacking (bfloat16 in and out);
 - with many rows (verifying k x (gamma+1) drafts, prefill) that kernel dequantizes the weights
-  again for every 4 rows, while a dense bfloat16 matmul does not (oneDNN; AMX where the CPU
-  has it): `CpuLinear` keeps both forms and picks by the row count (`FastPath.int4_max_rows`,
-  the measured crossover);
-- fusing projections halves the number of small matmuls a step launches.
-Weights without 4-bit codes (an HF folder, a GGUF in another type) run in dense bfloat16.
+  again for every 4 rows, so `CpuLinear` keeps a dense copy and picks by the row count
+  (`FastPath.int4_max_rows`, the measured crossover). The copy is bfloat16 where the CPU
+  computes bfloat16 natively (AVX-512-BF16 / AMX), else float32: emulated bfloat16 matmuls
+  were slower than float32 ones on a plain AVX-512 CPU (and half the lm_head's speed);
+- fusing projections halves the number of small matmuls a step launches;
+- embeddings, norms, attention and the KV cache stay float32; the head (Q8_0 in the default
+  GGUF, tied to the embedding) is two 4-bit terms for few rows and its float32 weight above:
+  only the 4-bit matmuls round to bfloat16.
+Weights without 4-bit codes (an HF folder, a GGUF in another type) use the dense copy.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Mapping
 
 import torch
 
-from kspec.engine.models.quantized import CpuLinear, Q4Codes, fused_linear, int4_kernel_available
+from kspec.engine.models.quantized import CpuLinear, Q4Codes, fused_linear, int4_kernel_available, weight_terms
 from kspec.engine.models.transformer import Transformer
 
 FAST_CAPABILITIES = ("AVX512",)  # torch's CPU kernel levels the fast path was measured on
@@ -27,32 +31,43 @@ FAST_CAPABILITIES = ("AVX512",)  # torch's CPU kernel levels the fast path was m
 
 @dataclass(frozen=True)
 class FastPath:
-    int4_max_rows: int = 16  # 4-bit kernel up to this many rows per matmul, dense bfloat16 above
-    keep_dense: bool = True  # False: 4-bit only (less memory, slower verification and prefill)
+    int4_max_rows: int = 16  # 4-bit kernel up to this many rows per matmul, the dense copy above
+    keep_dense: bool = True  # False: 4-bit only (less memory, far slower verification and prefill)
+    dense_dtype: torch.dtype | None = None  # None: bfloat16 on a CPU with native bfloat16, else float32
 
     def __post_init__(self) -> None:
         if self.int4_max_rows < 0:
             raise ValueError(f"int4_max_rows must be >= 0, got {self.int4_max_rows}")
+        if self.dense_dtype not in (None, torch.float32, torch.bfloat16):
+            raise ValueError(f"dense_dtype must be float32 or bfloat16, got {self.dense_dtype}")
+
+    def resolved_dense_dtype(self) -> torch.dtype:
+        return self.dense_dtype or (torch.bfloat16 if native_bf16_cpu() else torch.float32)
+
+
+def native_bf16_cpu() -> bool:
+    """Whether this CPU computes bfloat16 matmuls natively (AVX-512-BF16 or AMX)."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 def fast_path_available() -> bool:
-    """Whether this CPU runs the fast path's kernels vectorized: PyTorch's int4 kernel (its
-    AVX-512 path takes bfloat16 activations) and bfloat16 matmuls (oneDNN; AVX-512-BF16 / AMX
-    make them faster still, but plain AVX-512 already beats float32: README "Measured")."""
+    """Whether this CPU runs the 4-bit kernel vectorized: PyTorch's int4 CPU kernel has an
+    AVX-512 path (bfloat16 activations); elsewhere auto stays float32."""
     return torch.backends.cpu.get_cpu_capability() in FAST_CAPABILITIES and int4_kernel_available()
 
 
 def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPath = FastPath()) -> Transformer:
-    """Turn a loaded model into the fast path, in place (returns it): bfloat16 everywhere,
-    q/k/v and gate/up fused, 4-bit weights where `codes` (by HF weight name) has every part."""
-    model.to(torch.bfloat16)
+    """Turn a loaded model into the fast path, in place (returns it): q/k/v and gate/up fused,
+    every projection and the head a CpuLinear, 4-bit where `codes` (HF weight names, see
+    `weight_terms`) has every part. The head's dense form stays the model's own weight."""
+    dense_dtype = path.resolved_dense_dtype()
     for index, block in enumerate(model.model.layers):
         prefix = f"model.layers.{index}."
 
         def linear(*names: str) -> CpuLinear:
             modules = [block.get_submodule(name) for name in names]
-            parts = [codes.get(f"{prefix}{name}.weight") for name in names]
-            return fused_linear(modules, parts, path.int4_max_rows, path.keep_dense)
+            terms = [weight_terms(codes, f"{prefix}{name}.weight") for name in names]
+            return fused_linear(modules, terms, path.int4_max_rows, dense_dtype, path.keep_dense)
 
         attention, mlp = block.self_attn, block.mlp
         attention.fuse(linear("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), linear("self_attn.o_proj"))
@@ -60,15 +75,26 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
             mlp.fuse(linear("mlp.gate_proj", "mlp.up_proj"), linear("mlp.down_proj"))
         else:
             mlp.c_fc, mlp.c_proj = linear("mlp.c_fc"), linear("mlp.c_proj")
+    head_name = "model.embed_tokens.weight" if model.args.tie_embeddings else "lm_head.weight"
+    head_terms = weight_terms(codes, head_name) if int4_kernel_available() else None
+    head = model.lm_head
+    # the dense form is the model's weight itself (tied: the embedding table), not a copy
+    model.lm_head = CpuLinear(head.weight, head_terms or [], head.bias, path.int4_max_rows, head.weight.dtype)
     return model
 
 
 def describe(model: Transformer) -> str:
-    """What a user sees of the compute path, e.g. 'bfloat16 + int4 (up to 16 rows)'."""
+    """What a user sees of the compute path, e.g. 'float32 + int4 from the GGUF (...)'."""
+    base = str(model.dtype).removeprefix("torch.")
     linears = [m for m in model.modules() if isinstance(m, CpuLinear)]
     if not linears:
-        return str(model.dtype).removeprefix("torch.")
-    int4 = [m for m in linears if m.packed is not None]
+        return base
+    dense = next((m.dense.dtype for m in model.model.layers.modules() if isinstance(m, CpuLinear) and m.dense is not None), None)
+    dense_text = f"dense {str(dense).removeprefix('torch.')}" if dense is not None else "no dense copy"
+    int4 = [m for m in linears if m.has_int4]
     if not int4:
-        return "bfloat16 (fused projections)"
-    return f"bfloat16 + int4 from the GGUF ({len(int4)}/{len(linears)} projections, up to {int4[0].int4_max_rows} rows)"
+        return f"{base}, fused projections ({dense_text})"
+    return (
+        f"{base} + int4 from the GGUF ({len(int4)}/{len(linears)} matmuls up to "
+        f"{int4[0].int4_max_rows} rows, {dense_text} above)"
+    )

@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from kspec.engine.errors import ModelLoadError
-from kspec.engine.models.quantized import Q4_FILE, Q4_TYPES, Q4Codes, save_q4
+from kspec.engine.models.quantized import Q4_FILE, Q4_TYPES, TERM_SEPARATOR, Q4Codes, q8_0_terms, save_q4
 
 ProgressCallback = Callable[[float, str], None]  # (fraction done in [0, 1], what is happening)
 
@@ -133,20 +133,27 @@ def gguf_state_dict(
 
 
 def gguf_q4_codes(reader: Any, config: dict[str, Any]) -> dict[str, Q4Codes]:
-    """The 4-bit (Q4_0 / Q4_1) weight matrices of a GGUF file as stored, by HF name, rows in HF
-    order (llama's q/k rotary interleave undone as in the conversion). Other tensors are left out:
-    the converted folder has them (dequantized)."""
+    """The 4-bit (Q4_0 / Q4_1) weight matrices of a GGUF file as stored, by HF name, and its Q8_0
+    matrices as two 4-bit terms each (`weight_terms`); rows in HF order (llama's q/k rotary
+    interleave undone as in the conversion). Other tensors are left out: the converted folder
+    has them (dequantized)."""
     arch = _field(reader, "general.architecture")
     codes: dict[str, Q4Codes] = {}
     for tensor in reader.tensors:
         kind = tensor.tensor_type.name
-        if kind not in Q4_TYPES:
+        name = _hf_name(tensor.name, arch)
+        if kind in Q4_TYPES:
+            terms = {name: Q4Codes.from_gguf_blocks(np.asarray(tensor.data), kind)}
+        elif kind == "Q8_0" and len(tensor.shape) == 2:
+            high, low = q8_0_terms(np.asarray(tensor.data))
+            terms = {f"{name}{TERM_SEPARATOR}hi": high, f"{name}{TERM_SEPARATOR}lo": low}
+        else:
             continue
-        q4 = Q4Codes.from_gguf_blocks(np.asarray(tensor.data), kind)
         heads = _rotary_heads(arch, tensor.name, config)
-        if heads:
-            q4 = q4.permute_rows(torch.from_numpy(_unpermute_rotary(np.arange(q4.shape[0]), heads)))
-        codes[_hf_name(tensor.name, arch)] = q4
+        for term_name, q4 in terms.items():
+            if heads:
+                q4 = q4.permute_rows(torch.from_numpy(_unpermute_rotary(np.arange(q4.shape[0]), heads)))
+            codes[term_name] = q4
     return codes
 
 

