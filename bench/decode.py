@@ -73,7 +73,7 @@ def bench_generate(config: EngineConfig, ks: list[int], new_tokens: int, repeats
     engine = CompletionEngine.load(config)
     target = engine.target
     folder = resolve_model(config.model, progress=False).folder
-    hf_model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=config.torch_dtype).eval()
+    hf_model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=target.model.dtype).eval()  # auto: what the engine chose
     prompt = code_prompt_ids(target, prompt_tokens)
     params = SamplingParams(temperature=1.0, top_p=1.0, seed=0)
     _ours(target, prompt, 1, 4, params)()  # warm-up both
@@ -182,8 +182,8 @@ def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: 
     """BASS with each drafter vs regular decoding (no drafter: one token per branch per
     round), and k sequential single-branch requests, all through the path that serves
     requests (`CompletionEngine.complete`: the batcher, prefix cache warm as when typing),
-    interleaved, greedy (diverse first tokens), same prompts. Every method's texts are
-    checked to be identical to regular decoding's."""
+    interleaved, greedy (diverse first tokens), same prompts. In float32 every method's texts
+    are checked to be identical to regular decoding's (on the fast path: the share that is)."""
     loaded = CompletionEngine.load(config)
     model = loaded.target.model
     draft_layers = min(config.draft_layers, model.args.n_layers)
@@ -194,6 +194,10 @@ def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: 
     engines["regular"] = CompletionEngine(loaded.target, replace(config, drafter="none"), loaded.draft)
     engines["sequential-lookup"] = CompletionEngine(loaded.target, replace(config, drafter="lookup"), loaded.draft)
     prompts = [loaded.target.tokenizer.decode(ids) for ids in _source_prompts(loaded.target, 384)]
+    # float32: BASS must reproduce regular decoding token for token. The CPU fast path verifies
+    # many rows with dense bfloat16 weights and decodes one row with the 4-bit kernel, so the two
+    # agree up to bfloat16 noise: there the share of identical outputs is reported instead.
+    exact = model.dtype == torch.float32
 
     def request(prompt: str, k: int) -> CompletionRequest:
         return CompletionRequest(prefix=prompt, k=k, max_tokens=new_tokens, raw=True, cursor_rules=False, deadline_ms=600_000)
@@ -213,6 +217,7 @@ def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: 
     for k in ks:
         rates: dict[str, list[float]] = {name: [] for name in engines}
         accepted: dict[str, list[float]] = {name: [] for name in drafters}
+        identical: dict[str, list[bool]] = {name: [] for name in drafters}
         for _ in range(repeats):
             for prompt in prompts:
                 reference: list[str] | None = None
@@ -224,7 +229,8 @@ def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: 
                         reference = texts
                     elif name in drafters:
                         accepted[name].append(result.timing_ms.get("accepted_per_round", 0.0))
-                        if texts != reference:
+                        identical[name].append(texts == reference)
+                        if texts != reference and exact:
                             raise AssertionError(f"BASS with {name} diverged from regular decoding (k={k})")
         regular_rate = statistics.median(rates["regular"])
         for name in [*drafters, "sequential-lookup"]:
@@ -237,6 +243,7 @@ def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: 
                     "bass_tok_s": round(rate, 1),
                     "ratio": round(rate / regular_rate, 2),
                     "mean_accepted_per_round": round(statistics.mean(accepted[name]), 2) if name in accepted else None,
+                    "identical_to_regular": round(statistics.mean(identical[name]), 2) if name in identical else None,
                 }
             )
     report = {

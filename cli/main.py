@@ -46,11 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
         "what",
         choices=["generate", "attention", "step", "keystroke", "decode", "quality", "serve"],
         help="generate: our batched decoding vs transformers generate(); attention: bifurcated vs replicated "
-        "attention alone; step: a whole decode step, shared vs replicated prefix; keystroke: prefix-cache hit vs cold prefill, "
+        "attention alone; step: a whole decode step (logits included) per compute path for k branches and a "
+        "verification of k x (gamma+1) rows, with the bytes-read floor (with --contexts: shared vs replicated prefix KV); keystroke: prefix-cache hit vs cold prefill, "
         "then typing replayed through kspec lsp (under \"lsp\": kspec vs the previous configuration); "
         "serve: N editors at once, continuous batching vs one request at a time (or --url endpoints)",
     )
     bench.add_argument("--json", action="store_true")
+    bench.add_argument(
+        "--paths", default=None,
+        help="step: comma-separated compute paths (--dtype values) compared side by side (default float32,auto)",
+    )  # fmt: skip
     bench.add_argument("--ks", default=None, help="comma-separated k values")
     bench.add_argument("--contexts", default=None, help="comma-separated context lengths (tokens)")
     bench.add_argument("--max-tokens", type=int, default=None, help="new tokens per branch (default: 48 for quality, 32 otherwise)")
@@ -197,7 +202,13 @@ def run_bench(args: argparse.Namespace) -> int:
     elif args.what == "serve":
         report = _bench_serve(config, args)
     elif args.what == "step":
-        report = bench.bench_decode_step(config, _ints(args.ks, [8])[0], _ints(args.contexts, [1024, 4096]), args.repeats or 7)
+        from kspec.bench.step import bench_step
+
+        paths = [p for p in args.paths.split(",") if p] if args.paths else ["float32", "auto"]
+        if args.contexts:
+            report = bench.bench_decode_step(config, _ints(args.ks, [8])[0], _ints(args.contexts, [1024]), args.repeats or 7)
+        else:
+            report = bench_step(config, _ints(args.ks, [1, 4, 8]), paths, repeats=args.repeats or 9)
     else:
         report = bench.bench_keystroke(config, _ints(args.contexts, [1024])[0], points=4, repeats=args.repeats or 2)
         report["lsp"] = _bench_keystroke_lsp(config, args)

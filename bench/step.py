@@ -1,0 +1,169 @@
+"""`kspec bench step`: one whole decode step (logits included) per compute path, interleaved.
+
+For each path (`--dtype` values: float32 is today's exact path, auto the CPU fast path) and
+each row count — k branches x 1 new token for k in --ks, and the verification of
+k_max x (gamma + 1) drafted positions — one forward pass over a shared prompt prefix (the
+engine's BranchKVCache, bifurcated attention) plus the logits of every row. Runs of all
+paths alternate (A B A B), medians per cell, ratios against the first path.
+
+Also the floor: the bytes a step must read (the weights each matmul reads at that row count
+plus the KV it attends over) divided by this machine's memory bandwidth, measured once with
+a large tensor copy. A step at the floor is bound by memory, not by per-op overhead.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json.decoder
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from kspec.bench.stats import median, time_interleaved
+from kspec.engine.cache.kv import BranchKVCache
+from kspec.engine.cache.prefix_cache import prefill_uncached
+from kspec.engine.config import EngineConfig
+from kspec.engine.models.loading import LoadedModel, load_model
+from kspec.engine.models.quantized import CpuLinear
+from kspec.engine.models.transformer import Transformer
+
+GENERATED = 16  # entries each branch holds already (mid-completion), as in a real round
+BANDWIDTH_BYTES = 256 << 20  # the copy that measures memory bandwidth: far beyond any cache
+
+
+@dataclass(frozen=True)
+class StepCase:
+    k: int  # branches
+    new: int  # T, positions per branch (1: a decode step; gamma + 1: a verification)
+
+    @property
+    def rows(self) -> int:
+        return self.k * self.new
+
+    @property
+    def label(self) -> str:
+        return f"k={self.k}" if self.new == 1 else f"verify {self.k}x{self.new}"
+
+
+def memory_bandwidth(repeats: int = 5) -> float:
+    """Bytes per second of a large tensor copy (each byte read once and written once)."""
+    source = torch.ones(BANDWIDTH_BYTES // 4)
+    target = torch.empty_like(source)
+    target.copy_(source)  # touch the pages first
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        target.copy_(source)
+        seconds.append(time.perf_counter() - started)
+    return 2 * BANDWIDTH_BYTES / float(median(seconds))
+
+
+def weight_bytes_read(model: Transformer, rows: int, logit_rows: int) -> int:
+    """Bytes of weights one forward pass reads at this row count: each CpuLinear's 4-bit or
+    dense form as it would choose, every other linear's weight, and the head for logit_rows."""
+    total = sum(_linear_bytes(module, rows) for module in model.model.layers.modules())
+    return total + (_linear_bytes(model.lm_head, logit_rows) if logit_rows else 0)
+
+
+def _linear_bytes(module: nn.Module, rows: int) -> int:
+    if isinstance(module, CpuLinear):
+        if module.has_int4 and (module.dense is None or rows <= module.int4_max_rows):
+            return sum(t.packed.nbytes + t.scales_zeros.nbytes for t in module.terms)
+        return module.dense.nbytes if module.dense is not None else 0
+    if isinstance(module, nn.Linear):
+        return module.weight.nbytes
+    return 0
+
+
+def resident_bytes(model: nn.Module) -> int:
+    """Bytes of every parameter and buffer (shared storage counted once): both forms of a CpuLinear."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers()]}
+    return sum(storages.values())
+
+
+def _kv_bytes_read(cache: BranchKVCache, new: int) -> int:
+    """The prefix once plus each branch's entries (what bifurcated attention reads)."""
+    element = cache.keys.element_size()
+    per_entry = 2 * cache.shape.n_layers * cache.shape.n_kv_heads * cache.shape.head_dim * element
+    return per_entry * (cache.prefix_len + sum(n + new for n in cache.lengths))
+
+
+def _step_runner(model: Transformer, cache: BranchKVCache, case: StepCase) -> Callable[[], int]:
+    tokens = torch.full((case.k, case.new), 7, dtype=torch.long)  # [k, T]
+
+    def run() -> int:
+        with torch.inference_mode():
+            hidden = model(tokens, cache)  # [k, T, dim]; not advanced: each run writes the same slots
+            model.logits(hidden if case.new > 1 else hidden[:, -1])  # [k, T, V] or [k, V]
+        return 1
+
+    return run
+
+
+def _branch_caches(model: Transformer, prompt: list[int], cases: list[StepCase]) -> dict[StepCase, BranchKVCache]:
+    prefill = prefill_uncached(model, prompt)
+    caches = {}
+    for case in cases:
+        cache = BranchKVCache.from_prompt(prefill.cache, case.k, GENERATED + case.new + 1)
+        with torch.inference_mode():
+            model(torch.full((case.k, GENERATED), 5, dtype=torch.long), cache)
+        cache.advance(GENERATED)
+        caches[case] = cache
+    return caches
+
+
+def bench_step(
+    config: EngineConfig,
+    ks: list[int],
+    paths: list[str],
+    prompt_tokens: int = 512,
+    repeats: int = 9,
+) -> dict[str, Any]:
+    """The report of `kspec bench step --json` (see the module docstring)."""
+    if not paths:
+        raise ValueError("bench step needs at least one path (a --dtype value)")
+    cases = [StepCase(k, 1) for k in ks] + [StepCase(max(ks), config.gamma + 1)]
+    loaded: dict[str, LoadedModel] = {path: load_model(config.model, replace(config, dtype=path)) for path in paths}
+    prompt = inspect.getsource(json.decoder)
+    ids = loaded[paths[0]].tokenizer.encode(prompt * (1 + prompt_tokens // 2000))[:prompt_tokens]
+    caches = {path: _branch_caches(target.model, ids, cases) for path, target in loaded.items()}
+    bandwidth = memory_bandwidth()
+    rows: list[dict[str, Any]] = []
+    for case in cases:
+        runs = {path: _step_runner(loaded[path].model, caches[path][case], case) for path in paths}
+        for run in runs.values():
+            run()  # warm-up: first-call allocations and kernel selection
+        rates = time_interleaved(runs, repeats)
+        ms = {path: 1000 / float(median(rate)) for path, rate in rates.items()}
+        floor = {
+            path: 1000 * (weight_bytes_read(loaded[path].model, case.rows, case.rows)
+                          + _kv_bytes_read(caches[path][case], case.new)) / bandwidth
+            for path in paths
+        }  # fmt: skip
+        rows.append(
+            {
+                "case": case.label,
+                "k": case.k,
+                "new": case.new,
+                "rows": case.rows,
+                "ms": {path: round(value, 2) for path, value in ms.items()},
+                "speedup": {path: round(ms[paths[0]] / value, 2) for path, value in ms.items()},
+                "floor_ms": {path: round(value, 2) for path, value in floor.items()},
+            }
+        )
+    single = next((row for row in rows if row["k"] == 1 and row["new"] == 1), None)
+    return {
+        "model": loaded[paths[0]].name,
+        "threads": torch.get_num_threads(),
+        "prompt_tokens": len(ids),
+        "generated_per_branch": GENERATED,
+        "repeats": repeats,
+        "paths": {path: target.compute for path, target in loaded.items()},
+        "memory_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+        "resident_weights_mb": {path: round(resident_bytes(t.model) / 2**20, 1) for path, t in loaded.items()},
+        "cases": rows,
+        "batch1_tok_s": None if single is None else {path: round(1000 / v, 1) for path, v in single["ms"].items()},
+    }
