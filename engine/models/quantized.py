@@ -243,17 +243,19 @@ class CpuLinear(nn.Module):
         return len(self.terms) > 0
 
     def forward(self, x: Tensor) -> Tensor:
-        """x [..., K] -> [..., N] in x's dtype."""
+        """x [..., K] -> [..., N] in the dtype it was computed in (bfloat16 from the 4-bit kernel):
+        no cast back, the caller's next op promotes (a float32 residual add, rotary with float32
+        cos/sin) or takes it as is (the next projection)."""
         rows = x.numel() // self.in_features
         if self.terms and (self.dense is None or rows <= self.int4_max_rows):
             flat = x.reshape(rows, self.in_features).to(self.int4_dtype)  # [M, K]
-            out = self.terms[0](flat).to(x.dtype)  # [M, N]
-            for term in self.terms[1:]:
-                out += term(flat).to(x.dtype)
+            out = self.terms[0](flat)  # [M, N]
+            for term in self.terms[1:]:  # a Q8_0 weight's second term: summed in float32
+                out = out.float() + term(flat)
             out = out.view(*x.shape[:-1], self.out_features)
         else:
-            out = F.linear(x.to(self.dense.dtype), self.dense).to(x.dtype)
-        return out if self.bias is None else out + self.bias.to(x.dtype)
+            out = F.linear(x.to(self.dense.dtype), self.dense)
+        return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
         forms = []

@@ -60,8 +60,8 @@ class Attention(nn.Module):
             v = self.v_proj(x).view(batch, n_new, kv_heads, head_dim)  # [B, T, Hkv, D]
         else:
             qkv = self.qkv_proj(x).view(batch, n_new, heads + 2 * kv_heads, head_dim)  # [B, T, H+2Hkv, D]
-            qk = apply_rotary(qkv[:, :, : heads + kv_heads], cos, sin)  # q and k rotated in one go
-            q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :]
+            qk = apply_rotary(qkv[:, :, : heads + kv_heads], cos, sin)  # q and k rotated in one go (cos's dtype)
+            q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :].to(qk.dtype)
         out = cache.attend(layer, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), step)  # [B, H, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(batch, n_new, heads * head_dim))
 
