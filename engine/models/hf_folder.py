@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from kspec.engine.errors import ModelLoadError
 from kspec.engine.models.args import ModelArgs
@@ -40,6 +39,38 @@ def weight_files(folder: Path) -> list[Path]:
     return files
 
 
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+
+
+def read_safetensors(path: Path, names: set[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The tensors `names` of a safetensors file in `dtype`, read one at a time with plain file
+    reads: no memory map whose pages would sit in the resident set next to the copies (a float32
+    checkpoint then peaks at its own size, and loaded as bfloat16 at half of it plus one tensor)."""
+    try:
+        with path.open("rb") as handle:
+            header_size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(header_size))
+            start = 8 + header_size
+            tensors: dict[str, torch.Tensor] = {}
+            for name, info in header.items():
+                if name not in names:
+                    continue
+                raw = torch.empty(info["shape"], dtype=_SAFETENSORS_DTYPES[info["dtype"]])
+                begin, end = info["data_offsets"]
+                if raw.nbytes != end - begin:
+                    raise ValueError(f"tensor {name}: {end - begin} bytes for shape {info['shape']}")
+                handle.seek(start + begin)
+                if handle.readinto(memoryview(raw.view(-1).view(torch.uint8).numpy())) != raw.nbytes:
+                    raise ValueError(f"tensor {name}: the file ends early")
+                tensors[name] = raw.to(dtype)
+            return tensors
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path}: unreadable safetensors file ({type(exc).__name__}: {exc})") from exc
+
+
 def load_transformer(folder: Path, dtype: torch.dtype, device: str = "cpu") -> Transformer:
     args = read_args(folder)
     with torch.device("meta"):
@@ -47,16 +78,7 @@ def load_transformer(folder: Path, dtype: torch.dtype, device: str = "cpu") -> T
     expected = {name for name, _ in model.named_parameters()}  # lm_head.weight is not there when tied
     state: dict[str, torch.Tensor] = {}
     for path in weight_files(folder):
-        try:
-            with safe_open(str(path), "pt", device="cpu") as shard:
-                # tensor by tensor: only one is ever held in the file's dtype (a float32 checkpoint
-                # loaded as bfloat16 never holds the whole float32 copy); always a copy, so that no
-                # tensor keeps the file's memory map (and its pages in the resident set) alive
-                for name in shard.keys():
-                    if name in expected:
-                        state[name] = shard.get_tensor(name).to(dtype, copy=True)
-        except (OSError, SafetensorError) as exc:
-            raise ModelLoadError(f"{path}: unreadable safetensors file ({exc})") from exc
+        state.update(read_safetensors(path, expected, dtype))
     missing = expected - set(state)
     if missing:
         raise ModelLoadError(f"{folder}: weights missing from the checkpoint: {', '.join(sorted(missing)[:5])}")
