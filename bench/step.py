@@ -70,9 +70,9 @@ def weight_bytes_read(model: Transformer, rows: int, logit_rows: int) -> int:
 
 def _linear_bytes(module: nn.Module, rows: int) -> int:
     if isinstance(module, CpuLinear):
-        if module.has_int4 and (module.dense is None or rows <= module.int4_max_rows):
+        if module.has_int4 and (not module.dense_names or rows <= module.int4_max_rows):
             return sum(t.packed.nbytes + t.scales_zeros.nbytes for t in module.terms)
-        return module.dense.nbytes if module.dense is not None else 0
+        return sum(w.nbytes for w in module.dense_parts)
     if isinstance(module, nn.Linear):
         return module.weight.nbytes
     return 0

@@ -5,10 +5,11 @@ Why each piece (2 threads, SmolLM2-135M, a 512-token prompt; README "Measured"):
 - a decode step reads every weight once: 4-bit codes are ~8x fewer bytes than float32, and
   PyTorch's int4 CPU kernel multiplies them without unpacking (bfloat16 in and out);
 - with many rows (verifying k x (gamma+1) drafts, prefill) that kernel dequantizes the weights
-  again for every 4 rows, so `CpuLinear` keeps a dense copy and picks by the row count
-  (`FastPath.int4_max_rows`, the measured crossover). The copy is bfloat16 where the CPU
-  computes bfloat16 natively (AVX-512-BF16 / AMX), else float32: emulated bfloat16 matmuls
-  were slower than float32 ones on a plain AVX-512 CPU (and half the lm_head's speed);
+  again for every 4 rows, so `CpuLinear` keeps dense weights and picks by the row count
+  (`FastPath.int4_max_rows`, the measured crossover). They are the loaded float32 weights
+  themselves (no copy), or a bfloat16 copy where the CPU computes bfloat16 natively
+  (AVX-512-BF16 / AMX): emulated bfloat16 matmuls were slower than float32 ones on a plain
+  AVX-512 CPU;
 - fusing projections halves the number of small matmuls a step launches;
 - embeddings, norms, attention and the KV cache stay float32; the head (Q8_0 in the default
   GGUF, tied to the embedding) is two 4-bit terms for few rows and its float32 weight above:
@@ -79,7 +80,7 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     head_terms = weight_terms(codes, head_name) if int4_kernel_available() else None
     head = model.lm_head
     # the dense form is the model's weight itself (tied: the embedding table), not a copy
-    model.lm_head = CpuLinear(head.weight, head_terms or [], head.bias, path.int4_max_rows, head.weight.dtype)
+    model.lm_head = CpuLinear([head.weight], head_terms or [], head.bias, path.int4_max_rows, head.weight.dtype)
     return model
 
 
@@ -89,8 +90,8 @@ def describe(model: Transformer) -> str:
     linears = [m for m in model.modules() if isinstance(m, CpuLinear)]
     if not linears:
         return base
-    dense = next((m.dense.dtype for m in model.model.layers.modules() if isinstance(m, CpuLinear) and m.dense is not None), None)
-    dense_text = f"dense {str(dense).removeprefix('torch.')}" if dense is not None else "no dense copy"
+    dense = next((m.dense_parts[0].dtype for m in model.model.layers.modules() if isinstance(m, CpuLinear) and m.dense_names), None)
+    dense_text = f"dense {str(dense).removeprefix('torch.')}" if dense is not None else "no dense weights"
     int4 = [m for m in linears if m.has_int4]
     if not int4:
         return f"{base}, fused projections ({dense_text})"

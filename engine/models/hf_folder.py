@@ -11,6 +11,7 @@ from kspec.engine.errors import ModelLoadError
 from kspec.engine.models.args import ModelArgs
 from kspec.engine.models.quantized import Q4_FILE
 from kspec.engine.models.rope import inverse_frequencies
+from kspec.engine.models.tensor_file import TensorFile
 from kspec.engine.models.transformer import Transformer
 
 
@@ -39,35 +40,13 @@ def weight_files(folder: Path) -> list[Path]:
     return files
 
 
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-}  # fmt: skip
-
-
 def read_safetensors(path: Path, names: set[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The tensors `names` of a safetensors file in `dtype`, read one at a time with plain file
-    reads: no memory map whose pages would sit in the resident set next to the copies (a float32
-    checkpoint then peaks at its own size, and loaded as bfloat16 at half of it plus one tensor)."""
+    """The tensors `names` of a safetensors file in `dtype`, one at a time (tensor_file.py: no
+    memory map; a float32 checkpoint loaded as bfloat16 peaks at half its size plus one tensor)."""
     try:
-        with path.open("rb") as handle:
-            header_size = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(header_size))
-            start = 8 + header_size
-            tensors: dict[str, torch.Tensor] = {}
-            for name, info in header.items():
-                if name not in names:
-                    continue
-                raw = torch.empty(info["shape"], dtype=_SAFETENSORS_DTYPES[info["dtype"]])
-                begin, end = info["data_offsets"]
-                if raw.nbytes != end - begin:
-                    raise ValueError(f"tensor {name}: {end - begin} bytes for shape {info['shape']}")
-                handle.seek(start + begin)
-                if handle.readinto(memoryview(raw.view(-1).view(torch.uint8).numpy())) != raw.nbytes:
-                    raise ValueError(f"tensor {name}: the file ends early")
-                tensors[name] = raw.to(dtype)
-            return tensors
-    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        with TensorFile(path) as handle:
+            return {name: handle.get(name).to(dtype) for name in handle.names() if name in names}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"{path}: unreadable safetensors file ({type(exc).__name__}: {exc})") from exc
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,15 @@ class Compute:
         return cls(getattr(torch, config.dtype), False)
 
 
+def release_free_memory() -> None:
+    """Give memory freed after a load back to the OS (glibc keeps freed heap pages mapped, and
+    counted in the resident set, until asked); a no-op where there is no glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCallback | None = None) -> LoadedModel:
     """on_progress(fraction, message): conversion (if a GGUF file is new) up to 0.8, then weights."""
     report = on_progress or (lambda fraction, message: None)
@@ -59,6 +69,7 @@ def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCall
                 to_fast_path(model, codes)
         else:
             to_fast_path(model, {})
+        release_free_memory()  # the conversion's buffers (unpacked and int32 codes)
     tokenizer = Tokenizer.from_folder(resolved.folder, model.args.eos_token_ids)
     if tokenizer.vocab_size > model.args.vocab_size:
         raise ModelLoadError(

@@ -21,7 +21,7 @@ so `CpuLinear` sums two kernel calls (s = 16 d, z = 0 on h; s = d, z = 8 d on l)
 bfloat16 scales both terms alike: the kernel then sees exactly bf16(d) * q.
 
 With few rows (a decode step) the kernel reads 4-bit weights: ~8x fewer bytes than float32.
-With many rows it dequantizes the weights again for every 4 rows, so there a dense copy is
+With many rows it dequantizes the weights again for every 4 rows, so there dense weights are
 faster: `CpuLinear` keeps both and picks by the row count.
 """
 
@@ -34,9 +34,10 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
+
+from kspec.engine.models.tensor_file import TensorFile
 
 GROUP = 32  # weights per GGUF Q4 block = the kernel's group size
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}  # fp16 d [+ fp16 m] + 16 bytes of codes
@@ -153,22 +154,22 @@ class Q4File(Mapping[str, Q4Codes]):
     a time without holding every layer's unpacked codes). Use as a context manager."""
 
     def __init__(self, path: Path):
-        self._handle = safe_open(str(path), "pt")
-        self._names = sorted({key.rsplit(".", 1)[0] for key in self._handle.keys()})
-        self.format = (self._handle.metadata() or {}).get("format", "")
+        self._file = TensorFile(path)
+        self._names = sorted({key.rsplit(".", 1)[0] for key in self._file.names()})
+        self.format = self._file.metadata.get("format", "")
 
     def __enter__(self) -> "Q4File":
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._handle = None  # closes the file
+        self._file.__exit__()
 
     def __getitem__(self, name: str) -> Q4Codes:
         if name not in self._names:
             raise KeyError(name)
-        nibbles = self._handle.get_tensor(f"{name}.codes")  # [N, K/2]
+        nibbles = self._file.get(f"{name}.codes")  # [N, K/2]
         codes = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=-1).view(nibbles.shape[0], -1)  # [N, K]
-        return Q4Codes(codes, self._handle.get_tensor(f"{name}.scale"), self._handle.get_tensor(f"{name}.zero"))
+        return Q4Codes(codes, self._file.get(f"{name}.scale"), self._file.get(f"{name}.zero"))
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self._names)
@@ -206,17 +207,18 @@ class Int4Term(nn.Module):
 
 
 class CpuLinear(nn.Module):
-    """y = x W^T (+ b) from 4-bit terms (rows <= int4_max_rows) or a dense copy, for any x dtype.
+    """y = x W^T (+ b) from 4-bit terms (rows <= int4_max_rows) or dense weights, for any x dtype.
 
-    The 4-bit kernel computes in bfloat16 (x is cast in, the result cast back; two terms for a
-    Q8_0 weight are summed); the dense copy is in `dense_dtype` (float32 where the CPU has no
+    The 4-bit kernel computes in bfloat16 (x is cast in; two terms of a Q8_0 weight are summed).
+    The dense form is a list of parts whose outputs are concatenated (a fused projection keeps
+    its q, k and v weights as loaded: no copy), in `dense_dtype` (float32 where the CPU has no
     native bfloat16: emulated bfloat16 matmuls are slower than float32 ones there). Either form
-    may be absent: without terms the dense weight serves every call; without the dense copy
-    the 4-bit kernel does (slower for many rows, smaller in memory)."""
+    may be absent: without terms the dense parts serve every call; without them the 4-bit
+    kernel does (slower for many rows, smaller in memory)."""
 
     def __init__(
         self,
-        dense: Tensor | None,
+        dense: Sequence[Tensor],
         terms: Sequence[Q4Codes],
         bias: Tensor | None,
         int4_max_rows: int,
@@ -224,51 +226,65 @@ class CpuLinear(nn.Module):
         int4_dtype: torch.dtype = torch.bfloat16,
     ):
         super().__init__()
-        if dense is None and not terms:
+        if not dense and not terms:
             raise ValueError("a linear layer needs dense weights or 4-bit codes")
-        shapes = {tuple(t.shape) for t in terms} | ({tuple(dense.shape)} if dense is not None else set())
-        if len(shapes) != 1:
-            raise ValueError(f"4-bit terms and dense weight disagree on the shape: {sorted(shapes)}")
-        self.out_features, self.in_features = shapes.pop()
+        in_features = {t.shape[1] for t in terms} | {w.shape[1] for w in dense}
+        out_features = {t.shape[0] for t in terms} | ({sum(w.shape[0] for w in dense)} if dense else set())
+        if len(in_features) != 1 or len(out_features) != 1:
+            raise ValueError(f"4-bit terms and dense parts disagree on the shape: K {in_features}, N {out_features}")
+        self.in_features, self.out_features = in_features.pop(), out_features.pop()
         self.int4_max_rows = int4_max_rows
         self.int4_dtype = int4_dtype
         self.terms = nn.ModuleList(Int4Term(t, int4_dtype) for t in terms)
-        self.dense: Tensor | None
+        self.dense_names = tuple(f"dense{i}" for i in range(len(dense)))
+        for name, weight in zip(self.dense_names, dense):  # same storage when already in dense_dtype
+            self.register_buffer(name, weight.detach().to(dense_dtype).contiguous())
         self.bias: Tensor | None
-        self.register_buffer("dense", None if dense is None else dense.detach().to(dense_dtype).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float())
 
     @property
     def has_int4(self) -> bool:
         return len(self.terms) > 0
 
+    @property
+    def dense_parts(self) -> list[Tensor]:
+        return [getattr(self, name) for name in self.dense_names]
+
     def forward(self, x: Tensor) -> Tensor:
         """x [..., K] -> [..., N] in the dtype it was computed in (bfloat16 from the 4-bit kernel):
         no cast back, the caller's next op promotes (a float32 residual add, rotary with float32
         cos/sin) or takes it as is (the next projection)."""
         rows = x.numel() // self.in_features
-        if self.terms and (self.dense is None or rows <= self.int4_max_rows):
+        if self.terms and (not self.dense_names or rows <= self.int4_max_rows):
             flat = x.reshape(rows, self.in_features).to(self.int4_dtype)  # [M, K]
             out = self.terms[0](flat)  # [M, N]
             for term in self.terms[1:]:  # a Q8_0 weight's second term: summed in float32
                 out = out.float() + term(flat)
             out = out.view(*x.shape[:-1], self.out_features)
         else:
-            out = F.linear(x.to(self.dense.dtype), self.dense)
+            parts = self.dense_parts
+            x = x.to(parts[0].dtype)
+            out = F.linear(x, parts[0]) if len(parts) == 1 else torch.cat([F.linear(x, w) for w in parts], dim=-1)
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
         forms = []
         if self.terms:
             forms.append(f"{len(self.terms)} int4 term(s) up to {self.int4_max_rows} rows")
-        if self.dense is not None:
-            forms.append(f"dense {str(self.dense.dtype).removeprefix('torch.')}")
+        if self.dense_names:
+            forms.append(f"{len(self.dense_names)} dense part(s) {str(self.dense_parts[0].dtype).removeprefix('torch.')}")
         return f"{self.in_features} -> {self.out_features}, {' + '.join(forms)}"
 
 
+PACK_ROWS = 4096  # rows packed at a time: the kernel's layout is blocked by 64 (AVX-512) or 32 rows
+
+
 def _pack(codes: Q4Codes, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """-> packed [N, K/2] uint8, scales_zeros [K/32, N, 2] in dtype."""
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.codes.to(torch.int32), 1)
+    """-> packed [N, K/2] uint8, scales_zeros [K/32, N, 2] in dtype. The packing op wants int32
+    codes (4 bytes a weight): a 49152-row head is packed in blocks, whose layouts concatenate."""
+    convert = torch.ops.aten._convert_weight_to_int4pack_for_cpu
+    blocks = codes.codes.split(PACK_ROWS)  # each [<= PACK_ROWS, K]
+    packed = torch.cat([convert(block.to(torch.int32), 1) for block in blocks]) if len(blocks) > 1 else convert(codes.codes.to(torch.int32), 1)
     scales_zeros = torch.stack([codes.scale.t(), codes.zero.t()], dim=-1).to(dtype).contiguous()  # [K/32, N, 2]
     return packed, scales_zeros
 
@@ -282,11 +298,10 @@ def fused_linear(
 ) -> CpuLinear:
     """One CpuLinear for several linear layers over the same input (outputs concatenated), with
     each part's 4-bit terms (`weight_terms`). 4-bit only when every part has them (and, to fuse
-    several parts, one term each); the dense copy is kept unless keep_dense is False."""
-    dense = torch.cat([linear.weight.detach() for linear in linears])  # [sum N, K]
+    several parts, one term each); the dense parts are kept unless keep_dense is False."""
     biases = [linear.bias for linear in linears]
     bias = None if all(b is None for b in biases) else torch.cat(
-        [b.detach() if b is not None else torch.zeros(l.out_features, dtype=dense.dtype) for b, l in zip(biases, linears)]
+        [b.detach() if b is not None else torch.zeros(l.out_features) for b, l in zip(biases, linears)]
     )
     fused: list[Q4Codes] = []
     if int4_kernel_available() and all(t is not None for t in terms):
@@ -295,4 +310,5 @@ def fused_linear(
             fused = parts[0]
         elif all(len(t) == 1 for t in parts):
             fused = [cat_rows([t[0] for t in parts])]
-    return CpuLinear(dense if keep_dense or not fused else None, fused, bias, int4_max_rows, dense_dtype)
+    dense = [linear.weight for linear in linears] if keep_dense or not fused else []
+    return CpuLinear(dense, fused, bias, int4_max_rows, dense_dtype)

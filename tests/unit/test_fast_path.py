@@ -25,7 +25,7 @@ import torch
 from model_factory import random_config
 from kspec.engine.cache.kv import BranchKVCache, RaggedKVCache
 from kspec.engine.config import EngineConfig
-from kspec.engine.models import cpu_fast, loading
+from kspec.engine.models import cpu_fast, loading, quantized
 from kspec.engine.models.args import ModelArgs
 from kspec.engine.models.cpu_fast import FastPath, to_fast_path
 from kspec.engine.models.quantized import (
@@ -73,9 +73,11 @@ def test_q8_0_is_two_exact_4bit_terms() -> None:
 
 
 @needs_int4
-def test_int4_kernel_gives_the_codes_back_exactly() -> None:
-    codes = Q4Codes.from_gguf_blocks(_random_blocks("Q4_1", rows=80, k=64, seed=1), "Q4_1")
-    linear = CpuLinear(None, [codes], None, int4_max_rows=1 << 20, int4_dtype=torch.float32)  # float32 group parameters
+@pytest.mark.parametrize("pack_rows", [4096, 64], ids=["whole", "in-blocks-of-64-rows"])
+def test_int4_kernel_gives_the_codes_back_exactly(pack_rows: int, monkeypatch) -> None:
+    monkeypatch.setattr(quantized, "PACK_ROWS", pack_rows)
+    codes = Q4Codes.from_gguf_blocks(_random_blocks("Q4_1", rows=208, k=64, seed=1), "Q4_1")
+    linear = CpuLinear([], [codes], None, int4_max_rows=1 << 20, int4_dtype=torch.float32)  # float32 group parameters
     weights_back = linear(torch.eye(64)).t()  # x = I -> W^T
     torch.testing.assert_close(weights_back, codes.dequantize(), atol=0, rtol=0)
 
@@ -137,6 +139,20 @@ def test_fast_path_logits_within_tolerance(family: str, path: FastPath) -> None:
         scale = float(want.max() - want.min())
         assert scale > 1.0  # peaked enough to mean something
         assert float((got - want).abs().max()) <= 0.03 * scale
+
+
+@needs_int4
+def test_many_rows_run_the_loaded_float32_weights() -> None:
+    """Above int4_max_rows the fast path is the float32 model (its own weights, no copy)."""
+    reference, codes = _quantized_model("qwen2", seed=5)
+    model = copy.deepcopy(reference)
+    attention = model.model.layers[0].self_attn
+    loaded = [attention.q_proj.weight.data_ptr(), attention.k_proj.weight.data_ptr(), attention.v_proj.weight.data_ptr()]
+    fast = to_fast_path(model, codes, FastPath(int4_max_rows=0, dense_dtype=torch.float32))
+    assert [w.data_ptr() for w in attention.qkv_proj.dense_parts] == loaded  # the loaded tensors themselves
+    prompt = [(3 * i + 2) % 500 for i in range(20)]
+    for want, got in zip(_logits_along(reference, prompt, 2, 4), _logits_along(fast, prompt, 2, 4)):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
 
 
 def test_fused_projections_keep_float32_exact() -> None:
