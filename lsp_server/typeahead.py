@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from kspec.engine.syntax.rank import dedupe_key
 from kspec.lsp_server.context import EditorContext
 from kspec.lsp_server.edits import CLOSERS
 
@@ -82,9 +83,13 @@ class TypeaheadCache:
             if (entry.prefix_chars, entry.suffix_chars) != (prefix_chars, suffix_chars):
                 continue
             texts: list[str] = []
+            keys: set[str] = set()
             for text in entry.texts:
                 rest = _match(entry, context, text)
-                if rest is not None and rest not in texts:
+                # Distinct as the engine's deduplication sees text: `x = 1` and `x= 1` both
+                # leave `= 1` once `x` is typed.
+                if rest is not None and dedupe_key(rest) not in keys:
+                    keys.add(dedupe_key(rest))
                     texts.append(rest)
             if texts:
                 self._entries.move_to_end(uri)

@@ -83,3 +83,11 @@ def test_inserted_text_that_is_not_a_closer_the_suggestion_writes_is_a_miss() ->
     cache = cache_with("call", 4, ("(a, b)",))
     assert lookup(cache, "call(]", 5) is None  # "]" is not in "a, b)"
     assert lookup(cache, "call(x", 5) is None  # not a closer
+
+
+def test_what_is_left_is_distinct_as_deduplication_sees_text() -> None:
+    before = "import os\nresult \n"
+    cursor = before.index("result ") + 7
+    cache = cache_with(before, cursor, ("x = 1", "x= 1", "y = 2"))  # distinct keys: `x = 1`, `x= 1`
+    typed = before[:cursor] + "x" + before[cursor:]
+    assert lookup(cache, typed, cursor + 1).texts == (" = 1",)
