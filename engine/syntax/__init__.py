@@ -5,6 +5,7 @@ Public API (other packages import from here):
 * `detect_language(language_id, path)` -> canonical name or None
 * `Candidate` — one raw alternative from decoding
 * `postprocess(prefix, suffix, language, candidates, raw=False)` -> ranked `kspec.engine.api.Completion`s
+  (prefix and suffix may be a window of the file, cut anywhere: window.py)
 * `unit_complete(prefix, completion_so_far, suffix, language)` — the early-stop hook
   (`UnitPredicate` is the same with the request's context built once)
 """

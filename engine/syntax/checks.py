@@ -1,18 +1,25 @@
 """Static checks of one alternative in its file: syntax errors it introduces, and for Python
-undefined names it reads and local variables it binds but never uses.
+undefined names it reads, local variables it binds but never uses, and names the code after
+the cursor needs that it defines or leaves undefined.
 
 The prefix + suffix is parsed once per request (`Checker`); each alternative is then an
 edit of that tree (tree-sitter reparses incrementally: ~0.2 ms for a 9 kB file instead of
 ~1 ms). "Introduces" is literal: an ERROR or MISSING node of the assembled file counts
 unless the file without the completion has an error around the same place (once the
 completion's length is taken out), so a file that was already broken is not held against
-the completion. For Python, pylines.py adds the line-structure errors tree-sitter-python
-accepts (an empty block, a bad indent, a line ending in an operator), Python 2 `print x`
-statements count as errors, and CPython itself (`ast.parse`) judges the top-level construct
-around the cursor (a few hundred microseconds) when tree-sitter found nothing. Errors the
-file already had and still has are reported apart (`unfixed_errors`, and those at the
-cursor): the completion did not cause them, but it did not fill the hole either. Python names:
-pyscope.py (tree-sitter scopes, not pyflakes).
+the completion. The prefix and suffix are a *window* of the file, cut anywhere: the tree
+is that of the window repaired at both ends (window.py: the opener of the docstring,
+comment or brackets it starts in, the closers of those its end cuts), and an error that
+starts before the statement the cursor is in never counts as the hole's. For Python,
+pylines.py adds the line-structure errors tree-sitter-python accepts (an empty block, a bad
+indent, a line ending in an operator), Python 2 `print x` statements count as errors, and
+CPython itself (`ast.parse`) judges the region around the cursor (window.py: from the
+outermost construct the window shows around the cursor to its end; a few hundred
+microseconds) when tree-sitter found nothing, and only when the region without the
+completion parses or fails near the cursor (an error far from it is the window's, and
+CPython then cannot tell). Errors the file already had and still has are reported apart
+(`unfixed_errors`, and those at the cursor): the completion did not cause them, but it did
+not fill the hole either. Python names: pynames.py (on pyscope.py's tree-sitter scopes).
 """
 
 from __future__ import annotations
@@ -24,14 +31,16 @@ from functools import lru_cache
 
 import tree_sitter
 
-from kspec.engine.syntax import pyscope
-from kspec.engine.syntax.context import CursorContext, build_context, top_level_start
-from kspec.engine.syntax.languages import SPECS, new_parser, normalize_language, ts_language
+from kspec.engine.syntax import pynames, pyscope
+from kspec.engine.syntax.context import CursorContext, build_context, indent_of
+from kspec.engine.syntax.languages import new_parser, normalize_language, ts_language
 from kspec.engine.syntax.pylines import line_errors
+from kspec.engine.syntax.window import Region, closing_tail, find_region, repair
+
 
 ANALYSIS = (
-    "tree-sitter ERROR/MISSING nodes new relative to prefix+suffix (Python: + line rules and "
-    "CPython ast.parse of the enclosing top-level construct); Python names by tree-sitter scopes"
+    "tree-sitter ERROR/MISSING nodes new relative to the repaired window (Python: + line rules and "
+    "CPython ast.parse of the region around the cursor); Python names by tree-sitter scopes"
 )
 
 
@@ -45,6 +54,10 @@ class CheckResult:
     # bracket, a statement cut short).
     unfixed_errors: int = 0
     unfixed_at_cursor: int = 0
+    # Python: names the code after the cursor reads that nothing before defines (the hole
+    # should): those this completion binds, and those it leaves undefined.
+    needs_defined: tuple[str, ...] = ()
+    needs_missing: tuple[str, ...] = ()
 
     @property
     def breaks_parse(self) -> bool:
@@ -75,6 +88,20 @@ def error_nodes(root: tree_sitter.Node) -> list[tree_sitter.Node]:
     return found
 
 
+def _edit(
+    tree: tree_sitter.Tree, start: int, old_end: int, point: tree_sitter.Point, old_end_point: tree_sitter.Point, text: bytes
+) -> None:
+    """Replace [start, old_end) of the tree's text by `text`."""
+    tree.edit(
+        start_byte=start, old_end_byte=old_end, new_end_byte=start + len(text),
+        start_point=point, old_end_point=old_end_point, new_end_point=_point_after(text, point),
+    )
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
 def _point_after(text: bytes, start: tree_sitter.Point) -> tree_sitter.Point:
     newlines = text.count(b"\n")
     if newlines == 0:
@@ -83,34 +110,82 @@ def _point_after(text: bytes, start: tree_sitter.Point) -> tree_sitter.Point:
 
 
 class Checker:
-    """Checks the alternatives of one request against its prefix and suffix."""
+    """Checks the alternatives of one request against its prefix and suffix (a window of the file)."""
 
     def __init__(
-        self, prefix: str, suffix: str, language: str | None, ctx: CursorContext | None = None
+        self, prefix: str, suffix: str, language: str | None, ctx: CursorContext | None = None,
+        above: frozenset[str] = frozenset(),
     ) -> None:
+        """`above`: Python, module-level names of the file above the window (pynames.module_names)."""
         self.language = normalize_language(language)
-        self.prefix = prefix.encode("utf-8", "surrogatepass")
-        self.suffix = suffix.encode("utf-8", "surrogatepass")
+        self.prefix = _utf8(prefix)
+        self.suffix = _utf8(suffix)
         self.cursor = len(self.prefix)
         self.cursor_point = _point_after(self.prefix, tree_sitter.Point(0, 0))
-        # "At the cursor": from the cursor to the end of the suffix's next few lines, where
-        # the errors a hole causes show up (a body without its header, a stray `}`).
-        self.near_end = self.cursor + len(_first_lines(suffix, NEAR_LINES).encode("utf-8", "surrogatepass"))
         if self.language is None:
             return
+        self.ctx: CursorContext = ctx if ctx is not None else build_context(prefix, suffix, self.language)
+        self.window_prefix, self.window_suffix = prefix, suffix
+        self._repair(prefix, suffix)
         self.parser = new_parser(self.language)
         self.baseline = self.parser.parse(self.prefix + self.suffix)
         self.baseline_errors = {self._signature(node, 0) for node in error_nodes(self.baseline.root_node)}
-        self.outer: pyscope.Bindings | None = None
-        self.ctx: CursorContext | None = None
-        self.window: tuple[str, str] | None = None
-        self.window_parses = False
+        self.baseline_missing: dict[str, list[int]] = {}
+        for kind, start, _ in sorted(self.baseline_errors):
+            if kind.startswith("MISSING"):
+                self.baseline_missing.setdefault(kind, []).append(start)
+        word = _WORD_TAIL.search(prefix[-64:])
+        self.word_before = len(_utf8(word.group())) if word else 0  # bytes of the word at the cursor
+        self.names: pynames.WindowNames | None = None
+        self.window: PythonWindow | None = None
         if self.language == "python":
-            self.outer = pyscope.collect_bindings(self.baseline.root_node)
-            self.ctx = ctx if ctx is not None else build_context(prefix, suffix, self.language)
-            self.baseline_lines = line_errors(self.ctx, "")
-            self.window = python_window(prefix, suffix)
-            self.window_parses = self.window is not None and python_parses("".join(self.window))
+            self._python(prefix, suffix, above)
+
+    def _repair(self, prefix: str, suffix: str) -> None:
+        """The repaired window (window.py) as the text to parse, and where in it the cursor's
+        statement starts, its next lines end, and the window's own last line starts."""
+        fix = repair(prefix, suffix, self.language)
+        self.tail = fix.tail.encode()
+        self.prefix = _utf8(fix.head + prefix[fix.drop :])
+        # Blanks at the very end of a window are a line the window cut: not worth an error.
+        self.suffix = _utf8(suffix.rstrip(" \t") + fix.tail)
+        self.cursor = len(self.prefix)
+        self.cursor_point = _point_after(self.prefix, tree_sitter.Point(0, 0))
+        # A window offset (after its first line) -> an offset in the repaired text.
+        shift = len(fix.head.encode("utf-8")) - len(_utf8(prefix[: fix.drop]))
+        # "At the cursor": from the start of the statement the cursor is in to the end of
+        # the suffix's next few lines, where the errors a hole causes show up (a body
+        # without its header, a stray `}`).
+        self.statement = shift + len(_utf8(prefix[: _statement_start(prefix, self.ctx)]))
+        self.near_end = self.cursor + len(_utf8(_first_lines(suffix, NEAR_LINES)))
+        self.cursor_indent = indent_of(self.ctx.line_prefix)
+        # The window's last line may be cut short (no line end after it): errors that start
+        # on it are its own.
+        content = suffix.rstrip()
+        self.cut_end = not suffix.rstrip(" \t").endswith("\n") and ("\n" in content or not self.ctx.mid_line)
+        last_line = content.rfind("\n") + 1 if self.cut_end else len(content)
+        self.last_line = self.cursor + len(_utf8(content[:last_line]))
+
+    def _python(self, prefix: str, suffix: str, above: frozenset[str]) -> None:
+        """Names, line rules and CPython's region for a Python window."""
+        region = find_region(prefix, suffix)
+        # Names the suffix needs: in the construct around the cursor, not on a last line the window cut.
+        needs_end = min(
+            self.cursor + len(_utf8(_first_lines(suffix, pynames.NEEDS_LINES))),
+            self.cursor + len(_utf8(suffix[: region.end])),
+            self.last_line,
+        )
+        self.names = pynames.WindowNames(
+            self.prefix + self.suffix, self.baseline.root_node, self.cursor, needs_end, region.in_function, above
+        )
+        # An expression the window's end cut short on the line after the cursor's is the window's.
+        following_cut = self.cut_end and "\n" not in suffix[suffix.find("\n") + 1 :].strip()
+        baseline_lines = line_errors(self.ctx, "")
+        self.cut_line_errors = {
+            e for e in baseline_lines if following_cut and e[0] == "incomplete expression" and e[1][0] == "suffix"
+        }
+        self.baseline_lines = baseline_lines - self.cut_line_errors
+        self.window = python_window(prefix, suffix)
 
     def _signature(self, node: tree_sitter.Node, inserted: int) -> tuple[str, int, int]:
         """(kind, start, end) in prefix+suffix coordinates; -1 for a place inside the completion."""
@@ -130,35 +205,78 @@ class Checker:
         """The tree of prefix + completion + suffix (an incremental reparse) and the completion's byte length."""
         inserted = completion.encode("utf-8", "surrogatepass")
         tree = self.baseline.copy()
-        tree.edit(
-            start_byte=self.cursor,
-            old_end_byte=self.cursor,
-            new_end_byte=self.cursor + len(inserted),
-            start_point=self.cursor_point,
-            old_end_point=self.cursor_point,
-            new_end_point=_point_after(inserted, self.cursor_point),
-        )
-        return self.parser.parse(self.prefix + inserted + self.suffix, tree), len(inserted)
+        _edit(tree, self.cursor, self.cursor, self.cursor_point, self.cursor_point, inserted)
+        text = self.prefix + inserted + self.suffix
+        # The closers the window's end needs can change with what the completion opens or closes.
+        tail = closing_tail(self.window_prefix, self.window_suffix, self.language, completion, self.ctx.start_state).encode()
+        if tail != self.tail:
+            body = text[: len(text) - len(self.tail)]
+            point = _point_after(body, tree_sitter.Point(0, 0))
+            _edit(tree, len(body), len(text), point, _point_after(self.tail, point), tail)
+            text = body + tail
+        return self.parser.parse(text, tree), len(inserted)
 
     def syntax_errors(self, tree: tree_sitter.Tree, inserted: int) -> tuple[int, int, int]:
         """(new, unfixed, unfixed at the cursor) error nodes of the assembled file.
 
-        New: not explained by an error of prefix + suffix. An error explains another when its
+        New: not explained by an error of prefix + suffix. An ERROR explains another when its
         span (completion taken out) contains it: error recovery often re-cuts a pre-existing
-        ERROR node once text is inserted before it. Any error with an end inside the
-        completion is the completion's. Unfixed: explained, i.e. the file had it before.
+        ERROR node once text is inserted before it. A MISSING node is explained by one of the
+        same kind the file had, each once (the same place first): recovery puts a missing `}`
+        after the last token, which moves when text is inserted there. Any error with an
+        end inside the completion is the completion's, and so is one that reaches the
+        cursor; one that starts before the statement the cursor is in and ends before the
+        cursor is the window's (text the completion did not touch, re-cut). Unfixed:
+        explained, i.e. the file had it before; at the cursor when the one the file had
+        starts in the cursor's statement and reaches into the cursor's next lines.
         """
         new = unfixed = at_cursor = 0
+        missing_left = {kind: list(places) for kind, places in self.baseline_missing.items()}
         for node in error_nodes(tree.root_node):
-            _, start, end = self._signature(node, inserted)
-            if start == -1 or end == -1 or not any(
+            kind, start, end = self._signature(node, inserted)
+            if node.is_missing and missing_left.get(kind):
+                places = missing_left[kind]
+                old = start if start in places else places[0]
+                places.remove(old)
+                unfixed += 1
+                at_cursor += self._at_cursor(old, old + 1)
+                continue
+            explained = start != -1 and end != -1 and any(
                 old_start <= start and end <= old_end for _, old_start, old_end in self.baseline_errors
-            ):
+            )
+            if not explained and (end == -1 or start == -1 or start >= self.statement or end >= self.cursor):
                 new += 1
             else:
                 unfixed += 1
-                at_cursor += start <= self.near_end and end >= self.cursor
+                at_cursor += self._at_cursor(start, end)
         return new, unfixed, at_cursor
+
+    def _at_cursor(self, start: int, end: int) -> bool:
+        """Whether an error the file had is the hole's: it starts in the cursor's statement,
+        reaches the cursor, and starts before the suffix's next lines end and before the
+        window's last line (which the window may have cut); one that starts after the cursor
+        does so on a line indented at least as deep as the cursor's (a line indented less is
+        outside the hole's block: what breaks there is the window's structure)."""
+        if not (self.statement <= start <= self.near_end and end >= self.cursor):
+            return False
+        if start <= self.cursor:
+            return True
+        if start >= self.last_line:
+            return False
+        text = self.prefix + self.suffix
+        line_start = text.rfind(b"\n", 0, start) + 1
+        return indent_of(text[line_start:start].decode("utf-8", "replace")) >= self.cursor_indent
+
+    def _body_without_header(self, completion: str) -> bool:
+        """C family: the completion ends a statement, and the line after it is indented deeper
+        without continuing it: a body whose header the hole should have written (a window may
+        have cut the stray `}` that would show it)."""
+        ctx = self.ctx
+        following = ctx.suffix_following_line
+        if ctx.suffix_line_rest.strip() or following is None or following.lstrip()[:1] in _CONTINUES_LINE:
+            return False
+        last = (ctx.line_prefix + completion).rstrip().rsplit("\n", 1)[-1]
+        return last.rstrip()[-1:] in (";", "}") and indent_of(following) > indent_of(last)
 
     def _python2_statements(self, tree: tree_sitter.Tree, inserted: int) -> int:
         """`print x` / `exec code`: tree-sitter-python still parses Python 2 statements."""
@@ -172,34 +290,52 @@ class Checker:
             return CheckResult()
         tree, inserted = self.parse(completion)
         errors, unfixed, at_cursor = self.syntax_errors(tree, inserted)
-        if self.ctx is not None:
-            lines = line_errors(self.ctx, completion)
+        if self.names is not None:
+            lines = line_errors(self.ctx, completion) - self.cut_line_errors
             errors += len(lines - self.baseline_lines) + self._python2_statements(tree, inserted)
             unfixed += len(lines & self.baseline_lines)
             at_cursor += len(lines & self.baseline_lines)
-            if errors == 0 and self.window is not None:
-                head, tail = self.window
-                parses = python_parses(head + completion + tail)
-                if self.window_parses and not parses:
+            if errors == 0 and self.window is not None and self.window.judges:
+                verdict = self.window.judge(completion)
+                if verdict == BREAKS:
                     errors += 1  # CPython rejects what it accepted without the completion
-                elif not self.window_parses and parses:
-                    unfixed = at_cursor = 0  # CPython accepts the construct now: the hole is filled
-                elif not self.window_parses:
+                elif verdict == FILLS:
+                    unfixed = at_cursor = 0  # CPython accepts the region now: the hole is filled
+                elif verdict == UNFILLED:
                     unfixed, at_cursor = max(unfixed, 1), max(at_cursor, 1)
-        if not names or self.outer is None:
+        elif errors == 0 and self._body_without_header(completion):
+            unfixed, at_cursor = unfixed + 1, at_cursor + 1
+        if not names or self.names is None:
             return CheckResult(errors, unfixed_errors=unfixed, unfixed_at_cursor=at_cursor)
-        root, start, end = tree.root_node, self.cursor, self.cursor + inserted
+        # A completion that goes on with the word before the cursor (`len` -> `length`)
+        # writes that whole name.
+        start = self.cursor - (self.word_before if completion[:1].isalnum() or completion[:1] == "_" else 0)
+        root, end = tree.root_node, self.cursor + inserted
         inner = pyscope.collect_bindings(root, start, end)
+        defined, missing = pynames.needs_met(self.names, inner)
         return CheckResult(
             errors,
-            tuple(pyscope.undefined_names(root, start, end, self.outer, inner)),
+            tuple(pynames.undefined_names(root, start, end, self.names, inner)),
             tuple(pyscope.unused_variables(root, start, end)),
             unfixed,
             at_cursor,
+            defined,
+            missing,
         )
 
 
+def _statement_start(prefix: str, ctx: CursorContext) -> int:
+    """Where the statement the cursor is in begins: its line, or for a line inside brackets
+    or a string (open at the cursor), the line of the outermost of them."""
+    line_start = prefix.rfind("\n") + 1
+    if not ctx.open_brackets and ctx.start_state is None:
+        return line_start
+    return ctx.statement_start if ctx.statement_start is not None else line_start
+
+
 NEAR_LINES = 3
+_CONTINUES_LINE = frozenset(")]}.?:+-*/%&|^,<>=")
+_WORD_TAIL = re.compile(r"\w+$")
 
 
 def _first_lines(text: str, count: int) -> str:
@@ -214,23 +350,74 @@ def _first_lines(text: str, count: int) -> str:
 
 
 def python_parses(source: str) -> bool:
+    return python_error(source) is None
+
+
+def python_error(source: str) -> tuple[int, str] | None:
+    """(1-based line, message) of the syntax error CPython reports; None when `source` parses."""
     try:
         ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
-        return False
-    return True
+    except SyntaxError as exc:
+        return exc.lineno or 1, exc.msg
+    except (ValueError, RecursionError, MemoryError, OverflowError) as exc:
+        return 1, type(exc).__name__
+    return None
 
 
-# The Python window CPython checks: the top-level construct around the cursor, at most this long.
+# The Python region CPython checks is at most this long.
 MAX_PYTHON_WINDOW = 6000
-_PY_NEXT_TOP_LEVEL = re.compile(r"\n(?=[^\s#)\]}])")
+_REGION_HEADER = "if True:\n"  # a region that does not start at column 0 is a block
+
+# What CPython says about the region with a completion.
+BREAKS, FILLS, UNFILLED, SAME = "breaks", "fills", "unfilled", "same"
 
 
-def python_window(prefix: str, suffix: str) -> tuple[str, str] | None:
-    """The cursor's top-level construct, split at the cursor; None when it is too long."""
-    head = prefix[top_level_start(prefix, SPECS["python"]) :]
-    following = _PY_NEXT_TOP_LEVEL.search(suffix)
-    tail = suffix if following is None else suffix[: following.start() + 1]
-    if len(head) + len(tail) > MAX_PYTHON_WINDOW:
+class PythonWindow:
+    """The region around the cursor (window.py) as CPython sees it, judged once without the completion."""
+
+    def __init__(self, region: Region, prefix: str, suffix: str) -> None:
+        self.head = (_REGION_HEADER if region.indent > 0 else "") + prefix[region.start :]
+        self.tail = suffix[: region.end]
+        self.open_end = region.open_end
+        self.at_document_end = not suffix.strip()
+        header_lines = 1 if region.indent > 0 else 0
+        # Lines (1-based, in head + tail) of the cursor's statement and of the cursor.
+        self.statement_line = header_lines + prefix.count("\n", region.start, region.statement) + 1
+        self.cursor_line = self.head.count("\n") + 1
+        self.near_lines = _first_lines(self.tail, NEAR_LINES).count("\n") + 1
+        baseline = python_error(self.head + self.tail)
+        self.parses = baseline is None
+        # CPython can judge the hole when the region parses without it, or fails near the cursor.
+        self.judges = region.state is None and (baseline is None or self._near(baseline, ""))
+
+    def _at_end(self, error: tuple[int, str], completion: str) -> bool:
+        """A block header on the region's last line: its body is still to come."""
+        line, message = error
+        return message.startswith("expected an indented block") and line >= (self.head + completion + self.tail).rstrip().count("\n") + 1
+
+    def _near(self, error: tuple[int, str], completion: str) -> bool:
+        line, message = error
+        if message.startswith("expected an indented block"):
+            if self.open_end and self._at_end(error, completion):
+                return False  # its body may be what the window cut off
+            line += 1  # reported at the header, missing on the line after it
+        return self.statement_line <= line <= self.cursor_line + completion.count("\n") + self.near_lines
+
+    def judge(self, completion: str) -> str:
+        error = python_error(self.head + completion + self.tail)
+        if error is None:
+            return SAME if self.parses else FILLS
+        near = self._near(error, completion)
+        if self.parses and self.at_document_end and self._at_end(error, completion):
+            return UNFILLED  # a header written at the end of the document: its body comes next
+        if self.parses:
+            return BREAKS if near or not self.open_end else SAME
+        return UNFILLED if near else SAME
+
+
+def python_window(prefix: str, suffix: str) -> PythonWindow | None:
+    """The region around the cursor for CPython; None when it is too long to parse per keystroke."""
+    region = find_region(prefix, suffix)
+    if len(prefix) - region.start + region.end > MAX_PYTHON_WINDOW:
         return None
-    return head, tail
+    return PythonWindow(region, prefix, suffix)

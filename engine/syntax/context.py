@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from kspec.engine.syntax.languages import SPECS, LanguageSpec, normalize_language, spec_for
-from kspec.engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, LexState, Tok, lex, unmatched_openers
+from kspec.engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, LexResult, LexState, Tok, lex, unmatched_openers
+from kspec.engine.syntax.window import SPAN, start_state
 
 # How much of the suffix is lexed to learn which open brackets it closes.
 SUFFIX_SCAN_CHARS = 4000
@@ -48,6 +49,12 @@ class CursorContext:
     # line ends with ":" (so the next line must be indented deeper).
     indent_stack: tuple[int, ...] = (0,)
     expects_indent: bool = False
+    # Where the statement the cursor is in begins when the cursor line continues it (inside
+    # brackets or a string opened on an earlier line): that line's start; else None.
+    statement_start: int | None = None
+    # Python: the window starts inside a block, so indentation levels below the lowest one
+    # it shows are unknown (a dedent there cannot be judged).
+    indent_partial: bool = False
 
     @property
     def string_closed_by_suffix(self) -> bool:
@@ -94,6 +101,20 @@ def top_level_start(prefix: str, spec: LanguageSpec, *, nested: bool = False) ->
     return start
 
 
+def lexing_start(prefix: str, spec: LanguageSpec) -> tuple[int, LexState | None]:
+    """Where lexing the prefix starts, and in which state: the innermost construct before the
+    cursor line (`top_level_start`), else the first line of its last `SPAN` characters; a
+    Python `def`/`class` line is code, anywhere else the state is guessed (window.py: the
+    prefix may be a window that starts inside a docstring or a block comment)."""
+    start = top_level_start(prefix, spec, nested=True)
+    if start > 0 and spec.family == "python":
+        return start, None
+    if start == 0:
+        floor = prefix.rfind("\n", 0, max(len(prefix) - SPAN, 0)) + 1
+        start = floor if floor > 0 else 0
+    return start, start_state(prefix[start:], spec)
+
+
 # Memoized: a pure function of immutable arguments with an immutable result. Decoding asks
 # the early-stop hook every round and post-processing then trims, all for the same request.
 @lru_cache(maxsize=8)
@@ -109,22 +130,34 @@ def build_context(prefix: str, suffix: str, language: str | None) -> CursorConte
     start_state: LexState | None = None
     open_brackets: tuple[str, ...] = ()
     suffix_closes = 0
+    statement_start: int | None = None
+    indent_partial = False
+    mid_line = line_prefix.strip() != ""
+    suffix_lines = _suffix_lines(line_prefix, mid_line, suffix, newline, SUFFIX_REPEAT_LINES)
     indent_stack: tuple[int, ...] = (0,)
     expects_indent = False
     if spec is not None:
         python = spec.family == "python"
-        start = top_level_start(prefix, spec, nested=True)
+        start, state = lexing_start(prefix, spec)
         tail = prefix[start:]
-        prefix_lex = lex(tail, spec, newlines=python)
+        prefix_lex = lex(tail, spec, state, newlines=python)
         start_state = prefix_lex.end_state
         if python:
-            indent_stack, expects_indent = _python_indentation(tail, line_start - start, prefix_lex.tokens)
-            indent_stack = _outer_levels(prefix[:start], indent_stack[1] if len(indent_stack) > 1 else 0) + indent_stack[1:]
-        openers = unmatched_openers(prefix_lex.tokens)[-MAX_OPEN_BRACKETS:]
+            # A first line the window may have cut (it starts inside a literal, or indented at
+            # the window's first character) tells nothing about indentation.
+            cut_first = start == 0 and (state is not None or indent_of(tail[: tail.find("\n") + 1 or None]) > 0)
+            levels, expects_indent = _python_indentation(tail, line_start - start, prefix_lex.tokens, cut_first)
+            if levels is None:  # the window starts right above the cursor: take the levels it shows
+                shown = [indent_of(line) for line in (line_prefix, *suffix_lines) if line.strip()]
+                levels = tuple(sorted({0, *shown}))
+            indent_stack = _outer_levels(prefix[:start], levels[1] if len(levels) > 1 else 0) + levels[1:]
+            indent_partial = len(indent_stack) > 1 and indent_stack[1] > 0 and not _top_level_above(prefix[:start] if start else "")
+        all_openers = unmatched_openers(prefix_lex.tokens)
+        openers = all_openers[-MAX_OPEN_BRACKETS:]
         open_brackets = tuple(tok.char for tok in openers)
+        statement_start = _continued_from(prefix, start, prefix_lex, all_openers, python)
         suffix_closes = _closed_by(open_brackets, suffix[:SUFFIX_SCAN_CHARS], spec, start_state)
 
-    mid_line = line_prefix.strip() != ""
     return CursorContext(
         language=name,
         spec=spec,
@@ -134,13 +167,44 @@ def build_context(prefix: str, suffix: str, language: str | None) -> CursorConte
         open_brackets=open_brackets,
         suffix_closes=suffix_closes,
         suffix_line_rest=suffix_line_rest,
-        suffix_lines=_suffix_lines(line_prefix, mid_line, suffix, newline, SUFFIX_REPEAT_LINES),
+        suffix_lines=suffix_lines,
         prev_line_opens_block=_opens_block(_last_nonblank_line(prefix[: max(line_start - 1, 0)]), spec),
         cursor_line_opens_block=mid_line and _opens_block(line_prefix, spec),
         suffix_following_line=(_suffix_lines("", True, suffix, newline, 1) or (None,))[0],
         indent_stack=indent_stack,
         expects_indent=expects_indent,
+        statement_start=statement_start,
+        indent_partial=indent_partial,
     )
+
+
+def _top_level_above(text: str) -> bool:
+    """Whether `text` has a code line at column 0 (the window shows the module level)."""
+    return re.search(r"(?:^|\n)[A-Za-z_@]", text) is not None
+
+
+def _continued_from(prefix: str, start: int, lexed: LexResult, openers: list[Tok], python: bool) -> int | None:
+    """The start of the line where the statement the cursor is in begins, when that is above
+    the cursor line: the line of the outermost bracket open at the cursor inside that
+    statement (C family: opened after the innermost open `{` that ends its line, a block),
+    or of the literal the cursor is in."""
+    inside = openers
+    if not python:
+        blocks = [i for i, tok in enumerate(openers) if tok.char == "{" and _ends_line(prefix, start + tok.end)]
+        inside = openers[blocks[-1] + 1 :] if blocks else openers
+    begins = [tok.start for tok in inside[:1]]
+    if lexed.end_state is not None and lexed.tokens:
+        begins.append(lexed.tokens[-1].start)
+    if not begins:
+        return None
+    return prefix.rfind("\n", 0, start + min(begins)) + 1
+
+
+def _ends_line(text: str, pos: int) -> bool:
+    """Whether only blanks or a comment follow `pos` on its line."""
+    end = text.find("\n", pos)
+    rest = (text[pos:] if end < 0 else text[pos:end]).strip()
+    return not rest or rest.startswith(("//", "/*"))
 
 
 def logical_line_starts(text: str, tokens: list[Tok], depth: int = 0) -> list[int]:
@@ -164,11 +228,14 @@ def _continued(text: str, newline: int) -> bool:
     return i >= 0 and text[i] == "\\"
 
 
-def _python_indentation(prefix: str, cursor_line_start: int, tokens: list[Tok]) -> tuple[tuple[int, ...], bool]:
-    """Python's indentation stack at the cursor line, and whether a deeper indent is expected."""
+def _python_indentation(
+    prefix: str, cursor_line_start: int, tokens: list[Tok], cut_first: bool = False
+) -> tuple[tuple[int, ...] | None, bool]:
+    """Python's indentation stack at the cursor line, and whether a deeper indent is expected
+    (`cut_first`: the first logical line may be cut, and does not count)."""
     levels: list[int] = []  # innermost first, walking back
     expects: bool | None = None
-    starts = [0, *logical_line_starts(prefix, tokens)]
+    starts = [*([] if cut_first else [0]), *logical_line_starts(prefix, tokens)]
     for index in range(len(starts) - 1, -1, -1):
         start = starts[index]
         if start >= cursor_line_start:
@@ -186,6 +253,8 @@ def _python_indentation(prefix: str, cursor_line_start: int, tokens: list[Tok]) 
             levels.append(indent)
             if indent == 0:
                 break
+    if not levels and cut_first:
+        return None, False  # no whole line before the cursor: the indentation is unknown
     if not levels or levels[-1] != 0:
         levels.append(0)
     return tuple(reversed(levels)), bool(expects)

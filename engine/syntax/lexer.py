@@ -210,9 +210,9 @@ class _Lexer:
             return LexState("string", '"', multiline=True)
         if kind == "str":
             quote = lexeme.lstrip("rRbBuUfFtT")
-            raw = any(c in "rR" for c in lexeme[: len(lexeme) - len(quote)])
             if self.spec.family == "python":
-                return LexState("string", quote, escapes=not raw, multiline=len(quote) == 3)
+                # A backslash keeps the next quote inside even a raw string (r'\'' is one string).
+                return LexState("string", quote, escapes=True, multiline=len(quote) == 3)
             # Rust and C++ strings may span lines; Go/Java/JS/C ones may not.
             return LexState("string", '"', multiline=self.spec.rust_strings)
         return LexState("string", "'")  # "sq" in a language where '...' is a string

@@ -9,8 +9,13 @@ from kspec.engine.api import Completion
 from kspec.engine.syntax.checks import Checker, CheckResult
 from kspec.engine.syntax.context import CursorContext, build_context
 from kspec.engine.syntax.languages import normalize_language
-from kspec.engine.syntax.rank import RankConfig, Scored, dedupe_key, normalized_logprob, order, score
+from kspec.engine.syntax.degenerate import degeneration
+from kspec.engine.syntax.pynames import module_names
+from kspec.engine.syntax.rank import (
+    RankConfig, Scored, Signals, dedupe_key, distinct, first_line_key, normalized_logprob, order, score,
+)
 from kspec.engine.syntax.trim import END, Cut, drop_truncated_line, find_cut, finalize
+from kspec.engine.syntax.window import crop
 
 
 @dataclass
@@ -118,16 +123,21 @@ def rank_alternatives(
     if raw:
         return _raw(candidates)
     name = normalize_language(language)
+    start, end = crop(prefix, suffix)
+    above = module_names(prefix[:start]) if name == "python" and start > 0 else frozenset()
+    prefix, suffix = prefix[start:], suffix[:end]
     ctx = build_context(prefix, suffix, name)
-    checker = Checker(prefix, suffix, name, ctx)
+    checker = Checker(prefix, suffix, name, ctx, above)
     checked: dict[str, CheckResult] = {}
     writing_at_end = not suffix.strip()
     groups: dict[str, list[tuple[int, str, CheckResult]]] = {}
+    first_lines: dict[str, int] = {}  # first-line key -> trimmed alternatives that start with it
     for index, candidate in enumerate(candidates):
         trimmed = trim_and_check(ctx, checker, candidate, config, checked)
         if trimmed is None:
             continue
         text, result = trimmed
+        first_lines[first_line_key(text)] = first_lines.get(first_line_key(text), 0) + 1
         # At the end of the document (blank suffix) the construct being typed is open by
         # nature (a def header's body comes next): only a budget-cut text counts as unfilled.
         unfilled = result.unfixed_at_cursor > 0 and (
@@ -145,21 +155,27 @@ def rank_alternatives(
             key=lambda m: (normalized_logprob(candidates[m[0]].logprob, candidates[m[0]].n_tokens), -m[0]),
         )
         candidate = candidates[index]
-        value = score(text, candidate.logprob, candidate.n_tokens, result, len(members), config.rank)
-        scored.append(Scored(index, text, value, result, len(members)))
+        signals = Signals(
+            text, candidate.logprob, candidate.n_tokens, result,
+            agreeing=first_lines[first_line_key(text)],
+            degenerate=degeneration(text, prefix) is not None,
+        )
+        scored.append(Scored(index, text, score(signals, config.rank), result, len(members)))
     if config.drop_broken and any(item.check.unfixed_errors == 0 for item in scored):
         # Some alternative leaves the file whole (it fills the hole): those that leave it
         # broken are not worth showing next to it.
         scored = [item for item in scored if item.check.unfixed_errors == 0]
-    return [_ranked(candidates[item.index], item) for item in order(scored)]
+    return [_ranked(candidates[item.index], item) for item in distinct(order(scored))]
 
 
 def _raw(candidates: list[Candidate]) -> list[Ranked]:
+    """Untrimmed texts by length-normalised log-probability, one per `dedupe_key`: branches
+    that began with different tokens can still detokenize to the same text."""
     items = [
         Scored(i, c.text, normalized_logprob(c.logprob, c.n_tokens), CheckResult(), 1)
         for i, c in enumerate(candidates)
     ]
-    return [_ranked(candidates[item.index], item) for item in order(items)]
+    return [_ranked(candidates[item.index], item) for item in distinct(order(items))]
 
 
 def _ranked(candidate: Candidate, item: Scored) -> Ranked:
@@ -180,8 +196,11 @@ def postprocess(
     """Trim, check, deduplicate and rank `candidates`; best first.
 
     `language`: a canonical name or an LSP languageId; None or unknown means line-based
-    trimming and no checks. With `raw=True` the texts are returned untrimmed and unchecked,
-    ordered by length-normalised log-probability (what the model alone would show).
+    trimming and no checks. `prefix` and `suffix` may be a window of the file, cut anywhere
+    (window.py); of a longer text, a window of `window.MAX_BEFORE` / `MAX_AFTER` characters
+    around the cursor is analysed. With `raw=True` the texts are returned untrimmed and
+    unchecked, one per `dedupe_key`, ordered by length-normalised log-probability (what the
+    model alone would show). Ranking: rank.py's one score, which uses the k together.
     Left out (so the list may be shorter than k, or empty): alternatives that trim to
     nothing or duplicate a better one, and unless `config.drop_broken` is off, those that
     introduce a syntax error, those that leave the file broken at the cursor where it

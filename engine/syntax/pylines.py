@@ -26,8 +26,9 @@ IndentError = tuple[str, tuple[str, int]]
 
 
 class _Stack:
-    def __init__(self, levels: tuple[int, ...], expects: bool, place: "_Places") -> None:
+    def __init__(self, levels: tuple[int, ...], expects: bool, place: "_Places", partial: bool = False) -> None:
         self.levels = list(levels) or [0]
+        self.partial = partial  # the levels between 0 and the lowest known one are unknown
         self.expects = expects
         self.expects_at = ("prefix", -1)  # where the ':' that opened the expected block is
         self.place = place
@@ -47,7 +48,8 @@ class _Stack:
             while self.levels and self.levels[-1] > indent:
                 self.levels.pop()
             if not self.levels or self.levels[-1] != indent:
-                self.errors.add(("unindent does not match", self.place(at)))
+                if not (self.partial and len(self.levels) <= 1):  # below what the window shows: unknown
+                    self.errors.add(("unindent does not match", self.place(at)))
                 self.levels.append(indent)
         self.expects = False
 
@@ -77,7 +79,7 @@ def line_errors(ctx: CursorContext, completion: str) -> set[IndentError]:
     text = local + "\n" + (following or "")
     depth = len(ctx.open_brackets)
     starts = ([] if depth else [0]) + logical_line_starts(text, lex(text, spec).tokens, depth)
-    stack = _Stack(ctx.indent_stack, ctx.expects_indent, _Places(len(ctx.line_prefix), len(completion)))
+    stack = _Stack(ctx.indent_stack, ctx.expects_indent, _Places(len(ctx.line_prefix), len(completion)), ctx.indent_partial)
     for start in starts:
         if start > 0:
             _note_line_end(stack, text, start - 1, spec)
@@ -86,9 +88,9 @@ def line_errors(ctx: CursorContext, completion: str) -> set[IndentError]:
         if line.strip() and not line.lstrip().startswith("#"):
             stack.start_line(indent_of(line), start + len(line) - len(line.lstrip()))
     if following is None and (len(local) + 1) in starts:
+        # The end of the text: a line cut mid-expression is an error; a block header is
+        # not (the document or the window ends there: its body is still to be written).
         _note_line_end(stack, text, len(local), spec)
-        if stack.expects:  # a block header with no body at the end of the file
-            stack.errors.add(("expected an indented block", stack.expects_at))
     return stack.errors
 
 

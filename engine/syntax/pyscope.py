@@ -12,8 +12,8 @@ Scope model (deliberately lenient, so a flagged name is almost surely wrong):
   (before or after the use), or it is a builtin; class bodies count as enclosing their
   methods; a wildcard import turns the undefined-name check off;
 * an unused variable is a plain `name = ...` (or `name: T = ...`) binding inside a
-  function that no other occurrence of the name in that function reads, the rule pyflakes
-  uses ("local variable is assigned to but never used").
+  function that nothing in that function reads after it (or in a function nested in it),
+  the rule pyflakes uses ("local variable is assigned to but never used").
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _queries() -> tuple[tree_sitter.Query, tree_sitter.Query]:
     return tree_sitter.Query(language, _BINDINGS_QUERY), tree_sitter.Query(language, _IDENTIFIERS_QUERY)
 
 
-def _text(node: tree_sitter.Node) -> str:
+def node_text(node: tree_sitter.Node) -> str:
     return (node.text or b"").decode("utf-8", "replace")
 
 
@@ -121,7 +121,7 @@ def collect_bindings(root: tree_sitter.Node, start: int = 0, end: int | None = N
     def add(key: tuple[str, int], names: list[tree_sitter.Node]) -> None:
         for name in names:
             if end is None or start <= name.start_byte < end:
-                found.add(key, _text(name))
+                found.add(key, node_text(name))
 
     for capture, nodes in cursor.captures(root).items():
         for node in nodes:
@@ -177,7 +177,7 @@ def _import_names(node: tree_sitter.Node) -> list[tree_sitter.Node]:
 
 def is_read(node: tree_sitter.Node) -> bool:
     """Whether an identifier node reads a variable (not an attribute, keyword or import name)."""
-    text = _text(node)
+    text = node_text(node)
     if text in KEYWORDS:
         return False
     parent = node.parent
@@ -223,7 +223,7 @@ def undefined_names(
         return []
     missing: list[str] = []
     for node in identifiers_in(root, start, end):
-        name = _text(node)
+        name = node_text(node)
         if name in BUILTIN_NAMES or name in missing or not is_read(node):
             continue
         chain = scope_chain(node)
@@ -239,13 +239,13 @@ def unused_variables(root: tree_sitter.Node, start: int, end: int) -> list[str]:
     for node in identifiers_in(root, start, end):
         if not _is_plain_assignment_target(node):
             continue
-        name = _text(node)
+        name = node_text(node)
         if name == "_" or (name.startswith("__") and name.endswith("__")) or name in unused:
             continue
         function = _enclosing_function(node)
         if function is None:
             continue
-        if not _read_in(function, name):
+        if not _read_in(function, name, node.start_byte):
             unused.append(name)
     return unused
 
@@ -259,13 +259,17 @@ def _enclosing_function(node: tree_sitter.Node) -> tree_sitter.Node | None:
     return None
 
 
-def _read_in(function: tree_sitter.Node, name: str) -> bool:
+def _read_in(function: tree_sitter.Node, name: str, after: int) -> bool:
+    """Whether `function` reads `name` after offset `after` (pyflakes' order: a read before
+    the assignment reads another binding), or anywhere in a function nested in it (run later)."""
     for node in identifiers_in(function, function.start_byte, function.end_byte):
-        if _text(node) != name:
+        if node_text(node) != name:
             continue
         parent = node.parent
         if parent is not None and parent.type in ("global_statement", "nonlocal_statement"):
             return True  # not a local: pyflakes does not report it either
-        if is_read(node) and not _is_plain_assignment_target(node):
+        if not is_read(node) or _is_plain_assignment_target(node):
+            continue
+        if node.start_byte > after or _enclosing_function(node) != function:
             return True
     return False

@@ -1,21 +1,28 @@
-"""One score per alternative, duplicates merged, a stable best-first order.
+"""One score per alternative, using the k together; duplicates merged; a stable best-first order.
 
-score = logprob / n_tokens                      (the model's confidence, length-normalised)
-        - syntax_error_penalty  * [introduces a syntax error]
+score = logprob / n_tokens                          the model's confidence, mean per token
+        + agreement_weight * log(#agreeing)          branches whose shown text starts with the same
+                                                     first line (this one included): the k vote
+        + length_weight * log(1 + #non-blank chars)  a short safe guess is worth a little less
+        + needed_name_weight * (#needed names it defines - #needed names it leaves undefined)
+                                                     (Python: names the code after the cursor reads
+                                                     and nothing before defines; see pynames.py)
+        - undefined_name_penalty * #undefined names  (names it reads that nothing defines)
+        - unused_variable_penalty * #unused variables
         - unfixed_error_penalty * [leaves an error the file had at the cursor]
-        - undefined_name_penalty * (#undefined names)
-        - unused_variable_penalty * (#unused variables)
-        + length_weight * log(1 + #non-blank chars)   (a short safe guess is worth less)
-        + agreement_weight * log(#alternatives with the same text)  (branches that agree)
+        - syntax_error_penalty * [introduces a syntax error]
+        - degenerate_penalty * [degenerate]           (degenerate.py: a loop, a run, a copy of the
+                                                     lines above): below every sane alternative
 
 The logprob is that of the whole generated text: the engine has no per-token split at the
-trim point, and the trimmed-away tail is mostly what made the raw text long.
+trim point, and the trimmed-away tail is mostly what made the raw text long. The weights
+were set on `kspec bench quality` (whole-file and windowed holes, k = 4): see README.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from kspec.engine.syntax.checks import CheckResult
 
@@ -26,17 +33,28 @@ class RankConfig:
     unfixed_error_penalty: float = 5.0
     undefined_name_penalty: float = 2.0
     unused_variable_penalty: float = 1.0
-    length_weight: float = 0.05
+    needed_name_weight: float = 0.5
+    length_weight: float = 0.02
     agreement_weight: float = 0.25
+    degenerate_penalty: float = 1000.0
 
     def __post_init__(self) -> None:
-        for name in (
-            "syntax_error_penalty", "unfixed_error_penalty", "undefined_name_penalty", "unused_variable_penalty",
-            "length_weight", "agreement_weight",
-        ):
-            value = getattr(self, name)
+        for item in fields(self):
+            value = getattr(self, item.name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"RankConfig.{name} must be a finite number >= 0, got {value!r}")
+                raise ValueError(f"RankConfig.{item.name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What is known about one alternative when it is scored."""
+
+    text: str  # the shown text
+    logprob: float  # of the whole generated text
+    n_tokens: int
+    check: CheckResult
+    agreeing: int = 1  # alternatives whose shown text has the same first line, this one included
+    degenerate: bool = False
 
 
 def normalized_logprob(logprob: float, n_tokens: int) -> float:
@@ -50,16 +68,26 @@ def dedupe_key(text: str) -> str:
     return " ".join(text.split())
 
 
-def score(
-    text: str, logprob: float, n_tokens: int, check: CheckResult, agreeing: int, config: RankConfig
-) -> float:
-    value = normalized_logprob(logprob, n_tokens)
-    value -= config.syntax_error_penalty * (1 if check.breaks_parse else 0)
-    value -= config.unfixed_error_penalty * (1 if check.unfixed_errors else 0)
+def first_line_key(text: str) -> str:
+    """What alternatives that agree share: the first non-blank line, whitespace-normalised."""
+    for line in text.split("\n"):
+        if line.strip():
+            return dedupe_key(line)
+    return ""
+
+
+def score(signals: Signals, config: RankConfig) -> float:
+    """The documented score (module docstring); higher is better."""
+    check = signals.check
+    value = normalized_logprob(signals.logprob, signals.n_tokens)
+    value += config.agreement_weight * math.log(max(signals.agreeing, 1))
+    value += config.length_weight * math.log1p(sum(1 for c in signals.text if not c.isspace()))
+    value += config.needed_name_weight * (len(check.needs_defined) - len(check.needs_missing))
     value -= config.undefined_name_penalty * len(check.undefined_names)
     value -= config.unused_variable_penalty * len(check.unused_variables)
-    value += config.length_weight * math.log1p(sum(1 for c in text if not c.isspace()))
-    value += config.agreement_weight * math.log(max(agreeing, 1))
+    value -= config.unfixed_error_penalty * (1 if check.unfixed_errors else 0)
+    value -= config.syntax_error_penalty * (1 if check.breaks_parse else 0)
+    value -= config.degenerate_penalty * (1 if signals.degenerate else 0)
     return value
 
 
@@ -75,3 +103,16 @@ class Scored:
 def order(items: list[Scored]) -> list[Scored]:
     """Best first; equal scores keep the engine's order."""
     return sorted(items, key=lambda item: (-item.score, item.index))
+
+
+def distinct(items: list[Scored]) -> list[Scored]:
+    """The first of each `dedupe_key` (in the given order), with the agreeing counts of those dropped added."""
+    kept: dict[str, Scored] = {}
+    for item in items:
+        key = dedupe_key(item.text)
+        first = kept.get(key)
+        if first is None:
+            kept[key] = item
+        else:
+            kept[key] = Scored(first.index, first.text, first.score, first.check, first.agreeing + item.agreeing)
+    return list(kept.values())

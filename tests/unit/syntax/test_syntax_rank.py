@@ -9,7 +9,7 @@ import pytest
 from kspec.engine.api import Completion
 from kspec.engine.syntax import Candidate, PostprocessConfig, RankConfig, postprocess, rank_alternatives
 from kspec.engine.syntax.checks import CheckResult
-from kspec.engine.syntax.rank import dedupe_key, score
+from kspec.engine.syntax.rank import Signals, dedupe_key, score
 
 PREFIX = "def total(xs):\n    t = 0\n    for x in xs:\n"
 SUFFIX = "    return t\n"
@@ -84,11 +84,25 @@ def test_raw_keeps_text_untrimmed_and_orders_by_normalised_logprob() -> None:
     candidates = [
         Candidate("        t += x\n    return t\n", -4.0, 8),  # -0.5 per token
         Candidate("        t += (x\n", -1.0, 4),  # -0.25 per token, broken: raw keeps it
-        Candidate("        t += (x\n", -1.0, 4),  # duplicates are kept too
     ]
     out = postprocess(PREFIX, SUFFIX, "python", candidates, raw=True)
-    assert texts(out) == ["        t += (x\n", "        t += (x\n", "        t += x\n    return t\n"]
-    assert [c.score for c in out] == [-0.25, -0.25, -0.5]
+    assert texts(out) == ["        t += (x\n", "        t += x\n    return t\n"]
+    assert [c.score for c in out] == [-0.25, -0.5]
+
+
+def test_raw_alternatives_are_distinct_text() -> None:
+    """Branches that began with different tokens can detokenize to the same text (the OpenAI
+    endpoint at temperature 0 once returned one twice): raw mode keeps the most likely one."""
+    candidates = [
+        Candidate("ield (chunk, end)\n    end += 1", -3.0, 6),
+        Candidate("ield (chunk, end)\n    end += 1", -2.0, 5),
+        Candidate("ield  (chunk, end)\n    end += 1\n", -2.5, 5),  # equal after whitespace normalisation
+        Candidate("ield chunk", -4.0, 3),
+    ]
+    ranked = rank_alternatives("def f():\n    y", "\n", "python", candidates, raw=True)
+    assert [r.completion.text for r in ranked] == ["ield (chunk, end)\n    end += 1", "ield chunk"]
+    assert [r.source_index for r in ranked] == [1, 3]
+    assert ranked[0].agreeing == 3
 
 
 def test_nothing_to_show_gives_an_empty_list() -> None:
@@ -113,14 +127,22 @@ def test_unknown_language_and_language_ids_are_accepted() -> None:
 def test_score_terms() -> None:
     config = RankConfig()
     clean = CheckResult()
-    base = score("x", -2.0, 4, clean, 1, config)
+
+    def value(text: str = "x", logprob: float = -2.0, n_tokens: int = 4, check: CheckResult = clean, **kw: object) -> float:
+        return score(Signals(text, logprob, n_tokens, check, **kw), config)  # type: ignore[arg-type]
+
+    base = value()
     assert base == pytest.approx(-0.5 + config.length_weight * math.log(2))
-    assert score("x", -2.0, 4, CheckResult(syntax_errors=1), 1, config) == pytest.approx(base - 10.0)
-    assert score("x", -2.0, 4, CheckResult(undefined_names=("a", "b")), 1, config) == pytest.approx(base - 4.0)
-    assert score("x", -2.0, 4, CheckResult(unused_variables=("a",)), 1, config) == pytest.approx(base - 1.0)
-    assert score("x", -2.0, 4, clean, 3, config) > base
-    assert score("xxxxxxxx", -2.0, 4, clean, 1, config) > base
-    assert score("x", -2.0, 0, clean, 1, config) == pytest.approx(-2.0 + config.length_weight * math.log(2))
+    assert value(check=CheckResult(syntax_errors=1)) == pytest.approx(base - 10.0)
+    assert value(check=CheckResult(undefined_names=("a", "b"))) == pytest.approx(base - 4.0)
+    assert value(check=CheckResult(unused_variables=("a",))) == pytest.approx(base - 1.0)
+    assert value(check=CheckResult(unfixed_errors=2)) == pytest.approx(base - 5.0)
+    assert value(check=CheckResult(needs_defined=("msg",))) == pytest.approx(base + config.needed_name_weight)
+    assert value(check=CheckResult(needs_missing=("msg",))) == pytest.approx(base - config.needed_name_weight)
+    assert value(agreeing=3) == pytest.approx(base + config.agreement_weight * math.log(3))
+    assert value(degenerate=True) == pytest.approx(base - config.degenerate_penalty)
+    assert value("xxxxxxxx") > base
+    assert value(n_tokens=0) == pytest.approx(-2.0 + config.length_weight * math.log(2))
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
@@ -200,3 +222,24 @@ def test_cpython_judges_what_tree_sitter_python_accepts() -> None:
     prefix, suffix = "def f(", "):\n    return a\n"
     out = rank_alternatives(prefix, suffix, "python", [Candidate("a=1, b", -1.0, 4), Candidate("a, b=1", -2.0, 4)])
     assert [r.completion.text for r in out] == ["a, b=1"]
+
+
+LOOP_PREFIX, LOOP_SUFFIX = "def f(xs):\n    total = 0\n    for x in xs:\n        total += ", "\n    return total\n"
+
+
+def test_branches_that_agree_on_their_first_line_outrank_a_lone_likelier_one() -> None:
+    candidates = [
+        Candidate("x * x\n    return total\n", -1.0, 4),  # -0.25 per token, alone
+        Candidate("x\n    return total\n", -1.2, 4),  # -0.3 per token; three branches write `x`
+        Candidate("x\n\n    return total\n", -1.3, 4),
+        Candidate("x\n    print(total)\n", -1.3, 4),
+    ]
+    ranked = rank_alternatives(LOOP_PREFIX, LOOP_SUFFIX, "python", candidates)
+    assert [r.completion.text for r in ranked] == ["x", "x * x"]
+    assert ranked[0].agreeing == 3 and ranked[0].source_index == 1
+
+
+def test_confidence_is_the_mean_log_probability_per_token() -> None:
+    # The same total log-probability over more tokens is more confident per token.
+    candidates = [Candidate("x + 1", -2.0, 2), Candidate("x - 1", -2.0, 8)]
+    assert texts(postprocess(LOOP_PREFIX, LOOP_SUFFIX, "python", candidates)) == ["x - 1", "x + 1"]

@@ -1,0 +1,117 @@
+"""Python names in a window: what the alternative reads, and what the code after it needs."""
+
+from __future__ import annotations
+
+import pytest
+
+from kspec.engine.syntax import Candidate, rank_alternatives
+from kspec.engine.syntax.checks import Checker
+from kspec.engine.syntax.pynames import module_names
+
+FILE = '''import json
+
+
+def load(path, default):
+    """Load the JSON document at `path`.
+
+    Falls back to `default` (a dict) when the file is missing.
+    """
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        data = default
+    if not data:
+        raise ValueError(msg)
+    return data
+
+
+DEFAULTS = load(
+    "defaults.json", {}
+)
+'''
+
+CURSOR = FILE.index("    if not data:")
+# Windows: the whole file, and cut inside the docstring (the def line and the import are
+# above it), inside brackets (from `open(...)` to inside `load(...)`'s string), and
+# mid-statement at both ends.
+WINDOWS = {
+    "whole": (0, len(FILE)),
+    "docstring": (FILE.index("JSON document"), len(FILE)),
+    "brackets": (FILE.index("(path) as") + 3, FILE.index("defaults.json") + 3),
+    "statement": (FILE.index("data = json") + 5, FILE.index("return data") + 9),
+}
+# Names each window reads whose binding is above it (or in it).
+KNOWN = {
+    "whole": "path, default, handle, data",
+    "docstring": "path, default, handle, data",
+    "brackets": "handle, default, data",
+    "statement": "default, data",
+}
+
+
+def cut(name: str) -> tuple[str, str]:
+    start, end = WINDOWS[name]
+    return FILE[start:CURSOR], FILE[CURSOR:end]
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWS))
+def test_names_from_above_the_window_are_not_blamed(name: str) -> None:
+    prefix, suffix = cut(name)
+    checker = Checker(prefix, suffix, "python")
+    # Parameters whose def line may be above the window, names bound in the window.
+    assert checker.check(f"    print({KNOWN[name]})\n").undefined_names == ()
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWS))
+def test_a_name_defined_nowhere_is_blamed(name: str) -> None:
+    prefix, suffix = cut(name)
+    checker = Checker(prefix, suffix, "python")
+    assert checker.check("    print(lenght(data))\n").undefined_names == ("lenght",)
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWS))
+def test_what_the_suffix_needs(name: str) -> None:
+    prefix, suffix = cut(name)
+    checker = Checker(prefix, suffix, "python")
+    defines = checker.check('    msg = f"{path} is empty"\n')
+    assert defines.needs_defined == ("msg",) and defines.needs_missing == ()
+    leaves = checker.check("    print(data)\n")
+    assert leaves.needs_defined == () and leaves.needs_missing == ("msg",)
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWS))
+def test_the_alternative_that_defines_what_the_suffix_needs_ranks_first(name: str) -> None:
+    prefix, suffix = cut(name)
+    candidates = [
+        Candidate("    print(data)\n", -1.0, 5),  # more likely, leaves `msg` undefined
+        Candidate('    msg = "empty"\n', -1.3, 5),
+    ]
+    ranked = rank_alternatives(prefix, suffix, "python", candidates)
+    assert [r.completion.text for r in ranked] == ['    msg = "empty"\n', "    print(data)\n"]
+
+
+def test_a_mid_word_completion_that_invents_a_name_ranks_below_one_that_does_not() -> None:
+    # `len` -> `length`: the model finishes the word into a name that exists nowhere.
+    prefix = FILE[FILE.index("Falls back") : CURSOR] + "    if len"
+    suffix = "(data) == 0:\n" + FILE[CURSOR + len("    if not data:\n") :]
+    candidates = [Candidate("gth", -0.5, 1), Candidate("", -0.6, 1)]
+    ranked = rank_alternatives(prefix, suffix, "python", candidates + [Candidate("(data or ())", -0.9, 4)])
+    assert ranked[-1].completion.text == "gth"
+    assert ranked[-1].check.undefined_names == ("length",)
+
+
+def test_names_the_file_binds_above_a_long_window_are_known() -> None:
+    # A long file: post-processing looks at a window of it, and takes the imports and
+    # module-level definitions above the window from a regex over that part.
+    body = "".join(f"def helper_{i}(x):\n    return x + {i}\n\n\n" for i in range(400))
+    prefix = "import json\nfrom os import path as osp\n\n\n" + body + "def main(name):\n    "
+    candidates = [Candidate("return json.dumps(osp.basename(name))", -1.0, 8), Candidate("return jsn.dumps(name)", -0.5, 6)]
+    ranked = rank_alternatives(prefix, "\n", "python", candidates)
+    assert [r.check.undefined_names for r in ranked] == [(), ("jsn",)]
+    assert ranked[0].completion.text.startswith("return json")
+
+
+def test_module_names() -> None:
+    text = "import os, sys as system\nfrom a.b import (c,\n    d as e)\ndef f():\n    z = 1\nclass K:\n    pass\nX: int = 3\n"
+    assert module_names(text) == {"os", "system", "c", "e", "f", "K", "X"}
