@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"), help="quality: the shared evaluation data"
     )
     bench.add_argument(
+        "--cases-out", type=Path, default=None,
+        help="quality: also write every case (what the engine saw, its raw alternatives) to this JSON file",
+    )  # fmt: skip
+    bench.add_argument(
+        "--replay", type=Path, default=None,
+        help="quality: post-process the cases of a --cases-out file again, without the model",
+    )  # fmt: skip
+    bench.add_argument(
         "--lsp-points", type=int, default=3,
         help="keystroke: places in Python's textwrap.py typed again through kspec lsp, kspec's defaults vs the previous "
         "configuration (fp32, no early answer), interleaved (default 3). --model, --device, --threads and, when given, "
@@ -177,6 +185,29 @@ def _bench_serve(config, args: argparse.Namespace) -> dict:
     return bench_serve_inprocess(config, serve)
 
 
+def _bench_quality(config, args: argparse.Namespace) -> dict:
+    from kspec.bench.quality import QualityBenchConfig, replay_quality_bench, run_quality_bench
+
+    quality = QualityBenchConfig(k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 48)
+    if args.replay is not None:
+        try:
+            cases = json.loads(args.replay.read_text(encoding="utf-8"))["cases"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise KspecError(f"{args.replay}: not a file written by --cases-out ({exc})") from exc
+        return replay_quality_bench(cases, quality, timing=True)
+    from kspec.engine.completion import CompletionEngine
+
+    data = Path(args.data)
+    if not data.is_dir():
+        raise KspecError(f"{data}: evaluation data folder not found (pass --data DIR)")
+    engine = CompletionEngine.load(config)
+    details = args.cases_out is not None
+    report = run_quality_bench(engine, data, quality, progress=lambda line: print(line, file=sys.stderr), details=details)
+    if details:
+        args.cases_out.write_text(json.dumps({"cases": report.pop("cases")}), encoding="utf-8")
+    return report
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from kspec.bench import decode as bench
 
@@ -188,15 +219,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
         report = bench_attention(_ints(args.ks, [4, 8, 16, 32]), _ints(args.contexts, [1024, 4096, 8192]), args.repeats or 9)
     elif args.what == "quality":
-        from kspec.bench.quality import QualityBenchConfig, run_quality_bench
-        from kspec.engine.completion import CompletionEngine
-
-        data = Path(args.data)
-        if not data.is_dir():
-            raise KspecError(f"{data}: evaluation data folder not found (pass --data DIR)")
-        engine = CompletionEngine.load(config)
-        quality = QualityBenchConfig(k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 48)
-        report = run_quality_bench(engine, data, quality, progress=lambda line: print(line, file=sys.stderr))
+        report = _bench_quality(config, args)
     elif args.what == "decode":
         report = bench.bench_decode(config, _ints(args.ks, [1, 4, 8]), args.max_tokens or 32, args.repeats or 1, args.plot)
     elif args.what == "serve":

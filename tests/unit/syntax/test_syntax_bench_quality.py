@@ -7,13 +7,15 @@ from pathlib import Path
 import pytest
 
 from kspec.engine.api import Completion, CompletionRequest, CompletionResult
-from kspec.bench.quality import QualityBenchConfig, load_holes, run_quality_bench, widen
+from kspec.bench.quality import (
+    QualityBenchConfig, cut_window, load_holes, replay_quality_bench, run_quality_bench, stdlib_holes, widen,
+)
 from kspec.engine.syntax import Candidate
 
 DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"evaluation data not found at {DATA}")
 
-SMALL = QualityBenchConfig(humaneval_single=2, humaneval_multi=2, mbxp_per_language=1, timing_repeats=1)
+SMALL = QualityBenchConfig(humaneval_single=2, humaneval_multi=2, mbxp_per_language=1, stdlib=2, timing_repeats=1)
 
 
 class ScriptedEngine:
@@ -39,20 +41,21 @@ class ScriptedEngine:
 def test_holes_are_seeded_and_sized() -> None:
     holes = load_holes(DATA, SMALL)
     assert [h.id for h in holes] == [h.id for h in load_holes(DATA, SMALL)]
-    assert len(holes) == 2 + 2 + 4
+    assert len(holes) == 2 + 2 + 4 + 2
     assert {h.language for h in holes} == {"python", "java", "javascript", "typescript", "cpp"}
+    assert sum(h.source == "stdlib" for h in holes) == 2
     for hole in holes:
         assert hole.reference.strip()
-        if hole.source.startswith("mbxp"):
+        if hole.source.startswith(("mbxp", "stdlib")):
             assert "\n" not in hole.reference  # one line, or the rest of one
-    other_seed = load_holes(DATA, QualityBenchConfig(humaneval_single=2, humaneval_multi=2, mbxp_per_language=1, seed=1))
+    other_seed = load_holes(DATA, QualityBenchConfig(humaneval_single=2, humaneval_multi=2, mbxp_per_language=1, stdlib=2, seed=1))
     assert [h.id for h in other_seed] != [h.id for h in holes]
 
 
 def test_bench_reports_raw_and_trimmed() -> None:
     # Single-line holes only: a multi-line reference is several statements, and trimming at
     # a line start keeps one (the rule), so "the reference plus junk" would not trim to it.
-    config = QualityBenchConfig(humaneval_single=3, humaneval_multi=0, mbxp_per_language=1, timing_repeats=1)
+    config = QualityBenchConfig(humaneval_single=3, humaneval_multi=0, mbxp_per_language=1, stdlib=0, timing_repeats=1, windowed=False)
     holes = load_holes(DATA, config)
     engine = ScriptedEngine({h.id: h.reference for h in holes})
     report = run_quality_bench(engine, DATA, config)
@@ -68,7 +71,9 @@ def test_bench_reports_raw_and_trimmed() -> None:
     assert raw["exact_match_top1"] == 0.0
     assert trimmed["exact_match_best_of_k"] == raw["exact_match_best_of_k"] == 1.0
     assert trimmed["python_top1_static_error_rate"] == 0.0
-    assert set(trimmed["postprocess_ms"]) == {"p50", "p90", "k8_p50", "k8_p90", "k8_max"}
+    assert set(trimmed["postprocess_ms"]) == {"p50", "p90", "p95", "k8_p50", "k8_p90", "k8_p95", "k8_max"}
+    assert trimmed["distinct_rate"] == 1.0 and trimmed["no_suggestion_rate"] == 0.0
+    assert trimmed["best_of_k_over_top1"] == 1.0
     assert set(raw["by_language"]) == {"python", "java", "javascript", "typescript", "cpp"}
 
 
@@ -101,3 +106,42 @@ def test_a_model_that_writes_the_reference_and_keeps_going_gets_the_reference_ba
             assert sum(hits) >= len(hits) // 4, source
         else:
             assert all(hits), source
+
+
+def test_windows_are_seeded_and_cut_anywhere() -> None:
+    config = QualityBenchConfig(humaneval_single=20, humaneval_multi=10, mbxp_per_language=5, stdlib=6)
+    holes = load_holes(DATA, config)
+    windows = [cut_window(hole, config) for hole in holes]
+    assert windows == [cut_window(hole, config) for hole in holes]
+    for hole, window in zip(holes, windows):
+        assert hole.prefix.endswith(window.prefix) and hole.suffix.startswith(window.suffix)
+        assert len(window.prefix) <= config.window_before and len(window.suffix) <= config.window_after
+    starts = {window.starts_in for window in windows}
+    assert {"string", "comment", "code"} <= starts  # inside docstrings, comments, statements
+
+
+def test_stdlib_holes_are_far_down_real_multi_function_files() -> None:
+    import random
+
+    holes = stdlib_holes(4, random.Random(0))
+    assert len(holes) == 4
+    for hole in holes:
+        assert hole.prefix.count("\n") >= 40 and hole.prefix.count("def ") >= 2
+        assert hole.reference.strip() and "\n" not in hole.reference
+
+
+def test_windowed_figures_sit_beside_the_whole_file_ones_and_replay_gives_them_back() -> None:
+    config = QualityBenchConfig(humaneval_single=2, humaneval_multi=0, mbxp_per_language=1, stdlib=1, timing_repeats=1)
+    holes = load_holes(DATA, config)
+    engine = ScriptedEngine({h.id: h.reference for h in holes})
+    report = run_quality_bench(engine, DATA, config, details=True)
+    assert set(report) == {"raw", "trimmed", "windowed", "meta", "cases"}
+    assert set(report["windowed"]) == {"raw", "trimmed"}
+    windowed_requests = [r for r in engine.requests if len(r.prefix) < len(next(h for h in holes if h.id == r.request_id).prefix)]
+    assert windowed_requests  # the engine saw windows, not only whole files
+    assert report["windowed"]["trimmed"]["cases"] == report["trimmed"]["cases"] == len(holes)
+    replayed = replay_quality_bench(report["cases"], config)
+    for variant in ("trimmed", "raw"):
+        for key in ("exact_match_top1", "exact_match_best_of_k", "parse_break_rate", "no_suggestion_rate", "distinct_rate"):
+            assert replayed[variant][key] == report[variant][key]
+            assert replayed["windowed"][variant][key] == report["windowed"][variant][key]
