@@ -257,8 +257,9 @@ class CpuLinear(nn.Module):
         rows = x.numel() // self.in_features
         if self.terms and (not self.dense_names or rows <= self.int4_max_rows):
             flat = x.reshape(rows, self.in_features).to(self.int4_dtype)  # [M, K]
-            out = self.terms[0](flat)  # [M, N]
-            for term in self.terms[1:]:  # a Q8_0 weight's second term: summed in float32
+            terms = iter(self.terms)  # not self.terms[1:]: slicing builds a new ModuleList per call
+            out = next(terms)(flat)  # [M, N]
+            for term in terms:  # a Q8_0 weight's second term: summed in float32
                 out = out.float() + term(flat)
             out = out.view(*x.shape[:-1], self.out_features)
         else:
