@@ -78,12 +78,13 @@ class CompletionEngine:
         run(CALIBRATION_CODE[:200], 1, 2)  # warm-up: first passes allocate
         cold = run(CALIBRATION_CODE, 1, 1)
         per_token = cold.timing_ms["prefill"] / max(1.0, cold.timing_ms.get("prompt_tokens", 1.0) - cold.timing_ms.get("reused_prompt_tokens", 0.0))
+        keystroke = run(CALIBRATION_CODE + "    ", 1, 1).timing_ms["prefill"]  # the cached prompt, one keystroke on
         rounds = {}
         for k in (2, 4):
             result = run(CALIBRATION_CODE, k, 12)
             rounds[k] = result.timing_ms["decode"] / max(1.0, result.timing_ms.get("rounds", 1.0))
         self.clear_caches()
-        return MachineTiming(rounds, per_token)
+        return MachineTiming(rounds, per_token, keystroke)
 
     def fit_to_machine(self) -> MachineDefaults:
         """Measure this machine and choose the defaults a typist needs (`machine_fit`)."""
@@ -98,6 +99,13 @@ class CompletionEngine:
     @property
     def model_name(self) -> str:
         return self.target.name
+
+    @property
+    def prompt_tokens(self) -> int:
+        """`config.prompt_tokens`, capped by the machine's defaults: a cold prompt (a new
+        document or place) is prefilled in about `machine_fit.COLD_PROMPT_MS`."""
+        fitted = self.defaults.prompt_tokens if self.defaults is not None else self.config.prompt_tokens
+        return min(self.config.prompt_tokens, fitted)
 
     def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult:
         """One request on its own (the CLI, `kspec eval`): a batch of one, run to the end."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import time
+from dataclasses import replace
 from typing import Generator, Protocol
 
 from kspec.engine.api import (
@@ -54,6 +55,11 @@ class EngineParts(Protocol):
     @property
     def model_name(self) -> str: ...
 
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's token budget (the configured one, or less where the machine is slow)."""
+        ...
+
 
 def validate_request(request: CompletionRequest) -> None:
     if not 1 <= request.k <= MAX_K:
@@ -98,7 +104,7 @@ def prepare(
     decoding state, or None when there is nothing to complete (empty prompt).
     `deadline` (time.monotonic()) was set when the request arrived: prefill counts."""
     tokenizer, model = parts.target.tokenizer, parts.target.model
-    prompt = build_prompt(tokenizer, request.prefix, request.suffix, PromptBudget(parts.config.prompt_tokens))
+    prompt = build_prompt(tokenizer, request.prefix, request.suffix, PromptBudget(parts.prompt_tokens))
     if not prompt.ids:
         return None
     first = yield from parts.prefix_cache.prefill_steps(model, prompt.ids)
@@ -106,6 +112,8 @@ def prepare(
     ids, healed_text, prefill = walk_healing(
         lambda ids: parts.prefix_cache.prefill(model, ids, cancel), tokenizer, prompt.ids, prompt.healed_text, bias, first
     )
+    # what the cache held when the request came: the walk's own prefills reuse what the first one just stored
+    prefill = replace(prefill, reused_tokens=min(prefill.reused_tokens, first.reused_tokens))
     stops = rule_for_cursor(request.prefix, request.suffix, request.stop) if request.cursor_rules else StopRule(request.stop)
     tracker = BranchTracker(tokenizer, stops, DecodeLimits(request.max_tokens, deadline), ids, healed_text)
     params = sampling_params(request)
@@ -189,7 +197,10 @@ class ActiveCompletion:
 
     def result(self, interim: bool = False) -> CompletionResult:
         """The ranked alternatives. `interim`: while decoding goes on — each branch as if the
-        deadline were now (its unfinished last line is dropped like a deadline's)."""
+        deadline were now (its unfinished last line is dropped like a deadline's); when that
+        leaves nothing (no branch has finished a line yet), what the branches wrote so far,
+        untrimmed, deduplicated and ranked as raw answers: a typist sees the words the model
+        has, and the final answer replaces them (`interim_partial` in the timing)."""
         parts, request, run = self.parts, self.request, self.run
         now = time.perf_counter()
         if run is None:
@@ -201,6 +212,10 @@ class ActiveCompletion:
             if b.text
         ]
         completions = postprocess(request.prefix, request.suffix, self.language, candidates, raw=request.raw)
+        partial = interim and not completions
+        if partial:
+            written = [replace(c, text=c.text.rstrip()) for c in candidates if c.text.strip()]
+            completions = postprocess(request.prefix, request.suffix, self.language, written, raw=True)
         finished = time.perf_counter()
         timing = {
             "prefill": (self._decode_started - self.started) * 1000,
@@ -213,5 +228,6 @@ class ActiveCompletion:
             "accepted_per_round": output.stats.mean_accepted_per_round,
             "batch_requests_max": float(self.batch_peak),
             "interim": float(interim),
+            "interim_partial": float(partial),
         }
         return CompletionResult(completions, parts.model_name, timing)

@@ -263,3 +263,22 @@ def test_waiting_counts_against_the_early_answer_too():
     waited = CompletionRequest(prefix="x", deadline_ms=1000, first_answer_ms=200).after_waiting(250)
     assert waited.deadline_ms == 750 and 0 < waited.first_answer_ms < 1  # due at once, not dropped
     assert CompletionRequest(prefix="x", deadline_ms=1000).after_waiting(100).first_answer_ms == 0.0
+
+
+def test_an_early_answer_before_any_line_is_complete_shows_the_words_so_far(random_engine):
+    """Trimmed answers drop a branch's unfinished last line; when no branch has finished one
+    at the first-answer moment, the interim answer is what the branches wrote so far (raw,
+    distinct), each the beginning of what that branch goes on to write."""
+    request = _request(1, k=3, max_tokens=40, raw=False, language="python")
+    raw_alone = _texts(random_engine.complete(replace(request, raw=True)))
+    batcher = random_engine.batcher(max_requests=1)
+    early: list[CompletionResult] = []
+    outcomes = Outcomes()
+    batcher.add(replace(request, first_answer_ms=0.001), CancelToken(), outcomes.callback(0), early.append)
+    _drain(batcher)
+    assert outcomes.by_index[0][1] is None and len(early) == 1
+    interim = early[0]
+    assert interim.timing_ms["interim_partial"] == 1.0
+    texts = _texts(interim)
+    assert texts and len(set(texts)) == len(texts)
+    assert all(any(full.startswith(text) for full in raw_alone) for text in texts)
