@@ -1,7 +1,9 @@
 """Keystroke replay through the language server: what a typing user gets.
 
 A real file is typed character by character at `cps` characters per second from
-several points. At each point the line being typed is removed from the point on (see
+several points, with a pause of `pause_ms` after each character that ends a word (a space,
+a bracket, punctuation: where a typist stops to think and a suggestion can be read; 0:
+typing without a break). At each point the line being typed is removed from the point on (see
 `removed_end`: the rest of that line, and the following lines when the typed span runs
 past it) and the user writes it anew. Every keystroke sends a `didChange` and an
 automatic inline-completion request, and, like an editor, cancels the previous request
@@ -67,11 +69,22 @@ from kspec.lsp_server.settings import Settings, camel, parse_settings
 log = logging.getLogger("kspec.bench")
 
 PREDICT_CHARS = 8
+PAUSE_MS = 500.0  # after a word-ending character (issue 13's replay: "10 characters/s with pauses")
+
+
+def keystroke_times(typed: str, cps: float, pause_ms: float) -> list[float]:
+    """Seconds from a point's start at which each character of `typed` is typed: 1/cps
+    apart, plus `pause_ms` after each character that is not part of a word."""
+    times, at = [], 0.0
+    for char in typed:
+        times.append(at)
+        at += 1 / cps + (pause_ms / 1000 if not (char.isalnum() or char == "_") else 0.0)
+    return times
 UPDATED_METHOD = "$/kspec/suggestionsUpdated"
 # What shipped before issue 13 (fast CPU path, answers shaped for a typist): the settings'
 # defaults of that time, fp32 weights and one answer at the deadline
 PREVIOUS_SETTINGS: dict[str, Any] = {"dtype": "float32", "firstAnswerMs": 0, "k": 3, "maxTokens": 48, "debounceMs": 40, "deadlineMs": 3000}
-PREVIOUS_ENGINE: dict[str, Any] = {"dtype": "float32"}  # EngineConfig fields of that time (fields it lacks are skipped)
+PREVIOUS_ENGINE: dict[str, Any] = {"dtype": "float32", "fit_to_machine": False}  # EngineConfig of that time (fields it lacks are skipped)
 
 
 def predicts(suggestion: str, still_to_type: str, chars: int = PREDICT_CHARS) -> bool:
@@ -158,11 +171,25 @@ class ThreadServer:
         self.thread = threading.Thread(target=self.server.start_io, args=(stdin, stdout), name="kspec-bench-server", daemon=True)
         self.thread.start()
         self.client = LanguageClient("kspec-bench", "0")
-        self.client.feature("$/kspec/status")(lambda params: None)
+        self.state: str | None = None  # the last $/kspec/status state ("loading", "ready", "error")
+        self.client.feature("$/kspec/status")(lambda params: self._status(params))
         self.on_updated: dict[str, Callable[[Any], None]] = {}  # uri -> the replay's handler of UPDATED_METHOD
         self.client.feature(UPDATED_METHOD)(lambda params: self._updated(params))  # pygls tags the function: no bound method
         self.client.feature(lsp.WINDOW_SHOW_MESSAGE)(lambda params: log.warning("server: %s", params.message))
         self._task: asyncio.Task | None = None
+
+    def _status(self, params: Any) -> None:
+        self.state = getattr(params, "state", None)
+
+    async def until_settled(self, timeout_s: float) -> None:
+        """Until the engine has loaded and timed the machine (state no longer "loading"): a
+        replay that began while it loads would measure the loading."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + timeout_s
+        while self.state in (None, "loading"):
+            if loop.time() > give_up:
+                raise TimeoutError(f"the engine was still {self.state or 'starting'} after {timeout_s:.0f} s")
+            await asyncio.sleep(0.05)  # polled: the status arrives on this loop's reader task
 
     def _updated(self, params: Any) -> None:
         handler = self.on_updated.get(getattr(params, "uri", None))  # type: ignore[arg-type]
@@ -217,7 +244,9 @@ class _Keystroke:
     futures: list[tuple[str, asyncio.Future]] = field(default_factory=list)  # (request id, answer): the request, then refreshes
 
 
-async def replay_point(server: ThreadServer, uri: str, text: str, point: int, length: int, cps: float, run: Run, deadline_s: float) -> None:
+async def replay_point(
+    server: ThreadServer, uri: str, text: str, point: int, length: int, cps: float, pause_ms: float, run: Run, deadline_s: float
+) -> None:
     client = server.client
     loop = asyncio.get_running_loop()
     # the line being typed is removed from the point on: the user writes it anew, and the
@@ -245,9 +274,10 @@ async def replay_point(server: ThreadServer, uri: str, text: str, point: int, le
 
     server.on_updated[uri] = refresh
     start = loop.time()
+    schedule = keystroke_times(text[point : point + length], cps, pause_ms)
     try:
         for index in range(length):
-            await asyncio.sleep(max(0.0, start + index / cps - loop.time()))
+            await asyncio.sleep(max(0.0, start + schedule[index] - loop.time()))
             if current is not None:
                 _close(client, current)
             char = text[point + index]
@@ -295,7 +325,9 @@ def _record(future: asyncio.Future, outcome: Outcome, now: float, refresh: bool 
         outcome.latency_ms = (now - outcome.sent) * 1000
 
 
-async def _bench(text: str, configurations: dict[str, tuple[EngineFactory, dict[str, Any]]], points: list[int], length: int, cps: float) -> dict[str, Any]:
+async def _bench(
+    text: str, configurations: dict[str, tuple[EngineFactory, dict[str, Any]]], points: list[int], length: int, cps: float, pause_ms: float
+) -> dict[str, Any]:
     servers: dict[str, ThreadServer] = {}
     runs = {name: Run() for name in configurations}
     try:
@@ -309,7 +341,7 @@ async def _bench(text: str, configurations: dict[str, tuple[EngineFactory, dict[
             await _warm_up(servers[warm], text, deadline_s * 12)
         for number, point in enumerate(points):
             for name in configurations:  # A B A B: both see the same moments of machine noise
-                await replay_point(servers[name], f"file:///bench/{name}/{number}.py", text, point, length, cps, runs[name], deadline_s)
+                await replay_point(servers[name], f"file:///bench/{name}/{number}.py", text, point, length, cps, pause_ms, runs[name], deadline_s)
         for name, server in servers.items():
             stats = await asyncio.wait_for(server.client.protocol.send_request_async("kspec/stats", None), 10)
             run = runs[name]  # the warm-up's request and engine call are not counted
@@ -338,6 +370,7 @@ def previous_engine_factory(factory: EngineFactory = default_engine_factory) -> 
 
 
 async def _warm_up(server: ThreadServer, text: str, timeout_s: float) -> None:
+    await server.until_settled(timeout_s)
     uri = "file:///bench/warm-up.py"
     server.client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id="python", version=0, text=text)))
     params = lsp.InlineCompletionParams(
@@ -355,6 +388,7 @@ def bench_keystroke_lsp(
     points: int = 3,
     chars_per_point: int = 24,
     cps: float = 10.0,
+    pause_ms: float = PAUSE_MS,
     k: int | None = None,
     max_tokens: int | None = None,
     debounce_ms: float | None = None,
@@ -388,7 +422,7 @@ def bench_keystroke_lsp(
         "previous": (previous_factory or previous_engine_factory(engine_factory), sent["previous"]),
     }
     started = time.perf_counter()
-    report: dict[str, Any] = asyncio.run(_bench(text, configurations, typing_points(text, points, chars_per_point), chars_per_point, cps))
+    report: dict[str, Any] = asyncio.run(_bench(text, configurations, typing_points(text, points, chars_per_point), chars_per_point, cps, pause_ms))
     report.update(
         {
             "settings": {**sent, "not_sent": not_sent},
@@ -396,6 +430,7 @@ def bench_keystroke_lsp(
             "points": points,
             "chars_per_point": chars_per_point,
             "cps": cps,
+            "pause_ms": pause_ms,
             "predict_chars": PREDICT_CHARS,
             "wall_s": round(time.perf_counter() - started, 1),
         }

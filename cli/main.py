@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     bench.add_argument("--lsp-chars", type=int, default=20, help="keystroke: characters typed at each place, one request per keystroke (default 20)")
     bench.add_argument("--lsp-cps", type=float, default=10.0, help="keystroke: typing speed in characters per second (default 10)")
+    bench.add_argument(
+        "--lsp-pause-ms", type=float, default=500.0,
+        help="keystroke: extra pause after each character that ends a word (space, bracket, punctuation); 0: no breaks (default 500)",
+    )  # fmt: skip
     bench.add_argument("--editors", default=None, help="serve: comma-separated numbers of editors typing at once (default 1,4,16)")
     bench.add_argument("--requests-per-editor", type=int, default=3, help="serve: completions each editor asks for")
     bench.add_argument("--url", action="append", default=None, help="serve: an OpenAI-compatible endpoint (http(s)://HOST:PORT/v1) to drive instead; repeat to compare, interleaved")
@@ -156,7 +160,7 @@ def _bench_keystroke_lsp(config, args: argparse.Namespace) -> dict:
         return default_engine_factory(dataclasses.replace(engine_config, threads=threads), on_progress)
 
     return bench_keystroke_lsp(
-        model=config.model, points=args.lsp_points, chars_per_point=args.lsp_chars, cps=args.lsp_cps, device=config.device,
+        model=config.model, points=args.lsp_points, chars_per_point=args.lsp_chars, cps=args.lsp_cps, pause_ms=args.lsp_pause_ms, device=config.device,
         k=_ints(args.ks, [])[0] if args.ks else None, max_tokens=args.max_tokens, engine_factory=factory,
     )  # fmt: skip
 
