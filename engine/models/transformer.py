@@ -7,6 +7,8 @@ owns the buffers, the positions and the masks; the model never copies KV.
 
 from __future__ import annotations
 
+from itertools import islice
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -151,7 +153,7 @@ class Transformer(nn.Module):
         step = cache.prepare(tokens.shape[1])
         cos, sin = rotary_cos_sin(step.positions, self.inv_freq, self.dtype)  # [B, T, 1, D]
         x = self.model.embed_tokens(tokens)  # [B, T, dim]
-        for index, block in enumerate(self.model.layers[:n_layers]):
+        for index, block in enumerate(islice(self.model.layers, n_layers)):  # a slice would build a new ModuleList per call
             x = block(x, cos, sin, cache, index, step)
         return self.model.norm(x)
 
