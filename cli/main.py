@@ -122,7 +122,7 @@ def run_complete(args: argparse.Namespace) -> int:
     if engine.defaults is not None:  # what the engine chose for this machine (what `kspec lsp` uses unless set)
         result.timing_ms.update({f"machine_{name}": value for name, value in engine.defaults.to_dict().items()})
     if args.json:
-        print(json.dumps(result.to_dict(), ensure_ascii=False))
+        print(json.dumps({**result.to_dict(), "attention": engine.attention}, ensure_ascii=False))  # attention: kernels/paths.py
         return 0
     print(f"model: {result.model}    {result.timing_ms.get('total', 0):.0f} ms")
     for index, completion in enumerate(result.completions, 1):

@@ -101,6 +101,11 @@ class CompletionEngine:
         return self.target.name
 
     @property
+    def attention(self) -> dict[str, str]:
+        """The attention paths the target takes (kernels/paths.py), shown in the status and `complete --json`."""
+        return self.target.attention
+
+    @property
     def prompt_tokens(self) -> int:
         """`config.prompt_tokens`, capped by the machine's defaults: a cold prompt (a new
         document or place) is prefilled in about `machine_fit.COLD_PROMPT_MS`."""

@@ -1,7 +1,8 @@
 """Bifurcated attention: one shared prompt prefix, k branches with their own KV.
 
-``bifurcated_attention`` picks the implementation: the Triton kernel for CUDA tensors when
-triton is installed, PyTorch's fused flash-attention kernel on CPU (``cpu_fused``) where it
+``bifurcated_attention`` picks the implementation (the order: ``kspec.kernels.paths``): on CUDA,
+flash-attn's kernels where installed (``flash_bifurcated``), else the Triton kernel where triton
+is installed; on CPU, PyTorch's fused flash-attention kernel (``cpu_fused``); each where it
 computes the contract exactly, else the PyTorch reference. Layout and masking: ``kspec.kernels.contract``.
 """
 
@@ -9,8 +10,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from kspec.kernels import cpu_fused, triton_bifurcated  # imports cleanly without triton or CUDA
+from kspec.kernels import cpu_fused, flash_bifurcated, triton_bifurcated  # import cleanly without flash-attn, triton or CUDA
 from kspec.kernels.contract import BranchLayout, check_inputs, lengths_list
+from kspec.kernels.paths import TRITON_DTYPES, Installed, bifurcated_path
 from kspec.kernels.reference import reference_bifurcated_attention
 
 __all__ = ["bifurcated_attention"]
@@ -35,10 +37,19 @@ def bifurcated_attention(
     at i-W+1..i. Returns [k, H, T, D] in q's dtype.
     """
     lengths = branch_lengths.lengths if isinstance(branch_lengths, BranchLayout) else branch_lengths
-    if q.is_cuda and triton_bifurcated.TRITON_AVAILABLE:
-        return triton_bifurcated.triton_bifurcated_attention(
-            q, prefix_k, prefix_v, branch_k, branch_v, lengths, scale, sliding_window
-        )
+    if q.is_cuda:
+        path = bifurcated_path("cuda", q.dtype, q.shape[-1], Installed.detect())
+        host = branch_lengths.host_lengths if isinstance(branch_lengths, BranchLayout) else None
+        fa = flash_bifurcated.load() if path == "flash-attn" else None
+        if fa is not None and flash_bifurcated.supports(q, prefix_k.shape[2], host, sliding_window):
+            check_inputs(q, prefix_k, prefix_v, branch_k, branch_v, lengths, sliding_window)
+            return flash_bifurcated.flash_bifurcated_attention(
+                q, prefix_k, prefix_v, branch_k, branch_v, lengths, scale, sliding_window, fa
+            )
+        if path != "pytorch" and triton_bifurcated.TRITON_AVAILABLE and q.dtype in TRITON_DTYPES:
+            return triton_bifurcated.triton_bifurcated_attention(
+                q, prefix_k, prefix_v, branch_k, branch_v, lengths, scale, sliding_window
+            )
     if q.device.type == "cpu":
         d = check_inputs(q, prefix_k, prefix_v, branch_k, branch_v, lengths, sliding_window)
         layout = branch_lengths if isinstance(branch_lengths, BranchLayout) else _layout(branch_lengths, d.capacity, d.new, q, sliding_window)

@@ -398,6 +398,9 @@ def _status_from_wire(data: Any, pid: int | None) -> Status:
     defaults = data.get("defaults")
     if not (isinstance(defaults, dict) and all(isinstance(k, str) and isinstance(v, (int, float)) for k, v in defaults.items())):
         defaults = None
+    attention = data.get("attention")
+    if not (isinstance(attention, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in attention.items())):
+        attention = None
     return Status(
         state=str(data.get("state", LOADING)),
         message=str(data.get("message", "")),
@@ -406,6 +409,7 @@ def _status_from_wire(data: Any, pid: int | None) -> Status:
         latency_ms=float(latency) if isinstance(latency, (int, float)) else None,
         engine_pid=pid,
         defaults={k: float(v) for k, v in defaults.items()} if defaults else None,
+        attention=dict(attention) if attention else None,
     )
 
 

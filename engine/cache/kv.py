@@ -21,7 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kspec.engine.errors import InputError
+from kspec.kernels import flash_bifurcated  # imports cleanly without flash-attn or CUDA
 from kspec.kernels.contract import BranchLayout
+from kspec.kernels.transfer import to_device
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ class RaggedKVCache(RowLengths):
             positions = (start + offsets).expand(self.batch, n_new)  # [B, T]
             mask, is_causal = self._uniform_mask(start, n_new, device)
             return _RaggedStep(positions, n_new, kv_len, start, mask, is_causal)
-        lengths = torch.tensor(self.lengths, device=device)  # [B]
+        lengths = to_device(self.lengths, torch.int64, device)  # [B]
         positions = lengths[:, None] + offsets  # [B, T]
         key_positions = torch.arange(kv_len, device=device)  # [S]
         mask = key_positions[None, None, :] <= positions[:, :, None]  # [B, T, S]
@@ -154,6 +156,12 @@ class RaggedKVCache(RowLengths):
             rows = torch.arange(self.batch, device=q.device)[:, None]  # [B, 1]
             keys[rows, :, step.positions] = k.transpose(1, 2)  # [B, T, Hkv, D] by index
             values[rows, :, step.positions] = v.transpose(1, 2)
+        fa = flash_bifurcated.load() if flash_bifurcated.supports_prefill(q) else None
+        if fa is not None:  # CUDA with flash-attn (kernels/paths.py: prefill_path)
+            row_ends = None if step.uniform_start is not None else step.positions[:, -1] + 1  # [B]
+            return flash_bifurcated.flash_cache_attention(
+                q, keys, values, step.kv_len, row_ends, None, self.shape.sliding_window, fa
+            )
         return F.scaled_dot_product_attention(
             q,
             keys[:, :, : step.kv_len],
@@ -263,7 +271,7 @@ class BranchKVCache(RowLengths):
     def keep(self, rows: list[int]) -> None:
         """Only these branches stay (in this order); the others' buffers are released.
         Copies the branch buffers only (the prefix is shared and stays where it is)."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.keys.device)
+        index = to_device(rows, torch.long, self.keys.device)
         self.keys = self.keys.index_select(1, index)  # [L, k', Hkv, S, D]
         self.values = self.values.index_select(1, index)
         self.lengths = [self.lengths[row] for row in rows]

@@ -16,6 +16,7 @@ from kspec.engine.models.quantized import Q4_FILE, Q4File
 from kspec.engine.models.resolve import resolve_model
 from kspec.engine.models.tokenizer import Tokenizer
 from kspec.engine.models.transformer import Transformer
+from kspec.kernels.paths import attention_paths
 
 
 @dataclass
@@ -28,6 +29,11 @@ class LoadedModel:
     def compute(self) -> str:
         """How the model computes, for users: e.g. 'float32' or 'float32 + int4 from the GGUF (...)'."""
         return describe(self.model)
+
+    @property
+    def attention(self) -> dict[str, str]:
+        """The attention paths this model takes (kernels/paths.py): {"prefill": ..., "decode": ...}."""
+        return attention_paths(self.model.device, self.model.dtype, self.model.args.head_dim)
 
 
 @dataclass(frozen=True)

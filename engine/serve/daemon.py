@@ -57,6 +57,7 @@ def status_to_wire(status: Status) -> dict[str, Any]:
         "model": status.model,
         "latency_ms": status.latency_ms,
         "defaults": status.defaults,
+        "attention": status.attention,
     }
 
 

@@ -258,5 +258,8 @@ class EngineRunner:
             return None
         log.info("model %s loaded in %.1f s", engine.model_name, time.perf_counter() - started)
         fitted = getattr(engine, "defaults", None)  # MachineDefaults, for engines that time themselves
-        self._set_status(Status(READY, "ready", progress=1.0, model=engine.model_name, defaults=fitted.to_dict() if fitted else None))
+        attention = getattr(engine, "attention", None)  # the attention paths the model takes (kernels/paths.py)
+        self._set_status(Status(
+            READY, "ready", progress=1.0, model=engine.model_name, defaults=fitted.to_dict() if fitted else None, attention=attention
+        ))
         return engine

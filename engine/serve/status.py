@@ -16,6 +16,7 @@ class Status:
     latency_ms: float | None = None  # of the last answered request
     engine_pid: int | None = None  # the daemon's pid, when there is one
     defaults: dict[str, float] | None = None  # what the engine chose for this machine (MachineDefaults.to_dict)
+    attention: dict[str, str] | None = None  # the attention paths the model takes: {"prefill": ..., "decode": ...}
 
     def to_dict(self) -> dict:
         data = {"state": self.state, "message": self.message, "model": self.model}
@@ -27,6 +28,8 @@ class Status:
             data["enginePid"] = self.engine_pid
         if self.defaults is not None:
             data["defaults"] = {_camel(key): value for key, value in self.defaults.items()}
+        if self.attention is not None:
+            data["attention"] = dict(self.attention)
         return data
 
 

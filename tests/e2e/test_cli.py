@@ -23,6 +23,7 @@ def test_complete_json_with_default_model():
     result = json.loads(run.stdout)
     assert set(result) >= {"completions", "timing_ms", "model"}
     assert "SmolLM2" in result["model"]
+    assert result["attention"]["prefill"] == "sdpa" and result["attention"]["decode"] in ("cpu-fused", "pytorch")  # kernels/paths.py
     assert 1 <= len(result["completions"]) <= 2
     assert all(isinstance(c["text"], str) and c["text"].strip() and isinstance(c["score"], float) for c in result["completions"])
 
