@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -49,10 +50,31 @@ class StopRule:
         return len(text)
 
 
+# A line that starts a compound statement (Python, and C-family `if (` / `for (` ...); not
+# a name being assigned or used (`match = ...`, `case.x`: soft keywords are names too).
+_HEADER = re.compile(r"[ \t]*(?:async[ \t]+)?(?:def|class|if|elif|else|for|while|with|try|except|finally|match|case|switch)\b(?![ \t]*[=.,)\]])")
+_CLOSERS = frozenset(")]}")
+
+
+def _opens_block(line_before: str, line_after: str) -> bool:
+    """The cursor ends a header line (`for x in y:`, `if (a) {`) or is inside one still
+    being written (`def total(self` with at most closing brackets after it): what comes
+    next is the rest of the header and the block's body, on the lines below."""
+    rest = line_after.strip()
+    if not rest and line_before.rstrip().endswith((":", "{")):
+        return True
+    return all(char in _CLOSERS for char in rest) and _HEADER.match(line_before) is not None and not line_before.rstrip().endswith(";")
+
+
 def rule_for_cursor(prefix: str, suffix: str, extra_stops: tuple[str, ...] = ()) -> StopRule:
-    """Mid-line cursor: finish the line. Start of a line: finish the block that begins there."""
+    """Mid-line cursor: finish the line; on (or inside) a line that opens a block, the rest
+    of that line and the body below it (as far as it is indented deeper than the line).
+    Start of a line: finish the block that begins there."""
     line_before = prefix[prefix.rfind("\n") + 1 :]
     line_after = suffix.split("\n", 1)[0]
+    if line_before.strip() and _opens_block(line_before, line_after):
+        indent = len(line_before) - len(line_before.lstrip(" \t"))
+        return StopRule(stop_strings=extra_stops, block_mode=True, block_indent=indent + 1)
     if line_before.strip() or line_after.strip():
         return StopRule(stop_strings=extra_stops, single_line=True)
     if not line_before:  # column 1: the first generated line sets the block's indent

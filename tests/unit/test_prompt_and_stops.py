@@ -77,10 +77,31 @@ def test_healing_bias_allows_only_agreeing_tokens(tokenizer: Tokenizer):
         ("x = foo(", ")\n", StopRule(single_line=True)),
         ("def f():\n    ", "\n", StopRule(block_mode=True, block_indent=4)),
         ("def f():\n", "", StopRule(block_mode=True)),
+        # the end of a line that opens a block: the body below it (issue 16)
+        ("for item in items:", "\n", StopRule(block_mode=True, block_indent=1)),
+        ("def f(items):\n    for item in items:", "\n    return 0\n", StopRule(block_mode=True, block_indent=5)),
+        ("if (ready) {", "\n}\n", StopRule(block_mode=True, block_indent=1)),
+        # a header being written: the rest of it and the body
+        ("class Cart:\n    def total(self", "\n", StopRule(block_mode=True, block_indent=5)),
+        ("class Cart:\n    def total(self", ")\n", StopRule(block_mode=True, block_indent=5)),
+        ("while (x < n", ")", StopRule(block_mode=True, block_indent=1)),
+        # not headers
+        ("value = compute(", "\n", StopRule(single_line=True)),
+        ("done = items", "\n", StopRule(single_line=True)),
+        ("match = pattern.match(text", ")\n", StopRule(single_line=True)),
+        ("    def total(self", ", other)\n", StopRule(single_line=True)),
     ],
 )
 def test_rule_for_cursor(prefix: str, suffix: str, expected: StopRule):
     assert rule_for_cursor(prefix, suffix) == expected
+
+
+def test_header_rule_keeps_the_signature_and_the_body_and_stops_after_it():
+    rule = rule_for_cursor("class Cart:\n    def total(self", "\n")
+    assert rule.cut(", items):\n        return sum(items)\n\n    def count(self):\n") == (", items):\n        return sum(items)", True)
+    assert rule.cut(", items):\n        return sum(\n            items\n        )\n    def count(self):") == (", items):\n        return sum(\n            items\n        )", True)
+    body = rule_for_cursor("def f(items):\n    for item in items:", "\n")
+    assert body.cut("\n        total += item\n    return total\n") == ("\n        total += item", True)
 
 
 def test_block_rule_stops_at_dedent_and_blank_line():
