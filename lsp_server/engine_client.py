@@ -45,6 +45,9 @@ from kspec.engine.serve.status import ERROR, LOADING, Status
 log = logging.getLogger("kspec.client")
 
 MAX_LOG_BYTES = 4 * 1024 * 1024  # a daemon's log is started afresh beyond this
+# A daemon we start exits this long after its last client disconnected (its model's memory
+# goes with it); an editor opened again within it finds the model warm.
+DAEMON_IDLE_TIMEOUT_S = 10.0
 StatusCallback = Callable[[Status], None]  # ERROR statuses are shown to the user, once each
 
 
@@ -117,7 +120,7 @@ class DaemonOptions:
     folder: Path | None = None  # runtime dir; None: $XDG_RUNTIME_DIR/kspec or a private temp dir
     connect_timeout_s: float = 120.0  # a cold start imports torch and loads the model
     handshake_timeout_s: float = 10.0
-    idle_timeout_s: float = 900.0  # passed to a daemon we start
+    idle_timeout_s: float = DAEMON_IDLE_TIMEOUT_S  # passed to a daemon we start
     max_restarts: int = 3
     restart_window_s: float = 300.0
     python: str = sys.executable
@@ -160,6 +163,11 @@ class DaemonEngine:
     @property
     def status(self) -> Status:
         return self._status
+
+    @property
+    def log_file(self) -> Path | None:
+        """Where a local daemon writes its log (None for a network engine: its own host's)."""
+        return None if self.options.url is not None else self.paths.log
 
     async def start(self) -> None:
         self._begin_connecting()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import sys
 import time
@@ -34,7 +35,7 @@ from kspec.engine.errors import InputError, KspecError
 from kspec.lsp_server.context import Budgets, EditorContext, editor_context, looks_binary
 from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Cursor, Document, DocumentStore, line_body, units_from_column
 from kspec.lsp_server.edits import CLOSERS, replaced_chars
-from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions, EngineClient, InProcessEngine, UnusableEngine
+from kspec.lsp_server.engine_client import DAEMON_IDLE_TIMEOUT_S, DaemonEngine, DaemonOptions, EngineClient, InProcessEngine, UnusableEngine
 from kspec.lsp_server.jsonrpc import MAX_MESSAGE_BYTES, Dispatcher, frames_to_loop
 from kspec.engine.config import EngineConfig
 from kspec.engine.serve.protocol import parse_engine_url
@@ -55,6 +56,9 @@ FALLBACK_FIRST_ANSWER_MS = 300.0  # when the engine chose none (a remote engine)
 MID_LINE_MAX_TOKENS = 24  # a cursor before text on its line only completes that line
 ENGINE_GRACE_S = 0.5  # on top of the request's deadline, for the engine to return what it has
 CONFIGURATION_TIMEOUT_S = 5.0
+# `activity` in $/kspec/status: what the user's last request is doing, so that "nothing
+# came" (IDLE, no item) can be told from "still working" and "gave up at the deadline"
+IDLE, BUSY, TIMED_OUT = "idle", "busy", "timedOut"
 EXIT_JOIN_S = 3.0  # at exit, for the engine thread to leave torch code
 
 
@@ -76,7 +80,7 @@ class ServerOptions:
     engine: str | None = None  # forces the placement ("inprocess", "daemon", "remote", "openai"); None: the setting decides
     engine_factory: EngineFactory = default_engine_factory  # in-process engines (benchmarks swap it)
     daemon_folder: Path | None = None
-    daemon_idle_timeout_s: float = 900.0
+    daemon_idle_timeout_s: float = DAEMON_IDLE_TIMEOUT_S
     engine_url: str | None = None  # forces the engine URL (`kspec lsp --engine-url`); None: the setting decides
     daemon_token: str | None = None  # forces the network engine's token
     redactor: Redactor = field(default_factory=Redactor)
@@ -92,7 +96,7 @@ class Stats:
     engine_calls: int = 0
     superseded: int = 0  # dropped for a newer request on the same document
     cancelled: int = 0  # $/cancelRequest
-    timeouts: int = 0
+    timeouts: int = 0  # no answer by the deadline (also: the engine's answer came back empty at it)
     errors: int = 0
     early_answers: int = 0  # answered at the first-answer moment while decoding went on
     continued: int = 0  # of those, final answers stored in the typeahead cache (client told)
@@ -169,6 +173,8 @@ class Session:
         self._pending_problems: list[str] = []
         self._shown: set[str] = set()  # user messages already shown since the engine was last ready
         self._status = Status("loading", "starting")
+        self._activity = IDLE  # of the requests with the engine: BUSY while any is, else how the last ended
+        self._busy = 0  # requests with the engine now
         self._closed = False
         self._user_set: set[str] = set()  # settings the client gave; the engine's machine defaults fill the rest
 
@@ -193,7 +199,7 @@ class Session:
     def initialize(self, params: lsp.InitializeParams) -> None:
         self.encoding = negotiate_encoding(params.capabilities)
         parsed = parse_settings(params.initialization_options, self.settings)
-        self._user_set |= parsed.given
+        self._user_set = (self._user_set - parsed.cleared) | parsed.given
         self._set_settings(parsed.settings)
         self._pending_problems = parsed.problems
         log.info("initialized: position encoding %s, engine %s", self.encoding, self.settings.engine)
@@ -270,7 +276,7 @@ class Session:
         if not raw and self._client_pulls_configuration():
             raw = await self._pull_configuration()
         parsed = parse_settings(raw, self.settings)
-        self._user_set |= parsed.given
+        self._user_set = (self._user_set - parsed.cleared) | parsed.given
         for problem in parsed.problems:
             self.show(f"kspec: {problem}", lsp.MessageType.Warning)
         self._set_settings(parsed.settings)
@@ -354,8 +360,22 @@ class Session:
         self.notify_status(status)
 
     def notify_status(self, status: Status) -> None:
-        if not self._closed:
-            self.server.protocol.notify(STATUS_METHOD, status.to_dict())
+        """The engine's status, with this server's pid, the engine daemon's log file (when
+        there is one) and what the requests are doing (`activity`)."""
+        if self._closed:
+            return
+        data = {**status.to_dict(), "serverPid": os.getpid(), "activity": self._activity}
+        log_file = getattr(self.engine, "log_file", None)
+        if log_file is not None:
+            data["logFile"] = str(log_file)
+        self.server.protocol.notify(STATUS_METHOD, data)
+
+    def _set_activity(self, activity: str) -> None:
+        """BUSY while a request is with the engine; told to the client when it changes."""
+        activity = BUSY if self._busy > 0 else activity
+        if activity != self._activity:
+            self._activity = activity
+            self.notify_status(self._status)
 
     def show(self, message: str, kind: lsp.MessageType) -> None:
         """A user-visible message, once until the engine is ready again."""
@@ -462,6 +482,7 @@ class Session:
             if hit is not None:
                 self.stats.typeahead_hits += 1
                 self.stats.answered += 1
+                self._set_activity(IDLE)
                 return list(hit.texts[: self._choice("k", settings.k)])
         ticket = self._begin(uri)
         continuing: asyncio.Future | None = None
@@ -544,41 +565,59 @@ class Session:
         job = asyncio.ensure_future(engine.complete(request, on_early if request.first_answer_ms > 0 else None))
         superseded = asyncio.ensure_future(ticket.superseded.wait())
         done: set[asyncio.Future] = set()
+        self._busy += 1
+        self._set_activity(BUSY)
+        outcome = IDLE  # told when this request is over (also when it was cancelled)
         try:
-            done, _ = await asyncio.wait({job, early, superseded}, timeout=settings.deadline_ms / 1000 + ENGINE_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait({job, early, superseded}, timeout=settings.deadline_ms / 1000 + ENGINE_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self._busy -= 1
+                superseded.cancel()
+                if not done & {job, early} and not job.done():
+                    job.cancel()  # stops the engine at its next round (also when this request was cancelled)
+            if job in done:
+                texts = self._answered(query, request, job, started)
+                if not texts and _timed_out(job, started, request.deadline_ms):
+                    self.stats.timeouts += 1
+                    outcome = TIMED_OUT
+                return texts, None
+            if early in done:
+                texts = self._store(query, early.result(), started)
+                self.stats.early_answers += 1
+                return texts[: request.k], asyncio.ensure_future(self._decode_on(query, request, ticket, job, started))
+            if superseded in done:
+                self.stats.superseded += 1
+            else:
+                self.stats.timeouts += 1
+                outcome = TIMED_OUT
+                log.info("no answer within deadlineMs (%.0f ms)", settings.deadline_ms)
+            return [], None
         finally:
-            superseded.cancel()
-            if not done & {job, early} and not job.done():
-                job.cancel()  # stops the engine at its next round (also when this request was cancelled)
-        if job in done:
-            return self._answered(query, request, job, started), None
-        if early in done:
-            texts = self._store(query, early.result(), started)
-            self.stats.early_answers += 1
-            return texts[: request.k], asyncio.ensure_future(self._decode_on(query, request, ticket, job, started))
-        if superseded in done:
-            self.stats.superseded += 1
-        else:
-            self.stats.timeouts += 1
-        return [], None
+            self._set_activity(outcome)
 
-    def _answered(self, query: Query, request: CompletionRequest, job: asyncio.Future, started: float) -> list[str]:
+    def _answered(self, query: Query, request: CompletionRequest, job: asyncio.Future, started: float, shown: bool = True) -> list[str]:
         try:
             result = job.result()
         except (DeadlineExceeded, EngineUnavailable, KspecError) as exc:
             self.stats.errors += 1
             log.info("no completion: %s", exc)
             return []
-        return self._store(query, result, started)[: request.k]
+        return self._store(query, result, started, shown)[: request.k]
 
-    def _store(self, query: Query, result: CompletionResult, started: float) -> list[str]:
-        """Texts of an answer, kept in the typeahead cache; the status carries its latency."""
+    def _store(self, query: Query, result: CompletionResult, started: float, shown: bool = True) -> list[str]:
+        """Texts of an answer, kept in the typeahead cache; the status carries its latency
+        when it is the answer the user waited for (`shown`), not one decoded on after it."""
         settings = query.settings
         texts = [c.text for c in result.completions if c.text]
         if texts and settings.typeahead:
             self.typeahead.store(query.document.uri, Entry(query.context, settings.prefix_chars, settings.suffix_chars, tuple(texts)))
+        if not shown:
+            return texts
         latency_ms = (time.perf_counter() - started) * 1000
-        self.notify_status(replace(self._status, state=READY, message="ready", model=result.model, latency_ms=latency_ms))
+        self._activity = BUSY if self._busy > 0 else IDLE  # told with the latency below
+        self._status = replace(self._status, state=READY, message="ready", model=result.model, latency_ms=latency_ms)
+        self.notify_status(self._status)
         return texts
 
     async def _decode_on(self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, started: float) -> None:
@@ -596,7 +635,7 @@ class Session:
             self.stats.superseded += 1
         if job not in done or job.cancelled() or job.exception() is not None:
             return
-        if self._answered(query, request, job, started) and not self._closed:
+        if self._answered(query, request, job, started, shown=False) and not self._closed:
             self.stats.continued += 1
             self.server.protocol.notify(UPDATED_METHOD, {"uri": query.document.uri, "version": query.version})
 
@@ -610,6 +649,15 @@ class Session:
     def _end(self, uri: str, ticket: Ticket) -> None:
         if self._inflight.get(uri) is ticket:
             del self._inflight[uri]
+
+
+def _timed_out(job: asyncio.Future, started: float, deadline_ms: float) -> bool:
+    """The engine's empty answer came at its deadline (or it said it was too late)."""
+    if job.cancelled():
+        return False
+    if isinstance(job.exception(), DeadlineExceeded):
+        return True
+    return (time.perf_counter() - started) * 1000 >= deadline_ms
 
 
 def _as_function(method: Callable) -> Callable:

@@ -196,11 +196,14 @@ class Parsed:
     settings: Settings
     problems: list[str] = field(default_factory=list)  # one line per rejected or unknown key
     given: frozenset[str] = frozenset()  # the settings (field names) the client set to a valid value
+    cleared: frozenset[str] = frozenset()  # the settings the client sent as null: not set (back to the default)
 
 
 def parse_settings(raw: Any, base: Settings | None = None) -> Parsed:
     """Settings from a client's JSON object. Keys absent keep `base` (default: defaults);
-    invalid keys fall back to the default and are reported."""
+    null means "not set": the default (for k, maxTokens and firstAnswerMs the engine's
+    choice for this machine), as VS Code sends a setting the user removed; invalid keys
+    fall back to the default and are reported."""
     base = base or Settings()
     if raw is None:
         return Parsed(base)
@@ -212,11 +215,16 @@ def parse_settings(raw: Any, base: Settings | None = None) -> Parsed:
     values: dict[str, Any] = {}
     problems: list[str] = []
     rejected: set[str] = set()
+    cleared: set[str] = set()
     for key, value in raw.items():
         name = _BY_KEY.get(key)
         if name is None:
             if key != SECTION:
                 problems.append(f"unknown setting {key!r} ignored")
+            continue
+        if value is None:
+            values[name] = getattr(defaults, name)
+            cleared.add(name)
             continue
         problem = RULES[name](value)
         if problem:
@@ -225,5 +233,5 @@ def parse_settings(raw: Any, base: Settings | None = None) -> Parsed:
             rejected.add(name)
             continue
         values[name] = RULES[name].convert(value)
-    given = frozenset(name for name in values if name not in rejected)
-    return Parsed(replace(base, **values), problems, given)
+    given = frozenset(name for name in values if name not in rejected and name not in cleared)
+    return Parsed(replace(base, **values), problems, given, frozenset(cleared))

@@ -70,3 +70,12 @@ def test_settings_module_never_imports_torch() -> None:
 
     code = "import sys, kspec.lsp_server.settings, kspec.lsp_server.server; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_null_means_not_set_so_the_engines_choice_applies_again() -> None:
+    """VS Code sends every setting; one the user did not set (or removed) comes as null."""
+    parsed = parse_settings({"k": None, "maxTokens": None, "model": None, "deadlineMs": 500}, Settings(k=5, max_tokens=20))
+    assert parsed.problems == []
+    assert parsed.settings.k == Settings().k and parsed.settings.max_tokens == Settings().max_tokens
+    assert parsed.given == {"deadline_ms"}
+    assert parsed.cleared == {"k", "max_tokens", "model"}
