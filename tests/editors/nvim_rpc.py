@@ -25,6 +25,7 @@ class Nvim:
         self._next_id = 0
         self._write_lock = threading.Lock()
         self.stderr = b""
+        self.screen: Screen | None = None
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
 
@@ -45,6 +46,8 @@ class Nvim:
                         self._cond.notify_all()
                 elif kind == 0:  # a request from nvim: we serve none
                     self._send([1, message[1], "not supported", None])
+                elif kind == 2 and message[1] == "redraw" and self.screen is not None:
+                    self.screen.apply(message[2])
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -101,6 +104,13 @@ class Nvim:
                 extra = diagnose() if diagnose else ""
                 raise TimeoutError(f"timed out after {timeout} s waiting for {what}\n{extra}")
 
+    def attach_screen(self, width: int = 100, height: int = 20) -> "Screen":
+        """Attach as a terminal UI without true colour (`rgb` off: highlights come as
+        cterm colours, as in tmux): the grid Neovim draws, statusline and all."""
+        self.screen = Screen()
+        self.request("nvim_ui_attach", width, height, {"ext_linegrid": True, "rgb": False})
+        return self.screen
+
     def close(self) -> None:
         try:
             self._send([2, "nvim_command", ["qa!"]])
@@ -111,3 +121,78 @@ class Nvim:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
+
+
+class Screen:
+    """The main grid of an attached UI, kept from `redraw` notifications (ext_linegrid)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._drawn = threading.Condition(self._lock)
+        self.rows: list[list[tuple[str, int]]] = []  # (text, hl_id) per cell
+        self.attrs: dict[int, dict[str, Any]] = {0: {}}  # hl_id -> cterm attributes
+        self.flushes = 0
+
+    def apply(self, events: list[Any]) -> None:
+        with self._lock:
+            for name, *calls in events:
+                for args in calls:
+                    handler = getattr(self, f"_{name}", None)
+                    if handler is not None:
+                        handler(*args)
+            self._drawn.notify_all()
+
+    def wait_for(self, what: str, predicate: Callable[[], Any], timeout: float) -> Any:
+        """Wait (on redraws, no polling) until predicate() is truthy; its value. Neovim is
+        left alone meanwhile: what appears is what it drew by itself."""
+        with self._drawn:
+            if not self._drawn.wait_for(predicate, timeout):
+                rows = "\n".join(self.line(row) for row in range(len(self.rows)))
+                raise TimeoutError(f"timed out after {timeout} s waiting for {what}; the screen:\n{rows}")
+            return predicate()
+
+    def _grid_resize(self, grid: int, width: int, height: int) -> None:
+        if grid == 1:
+            self.rows = [[(" ", 0)] * width for _ in range(height)]
+
+    def _grid_clear(self, grid: int) -> None:
+        if grid == 1:
+            self.rows = [[(" ", 0)] * len(row) for row in self.rows]
+
+    def _grid_line(self, grid: int, row: int, col: int, cells: list[Any], *_: Any) -> None:
+        if grid != 1 or row >= len(self.rows):
+            return
+        hl = 0
+        for cell in cells:
+            text = cell[0]
+            if len(cell) > 1:
+                hl = cell[1]
+            for _ in range(cell[2] if len(cell) > 2 else 1):
+                if col < len(self.rows[row]):
+                    self.rows[row][col] = (text, hl)
+                col += 1
+
+    def _grid_scroll(self, grid: int, top: int, bottom: int, left: int, right: int, rows: int, _cols: int) -> None:
+        if grid != 1:
+            return
+        old = [list(row) for row in self.rows]
+        for row in range(top, bottom):
+            source = row + rows
+            if top <= source < bottom:
+                self.rows[row][left:right] = old[source][left:right]
+
+    def _hl_attr_define(self, hl_id: int, _rgb: dict[str, Any], cterm: dict[str, Any], *_: Any) -> None:
+        self.attrs[hl_id] = cterm
+
+    def _flush(self) -> None:
+        self.flushes += 1
+
+    def line(self, row: int) -> str:
+        """The text of a screen row (negative: from the bottom)."""
+        with self._lock:
+            return "".join(text for text, _ in self.rows[row]) if self.rows else ""
+
+    def cells(self, row: int) -> list[tuple[str, dict[str, Any]]]:
+        """(text, cterm attributes) of each cell of a row."""
+        with self._lock:
+            return [(text, dict(self.attrs.get(hl, {}))) for text, hl in self.rows[row]] if self.rows else []

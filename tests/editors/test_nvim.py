@@ -20,7 +20,7 @@ from nvim_rpc import Nvim
 
 REPO = Path(__file__).resolve().parents[2]
 
-PLUGIN = REPO / "editors" / "nvim"
+PLUGIN = Path(os.environ.get("KSPEC_NVIM_PLUGIN") or REPO / "editors" / "nvim")  # another copy: to check a test fails without a fix
 K = 3
 FIRST_LINE = "# "  # a comment: all k gibberish alternatives survive the server's syntax checks
 TEXT = "\ndef add(a, b):\n    return a + b\n"
@@ -228,6 +228,61 @@ def test_tab_is_a_normal_tab_when_nothing_is_shown(nvim: Nvim):
         nvim.lua("require('kspec').enable(true)")
 
 
+def test_a_completion_menu_hides_the_ghost_and_tab_never_applies_it(nvim: Nvim):
+    """Issue 16, 1: Ctrl-N over a shown suggestion, then Tab, then Esc corrupted the line."""
+    fresh_comment_line(nvim)
+    wait_ghost(nvim)
+    nvim.input("<C-n>")
+    nvim.wait_for("the popup menu", "vim.fn.pumvisible() == 1", 10)
+    nvim.wait_for("the ghost text hidden while the menu is open", f"#{MARKS} == 0 and {GHOST}.shown() == nil", 10)
+    completed = nvim.lua("return vim.api.nvim_get_current_line()")
+    assert completed != FIRST_LINE  # Ctrl-N inserted its first match (no TextChangedI for it)
+    nvim.input("<Tab><Esc>")
+    nvim.wait_for("normal mode", "vim.api.nvim_get_mode().mode == 'n'", 10)
+    assert re.fullmatch(re.escape(completed) + r"[ \t]+", buffer(nvim)[0]), buffer(nvim)[0]  # Tab did what it does without kspec (Python: spaces)
+
+
+def test_tab_never_applies_a_suggestion_made_for_another_line_state(nvim: Nvim):
+    """A change no autocommand reported (a plugin's edit with events ignored): the ghost
+    shown was made for the line before it, so Tab is a plain Tab."""
+    fresh_comment_line(nvim)
+    wait_ghost(nvim)
+    nvim.lua("vim.o.eventignore = 'all'; vim.api.nvim_buf_set_text(0, 0, 2, 0, 2, { 'zz' }); vim.api.nvim_win_set_cursor(0, { 1, 4 })")
+    try:
+        nvim.input("<Tab>")
+        nvim.wait_for("the Tab typed", "vim.api.nvim_get_current_line() ~= a[1]", 10, FIRST_LINE + "zz")
+        assert re.fullmatch(re.escape(FIRST_LINE + "zz") + r"[ \t]+", buffer(nvim)[0]), buffer(nvim)[0]
+    finally:
+        nvim.lua("vim.o.eventignore = ''")
+    nvim.input("<Esc>")
+    nvim.wait_for("normal mode", "vim.api.nvim_get_mode().mode == 'n'", 10)
+
+
+def inject_status(nvim: Nvim, params: dict) -> None:
+    """A `$/kspec/status` notification, delivered to the handler the plugin registered."""
+    nvim.lua(
+        "local params = ...; local client = vim.lsp.get_clients({ name = 'kspec', bufnr = 0 })[1];"
+        " client.handlers['$/kspec/status'](nil, params, { method = '$/kspec/status', client_id = client.id })",
+        params,
+    )
+
+
+def test_kspec_log_opens_the_engine_log_and_the_lsp_log(nvim: Nvim, tmp_path: Path):
+    engine_log = tmp_path / "engine.log"
+    engine_log.write_text("kspec-engine INFO listening\n")
+    nvim.input("<Esc>")
+    nvim.wait_for("normal mode", "vim.api.nvim_get_mode().mode == 'n'", 10)
+    current = nvim.lua("return require('kspec.status').current()")
+    inject_status(nvim, {**current, "logFile": str(engine_log)})
+    nvim.request("nvim_command", "KspecLog")
+    try:
+        names = nvim.lua("return vim.tbl_map(function(w) return vim.api.nvim_buf_get_name(vim.api.nvim_win_get_buf(w)) end, vim.api.nvim_tabpage_list_wins(0))")
+        assert names == [str(engine_log), nvim.lua("return vim.lsp.get_log_path()")]
+    finally:
+        nvim.request("nvim_command", "tabclose")
+        inject_status(nvim, current)
+
+
 UPDATED = "$/kspec/suggestionsUpdated"
 
 
@@ -351,6 +406,11 @@ def test_status_and_checkhealth_report_server_engine_and_features(nvim: Nvim):
     assert f"server command: {kspec_bin_from(nvim)} lsp ($VIRTUAL_ENV)" in report
     assert "engine: ready" in report
     assert "inline completion yes" in report
+    # the server's pid (issue 16, 8: was "client 1 (pid ?)")
+    pid = re.search(r"client \d+: kspec lsp pid (\d+)", report)
+    assert pid, report
+    assert b"kspec" in Path(f"/proc/{pid.group(1)}/cmdline").read_bytes()
+    assert "logs (:KspecLog): kspec lsp stderr in " in report
 
 
 def test_network_engine_settings_are_checked_by_type(nvim: Nvim):
@@ -496,3 +556,86 @@ def test_an_engine_error_shows_and_a_fixed_setting_recovers(nvim: Nvim, random_l
     nvim.wait_for("the engine ready again", "require('kspec.status').current().state == 'ready'", 120, diagnose=lambda: diagnose(nvim))
     fresh_comment_line(nvim)
     assert wait_ghost(nvim)["count"] == K
+
+
+STATUSLINE = "%{v:lua.require'kspec'.statusline()}"
+
+
+def test_on_a_terminal_without_truecolor_the_ghost_is_grey_and_the_statusline_follows_the_engine(tmp_path: Path, nvim_bin: str, kspec_bin: Path, random_llama_dir: Path):
+    """Issue 16, 2 and 4: a UI without true colour (as in tmux) sees the suggestion and its
+    counter in a colour of their own; the statusline is redrawn on each status change."""
+    settings = {"model": str(random_llama_dir), "k": K, "maxTokens": 8, "debounceMs": 0, "deadlineMs": 60000, "engine": "inprocess", "firstAnswerMs": 0}
+    with started_nvim(tmp_path, nvim_bin, kspec_bin, settings) as editor:
+        screen = editor.attach_screen(100, 20)
+        editor.lua(f"vim.o.termguicolors = false; vim.o.laststatus = 2; vim.o.statusline = {STATUSLINE!r}")
+        status_row = 18  # above the command line
+
+        fresh_comment_line(editor)
+        shown = wait_ghost(editor)
+        width = min(5, len(shown["text"].split("\n")[0]))
+        assert width > 0
+        row = screen.wait_for("the ghost text drawn", lambda: screen.line(0).rstrip() != FIRST_LINE.rstrip() and screen.cells(0), 30)
+        typed_attrs = row[0][1]  # "#": the line's own text (a comment: no terminal colour in the default scheme)
+        ghost_cells = row[len(FIRST_LINE) : len(FIRST_LINE) + width]
+        assert all(attrs.get("foreground") is not None for _, attrs in ghost_cells), (ghost_cells, typed_attrs)
+        assert ghost_cells[0][1] != typed_attrs  # not the colour of the code
+        count = f" (1/{shown['count']})"
+        counted = [(r, screen.line(r).find(count)) for r in range(4) if count in screen.line(r)]
+        assert counted, "the counter is drawn"
+        (count_row, start), *_ = counted
+        assert all(attrs.get("foreground") is not None for _, attrs in screen.cells(count_row)[start + 1 : start + len(count)])
+
+        # the statusline shows this answer's latency without another keystroke
+        expected = editor.lua("return require('kspec.status').text(require('kspec.status').current(), true)")
+        assert re.fullmatch(r"kspec \d+(ms|\.\ds)", expected), expected
+        screen.wait_for(f"{expected!r} in the statusline", lambda: screen.line(status_row).strip() == expected, 10)
+
+        # each status change is drawn at once: loading progress, busy, timed out, ready
+        current = editor.lua("return require('kspec.status').current()")
+        for params, text in [
+            ({"state": "loading", "message": "loading the model", "progress": 0.42}, "kspec 42%"),
+            ({**current, "activity": "busy"}, "kspec busy"),
+            ({**current, "activity": "timedOut"}, "kspec timed out"),
+            ({**current, "activity": "idle"}, expected),
+        ]:
+            inject_status(editor, params)
+            screen.wait_for(f"{text!r} in the statusline", lambda: screen.line(status_row).strip() == text, 10)
+
+
+def test_a_missing_kspec_is_reported_once_and_the_buffer_keeps_its_highlighting(tmp_path: Path, nvim_bin: str):
+    """Issue 16, 3: no `kspec` anywhere. The old error inside BufReadPost asked for ENTER and
+    cost the buffer its syntax highlighting."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+    (project / "example.py").write_text(TEXT)
+    (project / "other.py").write_text(TEXT)
+    empty = tmp_path / "empty-venv"
+    (empty / "bin").mkdir(parents=True)
+    env = {key: value for key, value in os.environ.items() if key not in ("CONDA_PREFIX",)}
+    env.update({"VIRTUAL_ENV": str(empty), "PATH": str(empty / "bin")})
+    for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"):
+        env[var] = str(tmp_path / var.lower())
+    editor = Nvim([nvim_bin, "--embed", "--headless", "--clean", "-n", "--cmd", f"set rtp^={PLUGIN}"], cwd=str(project), env=env)
+    try:
+        editor.attach_screen(100, 20)
+        editor.lua(
+            "_G.notes = {}; local notify = vim.notify;"
+            " vim.notify = function(msg, level, o) table.insert(_G.notes, { msg, level }); return notify(msg, level, o) end;"
+            " require('kspec').setup({})"
+        )
+        editor.request("nvim_command", "edit example.py")
+        notes = editor.wait_for("the report", "#_G.notes > 0 and _G.notes", 10)
+        assert editor.request("nvim_get_mode") == {"mode": "n", "blocking": False}  # no "Press ENTER"
+        assert editor.lua("return vim.v.errmsg") == ""
+        assert editor.lua("return vim.b.current_syntax") == "python"
+        editor.request("nvim_command", "edit other.py")
+        assert editor.lua("return vim.b.current_syntax") == "python"
+        assert editor.lua("return _G.notes") == notes  # once
+        (message, level), = notes
+        assert "kspec" in message and "checkhealth" in message and level == 3  # WARN
+        editor.request("nvim_command", "checkhealth kspec")
+        report = "\n".join(editor.request("nvim_buf_get_lines", 0, 0, -1, False))
+        assert "kspec was not found (looked at " in report and "ERROR" in report
+    finally:
+        editor.close()

@@ -119,9 +119,53 @@ local function rest_of(st)
   return item and item.text:sub(#st.typed + 1) or ''
 end
 
+--- A completion menu is open: Neovim's popup menu (Ctrl-N, omni), nvim-cmp's or blink.cmp's.
+local function pum_visible()
+  if vim.fn.pumvisible() == 1 then
+    return true
+  end
+  local cmp = package.loaded['cmp']
+  if type(cmp) == 'table' and type(cmp.visible) == 'function' and cmp.visible() then
+    return true
+  end
+  local blink = package.loaded['blink.cmp']
+  if type(blink) == 'table' then
+    for _, name in ipairs({ 'is_menu_visible', 'is_visible' }) do
+      if type(blink[name]) == 'function' then
+        local ok, shown = pcall(blink[name])
+        return ok and shown == true
+      end
+    end
+  end
+  return false
+end
+M.menu_visible = pum_visible
+
+--- Is the shown suggestion still for the text and cursor as they are now? It is made for
+--- one state (the anchor, what was typed into it since, b:changedtick); a popup menu or
+--- a change no autocommand told us about (Ctrl-N inserts its match without TextChangedI)
+--- makes it stale, and accepting it then would corrupt the line.
+local function current(bufnr, st)
+  if not current_item(st) or api.nvim_get_current_buf() ~= bufnr or not in_insert() or pum_visible() then
+    return false
+  end
+  if api.nvim_buf_get_changedtick(bufnr) ~= st.tick then
+    return false
+  end
+  local row, col = cursor()
+  if row ~= st.anchor.row or col ~= st.anchor.col + #st.typed then
+    return false
+  end
+  local line = line_at(bufnr, row)
+  return line:sub(1, st.anchor.col) == st.anchor.before and line:sub(st.anchor.col + 1, col) == st.typed
+end
+
 local function render(bufnr)
   local st = buffers[bufnr]
   hide(bufnr)
+  if pum_visible() then
+    return -- a popup menu is open: the ghost would read as part of it (and Tab is the menu's)
+  end
   local item = current_item(st)
   if not item then
     return
@@ -224,7 +268,7 @@ local function send(bufnr, seq, trigger)
       vim.lsp.log.warn('kspec: inlineCompletion failed', err)
       return
     end
-    if not in_insert() or api.nvim_get_current_buf() ~= bufnr or api.nvim_buf_get_changedtick(bufnr) ~= st.tick then
+    if not in_insert() or api.nvim_get_current_buf() ~= bufnr or api.nvim_buf_get_changedtick(bufnr) ~= st.tick or pum_visible() then
       return
     end
     local r, c = cursor()
@@ -313,7 +357,7 @@ local function on_text_changed(bufnr)
   if not st then
     return
   end
-  if not enabled(st) then
+  if not enabled(st) or pum_visible() then
     M.clear(bufnr)
     return
   end
@@ -338,9 +382,22 @@ local function on_cursor_moved(bufnr)
   M.clear(bufnr)
 end
 
---- Is a suggestion shown in this buffer?
+--- Is a suggestion shown in this buffer, for the text and cursor as they are now (and no
+--- popup menu open)? A stale one is hidden (scheduled: this runs inside <expr> mappings).
 function M.visible(bufnr)
-  return current_item(buffers[bufnr or api.nvim_get_current_buf()]) ~= nil
+  bufnr = bufnr or api.nvim_get_current_buf()
+  local st = buffers[bufnr]
+  if current(bufnr, st) then
+    return true
+  end
+  if current_item(st) then
+    vim.schedule(function()
+      if not current(bufnr, st) then
+        M.clear(bufnr)
+      end
+    end)
+  end
+  return false
 end
 
 --- What is shown: { index, count, text (still to insert), items (texts) } or nil.
@@ -364,6 +421,10 @@ function M.accept(bufnr)
   if not item then
     return false
   end
+  if not current(bufnr, st) then
+    M.clear(bufnr) -- made for another cursor or line: never applied
+    return false
+  end
   local typed = st.typed
   M.clear(bufnr)
   local lines = vim.split(item.insert, '\n', { plain = true })
@@ -380,6 +441,10 @@ local function accept_part(bufnr, what)
   bufnr = bufnr or api.nvim_get_current_buf()
   local st = buffers[bufnr]
   if not current_item(st) then
+    return false
+  end
+  if not current(bufnr, st) then
+    M.clear(bufnr)
     return false
   end
   local rest = rest_of(st)
@@ -443,7 +508,7 @@ function M.cycle(delta, bufnr)
   if not st then
     return false
   end
-  if not current_item(st) then
+  if not current(bufnr, st) then
     if enabled(st) then
       schedule(bufnr, 0, TRIGGER_INVOKED)
     end
@@ -541,7 +606,8 @@ function M.attach(bufnr, client_id, opts, is_enabled)
       on_cursor_moved(bufnr)
     end,
   })
-  api.nvim_create_autocmd({ 'InsertLeave', 'BufLeave' }, {
+  -- a popup menu (Ctrl-N, omni completion) hides the ghost: its keys and text are the menu's
+  api.nvim_create_autocmd({ 'InsertLeave', 'BufLeave', 'CompleteChanged', 'TextChangedP' }, {
     group = group,
     buffer = bufnr,
     callback = function()

@@ -47,6 +47,9 @@ function M.check()
   else
     health.error(where)
   end
+  if kspec.missing and kspec.missing ~= where then
+    health.error('a buffer found no server: ' .. kspec.missing)
+  end
   health.info('settings sent: ' .. vim.inspect(kspec.opts.settings, { newline = ' ', indent = '' }))
   health.info('completions: ' .. (kspec.is_enabled() and 'on' or 'off (:KspecToggle)'))
 
@@ -57,14 +60,15 @@ function M.check()
   end
   for _, client in ipairs(clients) do
     local caps = client.server_capabilities or {}
-    local pid = client.rpc and client.rpc.pid or '?'
-    health.ok(('client %d (pid %s), position encoding %s, inline completion %s'):format(
+    local s = status.by_client[client.id]
+    -- kspec lsp says its pid in its status (Neovim's client keeps none since 0.11)
+    local pid = s and s.serverPid or (client.rpc and client.rpc.pid)
+    health.ok(('client %d: kspec lsp %s, position encoding %s, inline completion %s'):format(
       client.id,
-      tostring(pid),
+      pid and ('pid ' .. math.floor(pid)) or '(pid not reported yet)',
       tostring(client.offset_encoding),
       yes(caps.inlineCompletionProvider ~= nil and caps.inlineCompletionProvider ~= false)
     ))
-    local s = status.by_client[client.id]
     if not s then
       health.info('engine: no status received yet')
     else
@@ -75,6 +79,14 @@ function M.check()
         s.progress and (' (%d%%)'):format(math.floor(s.progress * 100 + 0.5)) or '',
         s.lastLatencyMs and (', last completion %d ms'):format(math.floor(s.lastLatencyMs + 0.5)) or ''
       )
+      if s.enginePid then
+        line = line .. (', engine daemon pid %d'):format(s.enginePid)
+      end
+      if s.activity == 'busy' then
+        line = line .. ', a request is with the engine'
+      elseif s.activity == 'timedOut' then
+        line = line .. ', the last request timed out (deadlineMs)'
+      end
       if s.state == 'error' then
         health.error(line, { 'See :KspecLog', 'Restart with :KspecRestart' })
       elseif s.state == 'loading' then
@@ -84,6 +96,8 @@ function M.check()
       end
     end
   end
+  local logs = kspec.logs()
+  health.info('logs (:KspecLog): ' .. (logs.engine and ('engine daemon ' .. logs.engine .. ', ') or '') .. 'kspec lsp stderr in ' .. logs.lsp)
 end
 
 return M

@@ -18,6 +18,21 @@ local NAME = 'kspec'
 M.opts = nil
 --- Problems found in the options given to setup() (also shown once with vim.notify).
 M.problems = {}
+--- Why the server could not be started (no `kspec` found), once found out; nil otherwise.
+M.missing = nil
+
+--- No `kspec` to start: say so once, outside the autocommand that found out (an error
+--- message inside FileType / BufReadPost aborts that buffer's other autocommands, its
+--- syntax highlighting among them, and asks for ENTER). :checkhealth kspec has the details.
+local function report_missing(where)
+  if M.missing ~= nil then
+    return
+  end
+  M.missing = where
+  vim.schedule(function()
+    vim.notify('kspec: no `kspec` command found; completions are off (:checkhealth kspec)', vim.log.levels.WARN)
+  end)
+end
 
 local function has(feature)
   return vim.fn.has(feature) == 1
@@ -211,7 +226,7 @@ local function register_011()
       if command then
         on_dir(root)
       else
-        vim.notify_once('kspec: ' .. where, vim.log.levels.ERROR)
+        report_missing(where)
       end
     end,
     reuse_client = reuse_client,
@@ -236,7 +251,7 @@ local function start_010(bufnr)
   local root = root_of(bufnr)
   local command, where = server.find(root, M.opts)
   if not command then
-    vim.notify_once('kspec: ' .. where, vim.log.levels.ERROR)
+    report_missing(where)
     return
   end
   vim.lsp.start({
@@ -313,14 +328,15 @@ function M.enable(on)
       end
     end
   end
-  api.nvim_exec_autocmds('User', { pattern = 'KspecStatus', modeline = false })
+  status.redraw()
 end
 
 function M.is_enabled()
   return is_enabled()
 end
 
---- For a statusline: "kspec 85ms", "kspec 42%", "kspec error", "kspec off", or "".
+--- For a statusline: "kspec 85ms", "kspec 42%", "kspec busy", "kspec timed out",
+--- "kspec error", "kspec off", or "" (no server). Redrawn on each status change.
 function M.statusline()
   if not M.opts or #M.clients() == 0 then
     return ''
@@ -355,9 +371,27 @@ function M.restart()
   end
 end
 
+--- A highlight like `base`, with a terminal colour when `base` has none: the default
+--- colour scheme gives Comment and NonText only GUI colours, so without 'termguicolors'
+--- (tmux, many terminals) a link would draw suggestions in the normal text colour.
+local function like(base, cterm_fallback)
+  local hl = api.nvim_get_hl(0, { name = base, link = false })
+  return {
+    fg = hl.fg,
+    bg = hl.bg,
+    italic = hl.italic,
+    ctermfg = hl.ctermfg or cterm_fallback,
+    ctermbg = hl.ctermbg,
+    cterm = hl.cterm,
+    default = true, -- a colour scheme's own KspecGhost wins
+  }
+end
+
+local GREY = 8 -- "bright black": grey on 16- and 256-colour terminals
+
 local function define_highlights()
-  api.nvim_set_hl(0, 'KspecGhost', { link = 'Comment', default = true })
-  api.nvim_set_hl(0, 'KspecGhostCount', { link = 'NonText', default = true })
+  api.nvim_set_hl(0, 'KspecGhost', like('Comment', GREY))
+  api.nvim_set_hl(0, 'KspecGhostCount', like('NonText', GREY))
 end
 
 local function define_commands()
@@ -377,8 +411,24 @@ local function define_commands()
     vim.notify(line ~= '' and line or 'kspec: no server running')
   end, { desc = 'kspec: show the engine status' })
   api.nvim_create_user_command('KspecLog', function()
-    vim.cmd.tabnew(vim.lsp.get_log_path())
-  end, { desc = 'kspec: open the LSP log (server stderr is there)' })
+    M.open_logs()
+  end, { desc = "kspec: open the engine daemon's log and the LSP log (kspec lsp's stderr)" })
+end
+
+--- The logs a user looks at: the engine daemon's (its path comes with the status; none
+--- for an engine inside kspec lsp, whose messages are kspec lsp's stderr) and Neovim's
+--- LSP log, where kspec lsp's stderr goes. Opened in a new tab, the engine's on top.
+function M.logs()
+  local s = status.current()
+  return { engine = s and s.logFile or nil, lsp = vim.lsp.get_log_path() }
+end
+
+function M.open_logs()
+  local logs = M.logs()
+  vim.cmd('tabnew ' .. vim.fn.fnameescape(logs.lsp))
+  if logs.engine then
+    vim.cmd('aboveleft split ' .. vim.fn.fnameescape(logs.engine))
+  end
 end
 
 function M.setup(user)
@@ -396,9 +446,15 @@ function M.setup(user)
   end
   status.notify_errors = opts.notify_errors
   define_highlights()
-  api.nvim_create_autocmd('ColorScheme', {
-    group = api.nvim_create_augroup('kspec.highlights', { clear = true }),
-    callback = define_highlights,
+  local group = api.nvim_create_augroup('kspec.highlights', { clear = true })
+  api.nvim_create_autocmd('ColorScheme', { group = group, callback = define_highlights })
+  -- blink.cmp's menu (nvim-cmp's and Neovim's popup menu are checked where the ghost is drawn)
+  api.nvim_create_autocmd('User', {
+    group = group,
+    pattern = 'BlinkCmpMenuOpen',
+    callback = function()
+      ghost.clear(api.nvim_get_current_buf())
+    end,
   })
   define_commands()
   if vim.lsp.config ~= nil and vim.lsp.enable ~= nil and has('nvim-0.11') then

@@ -23,14 +23,30 @@ function M.parse(params)
   if state ~= 'loading' and state ~= 'ready' and state ~= 'error' then
     return nil
   end
+  local activity = params.activity
+  if activity ~= 'busy' and activity ~= 'timedOut' then
+    activity = nil -- 'idle', absent or unknown
+  end
   return {
     state = state,
     message = type(params.message) == 'string' and params.message or '',
     progress = num(params.progress),
     lastLatencyMs = num(params.lastLatencyMs) or num(params.latencyMs),
     model = type(params.model) == 'string' and params.model ~= '' and params.model or nil,
+    activity = activity, -- 'busy': a request is with the engine; 'timedOut': the last one got nothing by its deadline
+    serverPid = num(params.serverPid),
+    enginePid = num(params.enginePid),
+    logFile = type(params.logFile) == 'string' and params.logFile ~= '' and params.logFile or nil, -- the engine daemon's log
   }
 end
+
+--- Redraw every statusline now: a status arrives between keystrokes, and a statusline
+--- is otherwise redrawn only when something else is.
+local function redraw()
+  pcall(vim.cmd, 'redrawstatus!')
+  vim.api.nvim_exec_autocmds('User', { pattern = 'KspecStatus', modeline = false })
+end
+M.redraw = redraw
 
 --- LSP notification handler (vim.lsp.Config.handlers['$/kspec/status']).
 function M.handler(_, params, ctx)
@@ -53,14 +69,13 @@ function M.handler(_, params, ctx)
   else
     last_notified[ctx.client_id] = nil
   end
-  vim.schedule(function()
-    vim.api.nvim_exec_autocmds('User', { pattern = 'KspecStatus', modeline = false })
-  end)
+  vim.schedule(redraw)
 end
 
 function M.forget(client_id)
   M.by_client[client_id] = nil
   last_notified[client_id] = nil
+  vim.schedule(redraw)
 end
 
 --- The status of the first kspec client with one, or nil.
@@ -77,7 +92,9 @@ local function ms(v)
   return ('%dms'):format(math.floor(v + 0.5))
 end
 
---- One short string for a statusline: "kspec 42%", "kspec 85ms", "kspec error", "kspec off".
+--- One short string for a statusline: "kspec 42%" (loading), "kspec 85ms" (ready: the last
+--- answer's latency), "kspec busy" (a request is with the engine), "kspec timed out" (the
+--- last request got nothing by its deadline), "kspec error", "kspec off".
 --- @param enabled boolean|nil
 function M.text(s, enabled)
   if s and s.state == 'error' then
@@ -94,6 +111,11 @@ function M.text(s, enabled)
       return ('kspec %d%%'):format(math.floor(math.min(1, math.max(0, s.progress)) * 100 + 0.5))
     end
     return 'kspec …'
+  end
+  if s.activity == 'busy' then
+    return 'kspec busy'
+  elseif s.activity == 'timedOut' then
+    return 'kspec timed out'
   end
   return s.lastLatencyMs and ('kspec ' .. ms(s.lastLatencyMs)) or 'kspec'
 end
