@@ -45,7 +45,7 @@ class KspecExtension implements vscode.Disposable {
 			this.item,
 			vscode.commands.registerCommand(COMMANDS.toggle, () => this.toggle()),
 			vscode.commands.registerCommand(COMMANDS.restart, () => this.enqueue(() => this.restartNow())),
-			vscode.commands.registerCommand(COMMANDS.showLog, () => this.log.show(true)),
+			vscode.commands.registerCommand(COMMANDS.showLog, () => this.showLog()),
 			vscode.workspace.onDidChangeConfiguration((e) => this.onConfigurationChanged(e)),
 		);
 	}
@@ -71,6 +71,22 @@ class KspecExtension implements vscode.Disposable {
 			this.log.warn(p);
 		}
 		return settings;
+	}
+
+	/** This output channel (kspec lsp's stderr), and the engine daemon's log file when the
+	 * server said where it is (the daemon serves every editor; its messages are not here). */
+	private async showLog(): Promise<void> {
+		this.log.show(true);
+		const engineLog = this.status.engineLog;
+		if (engineLog === undefined) {
+			return;
+		}
+		try {
+			const document = await vscode.workspace.openTextDocument(vscode.Uri.file(engineLog));
+			await vscode.window.showTextDocument(document, { preview: true, preserveFocus: false });
+		} catch (err) {
+			this.log.warn(`cannot open the engine log ${engineLog}: ${String(err)}`);
+		}
 	}
 
 	private render(): void {
@@ -186,7 +202,7 @@ class KspecExtension implements vscode.Disposable {
 		this.render();
 		void vscode.window.showErrorMessage(`kspec: ${message}`, 'Show log', 'Open settings').then((choice) => {
 			if (choice === 'Show log') {
-				this.log.show(true);
+				void this.showLog();
 			} else if (choice === 'Open settings') {
 				void vscode.commands.executeCommand('workbench.action.openSettings', 'kspec.server');
 			}

@@ -53,6 +53,12 @@ export interface ServerLaunchSettings {
 
 export interface KspecSettings extends ServerSettings {
 	server: ServerLaunchSettings;
+	/**
+	 * The server settings the user set (in any scope), when VS Code says (`inspect`): only
+	 * these are sent with their values, the others as null ("not set"), so that the server's
+	 * defaults apply, including those it fits to the machine (k, maxTokens). Absent: all are sent.
+	 */
+	userSet?: (keyof ServerSettings)[];
 }
 
 /** The defaults; package.json's `contributes.configuration` must say the same (tested). */
@@ -83,9 +89,34 @@ export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
 	'model', 'draft', 'device', 'dtype', 'engine', 'engineUrl', 'engineTokenFile', 'engineCaFile', 'remoteModel', 'remoteFim', 'k', 'maxTokens', 'mode', 'temperature', 'debounceMs', 'deadlineMs', 'languages', 'enabled',
 ];
 
+/** Where VS Code found a setting's value (`WorkspaceConfiguration.inspect`); the default is not among them. */
+export interface InspectedValue {
+	globalValue?: unknown;
+	workspaceValue?: unknown;
+	workspaceFolderValue?: unknown;
+	globalLanguageValue?: unknown;
+	workspaceLanguageValue?: unknown;
+	workspaceFolderLanguageValue?: unknown;
+}
+
 /** The part of `vscode.WorkspaceConfiguration` we use (section `kspec`). */
 export interface ConfigSource {
+	/** The value, the manifest's default included. */
 	get<T>(key: string): T | undefined;
+	/** Where the value comes from; without it every value counts as the user's. */
+	inspect?(key: string): InspectedValue | undefined;
+}
+
+/** Did the user set `key` (user, workspace or folder settings, for all languages or one)? */
+export function isUserSet(cfg: ConfigSource, key: string): boolean {
+	if (cfg.inspect === undefined) {
+		return true;
+	}
+	const found = cfg.inspect(key);
+	return found !== undefined && [
+		found.globalValue, found.workspaceValue, found.workspaceFolderValue,
+		found.globalLanguageValue, found.workspaceLanguageValue, found.workspaceFolderLanguageValue,
+	].some((value) => value !== undefined);
 }
 
 /** Where `~` and `${workspaceFolder}` point when a path setting uses them. */
@@ -139,6 +170,7 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 	const problems: string[] = [];
 	const s: KspecSettings = { ...DEFAULTS, languages: [...DEFAULTS.languages], server: { ...DEFAULTS.server, args: [...DEFAULTS.server.args], env: {} } };
 
+	const userSet: (keyof ServerSettings)[] = [];
 	function take<T>(key: string, ok: (v: unknown) => v is T, expected: string, apply: (v: T) => void): void {
 		const value = cfg.get<unknown>(key);
 		if (value === undefined || value === null) {
@@ -146,6 +178,9 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 		}
 		if (ok(value)) {
 			apply(value);
+			if ((SERVER_KEYS as readonly string[]).includes(key) && isUserSet(cfg, key)) {
+				userSet.push(key as keyof ServerSettings);
+			}
 		} else {
 			problems.push(`kspec.${key}: expected ${expected}, got ${JSON.stringify(value)}; using the default`);
 		}
@@ -186,11 +221,26 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 	take('server.command', isString, 'a command or path', (v) => { s.server.command = v.trim(); });
 	take('server.args', isStringList, 'a list of strings', (v) => { s.server.args = [...v]; });
 	take('server.env', isEnv, 'an object of string values', (v) => { s.server.env = { ...v }; });
+	if (cfg.inspect !== undefined) {
+		s.userSet = userSet;
+	}
 	return { settings: s, problems };
 }
 
-/** The flat object the server reads. */
-export function toServerSettings(s: KspecSettings): ServerSettings {
+/** The flat object the server reads; with `s.userSet`, what the user did not set is null (the server's default). */
+export function toServerSettings(s: KspecSettings): SentSettings {
+	const all = allServerSettings(s);
+	if (s.userSet === undefined) {
+		return all;
+	}
+	const set = new Set<string>(s.userSet);
+	return Object.fromEntries(SERVER_KEYS.map((key) => [key, set.has(key) ? all[key] : null])) as SentSettings;
+}
+
+/** What is sent: each server setting, or null for "not set". */
+export type SentSettings = { [K in keyof ServerSettings]: ServerSettings[K] | null };
+
+function allServerSettings(s: KspecSettings): ServerSettings {
 	return {
 		model: s.model,
 		draft: s.draft,

@@ -13,7 +13,13 @@ export interface StatusParams {
 	lastLatencyMs: number | null;
 	/** The model's name, when the server says (not in the DESIGN contract; sent by kspec lsp). */
 	model?: string;
+	/** kspec lsp: 'busy' while a request is with the engine, 'timedOut' when the last one got nothing by its deadline (absent: idle). */
+	activity?: Activity;
+	/** kspec lsp: the engine daemon's log file (absent for an engine inside kspec lsp: its messages are in this output channel). */
+	logFile?: string;
 }
+
+export type Activity = 'busy' | 'timedOut';
 
 /**
  * Validate a notification's params; undefined for anything malformed (logged, ignored).
@@ -37,6 +43,12 @@ export function parseStatus(raw: unknown): StatusParams | undefined {
 	};
 	if (typeof r.model === 'string' && r.model !== '') {
 		out.model = r.model;
+	}
+	if (r.activity === 'busy' || r.activity === 'timedOut') {
+		out.activity = r.activity;
+	}
+	if (typeof r.logFile === 'string' && r.logFile !== '') {
+		out.logFile = r.logFile;
 	}
 	return out;
 }
@@ -90,6 +102,11 @@ export class StatusModel {
 		this.phaseMessage = message;
 	}
 
+	/** The engine daemon's log file, when the server said where it is. */
+	get engineLog(): string | undefined {
+		return this.server?.logFile;
+	}
+
 	onServerStatus(params: StatusParams): void {
 		this.server = params;
 		if (params.lastLatencyMs !== null) {
@@ -139,6 +156,22 @@ export class StatusModel {
 				tooltip: `kspec: ${this.server.message || 'loading the model'}${pct}. Click to turn completions off.`,
 				command: COMMANDS.toggle,
 				severity: 'normal',
+			};
+		}
+		if (this.server.activity === 'busy') {
+			return {
+				text: '$(sync~spin) kspec',
+				tooltip: 'kspec: a request is with the engine. Click to turn completions off.',
+				command: COMMANDS.toggle,
+				severity: 'normal',
+			};
+		}
+		if (this.server.activity === 'timedOut') {
+			return {
+				text: '$(watch) kspec timed out',
+				tooltip: 'kspec: the last request got no suggestion by its deadline (kspec.deadlineMs): the engine is slower than that here, or busy. ' + clickLog,
+				command: COMMANDS.showLog,
+				severity: 'warning',
 			};
 		}
 		const latency = this.lastLatencyMs === null ? '' : ` ${ms(this.lastLatencyMs)}`;

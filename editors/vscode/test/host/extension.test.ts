@@ -85,6 +85,8 @@ describe('the extension in a fake VS Code host, against kspec lsp', { timeout: 1
 		assert.equal(item().command, 'kspec.toggle');
 		assert.ok(fake.log.some((l) => l.includes('starting ') && l.includes(`(workspace environment ${path.join(repoRoot, '.venv')})`)) || process.env.KSPEC_LSP_COMMAND, context());
 		assert.deepEqual(fake.errors, []);
+		// the settings the user did not set went as null, which the server takes as "not set"
+		assert.deepEqual(fake.log.filter((l) => l.startsWith('[warning message]')), [], context());
 	});
 
 	it(`returns k = ${K} inline items through the provider vscode-languageclient registered`, async () => {

@@ -135,3 +135,39 @@ describe('needsRestart', () => {
 		assert.equal(needsRestart(a, readSettings(config({ 'server.env': { A: 'b' } }), ctx).settings), true);
 	});
 });
+
+describe('only what the user set is sent (issue 16)', () => {
+	/** vscode.WorkspaceConfiguration: `get` gives the manifest's default too, `inspect` says who set a value. */
+	function vscodeConfig(user: Record<string, unknown>) {
+		const defaults: Record<string, unknown> = { k: 3, maxTokens: 48, enabled: true, engine: 'daemon', deadlineMs: 3000 };
+		return {
+			get: <T>(key: string): T | undefined => (key in user ? user[key] : defaults[key]) as T | undefined,
+			inspect: (key: string) => ({ defaultValue: defaults[key], globalValue: key === 'k' ? undefined : user[key], workspaceFolderValue: key === 'k' ? user[key] : undefined }),
+		};
+	}
+
+	it('sends null for every setting the user did not set, so the machine-fitted defaults apply', () => {
+		const { settings, problems } = readSettings(vscodeConfig({ deadlineMs: 500 }), ctx);
+		assert.deepEqual(problems, []);
+		assert.equal(settings.k, 3); // what the client itself uses: the default
+		const sent = toServerSettings(settings);
+		assert.deepEqual(Object.keys(sent).sort(), [...SERVER_KEYS].sort());
+		assert.equal(sent.deadlineMs, 500);
+		for (const key of SERVER_KEYS.filter((k) => k !== 'deadlineMs')) {
+			assert.equal(sent[key], null, key);
+		}
+	});
+
+	it('a value set in any scope is sent; a removed one goes back to null', () => {
+		const sent = toServerSettings(readSettings(vscodeConfig({ k: 5, maxTokens: 64 }), ctx).settings);
+		assert.equal(sent.k, 5); // a folder setting
+		assert.equal(sent.maxTokens, 64);
+		assert.equal(toServerSettings(readSettings(vscodeConfig({}), ctx).settings).maxTokens, null);
+	});
+
+	it('an invalid value is not sent', () => {
+		const { settings, problems } = readSettings(vscodeConfig({ maxTokens: 'many' }), ctx);
+		assert.equal(problems.length, 1);
+		assert.equal(toServerSettings(settings).maxTokens, null);
+	});
+});

@@ -114,6 +114,48 @@ describe('StatusModel', () => {
 	});
 });
 
+describe('busy and timed out (issue 16)', () => {
+	it('reads activity and the engine log as kspec lsp sends them; ignores unknown activities', () => {
+		assert.deepEqual(parseStatus({ state: 'ready', activity: 'busy', logFile: '/run/kspec/m.log', serverPid: 42 }),
+			{ state: 'ready', message: '', progress: null, lastLatencyMs: null, activity: 'busy', logFile: '/run/kspec/m.log' });
+		assert.equal(parseStatus({ state: 'ready', activity: 'idle' })?.activity, undefined);
+		assert.equal(parseStatus({ state: 'ready', activity: 'napping', logFile: '' })?.logFile, undefined);
+	});
+
+	it('shows a request with the engine, then its latency', () => {
+		const m = new StatusModel();
+		m.setPhase('running');
+		m.onServerStatus(ready(80));
+		m.onServerStatus({ ...ready(80), activity: 'busy' });
+		assert.equal(m.view().text, '$(sync~spin) kspec');
+		assert.match(m.view().tooltip, /a request is with the engine/);
+		m.onServerStatus(ready(120));
+		assert.equal(m.view().text, '$(check) kspec 120 ms');
+	});
+
+	it('says an empty answer came at the deadline, and where to look', () => {
+		const m = new StatusModel();
+		m.setPhase('running');
+		m.onServerStatus({ ...ready(80), activity: 'timedOut', logFile: '/run/kspec/m.log' });
+		const v = m.view();
+		assert.equal(v.text, '$(watch) kspec timed out');
+		assert.equal(v.severity, 'warning');
+		assert.equal(v.command, COMMANDS.showLog);
+		assert.match(v.tooltip, /deadlineMs/);
+		assert.equal(m.engineLog, '/run/kspec/m.log');
+		m.onServerStatus(ready(90));
+		assert.equal(m.view().text, '$(check) kspec 90 ms');
+	});
+
+	it('error and off win over busy', () => {
+		const m = new StatusModel();
+		m.setPhase('running');
+		m.onServerStatus({ ...ready(1), activity: 'busy' });
+		m.setEnabled(false);
+		assert.match(m.view().text, /circle-slash/);
+	});
+});
+
 describe('percent', () => {
 	it('clamps to 0..100', () => {
 		assert.equal(percent(-1), 0);
