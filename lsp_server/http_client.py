@@ -1,6 +1,9 @@
-"""A small asyncio HTTP/1.1 client for JSON APIs (h11 over asyncio streams, http and
-https), for the language server's remote backend. One connection per request: a
-cancelled request closes its connection, which tells the server to stop decoding it."""
+"""The remote backend's HTTP client for JSON APIs (httpx): one pool of keep-alive
+connections per engine, so a keystroke reuses a warm TCP (and TLS) connection instead
+of opening one; proxies from the environment (HTTPS_PROXY / HTTP_PROXY / ALL_PROXY,
+NO_PROXY), as curl and pip take them. Cancelling a request (its task, or its deadline)
+closes only that request's connection, which tells the server to stop decoding it; the
+other pooled connections stay."""
 
 from __future__ import annotations
 
@@ -9,73 +12,71 @@ import json
 import ssl
 from typing import Any
 
-import h11
+import httpx
 
 from kspec.engine.serve.protocol import EngineUrl
 
 MAX_RESPONSE = 16 * 1024 * 1024
+KEEPALIVE_S = 60.0  # an idle pooled connection is closed after this long
+MAX_CONNECTIONS = 16  # requests in flight at once (several documents, early answers)
 
 
 class HttpError(Exception):
     """No usable answer: the connection failed or the reply was not HTTP/JSON."""
 
 
+class JsonClient:
+    """Requests to one engine URL over a connection pool; `aclose()` when done."""
+
+    def __init__(self, url: EngineUrl, tls: ssl.SSLContext | None = None, headers: dict[str, str] | None = None) -> None:
+        self.url = url
+        host = f"[{url.host}]" if ":" in url.host else url.host
+        self._client = httpx.AsyncClient(
+            base_url=f"{'https' if url.secure else 'http'}://{host}:{url.port}{url.path}",
+            verify=tls if tls is not None else True,
+            trust_env=True,  # proxies from the environment, NO_PROXY honoured
+            headers={"accept": "application/json", **(headers or {})},
+            limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS, keepalive_expiry=KEEPALIVE_S),
+            timeout=httpx.Timeout(None),  # the caller's deadline bounds each request
+        )
+
+    async def request_json(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, timeout_s: float = 30.0) -> tuple[int, Any]:
+        """-> (HTTP status, decoded JSON body). Raises HttpError, or asyncio.TimeoutError
+        when `timeout_s` passed (the request is cancelled: its connection closes)."""
+        return await asyncio.wait_for(self._exchange(method, path, body, headers or {}), timeout_s)
+
+    async def _exchange(self, method: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, Any]:
+        target = path.lstrip("/")  # relative to base_url's path (".../v1" + "/completions")
+        try:
+            async with self._client.stream(method, target, json=body, headers=headers) as response:
+                parts: list[bytes] = []
+                size = 0
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > MAX_RESPONSE:
+                        raise HttpError(f"response over {MAX_RESPONSE} bytes")
+                    parts.append(chunk)
+                status, data = response.status_code, b"".join(parts)
+        except httpx.HTTPError as exc:
+            raise HttpError(f"HTTP exchange with {self.url} failed: {type(exc).__name__}: {exc}") from exc
+        except ssl.SSLError as exc:
+            raise HttpError(f"TLS with {self.url} failed: {exc}") from exc
+        try:
+            return status, json.loads(data) if data else None
+        except ValueError as exc:
+            raise HttpError(f"{self.url}{path} answered {status} with a body that is not JSON") from exc
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
 async def request_json(
-    url: EngineUrl,
-    method: str,
-    path: str,
-    body: Any = None,
-    headers: dict[str, str] | None = None,
-    tls: ssl.SSLContext | None = None,
-    timeout_s: float = 30.0,
-) -> tuple[int, Any]:
-    """-> (HTTP status, decoded JSON body). Raises HttpError or asyncio.TimeoutError."""
-    return await asyncio.wait_for(_exchange(url, method, path, body, headers or {}, tls), timeout_s)
-
-
-async def _exchange(url: EngineUrl, method: str, path: str, body: Any, headers: dict[str, str], tls: ssl.SSLContext | None) -> tuple[int, Any]:
-    if url.secure and tls is None:
-        tls = ssl.create_default_context()
+    url: EngineUrl, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+    tls: ssl.SSLContext | None = None, timeout_s: float = 30.0,
+) -> tuple[int, Any]:  # fmt: skip
+    """One request on a client of its own (one-off calls and benches; an engine keeps a JsonClient)."""
+    client = JsonClient(url, tls)
     try:
-        reader, writer = await asyncio.open_connection(url.host, url.port, ssl=tls if url.secure else None, server_hostname=url.host if url.secure else None)
-    except (OSError, ssl.SSLError) as exc:
-        raise HttpError(f"cannot connect to {url}: {exc}") from exc
-    try:
-        connection = h11.Connection(h11.CLIENT)
-        payload = b"" if body is None else json.dumps(body).encode()
-        request_headers = [("host", f"{url.host}:{url.port}"), ("accept", "application/json"), ("connection", "close")]
-        request_headers += [(name.lower(), value) for name, value in headers.items()]
-        request_headers += [("content-type", "application/json"), ("content-length", str(len(payload)))] if body is not None else []
-        writer.write(connection.send(h11.Request(method=method, target=url.path + path, headers=request_headers)))
-        if payload:
-            writer.write(connection.send(h11.Data(data=payload)))
-        writer.write(connection.send(h11.EndOfMessage()))
-        await writer.drain()
-        status, data = await _read_response(connection, reader)
-    except (OSError, h11.ProtocolError) as exc:
-        raise HttpError(f"HTTP exchange with {url} failed: {exc}") from exc
+        return await client.request_json(method, path, body, headers, timeout_s)
     finally:
-        writer.close()
-    try:
-        return status, json.loads(data) if data else None
-    except ValueError as exc:
-        raise HttpError(f"{url}{path} answered {status} with a body that is not JSON") from exc
-
-
-async def _read_response(connection: h11.Connection, reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    status = 0
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        event = connection.next_event()
-        if event is h11.NEED_DATA:
-            connection.receive_data(await reader.read(65536))
-        elif isinstance(event, h11.Response):
-            status = event.status_code
-        elif isinstance(event, h11.Data):
-            size += len(event.data)
-            if size > MAX_RESPONSE:
-                raise HttpError(f"response over {MAX_RESPONSE} bytes")
-            parts.append(bytes(event.data))
-        elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
-            return status, b"".join(parts)
+        await client.aclose()

@@ -120,11 +120,13 @@ def _engine_url(value: str) -> str | None:
     return None
 
 
-FIM = "'suffix' or a template containing {prefix} and {suffix}"
+FIM = "'auto', 'suffix' or a template containing {prefix} and {suffix}"
 
 
 def _fim(value: str) -> str | None:
-    return None if value == "suffix" or "{prefix}" in value and "{suffix}" in value else f"must be {FIM}"
+    from kspec.lsp_server.fim import check_setting
+
+    return check_setting(value)
 
 
 PATH = Rule("string", nullable=True)  # a file, folder or name; null: not set
@@ -142,8 +144,8 @@ class Settings(EngineSettings):  # type: ignore[misc,valid-type]
     engine_token_file: str | None = setting(None, PATH)
     engine_ca_file: str | None = setting(None, PATH)  # TLS: trust this certificate (self-signed) or CA instead of the system's
     remote_model: str | None = setting(None, PATH)  # openai: the model to ask for (None: the first one the server lists)
-    # openai: "suffix" (the API's suffix field) or a template with {prefix} and {suffix}
-    remote_fim: str = setting("suffix", Rule("string", check=_fim, expected=FIM))
+    # openai: "auto" (the model family's template, else the API's suffix field), "suffix", or a template with {prefix} and {suffix}
+    remote_fim: str = setting("auto", Rule("string", check=_fim, expected=FIM))
     k: int = setting(3, Rule("integer", minimum=1, maximum=MAX_K))
     max_tokens: int = setting(48, Rule("integer", minimum=1, maximum=MAX_NEW_TOKENS))
     mode: str = setting("diverse", Rule("string", enum=MODES))

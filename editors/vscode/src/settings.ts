@@ -72,7 +72,7 @@ export const DEFAULTS: KspecSettings = {
 	engineTokenFile: null,
 	engineCaFile: null,
 	remoteModel: null,
-	remoteFim: 'suffix',
+	remoteFim: 'auto',
 	k: 3,
 	maxTokens: 48,
 	mode: 'diverse',
@@ -196,7 +196,7 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 	const isEngine = (v: unknown): v is EnginePlacement => typeof v === 'string' && (ENGINES as readonly string[]).includes(v);
 	// The server parses the URL fully (and says which scheme goes with which engine); here only the scheme.
 	const isEngineUrl = (v: unknown): v is string => typeof v === 'string' && (v.trim() === '' || /^(tcp|tls|https?):\/\/\S+$/i.test(v.trim()));
-	const isFim = (v: unknown): v is string => typeof v === 'string' && (v.trim() === '' || v.trim() === 'suffix' || (v.includes('{prefix}') && v.includes('{suffix}')));
+	const isFim = (v: unknown): v is string => typeof v === 'string' && (['', 'auto', 'suffix'].includes(v.trim()) || (v.includes('{prefix}') && v.includes('{suffix}')));
 	const isEnv = (v: unknown): v is Record<string, string> =>
 		typeof v === 'object' && v !== null && !Array.isArray(v) && Object.values(v).every((x) => typeof x === 'string');
 
@@ -210,7 +210,7 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 	take('engineTokenFile', isString, 'the path of a file holding the token (or empty)', (v) => { s.engineTokenFile = v.trim() === '' ? null : expandPath(v, ctx); });
 	take('engineCaFile', isString, 'the path of a PEM certificate (or empty)', (v) => { s.engineCaFile = v.trim() === '' ? null : expandPath(v, ctx); });
 	take('remoteModel', isString, 'a model name (or empty for the first one listed)', (v) => { s.remoteModel = v.trim() === '' ? null : v.trim(); });
-	take('remoteFim', isFim, '"suffix" or a template containing {prefix} and {suffix}', (v) => { s.remoteFim = v.trim() === '' || v.trim() === 'suffix' ? 'suffix' : v; });
+	take('remoteFim', isFim, '"auto", "suffix" or a template containing {prefix} and {suffix}', (v) => { s.remoteFim = v.trim() === '' ? 'auto' : ['auto', 'suffix'].includes(v.trim()) ? v.trim() : v; });
 	take('k', intIn(1, 32), 'an integer from 1 to 32', (v) => { s.k = v; });
 	take('maxTokens', intIn(1, 512), 'an integer from 1 to 512', (v) => { s.maxTokens = v; });
 	take('mode', isMode, oneOf(MODES), (v) => { s.mode = v; });

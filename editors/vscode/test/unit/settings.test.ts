@@ -25,7 +25,7 @@ describe('readSettings', () => {
 		assert.deepEqual(problems, []);
 		assert.deepEqual(toServerSettings(settings), {
 			model: '/home/u/models/qwen', draft: '/proj/draft.gguf', device: 'cuda:1', dtype: 'bfloat16',
-			engine: 'daemon', engineUrl: null, engineTokenFile: null, engineCaFile: null, remoteModel: null, remoteFim: 'suffix',
+			engine: 'daemon', engineUrl: null, engineTokenFile: null, engineCaFile: null, remoteModel: null, remoteFim: 'auto',
 			k: 7, maxTokens: 100, mode: 'sample',
 			temperature: 0.6, debounceMs: 10, deadlineMs: 900, languages: ['python', 'go'], enabled: false,
 		});
@@ -76,10 +76,11 @@ describe('readSettings', () => {
 		}
 	});
 
-	it('empty network-engine strings mean null (remoteFim: "suffix")', () => {
+	it('empty network-engine strings mean null (remoteFim: "auto")', () => {
 		const s = readSettings(config({ engineUrl: ' ', engineTokenFile: '', engineCaFile: '  ', remoteModel: '', remoteFim: '' }), ctx).settings;
-		assert.deepEqual([s.engineUrl, s.engineTokenFile, s.engineCaFile, s.remoteModel, s.remoteFim], [null, null, null, null, 'suffix']);
+		assert.deepEqual([s.engineUrl, s.engineTokenFile, s.engineCaFile, s.remoteModel, s.remoteFim], [null, null, null, null, 'auto']);
 		assert.equal(readSettings(config({ remoteFim: ' suffix ' }), ctx).settings.remoteFim, 'suffix');
+		assert.equal(readSettings(config({ remoteFim: 'auto' }), ctx).settings.remoteFim, 'auto');
 	});
 
 	it('rejects a bad engine, URL scheme or FIM template, keeping the defaults', () => {
@@ -90,7 +91,7 @@ describe('readSettings', () => {
 		assert.equal(problems.length, 6, problems.join('\n'));
 		assert.ok(problems.some((p) => p.startsWith('kspec.engine: expected one of "daemon", "inprocess", "remote", "openai", got "cloud"')));
 		assert.ok(problems.some((p) => p.startsWith('kspec.engineUrl: expected a URL')));
-		assert.ok(problems.some((p) => p.startsWith('kspec.remoteFim: expected "suffix" or a template')));
+		assert.ok(problems.some((p) => p.startsWith('kspec.remoteFim: expected "auto", "suffix" or a template')));
 		assert.equal(readSettings(config({ engineUrl: 'ftp://x:1' }), ctx).problems.length, 1);
 	});
 
