@@ -17,12 +17,12 @@ bytes of a connection.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import os
 import signal
 import ssl
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,8 @@ from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.config import EngineConfig
 from kspec.engine.errors import InputError, KspecError
 from kspec.engine.serve.http_api import HttpApi, looks_like_http, serve_http
+from kspec.engine.serve.metrics import EngineMetrics
+from kspec.engine.serve.platform import unix_only
 from kspec.engine.serve.protocol import (
     PROTOCOL_VERSION,
     DaemonPaths,
@@ -79,11 +81,13 @@ class Daemon:
         idle_timeout_s: float | None = 900.0,  # None: never exit for lack of clients
         token: str | None = None,
         max_batch_requests: int = 16,
+        metrics_open: bool = False,  # GET /metrics without the token
     ):
         self.runner = EngineRunner(config, factory, self._broadcast, max_batch_requests)
         self.idle_timeout_s = idle_timeout_s
         self.token = token
-        self.http = HttpApi(self._complete_http, self._model_name, self._ready, token)
+        self.metrics = EngineMetrics(queue_length=self.runner.queued)
+        self.http = HttpApi(self._complete_http, self._model_name, self._ready, token, self.metrics.exposition, metrics_open)
         self._peers: set[_Peer] = set()
         self._stop = asyncio.Event()
         self._idle: asyncio.TimerHandle | None = None
@@ -117,7 +121,21 @@ class Daemon:
         await self._run(server)
 
     async def _complete_http(self, request: CompletionRequest, document: str) -> tuple[CompletionResult, dict[str, str]]:
-        return await self.runner.complete(request), {}
+        return await self._observed("http", request), {}
+
+    async def _observed(self, surface: str, request: CompletionRequest, early: Any = None) -> CompletionResult:
+        """The runner's answer, counted in the metrics (latency, batching, prefix cache, errors)."""
+        started = time.monotonic()
+        self.metrics.in_flight.inc()
+        try:
+            result = await self.runner.complete(request, early)
+        except (asyncio.CancelledError, Exception) as exc:
+            self.metrics.failed(exc)
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+        self.metrics.answered(surface, request, result, time.monotonic() - started)
+        return result
 
     async def _model_name(self) -> str:
         return self.runner.status.model
@@ -221,7 +239,7 @@ class Daemon:
             def early(interim: CompletionResult) -> None:  # then the final "result" frame
                 peer.send({"type": "early", "id": request_id, "result": interim.to_dict()})
 
-            result = await self.runner.complete(CompletionRequest.from_dict(data), early)
+            result = await self._observed("protocol", CompletionRequest.from_dict(data), early)
             peer.send({"type": "result", "id": request_id, "result": result.to_dict()})
         except (asyncio.CancelledError, Exception) as exc:  # the request fails alone, with the kind of its error
             peer.send(error_frame(request_id, exc))
@@ -231,6 +249,7 @@ class Daemon:
 
 def _lock(path: Path) -> int | None:
     """Hold an exclusive flock on `path` for this process's life and write our pid into it."""
+    fcntl = unix_only("fcntl")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -250,6 +269,7 @@ def run_daemon(
     token: str | None = None,
     tls: ssl.SSLContext | None = None,
     max_batch_requests: int = 16,
+    metrics_open: bool = False,
 ) -> int:
     """Entry point of `kspec engine`; returns the exit code. A Unix-socket daemon holds
     the lock for its model (a second one exits at once); a network daemon needs none:
@@ -263,7 +283,10 @@ def run_daemon(
             print(f"kspec engine: already running (pid {paths.daemon_pid()}) at {paths.socket}", file=sys.stderr)
             return 0
     try:
-        daemon = Daemon(replace(config, progress=False), idle_timeout_s=idle_timeout_s, token=token, max_batch_requests=max_batch_requests)
+        daemon = Daemon(
+            replace(config, progress=False), idle_timeout_s=idle_timeout_s, token=token, max_batch_requests=max_batch_requests,
+            metrics_open=metrics_open,
+        )  # fmt: skip
         if tcp is not None:
             asyncio.run(daemon.serve_tcp(*tcp, tls=tls))
         else:

@@ -2,8 +2,11 @@
 msgpack protocol: the daemon looks at a connection's first bytes and hands HTTP ones
 here (a msgpack frame starts with a 4-byte length, which can never read "POST"/"GET ").
 
-Routes: `POST /v1/completions`, `GET /v1/models`, `GET /health`. With a token, every
-route needs `Authorization: Bearer <token>` (401 and nothing else otherwise). Bodies are
+Routes: `POST /v1/completions`, `GET /v1/models`, `GET /health`, and llama.cpp's
+`POST /infill` and `POST /completion` (engine/serve/infill_api.py), `GET /metrics`
+(Prometheus text, engine/serve/metrics.py). With a token, every route needs
+`Authorization: Bearer <token>` (401 and nothing else otherwise); `/metrics` only when
+not opened explicitly (`kspec engine --metrics-open`, for a scraper without the token). Bodies are
 limited to MAX_BODY bytes; keep-alive is supported; a client that disconnects while its
 request runs has it cancelled.
 """
@@ -20,6 +23,8 @@ import h11
 
 from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.errors import EngineUnavailable, KspecError
+from kspec.engine.serve.infill_api import infill_response, parse_infill
+from kspec.engine.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from kspec.engine.serve.openai_api import ApiError, check_model, completion_response, error_body, models_response, parse_completion
 from kspec.engine.serve.protocol import tokens_match
 
@@ -35,7 +40,7 @@ def looks_like_http(first_bytes: bytes) -> bool:
     return first_bytes[:4] in HTTP_METHOD_PREFIXES
 
 
-Answer = tuple[int, dict[str, Any], dict[str, str]]  # HTTP status, JSON body, extra headers
+Answer = tuple[int, Any, dict[str, str]]  # HTTP status, JSON body, extra headers
 CompleteFn = Callable[[CompletionRequest, str], Awaitable[tuple[CompletionResult, dict[str, str]]]]  # (request, document) -> (result, headers)
 
 
@@ -49,9 +54,13 @@ class HttpApi:
     model_name: Callable[[], Awaitable[str]]
     ready: Callable[[], Awaitable[tuple[bool, str]]]  # (ready, state message)
     token: str | None = None
+    metrics: Callable[[], bytes] | None = None  # the Prometheus exposition; None: no /metrics
+    metrics_open: bool = False  # /metrics without the token
 
     async def respond(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Answer:
         path = path.split("?", 1)[0]
+        if path == "/metrics" and self.metrics is not None and method == "GET" and self.metrics_open:
+            return 200, self.metrics(), {"content-type": METRICS_CONTENT_TYPE}
         if not tokens_match(self.token, bearer(headers.get("authorization", ""))):
             return 401, error_body("missing or wrong API token (Authorization: Bearer <token>)", "authentication_error"), {"www-authenticate": "Bearer"}
         try:
@@ -62,29 +71,46 @@ class HttpApi:
                 return 200, models_response(await self.model_name()), {}
             if path == "/v1/completions" and method == "POST":
                 return await self._completions(body)
-            if path in ("/v1/models", "/v1/completions", "/health"):
+            if path == "/metrics" and method == "GET" and self.metrics is not None:
+                return 200, self.metrics(), {"content-type": METRICS_CONTENT_TYPE}
+            if path in ("/infill", "/completion") and method == "POST":
+                return await self._infill(body, infill=path == "/infill")
+            if path in ("/v1/models", "/v1/completions", "/health", "/infill", "/completion"):
                 return 405, error_body(f"{method} is not allowed on {path}"), {}
-            return 404, error_body(f"no route {path}; this server offers /v1/completions and /v1/models", "not_found_error"), {}
+            return 404, error_body(f"no route {path}; this server offers /v1/completions, /v1/models, /infill and /completion", "not_found_error"), {}
         except ApiError as exc:
             return exc.status, exc.body(), exc.headers
 
     async def _completions(self, body: bytes) -> Answer:
-        if len(body) > MAX_BODY:
-            raise ApiError(413, f"the body exceeds {MAX_BODY} bytes")
-        try:
-            data = json.loads(body or b"null")
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError.invalid(f"the body is not valid JSON: {exc}") from exc
-        parsed = parse_completion(data)
+        parsed = parse_completion(_json(body))
+        result, headers = await self._run(parsed.request, parsed.model, parsed.document)
+        return 200, completion_response(result, result.model), headers
+
+    async def _infill(self, body: bytes, infill: bool) -> Answer:
+        parsed = parse_infill(_json(body), infill)
+        if not parsed.generate:  # n_predict 0: a client warming the cache; kspec keeps the last prefix anyway
+            return 200, infill_response(None, parsed), {}
+        result, headers = await self._run(parsed.request, None, parsed.request.path)  # like llama.cpp, any `model` is the one served
+        return 200, infill_response(result, parsed), headers
+
+    async def _run(self, request: CompletionRequest, model: str | None, document: str) -> tuple[CompletionResult, dict[str, str]]:
         ready, state = await self.ready()
         if not ready:
             raise ApiError.of(EngineUnavailable(f"the engine is not ready: {state}"))
-        check_model(parsed.model, await self.model_name())
+        check_model(model, await self.model_name())
         try:
-            result, headers = await self.complete(parsed.request, parsed.document)
+            return await self.complete(request, document)
         except KspecError as exc:
             raise ApiError.of(exc) from exc
-        return 200, completion_response(result, result.model), headers
+
+
+def _json(body: bytes) -> Any:
+    if len(body) > MAX_BODY:
+        raise ApiError(413, f"the body exceeds {MAX_BODY} bytes")
+    try:
+        return json.loads(body or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError.invalid(f"the body is not valid JSON: {exc}") from exc
 
 
 def bearer(value: str) -> str | None:
@@ -174,9 +200,11 @@ async def _answer_unless_gone(job: Awaitable[Answer], reader: asyncio.StreamRead
             task.cancel()
 
 
-def _send_json(connection: h11.Connection, writer: asyncio.StreamWriter, status: int, payload: dict[str, Any], extra: dict[str, str] | None = None) -> None:
-    body = json.dumps(payload).encode()
-    headers = [("content-type", "application/json"), ("content-length", str(len(body))), *(extra or {}).items()]
+def _send_json(connection: h11.Connection, writer: asyncio.StreamWriter, status: int, payload: Any, extra: dict[str, str] | None = None) -> None:
+    """A JSON answer, or bytes as they are (their content-type in `extra`)."""
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    extra = dict(extra or {})
+    headers = [("content-type", extra.pop("content-type", "application/json")), ("content-length", str(len(body))), *extra.items()]
     writer.write(connection.send(h11.Response(status_code=status, headers=headers)))
     writer.write(connection.send(h11.Data(data=body)))
     writer.write(connection.send(h11.EndOfMessage()))

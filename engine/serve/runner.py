@@ -162,6 +162,10 @@ class EngineRunner:
                 cancel.cancel()
         self._queue.put(None)
 
+    def queued(self) -> int:
+        """Requests waiting for the engine's thread to take them (the metrics' queue length)."""
+        return self._queue.qsize()
+
     def join(self, timeout_s: float) -> bool:
         """Wait for the worker to finish after stop()."""
         if self._thread.is_alive():
