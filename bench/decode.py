@@ -11,11 +11,13 @@ from __future__ import annotations
 import inspect
 import json.decoder
 import statistics
+import sys
 import time
 from dataclasses import replace
 from typing import Any, Callable
 
 import torch
+from tqdm import tqdm
 
 from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.completion import CompletionEngine
@@ -184,7 +186,9 @@ def _source_prompts(target: LoadedModel, n_tokens: int) -> list[list[int]]:
     return [target.tokenizer.encode(inspect.getsource(importlib.import_module(name)))[:n_tokens] for name in BENCH_SOURCES]
 
 
-def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: int, plot_path: str | None) -> dict[str, Any]:
+def bench_decode(
+    config: EngineConfig, ks: list[int], new_tokens: int, repeats: int, plot_path: str | None, progress: bool = False
+) -> dict[str, Any]:
     """BASS with each drafter vs regular decoding (no drafter: one token per branch per
     round), and k sequential single-branch requests, all through the path that serves
     requests (`CompletionEngine.complete`: the batcher, prefix cache warm as when typing),
@@ -220,6 +224,7 @@ def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: 
         for prompt in prompts:
             engine.complete(CompletionRequest(prefix=prompt, k=1, max_tokens=1, deadline_ms=600_000))
     cases = []
+    bar = tqdm(total=len(ks) * repeats * len(prompts), desc="kspec bench decode", unit="prompt", disable=not progress, file=sys.stderr)
     for k in ks:
         rates: dict[str, list[float]] = {name: [] for name in engines}
         accepted: dict[str, list[float]] = {name: [] for name in drafters}
@@ -238,6 +243,7 @@ def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: 
                         identical[name].append(texts == reference)
                         if texts != reference and exact:
                             raise AssertionError(f"BASS with {name} diverged from regular decoding (k={k})")
+                bar.update(1)
         regular_rate = statistics.median(rates["regular"])
         for name in [*drafters, "sequential-lookup"]:
             rate = statistics.median(rates[name])
@@ -252,6 +258,7 @@ def bench_decode(config: EngineConfig, ks: list[int], new_tokens: int, repeats: 
                     "identical_to_regular": round(statistics.mean(identical[name]), 2) if name in identical else None,
                 }
             )
+    bar.close()
     report = {
         "model": loaded.model_name,
         "path": "CompletionEngine.complete (batcher, warm prefix cache, raw texts)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -33,13 +34,19 @@ def read_cases(path: str) -> Iterator[dict[str, Any]]:
             yield case
 
 
-def evaluate_file(engine: CompletionEngine, cases_path: str, out_path: str, request_fields: dict[str, Any]) -> dict[str, Any]:
+def evaluate_file(
+    engine: CompletionEngine, cases_path: str, out_path: str, request_fields: dict[str, Any], progress: bool = False
+) -> dict[str, Any]:
+    """Completes every case in order; `progress`: a progress bar on stderr."""
+    from tqdm import tqdm
+
     latencies: list[float] = []
     exact_top = exact_any = with_reference = shown = breaking = checked_top = top_static = 0
+    cases = list(read_cases(cases_path))  # a bad line is reported before any work
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as results:
-        for case in read_cases(cases_path):
+        for case in tqdm(cases, desc="kspec eval", unit="case", disable=not progress, file=sys.stderr):
             request = CompletionRequest(
                 prefix=case["prefix"],
                 suffix=case.get("suffix", ""),

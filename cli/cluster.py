@@ -11,6 +11,8 @@ import sys
 import threading
 from pathlib import Path
 
+from kspec.cli.exits import UsageError
+from kspec.cli.logs import add_log_level, configure_logging
 from kspec.engine.errors import KspecError
 from kspec.cli.commands import engine_config, warn_if_public
 from kspec.engine.config import add_flags
@@ -38,6 +40,7 @@ def add_cluster_parser(commands: argparse._SubParsersAction) -> None:
     up.add_argument("--num-cpus", type=float, default=1.0, help="Ray CPUs per replica (default 1; also its torch threads unless --threads is given)")
     up.add_argument("--num-gpus", type=float, default=0.0, help="Ray GPUs per replica (default 0)")
     up.add_argument("--address", default=None, help="join a running Ray cluster ('auto' or HOST:PORT) instead of starting a local one")
+    add_log_level(up, "warning")
 
 
 def _import_cluster():
@@ -51,14 +54,15 @@ def _import_cluster():
 
 
 def run_cluster(args: argparse.Namespace) -> int:
+    configure_logging(args, "kspec-cluster")
     if args.cluster_command != "up":
-        raise KspecError(f"unknown cluster command {args.cluster_command!r}")
+        raise UsageError(f"unknown cluster command {args.cluster_command!r}")
     if not 0 <= args.port <= 65535:
-        raise KspecError(f"--port must be between 0 and 65535, got {args.port}")
+        raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
     from kspec.engine.serve.protocol import is_loopback, read_token
 
     if args.token_file is None and not is_loopback(args.host):
-        raise KspecError(
+        raise UsageError(
             f"refusing to serve on {args.host} without a token: pass --token-file FILE "
             "(clients then send 'Authorization: Bearer <token>'), or keep the default --host 127.0.0.1"
         )
@@ -70,7 +74,7 @@ def run_cluster(args: argparse.Namespace) -> int:
             num_cpus=args.num_cpus, num_gpus=args.num_gpus, token=token,
         )  # fmt: skip
     except ValueError as exc:
-        raise KspecError(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
     warn_if_public(args.host, "cluster")
     logging.getLogger("ray").setLevel(logging.WARNING)
     logging.getLogger("ray.serve").setLevel(logging.WARNING)

@@ -10,12 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kspec.cli.exits import UsageError
+from kspec.cli.logs import add_log_level, configure_logging
 from kspec.engine.errors import KspecError
 
 if TYPE_CHECKING:
     from kspec.engine.config import EngineConfig
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def engine_config(args: argparse.Namespace, **fixed: Any) -> "EngineConfig":
@@ -25,7 +25,7 @@ def engine_config(args: argparse.Namespace, **fixed: Any) -> "EngineConfig":
     try:
         return from_flags(args, **fixed)
     except ValueError as exc:
-        raise KspecError(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
 
 
 def _address(value: str) -> tuple[str, int]:
@@ -54,7 +54,7 @@ def add_lsp_parser(commands: argparse._SubParsersAction) -> None:
     lsp.add_argument("--engine-token-file", type=Path, default=None, help="with --engine-url: the file holding the engine's token (API key)")
     lsp.add_argument("--engine-idle-timeout", type=float, default=None, metavar="SECONDS", help="a daemon this server starts exits this long after its last client disconnected (default 10)")
     lsp.add_argument("--max-message-bytes", type=int, default=None, help="largest JSON-RPC message accepted (default 128 MiB)")
-    lsp.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="stderr log level (document text is logged only with the debugLog setting)")
+    add_log_level(lsp, "warning")  # document text is logged only with the debugLog setting
 
 
 def add_engine_parser(commands: argparse._SubParsersAction) -> None:
@@ -69,6 +69,8 @@ def add_engine_parser(commands: argparse._SubParsersAction) -> None:
     engine.add_argument("--tls-cert", type=Path, default=None, help="with --listen: serve TLS with this PEM certificate (chain)")
     engine.add_argument("--tls-key", type=Path, default=None, help="with --tls-cert: its PEM private key (default: in the certificate file)")
     engine.add_argument("--max-batch-requests", type=int, default=16, help="requests decoded together (continuous batching); 1 answers them one at a time")
+    engine.add_argument("--metrics-open", action="store_true", help="with --listen: serve GET /metrics (Prometheus) without the token, for a scraper; every other route still needs it")
+    add_log_level(engine, "info")
 
 
 def run_lsp(args: argparse.Namespace) -> int:
@@ -78,18 +80,17 @@ def run_lsp(args: argparse.Namespace) -> int:
     redactor = Redactor()
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(redactor)
-    handler.setFormatter(logging.Formatter("%(asctime)s kspec-lsp %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=args.log_level.upper(), handlers=[handler], force=True)
+    configure_logging(args, "kspec-lsp", handler)
     url = args.engine_url or (f"tcp://{args.engine_tcp[0]}:{args.engine_tcp[1]}" if args.engine_tcp else None)
     engine, token = args.engine, None
     if url is not None:
         try:
             parsed = parse_engine_url(url)
         except ValueError as exc:
-            raise KspecError(str(exc)) from exc
+            raise UsageError(str(exc)) from exc
         engine = "openai" if parsed.is_http else "remote"
         if engine == "remote" and args.engine_token_file is None:
-            raise KspecError("a network engine needs its token: pass --engine-token-file")
+            raise UsageError("a network engine needs its token: pass --engine-token-file")
         token = read_token(args.engine_token_file) if args.engine_token_file else None
     options = ServerOptions(engine=engine, engine_url=url, daemon_token=token, redactor=redactor)
     if args.engine_idle_timeout is not None:
@@ -109,12 +110,13 @@ def run_engine(args: argparse.Namespace) -> int:
     from kspec.engine.serve.daemon import run_daemon
     from kspec.engine.serve.protocol import DaemonPaths, new_token, read_token
 
+    configure_logging(args, "kspec-engine")
     config = engine_config(args, progress=False)
     if not 1 <= args.max_batch_requests <= 256:
-        raise KspecError(f"--max-batch-requests must be between 1 and 256, got {args.max_batch_requests}")
+        raise UsageError(f"--max-batch-requests must be between 1 and 256, got {args.max_batch_requests}")
     if args.listen is None:
-        if args.tls_cert or args.token_file:
-            raise KspecError("--tls-cert and --token-file only apply with --listen HOST:PORT")
+        if args.tls_cert or args.token_file or args.metrics_open:
+            raise UsageError("--tls-cert, --token-file and --metrics-open only apply with --listen HOST:PORT")
         idle = 900.0 if args.idle_timeout is None else args.idle_timeout
         return run_daemon(config, args.socket, idle, max_batch_requests=args.max_batch_requests)
     warn_if_public(args.listen[0], "engine")
@@ -130,14 +132,15 @@ def run_engine(args: argparse.Namespace) -> int:
         print(f"kspec engine: token in {token_file}", file=sys.stderr, flush=True)
     tls = _server_tls(args.tls_cert, args.tls_key)
     return run_daemon(
-        config, args.socket, args.idle_timeout, tcp=args.listen, token=token, tls=tls, max_batch_requests=args.max_batch_requests
-    )
+        config, args.socket, args.idle_timeout, tcp=args.listen, token=token, tls=tls, max_batch_requests=args.max_batch_requests,
+        metrics_open=args.metrics_open,
+    )  # fmt: skip
 
 
 def _server_tls(cert: Path | None, key: Path | None):
     if cert is None:
         if key is not None:
-            raise KspecError("--tls-key needs --tls-cert")
+            raise UsageError("--tls-key needs --tls-cert")
         return None
     import ssl
 

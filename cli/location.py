@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kspec.cli.exits import UsageError
 from kspec.engine.errors import InputError
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
@@ -20,7 +21,7 @@ class FileLocation:
 def parse_location(location: str) -> tuple[Path, int, int]:
     parts = location.rsplit(":", 2)
     if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
-        raise InputError(f"expected PATH:LINE:COL (1-based), got {location!r}")
+        raise UsageError(f"expected PATH:LINE:COL (1-based), got {location!r}")
     return Path(parts[0]), int(parts[1]), int(parts[2])
 
 

@@ -1,4 +1,4 @@
-"""`kspec` command line: complete, eval, bench (and, as they land, lsp and engine)."""
+"""`kspec` command line: complete, eval, bench, lsp, engine, cluster. Exit codes: cli/exits.py."""
 
 from __future__ import annotations
 
@@ -8,37 +8,52 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from kspec.engine.api import MAX_K, MAX_NEW_TOKENS
 from kspec.engine.errors import KspecError
 from kspec.cli.cluster import add_cluster_parser, run_cluster
 from kspec.cli.commands import add_engine_parser, add_lsp_parser, engine_config, run_engine, run_lsp
+from kspec.cli.exits import EXIT_INTERRUPTED, UsageError, exit_code
+from kspec.cli.logs import add_log_level, configure_logging
 from kspec.engine.config import add_flags
+from kspec.engine.version import version
 
 
 def _generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-k", type=int, default=4, help="number of alternatives (default 4)")
     parser.add_argument("--max-tokens", type=int, default=48, help="new tokens per alternative (default 48)")
-    parser.add_argument("--mode", choices=["diverse", "sample"], default="diverse")
+    parser.add_argument(
+        "--mode", choices=["diverse", "sample"], default="diverse",
+        help="diverse: the k most likely distinct alternatives (greedy after k different first tokens); sample: k samples (default diverse)",
+    )  # fmt: skip
     parser.add_argument("--temperature", type=float, default=0.0, help="for --mode sample (0 = 0.8)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--deadline-ms", type=float, default=60000.0)
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for --mode sample: keep the most likely tokens up to this probability mass (default 1.0: all)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed for --mode sample (default 0)")
+    parser.add_argument("--deadline-ms", type=float, default=60000.0, help="answer with what is complete after this many milliseconds (default 60000)")
     parser.add_argument("--raw", action="store_true", help="show untrimmed alternatives")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kspec", description="k alternative code completions at a cursor")
+    parser = argparse.ArgumentParser(
+        prog="kspec", description="k alternative code completions at a cursor",
+        epilog="Exit status: 0 done, 1 runtime error (missing file, model or engine), 2 usage error, 130 interrupted. "
+        "Logs: --log-level or $KSPEC_LOG_LEVEL (debug, info, warning, error).",
+    )  # fmt: skip
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     complete = commands.add_parser("complete", help="complete at PATH:LINE:COL (1-based)")
     complete.add_argument("location", help="PATH:LINE:COL, 1-based")
     complete.add_argument("--json", action="store_true", help="print one JSON object")
     add_flags(complete)
+    add_log_level(complete, "warning")
     _generation_args(complete)
 
     evaluate = commands.add_parser("eval", help="complete every case of a JSONL file")
     evaluate.add_argument("cases", help='JSONL: {"id", "prefix", "suffix", "language", ...} per line')
     evaluate.add_argument("--out", required=True, help="results JSONL, one line per case in case order")
+    evaluate.add_argument("--json", action="store_true", help="print the summary as one JSON line (no progress bar when stdout is a pipe)")
     add_flags(evaluate)
+    add_log_level(evaluate, "warning")
     _generation_args(evaluate)
 
     bench = commands.add_parser("bench", help="measure speed, side by side in one run")
@@ -51,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         "then typing replayed through kspec lsp (under \"lsp\": kspec vs the previous configuration); "
         "serve: N editors at once, continuous batching vs one request at a time (or --url endpoints)",
     )
-    bench.add_argument("--json", action="store_true")
+    bench.add_argument("--json", action="store_true", help="print the report as one JSON line (no progress bar when stdout is a pipe)")
     bench.add_argument(
         "--paths", default=None,
         help="step: comma-separated compute paths (--dtype values) compared side by side (default float32,auto)",
@@ -59,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ks", default=None, help="comma-separated k values")
     bench.add_argument("--contexts", default=None, help="comma-separated context lengths (tokens)")
     bench.add_argument("--max-tokens", type=int, default=None, help="new tokens per branch (default: 48 for quality, 32 otherwise)")
-    bench.add_argument("--repeats", type=int, default=None)
-    bench.add_argument("--plot", default="bench-decode.png", help="decode: where to write the PNG plot")
+    bench.add_argument("--repeats", type=int, default=None, help="measurements per point (default per bench; serve: rounds, --hop: samples)")
+    bench.add_argument("--plot", default="bench-decode.png", help="decode: where to write the PNG plot ('' for none; needs matplotlib)")
     bench.add_argument(
         "--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"), help="quality: the shared evaluation data"
     )
@@ -90,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--token-file", type=Path, default=None, help="serve: the endpoints' token (API key)")
     bench.add_argument("--hop", action="store_true", help="serve: with one --url, the same request in this process vs through that endpoint (the network / Ray hop)")
     add_flags(bench)
+    add_log_level(bench, "warning")
 
     add_lsp_parser(commands)
     add_engine_parser(commands)
@@ -97,7 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def show_progress(args: argparse.Namespace) -> bool:
+    """Progress bars go to a terminal's stderr, and not when --json output goes to a pipe."""
+    return sys.stderr.isatty() and not (getattr(args, "json", False) and not sys.stdout.isatty())
+
+
 def _request_fields(args: argparse.Namespace) -> dict:
+    if not 1 <= args.k <= MAX_K:
+        raise UsageError(f"-k: k must be between 1 and {MAX_K}, got {args.k}")
+    if not 1 <= args.max_tokens <= MAX_NEW_TOKENS:
+        raise UsageError(f"--max-tokens must be between 1 and {MAX_NEW_TOKENS}, got {args.max_tokens}")
     return {
         "k": args.k,
         "max_tokens": args.max_tokens,
@@ -115,9 +140,10 @@ def run_complete(args: argparse.Namespace) -> int:
     from kspec.engine.completion import CompletionEngine
     from kspec.cli.location import read_location
 
+    fields = _request_fields(args)
     context = read_location(args.location)  # validate the file before loading a model
     engine = CompletionEngine.load(engine_config(args))
-    request = CompletionRequest(prefix=context.prefix, suffix=context.suffix, path=str(context.path), **_request_fields(args))
+    request = CompletionRequest(prefix=context.prefix, suffix=context.suffix, path=str(context.path), **fields)
     result = engine.complete(request)
     if engine.defaults is not None:  # what the engine chose for this machine (what `kspec lsp` uses unless set)
         result.timing_ms.update({f"machine_{name}": value for name, value in engine.defaults.to_dict().items()})
@@ -135,11 +161,13 @@ def run_complete(args: argparse.Namespace) -> int:
 
 def run_eval(args: argparse.Namespace) -> int:
     from kspec.engine.completion import CompletionEngine
-    from kspec.bench.evaluate import evaluate_file
+    from kspec.bench.evaluate import evaluate_file, read_cases
 
-    engine = CompletionEngine.load(engine_config(args))
-    summary = evaluate_file(engine, args.cases, args.out, _request_fields(args))
-    print(json.dumps(summary, indent=1))
+    fields = _request_fields(args)
+    list(read_cases(args.cases))  # a missing file or bad line is said before a model loads
+    engine = CompletionEngine.load(engine_config(args, progress=show_progress(args)))
+    summary = evaluate_file(engine, args.cases, args.out, fields, progress=show_progress(args))
+    print(json.dumps(summary, indent=None if args.json else 1))
     return 0
 
 
@@ -206,13 +234,34 @@ def _bench_quality(config, args: argparse.Namespace) -> dict:
         raise KspecError(f"{data}: evaluation data folder not found (pass --data DIR)")
     engine = CompletionEngine.load(config)
     details = args.cases_out is not None
-    report = run_quality_bench(engine, data, quality, progress=lambda line: print(line, file=sys.stderr), details=details)
+    from tqdm import tqdm
+
+    with tqdm(desc="kspec bench quality", unit="case", disable=not show_progress(args), file=sys.stderr) as bar:
+        report = run_quality_bench(engine, data, quality, progress=lambda line: bar.update(1), details=details)
     if details:
         args.cases_out.write_text(json.dumps({"cases": report.pop("cases")}), encoding="utf-8")
     return report
 
 
+# What a bench needs beyond kspec's own dependencies: pip install 'kspec[bench]'.
+BENCH_NEEDS = {"generate": ("transformers",), "decode": ("matplotlib",), "quality": ("pyflakes",)}
+
+
+def _check_bench_extra(args: argparse.Namespace) -> None:
+    """Before any work: a bench whose optional dependency is missing says what to install."""
+    import importlib.util
+
+    needs = BENCH_NEEDS.get(args.what, ())
+    if args.what == "decode" and not args.plot:
+        needs = ()
+    missing = [name for name in needs if importlib.util.find_spec(name) is None]
+    if missing:
+        hint = " (or --plot '' for no plot)" if args.what == "decode" else ""
+        raise KspecError(f"kspec bench {args.what} needs {', '.join(missing)}: pip install 'kspec[bench]'{hint}")
+
+
 def run_bench(args: argparse.Namespace) -> int:
+    _check_bench_extra(args)
     from kspec.bench import decode as bench
 
     config = engine_config(args, progress=False)
@@ -225,7 +274,7 @@ def run_bench(args: argparse.Namespace) -> int:
     elif args.what == "quality":
         report = _bench_quality(config, args)
     elif args.what == "decode":
-        report = bench.bench_decode(config, _ints(args.ks, [1, 4, 8]), args.max_tokens or 32, args.repeats or 1, args.plot)
+        report = bench.bench_decode(config, _ints(args.ks, [1, 4, 8]), args.max_tokens or 32, args.repeats or 1, args.plot, progress=show_progress(args))
     elif args.what == "serve":
         report = _bench_serve(config, args)
     elif args.what == "step":
@@ -244,16 +293,18 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # usage errors exit 2 here
     handlers = {"complete": run_complete, "eval": run_eval, "bench": run_bench, "lsp": run_lsp, "engine": run_engine, "cluster": run_cluster}
     try:
+        if args.command in ("complete", "eval", "bench"):  # lsp, engine and cluster set up their own (same option)
+            configure_logging(args, "kspec")
         return handlers[args.command](args)
     except KspecError as exc:
         print(f"kspec: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
     except KeyboardInterrupt:
         print("kspec: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

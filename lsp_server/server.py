@@ -32,6 +32,7 @@ from pygls.protocol.language_server import lsp_method
 
 from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.errors import InputError, KspecError
+from kspec.engine.version import version
 from kspec.lsp_server.context import Budgets, EditorContext, editor_context, looks_binary
 from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Cursor, Document, DocumentStore, line_body, units_from_column
 from kspec.lsp_server.edits import CLOSERS, replaced_chars
@@ -48,7 +49,7 @@ from kspec.lsp_server.typeahead import Entry, TypeaheadCache
 
 log = logging.getLogger("kspec.lsp")
 
-VERSION = "0.1.0"
+VERSION = version()  # pyproject.toml, through the installed distribution
 STATUS_METHOD = "$/kspec/status"
 STATS_METHOD = "kspec/stats"
 UPDATED_METHOD = "$/kspec/suggestionsUpdated"  # longer alternatives for {uri, version} are in the typeahead cache

@@ -29,7 +29,7 @@ def test_public_host_without_token_is_refused(capsys):
 
 
 def test_missing_token_file_is_a_clear_error(tmp_path: Path, capsys):
-    assert main(["cluster", "up", "--token-file", str(tmp_path / "missing")]) == 2
+    assert main(["cluster", "up", "--token-file", str(tmp_path / "missing")]) == 1  # a runtime error
     error = capsys.readouterr().err
     assert "cannot read the token file" in error and "Traceback" not in error
 
@@ -37,7 +37,7 @@ def test_missing_token_file_is_a_clear_error(tmp_path: Path, capsys):
 def test_without_ray_it_says_what_to_install(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     monkeypatch.delitem(sys.modules, "kspec.engine.serve.cluster", raising=False)
-    assert main(["cluster", "up", "--replicas", "2"]) == 2
+    assert main(["cluster", "up", "--replicas", "2"]) == 1
     error = capsys.readouterr().err
     assert "pip install 'kspec[cluster]'" in error and "Traceback" not in error
 

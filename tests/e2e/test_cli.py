@@ -52,20 +52,20 @@ def test_eval_writes_results_in_case_order(tmp_path: Path, random_llama_dir: Pat
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (("complete", "no/such/file.py:1:1"), "no such file"),
-        (("complete", f"{DEMO}:999:1"), "line 999 is outside the file"),
-        (("complete", f"{DEMO}:1:99"), "column 99 is outside the line"),
-        (("complete", f"{DEMO}"), "expected PATH:LINE:COL"),
-        (("complete", f"{DEMO}:1:1", "--model", "no/such/model.gguf"), "does not exist"),
-        (("complete", f"{DEMO}:1:1", "-k", "0"), "k must be between"),
-        (("eval", "no/such/cases.jsonl", "--out", "/dev/null"), "no such file"),
+    ("args", "message", "code"),
+    [  # 1: a runtime error; 2: a usage error (as argparse's own)
+        (("complete", "no/such/file.py:1:1"), "no such file", 1),
+        (("complete", f"{DEMO}:999:1"), "line 999 is outside the file", 1),
+        (("complete", f"{DEMO}:1:99"), "column 99 is outside the line", 1),
+        (("complete", f"{DEMO}"), "expected PATH:LINE:COL", 2),
+        (("complete", f"{DEMO}:1:1", "--model", "no/such/model.gguf"), "does not exist", 1),
+        (("complete", f"{DEMO}:1:1", "-k", "0"), "k must be between", 2),
+        (("eval", "no/such/cases.jsonl", "--out", "/dev/null"), "no such file", 1),
     ],
 )
-def test_errors_are_one_clear_line(args: tuple[str, ...], message: str):
+def test_errors_are_one_clear_line(args: tuple[str, ...], message: str, code: int):
     run = kspec(*args)
-    assert run.returncode == 2
+    assert run.returncode == code
     assert message in run.stderr
     assert "Traceback" not in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
@@ -75,4 +75,4 @@ def test_unreadable_gguf_is_one_clear_line(tmp_path: Path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"\x00" * 1000)
     run = kspec("complete", f"{DEMO}:1:1", "--model", str(bad))
-    assert run.returncode == 2 and "GGUF" in run.stderr and "Traceback" not in run.stderr
+    assert run.returncode == 1 and "GGUF" in run.stderr and "Traceback" not in run.stderr
