@@ -14,7 +14,6 @@ and starts the daemon again (giving up after `max_restarts` crashes in a short w
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import itertools
 import logging
 import os
@@ -28,6 +27,7 @@ from typing import IO, Any, Callable, Protocol
 
 from kspec.engine.api import CompletionRequest, CompletionResult, EarlyAnswer
 from kspec.engine.config import EngineConfig, to_flags
+from kspec.engine.serve.platform import unix_only
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
 from kspec.engine.serve.protocol import (
     PROTOCOL_VERSION,
@@ -423,6 +423,7 @@ def _status_from_wire(data: Any, pid: int | None) -> Status:
 
 def _try_lock(path: Path) -> IO[bytes] | None:
     """An exclusive flock on `path`, or None when another process holds it."""
+    fcntl = unix_only("fcntl")
     handle = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
