@@ -33,6 +33,8 @@ from pygls.protocol.language_server import lsp_method
 from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.errors import InputError, KspecError
 from kspec.engine.version import version
+from kspec.lsp_server.acceptance import ACCEPT_COMMAND, Acceptance, item_command
+from kspec.lsp_server.progress import LoadingProgress, client_shows_progress
 from kspec.lsp_server.context import Budgets, EditorContext, editor_context, looks_binary
 from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Cursor, Document, DocumentStore, line_body, units_from_column
 from kspec.lsp_server.edits import CLOSERS, replaced_chars
@@ -165,6 +167,8 @@ class Session:
         self.settings = Settings() if options.engine is None else Settings(engine=options.engine)
         self.typeahead = TypeaheadCache()
         self.stats = Stats()
+        self.acceptance = Acceptance()  # shown / accepted / partially accepted, by rank and language
+        self.loading: LoadingProgress | None = None  # $/progress while the model loads (set at initialize)
         self.encoding = UTF16
         self.engine: EngineClient | None = None
         self._retired: list[EngineClient] = []  # closed engines whose thread may still be finishing
@@ -194,11 +198,13 @@ class Session:
         feature(lsp.TEXT_DOCUMENT_INLINE_COMPLETION, lsp.InlineCompletionOptions())(self.inline_completion)
         feature(lsp.TEXT_DOCUMENT_COMPLETION, lsp.CompletionOptions(resolve_provider=False))(self.completion)
         feature(STATS_METHOD)(self.stats_request)
+        self.server.command(ACCEPT_COMMAND)(lambda *arguments: self.accepted(arguments))
 
     # --- lifecycle -------------------------------------------------------------------
 
     def initialize(self, params: lsp.InitializeParams) -> None:
         self.encoding = negotiate_encoding(params.capabilities)
+        self.loading = LoadingProgress(self.server.work_done_progress, client_shows_progress(params.capabilities))
         parsed = parse_settings(params.initialization_options, self.settings)
         self._user_set = (self._user_set - parsed.cleared) | parsed.given
         self._set_settings(parsed.settings)
@@ -354,6 +360,8 @@ class Session:
 
     def _on_status(self, status: Status) -> None:
         self._status = status
+        if self.loading is not None and not self._closed:
+            self.loading.update(status)
         if status.state == READY:
             self._shown.clear()
         elif status.state == ERROR:
@@ -365,7 +373,7 @@ class Session:
         there is one) and what the requests are doing (`activity`)."""
         if self._closed:
             return
-        data = {**status.to_dict(), "serverPid": os.getpid(), "activity": self._activity}
+        data = {**status.to_dict(), "serverPid": os.getpid(), "activity": self._activity, "acceptance": self.acceptance.summary()}
         log_file = getattr(self.engine, "log_file", None)
         if log_file is not None:
             data["logFile"] = str(log_file)
@@ -387,7 +395,20 @@ class Session:
         self.server.window_show_message(lsp.ShowMessageParams(type=kind, message=message))
 
     def stats_request(self, params: Any) -> dict[str, Any]:
-        return {**asdict(self.stats), "documents": len(self.documents), "typeahead_entries": len(self.typeahead), "inflight": len(self._inflight)}
+        return {
+            **asdict(self.stats), "documents": len(self.documents), "typeahead_entries": len(self.typeahead), "inflight": len(self._inflight),
+            "acceptance": self.acceptance.to_dict(),
+        }  # fmt: skip
+
+    def accepted(self, arguments: tuple[Any, ...]) -> None:
+        """`kspec.accepted` (an item's command, or the client's own accept notice): counted, never logged with text."""
+        for argument in arguments:
+            problem = self.acceptance.accepted(argument)
+            if problem:
+                log.warning("%s: %s", ACCEPT_COMMAND, problem)
+                return
+        if arguments:
+            self.notify_status(self._status)
 
     # --- completions -------------------------------------------------------------------
 
@@ -414,7 +435,13 @@ class Session:
         automatic = params.context.trigger_kind == lsp.InlineCompletionTriggerKind.Automatic
         query = self._query(params.text_document.uri, params.position)
         texts = await self._suggest(query, debounce=automatic) if query else []
-        items = [lsp.InlineCompletionItem(insert_text=text, range=self._edit_range(query, text)) for text in texts if query]
+        items = [
+            lsp.InlineCompletionItem(insert_text=text, range=self._edit_range(query, text), command=item_command(rank, query.document.language_id, text))
+            for rank, text in enumerate(texts)
+            if query
+        ]
+        if items and query:
+            self.acceptance.shown(query.document.language_id, len(items))
         return lsp.InlineCompletionList(items=items)
 
     async def completion(self, params: lsp.CompletionParams) -> lsp.CompletionList:
@@ -434,8 +461,11 @@ class Session:
                     preselect=index == 0,
                     insert_text_format=lsp.InsertTextFormat.PlainText,
                     text_edit=lsp.TextEdit(range=self._edit_range(query, text), new_text=text),
+                    command=item_command(index, query.document.language_id, text),
                 )
             )
+        if items and query:
+            self.acceptance.shown(query.document.language_id, len(items))
         return lsp.CompletionList(is_incomplete=True, items=items)
 
     def _documentation(self, query: Query, text: str) -> lsp.MarkupContent | str:

@@ -223,7 +223,7 @@ local function to_items(bufnr, result, encoding, anchor)
           local rest = text:sub(#typed + 1)
           if rest ~= '' and not seen[rest] then
             seen[rest] = true
-            out[#out + 1] = { text = rest, insert = text, row = anchor.row, scol = scol, ecol = ecol }
+            out[#out + 1] = { text = rest, insert = text, row = anchor.row, scol = scol, ecol = ecol, command = raw.command }
           end
         end
       end
@@ -413,6 +413,21 @@ function M.shown(bufnr)
   return { index = st.index, count = #st.items, text = rest_of(st), items = texts }
 end
 
+--- Tell the server that an item was accepted, `taken` characters of it (nil: all), by
+--- running its command (`kspec.accepted`): rank, language and lengths, never text.
+local function report_accepted(st, item, taken)
+  local command = item and item.command
+  local client = st and vim.lsp.get_client_by_id(st.client_id)
+  if type(command) ~= 'table' or type(command.arguments) ~= 'table' or not client then
+    return
+  end
+  local argument = vim.deepcopy(command.arguments[1] or {})
+  if taken then
+    argument.accepted = taken
+  end
+  client_request(client, 'workspace/executeCommand', { command = command.command, arguments = { argument } }, function() end)
+end
+
 --- Accept the whole current suggestion. false when nothing is shown.
 function M.accept(bufnr)
   bufnr = bufnr or api.nvim_get_current_buf()
@@ -426,6 +441,7 @@ function M.accept(bufnr)
     return false
   end
   local typed = st.typed
+  report_accepted(st, item)
   M.clear(bufnr)
   local lines = vim.split(item.insert, '\n', { plain = true })
   local ecol = math.min(item.ecol + #typed, #line_at(bufnr, item.row))
@@ -460,7 +476,9 @@ local function accept_part(bufnr, what)
   if piece == rest then
     return M.accept(bufnr)
   end
-  -- Surviving items continue after the accepted piece; they become plain insertions.
+  local item = current_item(st)
+  report_accepted(st, item, vim.fn.strchars(item.insert) - vim.fn.strchars(rest) + vim.fn.strchars(piece))
+  -- Surviving items continue after the accepted piece; they become plain insertions (not reported again).
   local prefix = st.typed .. piece
   local survivors, index = {}, 1
   for i, item in ipairs(st.items) do
