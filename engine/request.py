@@ -62,6 +62,8 @@ class EngineParts(Protocol):
 
 
 def validate_request(request: CompletionRequest) -> None:
+    for name in ("prefix", "suffix", "language", "path"):
+        _check_text(name, getattr(request, name))
     if not 1 <= request.k <= MAX_K:
         raise InputError(f"k must be between 1 and {MAX_K}, got {request.k}")
     if not 1 <= request.max_tokens <= MAX_NEW_TOKENS:
@@ -72,12 +74,23 @@ def validate_request(request: CompletionRequest) -> None:
         raise InputError(f"first_answer_ms must be >= 0 (0: no early answer), got {request.first_answer_ms}")
     if len(request.stop) > MAX_STOPS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in request.stop):
         raise InputError(f"stop must be at most {MAX_STOPS} non-empty strings of up to {MAX_STOP_CHARS} characters")
+    for stop in request.stop:
+        _check_text("stop", stop)
     if request.mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, got {request.mode!r}")
     try:
         sampling_params(request)
     except ValueError as exc:
         raise InputError(str(exc)) from exc
+
+
+def _check_text(name: str, text: str) -> None:
+    """Text that UTF-8 can carry: JSON's "\\ud800" escapes give Python strings with lone
+    surrogates, which the tokenizer cannot take (a TypeError deep inside it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{name} is not valid Unicode text: a lone surrogate at character {exc.start}") from None
 
 
 def sampling_params(request: CompletionRequest) -> SamplingParams:

@@ -8,7 +8,9 @@ the request in the engine at its next round) and `close()`.
 The daemon client connects to the daemon for its EngineConfig, starting one when none
 answers (under a spawn lock, so two editors starting together start one daemon), checks
 the protocol version, and when the connection drops while in use it reports that once
-and starts the daemon again (giving up after `max_restarts` crashes in a short while).
+and starts the daemon again. After more than `max_restarts` crashes within
+`restart_window_s` with no answer in between (a crash loop) it starts none, but each
+request still connects to a daemon that runs again (another editor started it).
 """
 
 from __future__ import annotations
@@ -155,8 +157,7 @@ class DaemonEngine:
         self._connection: _Connection | None = None
         self._connecting: asyncio.Task | None = None
         self._closing = False
-        self._crashes: list[float] = []
-        self._gave_up = False
+        self._crashes: list[float] = []  # when connections in use were lost (within restart_window_s)
         self._ids = itertools.count(1)
         self._children: list[subprocess.Popen] = []
 
@@ -208,18 +209,24 @@ class DaemonEngine:
         self._status = status
         self._on_status(status)
 
+    def _gave_up(self) -> bool:
+        """Too many crashes lately: no daemon is started (one that is running is still used)."""
+        now = time.monotonic()
+        self._crashes = [t for t in self._crashes if now - t < self.options.restart_window_s]
+        return len(self._crashes) > self.options.max_restarts
+
     def _begin_connecting(self) -> None:
-        if self._closing or self._gave_up:
+        if self._closing:
             return
         if self._connecting is None or self._connecting.done():
-            self._connecting = asyncio.ensure_future(self._connect())
+            self._connecting = asyncio.ensure_future(self._connect(spawn=not self._gave_up()))
             self._connecting.add_done_callback(self._connected)
 
     def _connected(self, task: asyncio.Task) -> None:
         if task.cancelled():
             return
         error = task.exception()
-        if error is not None:
+        if error is not None and not self._gave_up():  # after giving up, the status says so already
             message = f"cannot reach the engine daemon: {error} (log: {self.paths.log})"
             log.error("%s", message)
             self._set_status(Status(ERROR, message, model=self.options.config.model or "default"))
@@ -227,9 +234,7 @@ class DaemonEngine:
     async def _wait_connection(self, timeout_s: float) -> _Connection:
         if self._connection is not None and self._connection.alive:
             return self._connection
-        if self._gave_up:
-            raise EngineUnavailable(self._status.message)
-        self._begin_connecting()
+        self._begin_connecting()  # after giving up: only to a daemon that runs again (another editor started it)
         assert self._connecting is not None
         try:
             await asyncio.wait_for(asyncio.shield(self._connecting), timeout_s)
@@ -241,11 +246,13 @@ class DaemonEngine:
             raise EngineUnavailable("the engine daemon is not connected")
         return self._connection
 
-    async def _connect(self) -> None:
+    async def _connect(self, spawn: bool) -> None:
         deadline = time.monotonic() + self.options.connect_timeout_s
         connection = await self._try_connect()
         if connection is None and self.options.url is not None:
             raise EngineUnavailable(f"no engine answers at {self.options.url}")
+        if connection is None and not spawn:
+            raise EngineUnavailable(self._status.message)
         if connection is None:
             connection = await self._spawn_and_connect(deadline)
         self._connection = connection
@@ -360,6 +367,7 @@ class DaemonEngine:
                     log.warning("malformed early answer from the engine daemon: %s", exc)
             return
         if kind == "result":
+            self._crashes.clear()  # it answers: a crash after this one is no crash loop
             try:
                 future.set_result(CompletionResult.from_dict(message["result"]))
             except (KeyError, TypeError, ValueError) as exc:
@@ -383,13 +391,14 @@ class DaemonEngine:
         self._drop(connection, EngineUnavailable(reason))
         if self._closing:
             return
-        now = time.monotonic()
-        self._crashes = [t for t in self._crashes if now - t < self.options.restart_window_s] + [now]
+        self._crashes.append(time.monotonic())
         for child in self._children:
             child.poll()
-        if len(self._crashes) > self.options.max_restarts:
-            self._gave_up = True
-            message = f"the engine daemon stopped {len(self._crashes)} times; not restarting it (log: {self.paths.log})"
+        if self._gave_up():
+            message = (
+                f"the engine daemon stopped {len(self._crashes)} times in {self.options.restart_window_s:.0f} s; not restarting it "
+                f"(log: {self.paths.log}); a daemon started again is used"
+            )
             self._set_status(Status(ERROR, message, model=self.options.config.model or "default"))
             return
         message = f"the engine daemon stopped unexpectedly ({reason}); restarting it"

@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import ipaddress
 import json
+import logging
 import os
 import secrets
 import stat
@@ -35,13 +36,18 @@ from kspec.engine.errors import InputError, KspecError, ProtocolError, describe,
 if TYPE_CHECKING:
     import ssl
 
+log = logging.getLogger("kspec.protocol")
+
 PROTOCOL_VERSION = 1
 MAX_FRAME = 16 * 1024 * 1024
 _HEADER = struct.Struct(">I")
 
 
 def pack(message: dict[str, Any]) -> bytes:
-    body = msgpack.packb(message, use_bin_type=True)
+    try:
+        body = msgpack.packb(message, use_bin_type=True)
+    except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in JSON) in some text
+        raise InputError(f"text that is not valid Unicode cannot be sent (a lone surrogate at character {exc.start})") from None
     if len(body) > MAX_FRAME:
         raise ProtocolError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte limit")
     return _HEADER.pack(len(body)) + body
@@ -57,9 +63,10 @@ def unpack(body: bytes) -> dict[str, Any]:
     return message
 
 
-async def read_frame(reader: asyncio.StreamReader, header: bytes | None = None) -> dict[str, Any] | None:
+async def read_frame(reader: asyncio.StreamReader, header: bytes | None = None, limit: int | None = None) -> dict[str, Any] | None:
     """The next message, or None at a clean end of stream. `header`: its first 4 bytes,
-    when the caller has already read them (to tell the protocol from HTTP)."""
+    when the caller has already read them (to tell the protocol from HTTP); `limit`: a
+    smaller size limit than MAX_FRAME (a hello, before the token is verified)."""
     if header is None:
         try:
             header = await reader.readexactly(_HEADER.size)
@@ -68,8 +75,9 @@ async def read_frame(reader: asyncio.StreamReader, header: bytes | None = None) 
                 raise ProtocolError("stream ended inside a frame header") from exc
             return None
     (size,) = _HEADER.unpack(header)
-    if size > MAX_FRAME:
-        raise ProtocolError(f"frame of {size} bytes exceeds the {MAX_FRAME}-byte limit")
+    limit = MAX_FRAME if limit is None else min(limit, MAX_FRAME)
+    if size > limit:
+        raise ProtocolError(f"frame of {size} bytes exceeds the {limit}-byte limit")
     try:
         body = await reader.readexactly(size)
     except asyncio.IncompleteReadError as exc:
@@ -157,11 +165,15 @@ def read_token(path: str | Path) -> str:
     Raises InputError when the file cannot be read or holds nothing."""
     path = Path(path).expanduser()
     try:
-        token = path.read_text().strip()
+        with open(path) as handle:
+            mode = stat.S_IMODE(os.fstat(handle.fileno()).st_mode)
+            token = handle.read().strip()
     except OSError as exc:
         raise InputError(f"cannot read the token file {path}: {exc.strerror or exc}") from exc
     if not token:
         raise InputError(f"the token file {path} is empty")
+    if mode & 0o077:
+        log.warning("the token file %s can be read by other users (mode %o): run chmod 600 %s", path, mode, path)
     return token
 
 

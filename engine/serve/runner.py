@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kspec.engine")
 
+STOPPED = "the engine was stopped (its settings changed, or the server is exiting)"
+
 class Engine(Protocol):
     @property
     def model_name(self) -> str: ...
@@ -140,7 +142,8 @@ class EngineRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status = Status(LOADING, "loading the model", progress=0.0, model=config.model or "default")
         self._running: set[CancelToken] = set()  # requests handed to the batcher and not settled
-        self._guard = threading.Lock()  # guards _status/_running between threads; never held across an await
+        self._stopped = False  # stop() was called: nothing more is queued
+        self._guard = threading.Lock()  # guards _status/_running/_stopped between threads; never held across an await
 
     @property
     def status(self) -> Status:
@@ -157,10 +160,11 @@ class EngineRunner:
 
     def stop(self) -> None:
         """Cancels the running requests (each stops at its next round) and ends the thread (without waiting)."""
-        with self._guard:
+        with self._guard:  # no job can be queued after the None (complete() checks under the same lock)
+            self._stopped = True
             for cancel in self._running:
                 cancel.cancel()
-        self._queue.put(None)
+            self._queue.put(None)
 
     def queued(self) -> int:
         """Requests waiting for the engine's thread to take them (the metrics' queue length)."""
@@ -177,7 +181,10 @@ class EngineRunner:
         (on this loop) with an interim one first, while decoding goes on."""
         loop = asyncio.get_running_loop()
         job = _Job(request, CancelToken(), loop.create_future(), loop, time.monotonic(), early)
-        self._queue.put(job)
+        with self._guard:
+            if self._stopped:
+                raise EngineUnavailable(STOPPED)
+            self._queue.put(job)
         try:
             return await job.future
         finally:
@@ -195,11 +202,13 @@ class EngineRunner:
     def _work(self) -> None:
         engine = self._load()
         batcher = batcher_for(engine, self.max_batch_requests) if engine is not None else None
+        stopping = False  # once stop() was seen (alone or among jobs), for good
         while True:
-            stopping = False
-            for job in self._arrivals(block=batcher is None or batcher.idle):
+            for job in self._arrivals(block=not stopping and (batcher is None or batcher.idle)):
                 if job is None:
                     stopping = True
+                elif stopping:
+                    _resolve(job, None, EngineUnavailable(STOPPED))
                 elif not (job.cancel.cancelled or job.future.done()):
                     self._submit(job, batcher)
             if stopping and batcher is not None:

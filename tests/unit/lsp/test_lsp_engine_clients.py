@@ -22,6 +22,7 @@ from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions, InProces
 from kspec.engine.config import EngineConfig
 from kspec.engine.serve.protocol import PROTOCOL_VERSION, DaemonPaths, pack, parse_engine_url, read_frame, write_frame
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
+from kspec.engine.serve.runner import EngineRunner
 from kspec.engine.serve.status import Status
 
 
@@ -275,3 +276,74 @@ async def test_tcp_daemon_needs_its_token() -> None:
 
     with pytest.raises(Exception, match="token"):
         await Daemon(CONFIG, factory_for(FakeEngine())).serve_tcp("127.0.0.1", 0)
+
+
+# --- issue 15: no worker left behind, no permanent giving up ------------------------------
+
+
+async def test_stop_with_requests_queued_ends_the_worker() -> None:
+    """stop() while the worker is busy (a setting that selects the engine changed while
+    requests were running or queued): the worker used to forget it was stopping after
+    that round, and wait for work for good (+1 thread and a model per switch)."""
+    fake = FakeEngine()
+    runner = EngineRunner(CONFIG, factory_for(fake), lambda s: None)
+    runner.start()
+    running = asyncio.ensure_future(runner.complete(CompletionRequest(prefix="block")))
+    await wait_thread_event(fake.started)
+    queued = [asyncio.ensure_future(runner.complete(CompletionRequest(prefix=f"q{index}"))) for index in range(3)]
+    await asyncio.sleep(0)  # one turn of the loop: each queues its job (no time passes)
+    runner.stop()
+    assert await asyncio.to_thread(runner.join, 10), "the worker thread did not end"
+    for outcome in await asyncio.wait_for(asyncio.gather(running, *queued, return_exceptions=True), 10):
+        assert isinstance(outcome, (CompletionResult, EngineUnavailable)), outcome  # every request answered
+    with pytest.raises(EngineUnavailable, match="stopped"):
+        await asyncio.wait_for(runner.complete(CompletionRequest(prefix="late")), 10)
+
+
+async def test_after_giving_up_a_daemon_running_again_is_used(short_dir: Path) -> None:
+    options = DaemonOptions(config=EngineConfig(model="fake"), folder=short_dir, connect_timeout_s=5, max_restarts=0)
+    paths = options.paths()
+    first = Daemon(CONFIG, factory_for(FakeEngine()), idle_timeout_s=60)
+    served = await serve(first, paths.socket)
+    statuses: list[Status] = []
+    changed = asyncio.Event()
+
+    def on_status(status: Status) -> None:
+        statuses.append(status)
+        changed.set()
+
+    client = DaemonEngine(options, on_status)
+    await client.start()
+    assert (await asyncio.wait_for(client.complete(CompletionRequest(prefix="ab")), 10)).completions[0].text == "ba"
+
+    first._stop.set()  # the daemon goes away (a crash, as the client sees it)
+    await asyncio.wait_for(served, 10)
+    while not any("not restarting" in s.message for s in statuses):  # max_restarts=0: gave up at once
+        changed.clear()
+        await asyncio.wait_for(changed.wait(), 10)
+    with pytest.raises(EngineUnavailable):
+        await asyncio.wait_for(client.complete(CompletionRequest(prefix="cd")), 10)
+
+    # Another editor starts the daemon again: this client uses it (it used to answer [] for good).
+    again = Daemon(CONFIG, factory_for(FakeEngine()), idle_timeout_s=60)
+    served_again = await serve(again, paths.socket)
+    result = await asyncio.wait_for(client.complete(CompletionRequest(prefix="ef")), 10)
+    assert result.completions[0].text == "fe"
+    client.close()
+    again._stop.set()
+    await asyncio.wait_for(served_again, 10)
+
+
+async def test_text_msgpack_cannot_carry_is_an_input_error(short_dir: Path) -> None:
+    """A languageId (or path) with a lone surrogate ("\\ud800" in JSON) made the daemon client's
+    msgpack encoder raise UnicodeEncodeError: the language server answered -32603."""
+    options = DaemonOptions(config=EngineConfig(model="fake"), folder=short_dir, connect_timeout_s=5)
+    daemon = Daemon(CONFIG, factory_for(FakeEngine()), idle_timeout_s=60)
+    served = await serve(daemon, options.paths().socket)
+    client = DaemonEngine(options, lambda s: None)
+    with pytest.raises(InputError, match="lone surrogate"):
+        await asyncio.wait_for(client.complete(CompletionRequest(prefix="x", language="\ud800")), 10)
+    assert (await asyncio.wait_for(client.complete(CompletionRequest(prefix="ok")), 10)).completions[0].text == "ko"
+    client.close()
+    daemon._stop.set()
+    await asyncio.wait_for(served, 10)

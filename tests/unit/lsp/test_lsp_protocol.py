@@ -90,3 +90,16 @@ def test_token_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_loopback_addresses() -> None:
     assert all(is_loopback(host) for host in ("127.0.0.1", "127.8.0.1", "::1", "localhost"))
     assert not any(is_loopback(host) for host in ("0.0.0.0", "::", "10.0.0.1", "example.com"))
+
+
+def test_a_token_file_others_can_read_is_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 15: a world-readable --token-file was accepted silently."""
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    path.chmod(0o644)
+    assert read_token(path) == "s3cret"
+    assert "can be read by other users (mode 644)" in caplog.text and "chmod 600" in caplog.text
+    caplog.clear()
+    path.chmod(0o600)
+    assert read_token(path) == "s3cret"
+    assert not caplog.text
