@@ -30,6 +30,7 @@ from typing import Any
 from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.config import EngineConfig
 from kspec.engine.errors import InputError, KspecError
+from kspec.engine.serve.admission import Admission, AdmissionLimits
 from kspec.engine.serve.http_api import HttpApi, looks_like_http, serve_http
 from kspec.engine.serve.metrics import EngineMetrics
 from kspec.engine.serve.platform import unix_only
@@ -47,7 +48,6 @@ from kspec.engine.serve.status import READY, Status
 
 log = logging.getLogger("kspec.daemon")
 MAX_UNIX_PATH = 107
-HANDSHAKE_TIMEOUT_S = 10.0
 
 
 def status_to_wire(status: Status) -> dict[str, Any]:
@@ -92,6 +92,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._idle: asyncio.TimerHandle | None = None
         self.bound_port: int | None = None
+        self.admission = Admission(AdmissionLimits())  # connections that have not shown the token yet
 
     async def serve_unix(self, path: Path) -> None:
         if len(os.fsencode(str(path))) > MAX_UNIX_PATH:
@@ -178,24 +179,27 @@ class Daemon:
 
     async def _serve_peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = _Peer(writer)
+        self.admission.arrive(writer)
         try:
             try:
-                first = await asyncio.wait_for(reader.readexactly(4), HANDSHAKE_TIMEOUT_S)
+                first = await asyncio.wait_for(reader.readexactly(4), self.admission.limits.timeout_s)
             except (asyncio.TimeoutError, asyncio.IncompleteReadError):
                 return
             if looks_like_http(first):
-                await serve_http(reader, writer, first, self.http)
+                await serve_http(reader, writer, first, self.http, self.admission)
                 return
             if not await self._handshake(peer, reader, first):
                 return
+            self.admission.authenticated(writer)
             self._peers.add(peer)
             if self._idle is not None:
                 self._idle.cancel()
             while (message := await read_frame(reader)) is not None:
                 self._handle(peer, message)
-        except (ProtocolError, ConnectionError) as exc:
-            log.warning("dropping a client: %s", exc)
+        except (ProtocolError, ConnectionError) as exc:  # before the token: quiet, a flood must not flood the log
+            (log.warning if peer in self._peers else log.debug)("dropping a client: %s", exc)
         finally:
+            self.admission.leave(writer)
             self._peers.discard(peer)
             for job in peer.jobs.values():
                 job.cancel()
@@ -204,8 +208,9 @@ class Daemon:
                 self._arm_idle()
 
     async def _handshake(self, peer: _Peer, reader: asyncio.StreamReader, header: bytes) -> bool:
+        limits = self.admission.limits  # before the token is verified: a small frame, soon
         try:
-            hello = await asyncio.wait_for(read_frame(reader, header), HANDSHAKE_TIMEOUT_S)
+            hello = await asyncio.wait_for(read_frame(reader, header, limits.bytes), limits.timeout_s)
         except asyncio.TimeoutError:
             return False
         if hello is None or hello.get("type") != "hello":

@@ -26,6 +26,8 @@ from kspec.engine.errors import EngineUnavailable, KspecError
 from kspec.engine.serve.infill_api import infill_response, parse_infill
 from kspec.engine.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from kspec.engine.serve.openai_api import ApiError, check_model, completion_response, error_body, models_response, parse_completion
+from kspec.engine.serve.admission import Admission, return_memory
+from kspec.engine.serve.json_input import JsonInputError, parse_json
 from kspec.engine.serve.protocol import tokens_match
 
 log = logging.getLogger("kspec.http")
@@ -34,6 +36,8 @@ HTTP_METHOD_PREFIXES = (b"GET ", b"POST", b"HEAD", b"PUT ", b"DELE", b"OPTI", b"
 MAX_BODY = 16 * 1024 * 1024
 READ_CHUNK = 65536
 IDLE_TIMEOUT_S = 120.0  # a keep-alive connection with no request for this long is closed
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers (once the token was shown)
+RETURN_MEMORY_BYTES = 1024 * 1024  # after a body this large its memory is handed back to the system
 
 
 def looks_like_http(first_bytes: bytes) -> bool:
@@ -61,8 +65,9 @@ class HttpApi:
         path = path.split("?", 1)[0]
         if path == "/metrics" and self.metrics is not None and method == "GET" and self.metrics_open:
             return 200, self.metrics(), {"content-type": METRICS_CONTENT_TYPE}
-        if not tokens_match(self.token, bearer(headers.get("authorization", ""))):
-            return 401, error_body("missing or wrong API token (Authorization: Bearer <token>)", "authentication_error"), {"www-authenticate": "Bearer"}
+        refused = self.refusal(method, path, headers)
+        if refused is not None:
+            return refused
         try:
             if path == "/health" and method == "GET":
                 ready, state = await self.ready()
@@ -80,6 +85,15 @@ class HttpApi:
             return 404, error_body(f"no route {path}; this server offers /v1/completions, /v1/models, /infill and /completion", "not_found_error"), {}
         except ApiError as exc:
             return exc.status, exc.body(), exc.headers
+
+    def refusal(self, method: str, path: str, headers: dict[str, str]) -> Answer | None:
+        """401 for a request without the right token, None when it may go on. Decided on the
+        request's head: the transport reads no body before this says None."""
+        if path.split("?", 1)[0] == "/metrics" and method == "GET" and self.metrics is not None and self.metrics_open:
+            return None
+        if tokens_match(self.token, bearer(headers.get("authorization", ""))):
+            return None
+        return 401, error_body("missing or wrong API token (Authorization: Bearer <token>)", "authentication_error"), {"www-authenticate": "Bearer"}
 
     async def _completions(self, body: bytes) -> Answer:
         parsed = parse_completion(_json(body))
@@ -108,8 +122,8 @@ def _json(body: bytes) -> Any:
     if len(body) > MAX_BODY:
         raise ApiError(413, f"the body exceeds {MAX_BODY} bytes")
     try:
-        return json.loads(body or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
+        return parse_json(body or b"null")
+    except JsonInputError as exc:
         raise ApiError.invalid(f"the body is not valid JSON: {exc}") from exc
 
 
@@ -118,27 +132,52 @@ def bearer(value: str) -> str | None:
     return credentials.strip() if scheme.lower() == "bearer" and credentials.strip() else None
 
 
-async def serve_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, first_bytes: bytes, api: HttpApi) -> None:
-    """HTTP/1.1 on one connection whose first bytes were already read."""
-    connection = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
+async def serve_http(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, first_bytes: bytes, api: HttpApi, admission: Admission | None = None
+) -> None:
+    """HTTP/1.1 on one connection whose first bytes were already read. Until a request
+    head shows the token (`admission`), the head must come whole within the admission's
+    time and bytes, and a refused request's body is never read (401, then the
+    connection is closed)."""
+    limits = admission.limits if admission is not None else None
+    connection = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.bytes if limits else MAX_HEAD_BYTES)
     connection.receive_data(first_bytes)
+    trusted = admission is None
     try:
         while True:
-            request = await _next_event(connection, reader)
+            wait_s = IDLE_TIMEOUT_S if trusted or limits is None else limits.timeout_s
+            request = await asyncio.wait_for(_next_event(connection, reader), wait_s)
             if not isinstance(request, h11.Request):
                 return
+            method, target = request.method.decode(), request.target.decode("latin-1")
             headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in request.headers}
+            refused = api.refusal(method, target, headers)
+            if refused is not None:
+                _send_json(connection, writer, *refused)
+                await writer.drain()
+                return
+            if not trusted and admission is not None:
+                admission.authenticated(writer)
+                trusted = True
             body = await _read_body(connection, reader)
             if body is None:
                 status, payload, extra = 413, error_body(f"the body exceeds {MAX_BODY} bytes"), {}
             else:
-                answered = await _answer_unless_gone(api.respond(request.method.decode(), request.target.decode("latin-1"), headers, body), reader, connection)
+                try:
+                    answered = await _answer_unless_gone(api.respond(method, target, headers, body), reader, connection)
+                except Exception:  # a bug: answered, and the connection lives on
+                    log.exception("answering %s %s failed", method, target.split("?", 1)[0])
+                    answered = 500, error_body("internal error (see the engine's log)", "server_error"), {}
                 if answered is None:  # the client went away; its request was cancelled
                     return
                 status, payload, extra = answered
             _send_json(connection, writer, status, payload, extra if body is not None else {})
             await writer.drain()
-            if connection.our_state is h11.MUST_CLOSE or body is None:
+            closing = connection.our_state is h11.MUST_CLOSE or body is None
+            if body is not None and len(body) > RETURN_MEMORY_BYTES:
+                body = None
+                return_memory()  # the body's buffers are free now: give them back to the system
+            if closing:
                 return
             connection.start_next_cycle()
     except h11.RemoteProtocolError as exc:

@@ -266,3 +266,40 @@ def test_bench_hop_times_the_same_request_both_ways(engine_tcp: Served, model_di
         row = report[name]
         assert row["in_process_ms"] > 0 and row["endpoint_ms"] > 0 and row["samples"] == 1
         assert row["overhead_ms"] == round(row["endpoint_ms"] - row["in_process_ms"], 1)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+async def test_a_flood_without_the_token_costs_little_and_starves_nobody(engine_tcp: Served) -> None:
+    """150 connections that announce 16 MB bodies without a token and send 2 MiB each
+    (issue 15: the engine read every body before checking the token, +2.4 GB)."""
+    await asyncio.to_thread(_wait_ready, engine_tcp)
+    pid = engine_tcp.process.pid
+    before = _rss_mb(pid)
+
+    async def unauthenticated() -> asyncio.StreamWriter:
+        reader, writer = await asyncio.open_connection(engine_tcp.host, engine_tcp.port)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 16000000\r\n\r\n")
+        try:
+            for _ in range(32):
+                writer.write(b"y" * 65536)
+                await writer.drain()
+        except ConnectionError:  # refused after the head: the body is not wanted
+            pass
+        return writer
+
+    writers = await asyncio.gather(*(unauthenticated() for _ in range(150)))
+    try:
+        grown = _rss_mb(pid) - before
+        body = {"prompt": PREFIXES[1], "max_tokens": 4, "temperature": 0}
+        status, reply = await asyncio.to_thread(_http, engine_tcp, "POST", "/v1/completions", body)
+        assert status == 200, reply  # a real client is answered meanwhile
+        assert grown <= 50, f"the engine grew by {grown:.0f} MB"
+    finally:
+        for writer in writers:
+            writer.close()
