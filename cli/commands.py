@@ -45,7 +45,8 @@ def warn_if_public(host: str, what: str) -> None:
 
 def add_lsp_parser(commands: argparse._SubParsersAction) -> None:
     lsp = commands.add_parser("lsp", help="language server on stdio (inline completions)")
-    lsp.add_argument("--tcp", type=_address, default=None, metavar="[HOST:]PORT", help="serve one client over TCP instead (debugging; loopback by default)")
+    lsp.add_argument("--tcp", type=_address, default=None, metavar="[HOST:]PORT", help="serve one client over TCP instead (debugging; loopback by default; the client must send the token as initializationOptions.lspToken)")
+    lsp.add_argument("--token-file", type=Path, default=None, help="with --tcp: the token the client must show (default: write a new one in the runtime dir and print where)")
     from kspec.lsp_server.settings import PLACEMENTS
 
     lsp.add_argument("--engine", choices=PLACEMENTS, default=None, help="where the model runs (default: the 'engine' setting, i.e. the shared daemon)")
@@ -74,7 +75,7 @@ def add_engine_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run_lsp(args: argparse.Namespace) -> int:
-    from kspec.engine.serve.protocol import parse_engine_url, read_token
+    from kspec.engine.serve.protocol import parse_engine_url, read_token, runtime_dir
     from kspec.lsp_server.server import KspecServer, Redactor, ServerOptions
 
     redactor = Redactor()
@@ -97,10 +98,18 @@ def run_lsp(args: argparse.Namespace) -> int:
         options = replace(options, daemon_idle_timeout_s=args.engine_idle_timeout)
     if args.max_message_bytes is not None:
         options = replace(options, max_message_bytes=args.max_message_bytes)
+    if args.token_file is not None and args.tcp is None:
+        raise UsageError("--token-file only applies with --tcp [HOST:]PORT")
     server = KspecServer(options)
     if args.tcp is not None:
         warn_if_public(args.tcp[0], "lsp")
-        server.start_tcp(*args.tcp)
+        generated = None if args.token_file else runtime_dir() / f"lsp-{os.getpid()}.token"
+        lsp_token = read_token(args.token_file) if generated is None else _new_token_file(generated, "lsp")
+        try:
+            server.start_tcp(*args.tcp, lsp_token)
+        finally:
+            if generated is not None:
+                generated.unlink(missing_ok=True)
     else:
         server.start_io()
     return server.exit_code
@@ -108,7 +117,7 @@ def run_lsp(args: argparse.Namespace) -> int:
 
 def run_engine(args: argparse.Namespace) -> int:
     from kspec.engine.serve.daemon import run_daemon
-    from kspec.engine.serve.protocol import DaemonPaths, new_token, read_token
+    from kspec.engine.serve.protocol import DaemonPaths, read_token
 
     configure_logging(args, "kspec-engine")
     config = engine_config(args, progress=False)
@@ -123,18 +132,25 @@ def run_engine(args: argparse.Namespace) -> int:
     if args.token_file is not None:
         token = read_token(args.token_file)
     else:
-        token = new_token()
-        token_file = DaemonPaths.for_config(config).lock.with_suffix(".token")
-        descriptor = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(descriptor, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(token)
-        print(f"kspec engine: token in {token_file}", file=sys.stderr, flush=True)
+        token = _new_token_file(DaemonPaths.for_config(config).lock.with_suffix(".token"), "engine")
     tls = _server_tls(args.tls_cert, args.tls_key)
     return run_daemon(
         config, args.socket, args.idle_timeout, tcp=args.listen, token=token, tls=tls, max_batch_requests=args.max_batch_requests,
         metrics_open=args.metrics_open,
     )  # fmt: skip
+
+
+def _new_token_file(path: Path, what: str) -> str:
+    """A new token, written to `path` (0600) and its place printed: what clients must show."""
+    from kspec.engine.serve.protocol import new_token
+
+    token = new_token()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token)
+    print(f"kspec {what}: token in {path}", file=sys.stderr, flush=True)
+    return token
 
 
 def _server_tls(cert: Path | None, key: Path | None):

@@ -39,7 +39,7 @@ from kspec.lsp_server.context import Budgets, EditorContext, editor_context, loo
 from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Cursor, Document, DocumentStore, line_body, units_from_column
 from kspec.lsp_server.edits import CLOSERS, replaced_chars
 from kspec.lsp_server.engine_client import DAEMON_IDLE_TIMEOUT_S, DaemonEngine, DaemonOptions, EngineClient, InProcessEngine, UnusableEngine
-from kspec.lsp_server.jsonrpc import MAX_MESSAGE_BYTES, Dispatcher, frames_to_loop
+from kspec.lsp_server.jsonrpc import MAX_MESSAGE_BYTES, Dispatcher, frames_to_loop, strict_converter
 from kspec.engine.config import EngineConfig
 from kspec.engine.serve.protocol import parse_engine_url
 from kspec.lsp_server.remote_backend import OpenAIEngine, RemoteOptions, api_key_from
@@ -47,6 +47,7 @@ from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
 from kspec.engine.serve.runner import EngineFactory, default_engine_factory
 from kspec.engine.serve.status import ERROR, READY, Status
 from kspec.lsp_server.settings import SECTION, Settings, parse_settings
+from kspec.lsp_server.token_gate import TokenGate
 from kspec.lsp_server.typeahead import Entry, TypeaheadCache
 
 log = logging.getLogger("kspec.lsp")
@@ -123,7 +124,34 @@ class Ticket:
 
 
 class KspecProtocol(LanguageServerProtocol):
-    """pygls' protocol without its own copy of every document (we keep ours, line-based)."""
+    """pygls' protocol without its own copy of every document (we keep ours, line-based),
+    and without its leak of finished handlers."""
+
+    def _execute_handler(self, msg_id: Any, handler: Callable, callback: Callable, args: Any = None, kwargs: Any = None) -> None:
+        """pygls 2.1 files the future of a generator or async handler under `msg_id` (a fresh
+        uuid for notifications and for each step of a generator) and only a request's answer
+        removes it: every didOpen/didChange/didClose kept ~1.9 KB for good. Each is removed
+        when its handler finishes (a request's first, by pygls, when it is answered)."""
+
+        def finished(future: Any) -> None:
+            try:
+                callback(future)
+            finally:
+                if self._request_futures.get(msg_id) is future:
+                    del self._request_futures[msg_id]
+
+        super()._execute_handler(msg_id, handler, finished, args, kwargs)
+
+    def _send_handler_result(self, future: Any, *, msg_id: Any) -> None:
+        """A request the client got wrong (Invalid Params: a position outside the document)
+        is answered with one log line; pygls would log a traceback at ERROR and show it."""
+        error = None if future.cancelled() else future.exception()
+        if not isinstance(error, JsonRpcInvalidParams):
+            super()._send_handler_result(future, msg_id=msg_id)
+            return
+        self._request_futures.pop(msg_id, None)
+        log.warning("invalid params for request %s: %s", msg_id, error.message)
+        self._send_response(msg_id, error=error.to_response_error())
 
     @lsp_method(lsp.TEXT_DOCUMENT_DID_OPEN)
     def lsp_text_document__did_open(self, params: lsp.DidOpenTextDocumentParams):
@@ -268,8 +296,11 @@ class Session:
         if ticket is not None:
             ticket.superseded.set()
 
+    def _engines(self) -> list[EngineClient]:
+        return self._retired + ([self.engine] if self.engine else [])
+
     def join(self, timeout_s: float) -> None:
-        for engine in self._retired + ([self.engine] if self.engine else []):
+        for engine in self._engines():
             if not engine.join(timeout_s):
                 log.warning("the engine did not stop within %.1f s", timeout_s)
 
@@ -347,6 +378,8 @@ class Session:
         variables = ("KSPEC_ENGINE_TOKEN", "OPENAI_API_KEY") if settings.engine == "openai" else ("KSPEC_ENGINE_TOKEN",)
         token = self.options.daemon_token or api_key_from(settings.engine_token_file, variables)
         ca_file = Path(settings.engine_ca_file).expanduser() if settings.engine_ca_file else None
+        sent = "the text around your cursor" + (" and the API key" if token and settings.engine == "openai" else "")
+        self.show(f"kspec: completions send {sent} to {url.host}:{url.port} (engine {settings.engine!r}, {url})", lsp.MessageType.Info)
         if settings.engine == "openai":
             return OpenAIEngine(RemoteOptions(url, settings.remote_model, token, ca_file, settings.remote_fim), self._on_status)
         if url.is_http:
@@ -396,9 +429,14 @@ class Session:
 
     def stats_request(self, params: Any) -> dict[str, Any]:
         return {
-            **asdict(self.stats), "documents": len(self.documents), "typeahead_entries": len(self.typeahead), "inflight": len(self._inflight),
+            **asdict(self.stats),
+            "documents": len(self.documents),
+            "typeahead_entries": len(self.typeahead),
+            "inflight": len(self._inflight),
+            "handlers": len(self.server.protocol._request_futures),  # running handlers (pygls' book of them)
+            "engine_threads": sum(not engine.join(0) for engine in self._engines()),
             "acceptance": self.acceptance.to_dict(),
-        }  # fmt: skip
+        }
 
     def accepted(self, arguments: tuple[Any, ...]) -> None:
         """`kspec.accepted` (an item's command, or the client's own accept notice): counted, never logged with text."""
@@ -712,7 +750,9 @@ def _uri_path(uri: str) -> str:
 
 class KspecServer(LanguageServer):
     def __init__(self, options: ServerOptions | None = None):
-        super().__init__("kspec", VERSION, protocol_cls=KspecProtocol, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental)
+        super().__init__(
+            "kspec", VERSION, protocol_cls=KspecProtocol, converter_factory=strict_converter, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental
+        )
         self.session = Session(self, options or ServerOptions())
         self.exit_code = 0
         self.session.register()
@@ -721,19 +761,20 @@ class KspecServer(LanguageServer):
         self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
         self._run(stdin or sys.stdin.buffer)
 
-    def start_tcp(self, host: str, port: int) -> None:
-        """One client over TCP (debugging); prints the bound address on stderr."""
+    def start_tcp(self, host: str, port: int, token: str) -> None:
+        """One client over TCP (debugging), which must show `token` first (TokenGate);
+        prints the bound address on stderr."""
         with socket.create_server((host, port)) as listener:
             bound = listener.getsockname()
             print(f"kspec lsp: listening on {bound[0]}:{bound[1]}", file=sys.stderr, flush=True)
             connection, _ = listener.accept()
         with connection, connection.makefile("wb") as writer:
             self.protocol.set_writer(StdoutWriter(writer))
-            self._run(connection)  # type: ignore[arg-type]
+            self._run(connection, TokenGate(token))  # type: ignore[arg-type]
 
-    def _run(self, stream: BinaryIO) -> None:
+    def _run(self, stream: BinaryIO, gate: TokenGate | None = None) -> None:
         try:
-            asyncio.run(self._serve(stream))
+            asyncio.run(self._serve(stream, gate))
         except SystemExit as exc:  # the `exit` notification: 0 after `shutdown`, else 1
             self.exit_code = exc.code if isinstance(exc.code, int) else 1
         except (KeyboardInterrupt, BrokenPipeError):
@@ -742,11 +783,15 @@ class KspecServer(LanguageServer):
             self.session.close()
             self.session.join(EXIT_JOIN_S)
 
-    async def _serve(self, stream: BinaryIO) -> None:
+    async def _serve(self, stream: BinaryIO, gate: TokenGate | None = None) -> None:
         queue: asyncio.Queue = asyncio.Queue()
         limit = self.session.options.max_message_bytes
         frames_to_loop(stream, asyncio.get_running_loop(), queue, limit)
-        dispatcher = Dispatcher(self.protocol, self.session.normalize, lambda message: self.session.show(message, lsp.MessageType.Error), limit)
+        report = lambda message: self.session.show(message, lsp.MessageType.Error)  # noqa: E731
+        dispatcher = Dispatcher(self.protocol, self.session.normalize, report, limit, gate.refusal if gate else None)
         while (frame := await queue.get()) is not None:
             dispatcher.dispatch(frame)
+            if dispatcher.refused:
+                self.exit_code = 1
+                return
         log.info("the client closed the connection")

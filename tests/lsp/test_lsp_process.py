@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from pathlib import Path
 
@@ -14,23 +15,57 @@ from pytest_lsp import LanguageClient, make_test_lsp_client
 SECRET = "kspec_secret_identifier_4711"
 
 
-async def test_tcp_on_loopback(model_dir: Path) -> None:
+async def _tcp_server(runtime: Path) -> tuple[asyncio.subprocess.Process, str, int, str]:
+    """`kspec lsp --tcp 0`: the process, its address and the token it wrote."""
     process = await asyncio.create_subprocess_exec(
-        *server_command("--tcp", "0", "--engine", "inprocess"), stderr=asyncio.subprocess.PIPE, env=server_env()
+        *server_command("--tcp", "0", "--engine", "inprocess"), stderr=asyncio.subprocess.PIPE, env=server_env(runtime)
     )
-    try:
-        assert process.stderr is not None
+    assert process.stderr is not None
+    found: dict[str, str] = {}
+    while "port" not in found:
         line = (await asyncio.wait_for(process.stderr.readline(), 60)).decode()
-        match = re.search(r"listening on (127\.0\.0\.1):(\d+)", line)
-        assert match, line  # a bare port means loopback
+        assert line, "the server exited"
+        if match := re.search(r"token in (\S+)", line):
+            found["token"] = Path(match.group(1)).read_text()
+        if match := re.search(r"listening on (127\.0\.0\.1):(\d+)", line):  # a bare port means loopback
+            found["host"], found["port"] = match.group(1), match.group(2)
+    return process, found["host"], int(found["port"]), found["token"]
+
+
+async def test_tcp_on_loopback(model_dir: Path, tmp_path: Path) -> None:
+    process, host, port, token = await _tcp_server(tmp_path)
+    try:
         client: LanguageClient = make_test_lsp_client()
-        await client.start_tcp(match.group(1), int(match.group(2)))
-        params = lsp.InitializeParams(capabilities=lsp.ClientCapabilities(), initialization_options={"model": str(model_dir), **FAST})
+        await client.start_tcp(host, port)
+        options = {"model": str(model_dir), **FAST, "lspToken": token}
+        params = lsp.InitializeParams(capabilities=lsp.ClientCapabilities(), initialization_options=options)
         result = await asyncio.wait_for(client.initialize_session(params), 60)
         assert result.capabilities.inline_completion_provider is not None
         await asyncio.wait_for(client.shutdown_session(), 30)
         assert await asyncio.wait_for(process.wait(), 30) == 0
         await client.stop()
+        assert not list((tmp_path / "kspec").glob("lsp-*.token"))  # its token goes with it
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_tcp_refuses_a_client_without_the_token(model_dir: Path, tmp_path: Path) -> None:
+    """Issue 15: another local user connected first and made the server read a 0600 file
+    (engineTokenFile) and send it to a server of theirs."""
+    secret = tmp_path / "secret"
+    secret.write_text("victim-token")
+    process, host, port, _ = await _tcp_server(tmp_path)
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+        options = {"engine": "openai", "engineUrl": "http://127.0.0.1:9/v1", "engineTokenFile": str(secret), "lspToken": "guess"}
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}, "initializationOptions": options}}).encode()
+        writer.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        reply = await asyncio.wait_for(reader.read(), 30)  # the answer, then the connection is closed
+        assert b'"code": -32001' in reply and b"lspToken" in reply
+        assert await asyncio.wait_for(process.wait(), 30) == 1
+        writer.close()
     finally:
         if process.returncode is None:
             process.kill()

@@ -1,0 +1,150 @@
+"""`kspec lsp` against hostile or sloppy input, end to end (issue 15): deep nesting, broken
+framing, notifications that must not pile up, and settings changes while requests wait."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from lsp_harness import FAST, editor_session
+from lsprotocol import types as lsp
+from raw_rpc import RawServer, encode, frame
+
+INPROCESS = ("--engine", "inprocess")
+# No model (and no torch) where none is needed: an OpenAI-compatible engine nobody serves;
+# requests that reach it answer an empty list.
+NO_MODEL = ("--engine-url", "http://127.0.0.1:9/v1")
+DEEP = b"[" * 100_000
+
+
+async def test_deep_nesting_is_a_parse_error_even_before_initialize(tmp_path: Path) -> None:
+    server = await RawServer.start(tmp_path / "stderr.log", *NO_MODEL)
+    try:
+        server.write(DEEP)  # json.loads raises RecursionError on this: it used to end the process
+        server.write(b'{"jsonrpc": "2.0", "id": 7, "method": "kspec/stats", "params": ' + DEEP)
+        answer = await server.answer(7)
+        assert answer["error"]["code"] == -32700 and "nested" in answer["error"]["message"]
+        await server.initialize(FAST)
+        assert any(e["error"]["code"] == -32700 for e in server.unnamed_errors)
+        assert "result" in await server.request(8, "kspec/stats")
+        assert await server.close() == 0
+    finally:
+        if server.process.returncode is None:
+            server.process.kill()
+
+
+async def test_framing_errors_cost_only_the_messages_they_touch(tmp_path: Path) -> None:
+    server = await RawServer.start(tmp_path / "stderr.log", *NO_MODEL)
+    try:
+        await server.initialize(FAST)
+
+        def stats(name: str) -> bytes:
+            return encode({"jsonrpc": "2.0", "id": name, "method": "kspec/stats"})
+
+        broken = {
+            "one byte short": frame(stats("one byte short"), len(stats("one byte short")) - 1),
+            "one byte long": frame(stats("one byte long"), len(stats("one byte long")) + 1),
+            "forty bytes long": frame(stats("forty bytes long"), len(stats("forty bytes long")) + 40),
+            "negative": b"Content-Length: -5\r\n\r\n" + stats("negative"),
+            "not a number": b"Content-Length: twelve\r\n\r\n" + stats("not a number"),
+            "10^12": frame(stats("10^12"), 10**12),
+            "5000 digits": b"Content-Length: 1" + b"0" * 5000 + b"\r\n\r\n" + stats("5000 digits"),
+            "unframed bytes": b"garbage without a newline",
+            "an endless header line": b"x" * 50_000,
+            "no header at all": b"\r\n" + stats("no header at all"),
+        }
+        for number, (name, data) in enumerate(broken.items()):
+            server.write_bytes(data)
+            answer = await server.request(number, "kspec/stats", timeout=20)  # the next valid request is answered
+            assert "result" in answer, (name, answer)
+        # What the broken messages themselves got: an answer wherever their id could be found.
+        assert server.answers["one byte short"]["error"]["code"] == -32700
+        assert "result" in server.answers["one byte long"] and "result" in server.answers["forty bytes long"]
+        assert server.answers["10^12"]["error"]["code"] == -32600 and server.answers["5000 digits"]["error"]["code"] == -32600
+
+        assert await server.close() == 0
+    finally:
+        if server.process.returncode is None:
+            server.process.kill()
+
+
+async def test_wrong_types_are_invalid_params_with_one_log_line(tmp_path: Path) -> None:
+    server = await RawServer.start(tmp_path / "stderr.log", *NO_MODEL)
+    try:
+        await server.initialize(FAST)
+        uri = "file:///work/types.py"
+        server.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": "x = 1\ny = 2\n"}})
+        for number, position in enumerate(({"line": 1.5, "character": 0}, {"line": "1", "character": 0}, {"line": True, "character": 0})):
+            params = {"textDocument": {"uri": uri}, "position": position, "context": {"triggerKind": 1}}
+            answer = await server.request(number, "textDocument/inlineCompletion", params)
+            assert answer["error"]["code"] == -32602, (position, answer)
+        params = {"textDocument": {"uri": uri}, "position": {"line": 99, "character": 0}, "context": {"triggerKind": 1}}
+        answer = await server.request("outside", "textDocument/inlineCompletion", params)  # raised inside the handler
+        assert answer["error"]["code"] == -32602 and "outside the document" in answer["error"]["message"]
+        assert not [n for n in server.notifications if n["method"] == "window/showMessage" and "Error in server" in n["params"]["message"]]
+        assert await server.close() == 0
+        log = server.stderr()
+        assert "Traceback" not in log
+        assert log.count("outside the document") == 1
+    finally:
+        if server.process.returncode is None:
+            server.process.kill()
+
+
+async def test_document_notifications_leave_nothing_behind() -> None:
+    """pygls kept each generator/async notification handler's future for good (~1.9 KB each)."""
+    async with editor_session(FAST, args=NO_MODEL) as editor:
+        for index in range(200):
+            uri = f"file:///work/n{index % 7}.py"
+            editor.open(uri, "a = 1\n")
+            editor.edit(uri, (0, 5), (0, 5), "2")
+            editor.client.text_document_did_close(lsp.DidCloseTextDocumentParams(lsp.TextDocumentIdentifier(uri)))
+            editor.client.text_document_did_change(  # a document that was never opened
+                lsp.DidChangeTextDocumentParams(
+                    lsp.VersionedTextDocumentIdentifier(uri="file:///work/never.py", version=index),
+                    [lsp.TextDocumentContentChangeWholeDocument(text="b = 2\n")],
+                )
+            )
+        editor.configure(FAST)  # an async handler
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while (stats := await editor.stats())["handlers"] != 0:  # each handler's entry goes when it ends
+            assert loop.time() < deadline, stats
+        assert stats["documents"] == 0
+
+
+async def test_engine_switches_while_requests_wait_leave_one_engine(model_dir: Path, tmp_path: Path) -> None:
+    from model_factory import write_random_model
+
+    other = write_random_model(tmp_path / "other", "llama", seed=1)
+    models = [str(model_dir), str(other)]
+    settings = {**FAST, "maxTokens": 256, "firstAnswerMs": 0}  # long requests, one answer: the engine is busy when the setting changes
+    async with editor_session({"model": models[0], **settings}, args=INPROCESS) as editor:
+        await editor.ready()
+        loop = asyncio.get_running_loop()
+        for switch in range(1, 4):
+            # Requests with the engine, then a setting that selects another one: the worker
+            # used to forget that stop() came while it was busy, and wait for work for good.
+            uris = [f"file:///work/switch{switch}-{index}.py" for index in range(3)]  # new documents: no typeahead answer
+            for uri in uris:
+                editor.open(uri, "def f(x):\n    return ")
+            calls = (await editor.stats())["engine_calls"]
+            requests = [asyncio.ensure_future(editor.inline(uri, 1, 11)) for uri in uris]
+            deadline = loop.time() + 30
+            while (await editor.stats())["engine_calls"] < calls + len(uris):
+                assert loop.time() < deadline
+            seen = len(editor.statuses)
+            editor.configure({"model": models[switch % 2], **settings})
+            await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), 60)
+            await editor.wait_status(lambda s: s["state"] == "ready", after=seen)
+        deadline = loop.time() + 30
+        while (stats := await editor.stats())["engine_threads"] != 1:  # the retired engines' workers end
+            assert loop.time() < deadline, stats
+        assert await editor.inline(uris[0], 1, 11)
+
+
+async def test_a_network_engine_names_where_text_goes() -> None:
+    """Issue 15: `engine: "openai"` + `engineUrl` sends documents (and $OPENAI_API_KEY) off the machine: say where, once."""
+    async with editor_session({**FAST, "engine": "openai", "engineUrl": "http://127.0.0.1:9/v1"}, args=()) as editor:
+        (notice,) = await editor.wait_message("completions send")
+        assert "127.0.0.1:9" in notice and "openai" in notice
