@@ -32,6 +32,12 @@ describe('package.json', () => {
 		assert.match(tokenFile.markdownDescription ?? '', /never put the token itself/);
 	});
 
+	it('lets only user (or remote) settings choose where code is sent', () => {
+		for (const key of ['kspec.engine', 'kspec.engineUrl', 'kspec.engineTokenFile']) {
+			assert.equal(props[key].scope, 'machine', `${key} must not come from a workspace`);
+		}
+	});
+
 	it('declares the launch settings with the same defaults', () => {
 		assert.equal(props['kspec.server.command'].default, DEFAULTS.server.command);
 		assert.deepEqual(props['kspec.server.args'].default, DEFAULTS.server.args);
