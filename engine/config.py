@@ -42,8 +42,8 @@ class EngineConfig:
     )  # fmt: skip
     draft: str | None = option(None, "draft model with the target's tokenizer (speculative decoding)", path=True, setting=True)
     dtype: str = option(
-        "auto", "weight and activation type; auto: the CPU fast path (bfloat16, a Q4 GGUF's own 4-bit weights) on an AVX-512 "
-        "CPU, else float32 (float32: the exact reference path)", choices=DTYPES, setting=True,
+        "auto", "weight and activation type; auto: bfloat16 on CUDA, the CPU fast path (bfloat16, a Q4 GGUF's own 4-bit "
+        "weights) on an AVX-512 CPU, else float32 (float32: the exact reference path)", choices=DTYPES, setting=True,
     )  # fmt: skip
     device: str = option("cpu", "'cpu' or 'cuda[:N]'", pattern=DEVICE_PATTERN, setting=True)
     prompt_tokens: int = 1536  # token budget for prefix + suffix

@@ -37,6 +37,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from kspec.kernels.transfer import to_device
+
 @dataclass(frozen=True)
 class Dims:
     """Sizes of one bifurcated-attention call, validated."""
@@ -140,7 +142,7 @@ class BranchLayout:
         host = tuple(int(n) for n in lengths)
         if new < 1 or any(n < 0 for n in host):
             raise ValueError(f"a layout needs T >= 1 and lengths >= 0, got T={new}, lengths {host}")
-        device_lengths = torch.tensor(host, dtype=torch.int64, device=device)  # [k]
+        device_lengths = to_device(host, torch.int64, device)  # [k], queued without waiting on the device
         cols = max(host, default=0)
         if cols == 0 or (new == 1 and min(host) == cols and (sliding_window is None or cols <= sliding_window)):
             return cls(device_lengths, host, new, None)

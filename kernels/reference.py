@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from kspec.kernels.contract import BranchLayout, Dims, check_inputs, compute_dtype, lengths_list
+from kspec.kernels.transfer import to_device
 
 def _softmax_pieces(s: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Unnormalized attention of scores ``s`` [B, M, N] (-inf = masked) over ``v`` [B, N, D].
@@ -44,7 +45,7 @@ def _prefix_piece(
     start = 0
     first_key: Tensor | None = None  # [k, T]
     if window is not None:
-        qpos = torch.tensor(lengths, device=q.device).unsqueeze(1) + torch.arange(t_new, device=q.device)
+        qpos = to_device(lengths, torch.int64, q.device).unsqueeze(1) + torch.arange(t_new, device=q.device)
         first_key = qpos + (p_len - t_new - window + 1)  # [k, T]
         start = max(0, min(p_len, min(lengths) + p_len - t_new - window + 1))
     if start >= p_len:
@@ -82,7 +83,7 @@ def _branch_piece(
     bk = kv_k[:, :, :cols].to(q.dtype).reshape(k * hkv, cols, dim)  # [k*Hkv, N, D]
     bv = kv_v[:, :, :cols].to(q.dtype).reshape(k * hkv, cols, dim)  # [k*Hkv, N, D]
     s = torch.bmm(qb, bk.transpose(1, 2))  # [k*Hkv, g*T, N]
-    qpos = torch.tensor(lengths, device=q.device).unsqueeze(1) + torch.arange(-t_new, 0, device=q.device)  # [k, T]
+    qpos = to_device(lengths, torch.int64, q.device).unsqueeze(1) + torch.arange(-t_new, 0, device=q.device)  # [k, T]
     j = torch.arange(cols, device=q.device)  # [N]
     hidden = j > qpos.unsqueeze(-1)  # [k, T, N]
     if window is not None:

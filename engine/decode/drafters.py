@@ -25,6 +25,7 @@ from kspec.engine.cache.kv import BranchKVCache
 from kspec.engine.models.transformer import EarlyExit, Transformer
 from kspec.engine.cache.prefix_cache import PrefixCache, common_prefix_length
 from kspec.engine.decode.sampling import SamplingParams, probabilities
+from kspec.kernels.transfer import to_device
 
 GAMMA_LIMIT = 16  # the longest draft any drafter is asked for
 
@@ -125,34 +126,33 @@ class ModelDrafter:
             cache.truncate(row, shared)
             self._cached[row] = history[:shared]
             pending.append(history[shared:])
-        drafted: list[list[int]] = [[] for _ in histories]
-        distributions: list[list[Tensor]] = [[] for _ in histories]
+        steps: list[Tensor] = []  # each step's tokens [k], kept on the device until the end
+        distributions: list[Tensor] = []  # each step's q [k, V] (sampling)
         with torch.inference_mode():
             logits = self._feed(cache, pending)  # [k, V]
             for step in range(gamma):
                 tokens, q = self._choose(logits)  # [k], [k, V] or None
-                for row, token in enumerate(tokens.tolist()):
-                    drafted[row].append(token)
-                    if q is not None:
-                        distributions[row].append(q[row])
+                steps.append(tokens)
+                if q is not None:
+                    distributions.append(q)
                 if step == gamma - 1:
                     break
                 logits = self.model.step(tokens[:, None], cache)
+            drafted: list[list[int]] = torch.stack(steps, dim=1).tolist()  # [k, γ]: the drafts' one transfer
+            q_rows = torch.stack(distributions, dim=1) if distributions else None  # [k, γ, V]
         for row, history in enumerate(histories):  # the cache now holds the history and all drafts but the last
             self._cached[row] = history + drafted[row][:-1]
-        return [
-            Draft(tokens, torch.stack(qs) if qs else None) for tokens, qs in zip(drafted, distributions)
-        ]
+        return [Draft(tokens, q_rows[row] if q_rows is not None else None) for row, tokens in enumerate(drafted)]
 
     def _feed(self, cache: BranchKVCache, pending: list[list[int]]) -> Tensor:
         """Write each branch's pending tokens (ragged, >= 1 each); logits after the last of each [k, V]."""
         counts = [len(p) for p in pending]
         width = max(counts)
-        padded = torch.tensor([p + [0] * (width - len(p)) for p in pending], device=self.model.device)  # [k, T]
+        padded = to_device([p + [0] * (width - len(p)) for p in pending], torch.int64, self.model.device)  # [k, T]
         hidden = self.model(padded, cache)  # [k, T, dim]
         cache.advance(counts)
-        last = torch.tensor(counts, device=self.model.device) - 1
-        return self.model.logits(hidden[torch.arange(len(pending)), last])
+        last = to_device(counts, torch.int64, self.model.device) - 1
+        return self.model.logits(hidden[torch.arange(len(pending), device=last.device), last])
 
     def _choose(self, logits: Tensor) -> tuple[Tensor, Tensor | None]:
         if self.params.greedy:

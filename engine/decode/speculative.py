@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from kspec.engine.api import CancelToken
+from kspec.engine.decode.acceptance import RoundAcceptance, accept_greedy_rows, accept_sampling_rows, pack_drafts, read_round
 from kspec.engine.decode.drafters import GAMMA_LIMIT, Draft, Drafter
 from kspec.engine.decode.branches import Branch, BranchTracker, DecodeOutput, interrupted
 from kspec.engine.decode.healing import HealingBias
@@ -31,6 +33,7 @@ from kspec.engine.cache.kv import BranchKVCache
 from kspec.engine.models.transformer import Transformer
 from kspec.engine.cache.prefix_cache import Prefill, prefill_uncached
 from kspec.engine.decode.sampling import SamplingParams, first_tokens, probabilities
+from kspec.kernels.transfer import to_device
 
 UnitDone = Callable[[str], bool]  # early-stop hook: this branch's text has completed its unit
 
@@ -224,22 +227,24 @@ class SpeculativeRun:
         live_branches, drafts = self.live_branches, self._drafts
         logits[:, 0] = self.tracker.constrain(logits[:, 0], live_branches, self.healing)
         log_probs = torch.log_softmax(logits, dim=-1)  # [k', T, V]
-        kept: list[int] = []
-        accepted_counts: list[int] = []
-        for row, (branch, draft) in enumerate(zip(live_branches, drafts)):
-            n = len(draft.tokens)
-            if self.params.greedy:
-                accepted, next_token = accept_greedy(draft.tokens, logits[row, : n + 1])
-            else:
-                accepted, next_token = accept_sampling(draft, logits[row, : n + 1], self.params, self.generator)
-            accepted_counts.append(accepted)
+        if self.params.greedy or logits.device.type != "cpu":
+            taken = self._accept_rows(logits, log_probs)  # every row on the device, one transfer
+        else:  # sampling on CPU: per branch (a seed keeps its tokens)
+            taken = RoundAcceptance([], [], [])
+            for row, draft in enumerate(drafts):
+                accepted, next_token = accept_sampling(draft, logits[row, : len(draft.tokens) + 1], self.params, self.generator)
+                tokens = draft.tokens[:accepted] + [next_token]
+                taken.accepted.append(accepted)
+                taken.tokens.append(tokens)
+                taken.logprobs.append([float(log_probs[row, position, token]) for position, token in enumerate(tokens)])
+        accepted_counts = taken.accepted
+        for row, branch in enumerate(live_branches):
             detok = self.detoks[self.live[row]]
-            for position, token in enumerate(draft.tokens[:accepted] + [next_token]):
+            for token, logprob in zip(taken.tokens[row], taken.logprobs[row]):
                 if branch.done:
                     break
-                _commit(self.tracker, branch, detok, token, float(log_probs[row, position, token]), self.unit_done)
-            kept.append(1 + accepted)  # the previous last token and the accepted drafts
-        self.cache.advance(kept)
+                _commit(self.tracker, branch, detok, token, logprob, self.unit_done)
+        self.cache.advance([1 + accepted for accepted in accepted_counts])  # the previous last token and the accepted drafts
         stats = self.stats
         stats.rounds += 1
         stats.branch_rounds += len(self.live)
@@ -251,6 +256,26 @@ class SpeculativeRun:
         stats.accept_ms += (time.perf_counter() - verified_at) * 1000
         self.gamma = adapt_gamma(self.gamma, [len(d.tokens) for d in drafts], accepted_counts, self.config)
 
+    def _accept_rows(self, logits: Tensor, log_probs: Tensor) -> RoundAcceptance:
+        """Acceptance of every live row as tensor ops on the logits' device (engine/decode/acceptance.py)."""
+        drafts = self._drafts
+        width = max((len(d.tokens) for d in drafts), default=0)
+        tokens, lengths = pack_drafts([d.tokens for d in drafts], width, logits.device)  # [k', W], [k']
+        if self.params.greedy:
+            accepted, taken = accept_greedy_rows(tokens, lengths, logits[:, : width + 1])
+        else:
+            vocab = logits.shape[-1]
+            q = None
+            if any(d.q is not None for d in drafts):
+                q = torch.stack([
+                    F.pad(d.q.to(logits.device), (0, 0, 0, width - d.q.shape[0])) if d.q is not None
+                    else logits.new_zeros(width, vocab)
+                    for d in drafts
+                ])  # [k', W, V]; zero rows: deterministic drafts
+            p = probabilities(logits[:, : width + 1], self.params)  # [k', W+1, V]
+            accepted, taken = accept_sampling_rows(tokens, lengths, q, p, self.generator)
+        return read_round(accepted, taken, log_probs[:, : width + 1])
+
     def output(self) -> SpeculativeOutput:
         decode_ms = self.stats.draft_ms + self.stats.verify_ms + self.stats.accept_ms  # this request's rounds (shared ones whole)
         return SpeculativeOutput(self.branches, self.prefill_ms, decode_ms, self.stats.rounds, self.stats)
@@ -259,7 +284,7 @@ class SpeculativeRun:
 def pad_rows(rows: list[list[int]], device: torch.device) -> Tensor:
     """Ragged token rows -> [B, T] right-padded with token 0 (padding positions are never kept)."""
     width = max(len(row) for row in rows)
-    return torch.tensor([row + [0] * (width - len(row)) for row in rows], device=device)  # [B, T]
+    return to_device([row + [0] * (width - len(row)) for row in rows], torch.int64, device)  # [B, T]
 
 
 def _commit(

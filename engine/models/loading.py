@@ -45,9 +45,12 @@ class Compute:
 
     @classmethod
     def choose(cls, config: EngineConfig) -> "Compute":
-        """auto: the fast path on an AVX-512 CPU (cpu_fast.fast_path_available), float32 elsewhere.
+        """auto: bfloat16 on CUDA (a GPU step reads weights and KV: half the bytes of float32), the
+        fast path on an AVX-512 CPU (cpu_fast.fast_path_available), float32 elsewhere.
         An explicit dtype is that dtype on the plain path (float32: the exact reference)."""
         if config.dtype == "auto":
+            if torch.device(config.device).type == "cuda":
+                return cls(torch.bfloat16, False)
             return cls(torch.float32, config.device == "cpu" and fast_path_available())
         return cls(getattr(torch, config.dtype), False)
 

@@ -1,0 +1,130 @@
+"""A round's acceptance for all branches at once, on the logits' device, read back in ONE transfer.
+
+After the target verified every live branch's [last token, d1..dn] (ragged n, padded to T),
+each branch accepts its own number of drafts and takes one token of the target's: the
+correction at the first rejection, or the bonus token after the last draft. Done per branch
+on the host, that is a `.tolist()` / `.item()` per branch and per token, each one waiting for
+the device; here the whole round is tensor ops over [k', T, V] and one `.tolist()` of a packed
+[k', 1 + 2T] result (counts, tokens, log-probabilities), the round's one synchronisation.
+
+- ``accept_greedy_rows``: the longest run of drafts equal to the target's argmax; the same
+  numbers as ``speculative.accept_greedy`` row by row (argmax keeps the first maximum).
+- ``accept_sampling_rows``: exact speculative sampling (accept d_j with probability
+  min(1, p(d_j) / q(d_j)), on the first rejection draw from the normalised max(0, p - q), after
+  the last draft draw the bonus from p), vectorised; the uniforms come from the request's CPU
+  generator and inverse-CDF draws replace multinomial, so a seed gives the same tokens on any
+  device. It draws in another order than the per-branch host version, so a seed's tokens differ
+  from that version's (both follow the target's distribution); the CPU path keeps the host version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kspec.kernels.transfer import tensor_to_device, to_device
+
+__all__ = ["RoundAcceptance", "pack_drafts", "accept_greedy_rows", "accept_sampling_rows", "read_round"]
+
+
+@dataclass(frozen=True)
+class RoundAcceptance:
+    """One round on the host: per live branch, the drafts it accepted and the tokens it takes
+    (the accepted drafts, then the target's own token), with their log-probabilities."""
+
+    accepted: list[int]
+    tokens: list[list[int]]  # accepted[row] + 1 tokens each
+    logprobs: list[list[float]]
+
+
+def pack_drafts(drafts: Sequence[Sequence[int]], width: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Ragged drafts -> (tokens [k, width] padded with 0, lengths [k]) on ``device`` (a copy to it, no wait)."""
+    rows = [list(d) + [0] * (width - len(d)) for d in drafts]
+    tokens = tensor_to_device(torch.tensor(rows, dtype=torch.int64).reshape(len(drafts), width), device)  # [k, W]
+    lengths = to_device([len(d) for d in drafts], torch.int64, device)  # [k]
+    return tokens, lengths
+
+
+def _taken(drafts: Tensor, accepted: Tensor, own: Tensor, width: int) -> Tensor:
+    """[k, T]: position j < accepted holds draft j, position accepted holds ``own`` [k]; the rest is padding."""
+    k, n_draft = drafts.shape
+    padded = F.pad(drafts, (0, width - n_draft))  # [k, T]
+    j = torch.arange(width, device=drafts.device)  # [T]
+    return torch.where(j < accepted[:, None], padded, own[:, None])  # [k, T]
+
+
+def accept_greedy_rows(drafts: Tensor, lengths: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
+    """drafts [k, W], lengths [k], logits [k, T, V] with T >= W + 1 ->
+    (accepted [k], taken [k, T]: the accepted drafts then the target's token at index accepted)."""
+    choices = logits.argmax(dim=-1)  # [k, T]
+    n_draft = drafts.shape[1]
+    j = torch.arange(n_draft, device=logits.device)  # [W]
+    match = (drafts == choices[:, :n_draft]) & (j < lengths[:, None])  # [k, W]
+    accepted = match.long().cumprod(dim=1).sum(dim=1)  # [k]: the leading run of matches
+    own = choices.gather(1, accepted[:, None]).squeeze(1)  # [k]
+    return accepted, _taken(drafts, accepted, own, logits.shape[1])
+
+
+def _inverse_cdf(dist: Tensor, u: Tensor) -> Tensor:
+    """One draw per row of the (unnormalised, non-negative) dist [k, V] with uniforms u [k] -> [k]."""
+    cdf = dist.double().cumsum(dim=-1)  # [k, V]
+    target = (u.double() * cdf[:, -1])[:, None]  # [k, 1]
+    index = torch.searchsorted(cdf, target, right=True).squeeze(1)  # [k]: first cdf > u * total
+    return index.clamp_max(dist.shape[-1] - 1)
+
+
+def accept_sampling_rows(
+    drafts: Tensor, lengths: Tensor, q: Tensor | None, p: Tensor, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """Exact speculative sampling for every row at once.
+
+    drafts [k, W], lengths [k]; q [k, W, V] the drafter's distributions (None, or rows of zeros:
+    a deterministic draft, q one-hot on its token); p [k, T, V] the target's (T >= W + 1).
+    Uniforms are drawn on ``generator``'s device (the CPU) and copied over.
+    -> (accepted [k], taken [k, T])."""
+    k, n_draft = drafts.shape
+    vocab = p.shape[-1]
+    u = tensor_to_device(torch.rand(k, n_draft + 1, generator=generator, dtype=torch.float64), p.device)  # [k, W+1]
+    if n_draft == 0:  # nothing drafted: every row draws its token from p
+        accepted = torch.zeros(k, dtype=torch.int64, device=p.device)
+        return accepted, _taken(drafts, accepted, _inverse_cdf(p[:, 0], u[:, 0]), p.shape[1])
+    j = torch.arange(n_draft, device=p.device)  # [W]
+    p_tok = p[:, :n_draft].gather(-1, drafts[..., None]).squeeze(-1)  # [k, W]
+    if q is None:
+        given = torch.zeros(k, n_draft, dtype=torch.bool, device=p.device)  # [k, W]
+        q_tok = torch.ones_like(p_tok)  # [k, W]: q one-hot on the drafted token
+    else:
+        given = q.sum(dim=-1) > 0  # [k, W]; rows of zeros: deterministic drafts
+        q_tok = torch.where(given, q.gather(-1, drafts[..., None]).squeeze(-1).to(p.dtype), 1.0)  # [k, W]
+    keep = (u[:, :n_draft] * q_tok.double() < p_tok.double()) & (j < lengths[:, None])  # [k, W]
+    accepted = keep.long().cumprod(dim=1).sum(dim=1)  # [k]
+    p_at = p.gather(1, accepted[:, None, None].expand(k, 1, vocab)).squeeze(1)  # [k, V]: p where the row draws
+    at = accepted.clamp_max(n_draft - 1)[:, None]  # [k, 1]: the rejected position (rows that draw a bonus ignore it)
+    given_at = given.gather(1, at)  # [k, 1]
+    residual = p_at.clone()  # [k, V]
+    if q is not None:
+        q_at = q.gather(1, at[:, :, None].expand(k, 1, vocab)).squeeze(1).to(p.dtype)  # [k, V]
+        residual = torch.where(given_at, (p_at - q_at).clamp_min(0.0), residual)  # max(0, p - q)
+    token_at = drafts.gather(1, at)  # [k, 1]
+    residual.scatter_(1, token_at, torch.where(given_at, residual.gather(1, token_at), 0.0))  # q one-hot: p without its token
+    rejected = accepted < lengths  # [k]: draws at a rejection (else the bonus from p)
+    empty = residual.sum(dim=-1) <= 0.0  # [k]: p == q there, any draw from p is exact
+    dist = torch.where((rejected & ~empty)[:, None], residual, p_at)  # [k, V]
+    return accepted, _taken(drafts, accepted, _inverse_cdf(dist, u[:, n_draft]), p.shape[1])
+
+
+def read_round(accepted: Tensor, taken: Tensor, log_probs: Tensor) -> RoundAcceptance:
+    """The round's numbers on the host in ONE transfer: accepted [k], taken [k, T] and the
+    log-probabilities of the taken tokens from log_probs [k, T, V]."""
+    width = taken.shape[1]
+    chosen = log_probs.gather(-1, taken[..., None]).squeeze(-1)  # [k, T]
+    packed = torch.cat([accepted[:, None].double(), taken.double(), chosen.double()], dim=1)  # [k, 1 + 2T]; ids < 2^53
+    rows = packed.tolist()  # the one synchronisation of the round
+    counts = [int(row[0]) for row in rows]
+    tokens = [[int(x) for x in row[1 : 2 + n]] for row, n in zip(rows, counts)]
+    logprobs = [row[1 + width : 2 + width + n] for row, n in zip(rows, counts)]
+    return RoundAcceptance(counts, tokens, logprobs)
