@@ -11,7 +11,7 @@ after ``--budget-s`` seconds is reported as skipped):
 
 1. ``environment``: device, versions, the attention paths the engine takes (kernels/paths.py).
 2. ``bandwidth``: device memory bandwidth measured with a copy (bytes read + written / time).
-3. ``kernels``: every installed path (flash-attn, Triton; CPU: the fused CPU kernel) against the
+3. ``kernels`` (run last, after the model's sections): every installed path (flash-attn, Triton; CPU: the fused CPU kernel) against the
    PyTorch reference on decode / verify / GQA / MHA / ragged / window / P = 0 shapes, fp32 bf16 fp16
    (flash-attn: bf16 fp16); the flash-attn prefill against SDPA.
 4. ``decode``: a 7B-shaped model with random weights (Llama-2-7B: MHA; or Qwen2-7B: GQA), bf16,
@@ -332,6 +332,7 @@ def step_fn(model: Transformer, cache, k: int, new: int = 1) -> Callable[[], tor
 
 def _free_bytes(device: str) -> int:
     if device.startswith("cuda"):
+        torch.cuda.empty_cache()  # blocks PyTorch keeps cached count as used in the driver's figure
         return torch.cuda.mem_get_info()[0]
     return 1 << 62  # the CPU smoke run's shapes are tiny
 
@@ -490,9 +491,6 @@ def run_sections(plan: Plan, budget_s: float) -> dict[str, Any]:
     args = model_args(plan.shape)
     section("environment", lambda: environment(plan, args))
     bandwidth = section("bandwidth", lambda: measure_bandwidth(plan))
-    kernels = section("kernels", lambda: check_kernels(plan))
-    if kernels:
-        failed += [f"kernels:{name}" for name in kernels["failed"]]
     model = section("model", lambda: random_model(args, plan.dtype, plan.device, seed=0))
     if model is not None:
         report["model"] = {"shape": plan.shape, "params": sum(p.numel() for p in model.parameters()),
@@ -503,6 +501,12 @@ def run_sections(plan: Plan, budget_s: float) -> dict[str, Any]:
         section("bifurcated_vs_replicated", lambda: measure_replicated(plan, model, bytes_per_s))
         section("bass", lambda: measure_bass(plan, model))
         section("cuda_graph", lambda: measure_cuda_graph(plan, model))
+        del model
+        _free_bytes(plan.device)
+    # last: a kernel that faults leaves the CUDA context unusable for whatever would come after it
+    kernels = section("kernels", lambda: check_kernels(plan))
+    if kernels:
+        failed += [f"kernels:{name}" for name in kernels["failed"]]
     report["failed"] = failed
     report["total_s"] = round(time.perf_counter() - started, 1)
     return report
