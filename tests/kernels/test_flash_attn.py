@@ -12,6 +12,7 @@ Where each group runs:
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
@@ -226,3 +227,32 @@ def test_flash_prefill_on_gpu_equals_sdpa(ragged: bool) -> None:
     want = F.scaled_dot_product_attention(q, cache.keys[0][:, :, : step.kv_len], cache.values[0][:, :, : step.kv_len],
                                           attn_mask=step.mask, is_causal=step.is_causal, enable_gqa=True)  # fmt: skip
     torch.testing.assert_close(out.float(), want.float(), **GPU_TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("starts, new, window", [([0, 0], 6, None), ([7, 7], 3, None), ([5, 0, 9], 4, None), ([5, 0, 9], 4, 3), ([9, 9], 1, 4)])
+def test_the_cache_takes_the_flash_path_with_its_own_row_ends(monkeypatch, starts: list[int], new: int, window: int | None) -> None:
+    """RaggedKVCache.attend routed through the flash path (the stand-in, on CPU) equals its SDPA
+    path: uniform rows (a prefill, a chunk after a prefix, a decode step) and ragged ones."""
+    from kspec.engine.cache.kv import CacheShape, RaggedKVCache
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(len(starts), 6, new, 16, generator=g)  # [B, H, T, D]
+    k, v = (torch.randn(len(starts), 2, new, 16, generator=g) for _ in range(2))  # [B, Hkv, T, D]
+    history = torch.randn(2, len(starts), 2, 24, 16, generator=g)  # what the rows already hold
+
+    def attend() -> torch.Tensor:
+        cache = RaggedKVCache(CacheShape(1, 2, 16, window), len(starts), 24, torch.float32)
+        cache.keys[0], cache.values[0] = history[0], history[1]
+        cache.lengths = list(starts)
+        return cache.attend(0, q, k, v, cache.prepare(new))
+
+    want = attend()  # SDPA
+    calls: list[str] = []
+    counted = types.SimpleNamespace(**{
+        name: (lambda fn, name: lambda *a, **kw: calls.append(name) or fn(*a, **kw))(getattr(flash_attn_standin, name), name)
+        for name in ("flash_attn_func", "flash_attn_with_kvcache")
+    })  # fmt: skip
+    monkeypatch.setattr(fb, "load", lambda: counted)
+    monkeypatch.setattr(fb, "supports_prefill", lambda q: True)
+    torch.testing.assert_close(attend(), want, atol=1e-5, rtol=1e-4)
+    assert calls == ["flash_attn_with_kvcache" if len(set(starts)) > 1 else "flash_attn_func"]
