@@ -22,7 +22,9 @@ def default_engine():
     from kspec.engine.completion import CompletionEngine
     from kspec.engine.config import EngineConfig
 
-    return CompletionEngine.load(EngineConfig(dtype="float32", progress=False))  # the exact path (auto: test_fast_path.py)
+    # the exact path (auto: test_fast_path.py); not fitted to the machine, whose timing (and so
+    # the prompt budget it caps) moves with the load: tests must not
+    return CompletionEngine.load(EngineConfig(dtype="float32", progress=False, fit_to_machine=False))
 
 
 @pytest.fixture(scope="session")
@@ -30,4 +32,5 @@ def random_engine(random_llama_dir: Path):
     from kspec.engine.completion import CompletionEngine
     from kspec.engine.config import EngineConfig
 
-    return CompletionEngine.load(EngineConfig(model=str(random_llama_dir), dtype="float32", progress=False))
+    # not fitted to the machine (see default_engine); tests/unit/test_machine_fit.py loads a fitted one
+    return CompletionEngine.load(EngineConfig(model=str(random_llama_dir), dtype="float32", progress=False, fit_to_machine=False))

@@ -3,6 +3,8 @@ k, max tokens and the first-answer moment, and the engine's own measurement."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kspec.engine.machine_fit import (
@@ -53,14 +55,19 @@ def test_timing_is_validated():
         MachineTiming({4: 1.0}, 1.0, -1.0)
 
 
-def test_the_engine_measures_itself(random_engine):
-    timing = random_engine.measure_machine()
+def test_the_engine_measures_itself(random_llama_dir):
+    from kspec.engine.completion import CompletionEngine
+    from kspec.engine.config import EngineConfig
+
+    engine = CompletionEngine.load(EngineConfig(model=str(random_llama_dir), dtype="float32", progress=False))
+    assert engine.defaults is not None and engine.defaults.k >= MIN_K  # chosen at load
+    assert engine.prompt_tokens == min(engine.config.prompt_tokens, engine.defaults.prompt_tokens)
+    timing = engine.measure_machine()
     assert set(timing.round_ms) == {2, 4} and all(ms > 0 for ms in timing.round_ms.values())
     assert timing.prefill_ms_per_token > 0 and timing.keystroke_ms > 0
     # per token of the cold prompt's own prefill: not the whole prefill over the one token the
     # healing walk computed after it (that read 470 ms "per token" for the default model)
     assert timing.prefill_ms_per_token < timing.keystroke_ms
-    assert random_engine.defaults is not None and random_engine.defaults.k >= MIN_K  # chosen at load
 
 
 def test_the_prompt_budget_is_what_a_cold_prefill_does_in_its_time():
@@ -73,24 +80,23 @@ def test_the_prompt_budget_is_what_a_cold_prefill_does_in_its_time():
 
 
 def test_the_engine_cuts_prompts_to_the_fitted_budget(random_engine):
-    from dataclasses import replace as _replace
-
     from kspec.engine.api import CompletionRequest
 
-    assert random_engine.defaults is not None
-    saved = random_engine.defaults
+    assert random_engine.defaults is None  # the fixture's engine is not fitted
+    assert random_engine.prompt_tokens == random_engine.config.prompt_tokens
     long_prefix = "".join(f"def function_{i}(argument):\n    return argument * {i}\n\n" for i in range(300))
 
     def prompt_tokens() -> float:
         result = random_engine.complete(CompletionRequest(prefix=long_prefix, k=1, max_tokens=1, raw=True, cursor_rules=False))
         return result.timing_ms["prompt_tokens"]
 
+    fitted = choose_defaults(MachineTiming({2: 8.0, 4: 10.0}, prefill_ms_per_token=0.01, keystroke_ms=20.0))
     try:
-        random_engine.defaults = _replace(saved, prompt_tokens=10_000)
-        assert random_engine.prompt_tokens == random_engine.config.prompt_tokens  # never above the configured budget
+        random_engine.defaults = fitted  # 1536: never above the configured budget
+        assert random_engine.prompt_tokens == random_engine.config.prompt_tokens
         whole = prompt_tokens()
-        random_engine.defaults = _replace(saved, prompt_tokens=100)
+        random_engine.defaults = replace(fitted, prompt_tokens=100)
         assert random_engine.prompt_tokens == 100
         assert 0 < prompt_tokens() <= 100 < whole
     finally:
-        random_engine.defaults = saved
+        random_engine.defaults = None
