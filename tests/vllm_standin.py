@@ -6,13 +6,13 @@ path), and a `suffix` in `/v1/completions` refused with vLLM's 400 body
 
 from __future__ import annotations
 
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from loopback_http import JsonHandler, LoopbackServer
 
-class VllmLike:
+
+class VllmLike(LoopbackServer):
     """/v1/models and /v1/completions as vLLM answers them (owned_by "vllm", `root` = the
     model path; a body with `suffix` -> 400 with vLLM's error body)."""
 
@@ -23,12 +23,9 @@ class VllmLike:
         self.post_arrived = threading.Event()
         stand_in = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's uvicorn
             disable_nagle_algorithm = True  # TCP_NODELAY, as uvicorn: no delayed-ACK stall between headers and body
-
-            def log_message(self, *args: Any) -> None:
-                pass
 
             def parse_request(self) -> bool:
                 ok = super().parse_request()
@@ -36,27 +33,19 @@ class VllmLike:
                     stand_in.requests.append((self.command, self.path, self.client_address[1]))
                 return ok
 
-            def _answer(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
             def _authorized(self) -> bool:
                 if api_key is None or self.headers.get("Authorization") == f"Bearer {api_key}":
                     return True
-                self._answer(401, {"error": "Unauthorized"})
+                self.answer_json({"error": "Unauthorized"}, status=401)
                 return False
 
             def do_GET(self) -> None:
                 if self._authorized():
                     entry = {"id": model, "object": "model", "created": 0, "owned_by": owned_by, "root": root or model, "parent": None}
-                    self._answer(200, {"object": "list", "data": [entry]})
+                    self.answer_json({"object": "list", "data": [entry]})
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                body = self.read_json()
                 stand_in.bodies.append(body)
                 stand_in.post_arrived.set()
                 if stand_in.gate is not None:
@@ -65,15 +54,9 @@ class VllmLike:
                     return
                 if body.get("suffix") is not None and owned_by == "vllm":
                     error = {"message": "suffix is not currently supported", "type": "BadRequestError", "param": None, "code": 400}
-                    self._answer(400, {"error": error})
+                    self.answer_json({"error": error}, status=400)
                     return
                 choices = [{"index": i, "text": f"x{i} = {i}", "finish_reason": "length", "logprobs": None} for i in range(body.get("n", 1))]
-                self._answer(200, {"id": "cmpl-1", "object": "text_completion", "model": model, "choices": choices})
+                self.answer_json({"id": "cmpl-1", "object": "text_completion", "model": model, "choices": choices})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)

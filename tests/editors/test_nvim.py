@@ -10,12 +10,12 @@ import json
 import re
 import os
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from loopback_http import JsonHandler, LoopbackServer
 from nvim_rpc import Nvim
 
 REPO = Path(__file__).resolve().parents[2]
@@ -437,7 +437,7 @@ def test_network_engine_settings_are_checked_by_type(nvim: Nvim):
     )
 
 
-class FakeOpenAI:
+class FakeOpenAI(LoopbackServer):
     """An OpenAI-compatible completions server on loopback that records what it is asked:
     what a team's vLLM / llama.cpp server would see from the editor's kspec lsp."""
 
@@ -449,18 +449,7 @@ class FakeOpenAI:
         self._cond = threading.Condition()
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def _answer(self, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JsonHandler):
             def _record(self, body: dict | None) -> None:
                 with fake._cond:
                     fake.requests.append((self.command, self.path, body, self.headers.get("Authorization")))
@@ -468,18 +457,15 @@ class FakeOpenAI:
 
             def do_GET(self) -> None:
                 self._record(None)
-                self._answer({"object": "list", "data": [{"id": m, "object": "model"} for m in fake.MODELS]})
+                self.answer_json({"object": "list", "data": [{"id": m, "object": "model"} for m in fake.MODELS]})
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                body = self.read_json()
                 self._record(body)
                 choices = [{"index": i, "text": text, "finish_reason": "stop"} for i, text in enumerate(fake.TEXTS[: body.get("n", 1)])]
-                self._answer({"id": "cmpl-1", "object": "text_completion", "model": body.get("model"), "choices": choices})
+                self.answer_json({"id": "cmpl-1", "object": "text_completion", "model": body.get("model"), "choices": choices})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
+        super().__init__(Handler)
 
     def wait_for(self, what: str, predicate, timeout: float) -> tuple:
         """The first recorded request for which predicate(method, path, body, authorization) is true."""
@@ -490,10 +476,6 @@ class FakeOpenAI:
             if not self._cond.wait_for(found, timeout):
                 raise TimeoutError(f"the fake engine saw no {what}; it saw {self.requests!r:.3000}")
             return found()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_a_team_engine_on_the_network_from_the_documented_settings(tmp_path: Path, nvim_bin: str, kspec_bin: Path):

@@ -11,23 +11,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from lsp_harness import FAST, editor_session
+from loopback_http import JsonHandler, LoopbackServer
 
 from kspec.lsp_server.engine_client import DAEMON_IDLE_TIMEOUT_S
 
 
-class ScriptedEngine:
+class ScriptedEngine(LoopbackServer):
     """An OpenAI-compatible /v1 on loopback whose completions are the texts given for the
     end of the prompt they continue (what a code model writes there)."""
 
@@ -35,35 +33,18 @@ class ScriptedEngine:
         self.texts = texts
         engine = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _answer(self, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JsonHandler):
             def do_GET(self) -> None:
-                self._answer({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+                self.answer_json({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                body = self.read_json()
                 prompt = str(body.get("prompt", ""))
                 texts = next((texts for end, texts in engine.texts.items() if end in prompt), [])
                 choices = [{"index": i, "text": text, "finish_reason": "stop"} for i, text in enumerate(texts[: body.get("n", 1)])]
-                self._answer({"id": "cmpl-1", "object": "text_completion", "model": "scripted", "choices": choices})
+                self.answer_json({"id": "cmpl-1", "object": "text_completion", "model": "scripted", "choices": choices})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 HEADER_FILE = "def average_price(items):\n    total = 0\n    for item in items:\n    return total / len(items)\n"
