@@ -172,24 +172,25 @@ class ThreadServer:
         self.thread.start()
         self.client = LanguageClient("kspec-bench", "0")
         self.state: str | None = None  # the last $/kspec/status state ("loading", "ready", "error")
+        self._settled = asyncio.Event()  # set once a state other than "loading" arrives
         self.client.feature("$/kspec/status")(lambda params: self._status(params))
         self.on_updated: dict[str, Callable[[Any], None]] = {}  # uri -> the replay's handler of UPDATED_METHOD
         self.client.feature(UPDATED_METHOD)(lambda params: self._updated(params))  # pygls tags the function: no bound method
         self.client.feature(lsp.WINDOW_SHOW_MESSAGE)(lambda params: log.warning("server: %s", params.message))
         self._task: asyncio.Task | None = None
 
-    def _status(self, params: Any) -> None:
+    def _status(self, params: Any) -> None:  # on the client's event loop
         self.state = getattr(params, "state", None)
+        if self.state not in (None, "loading"):
+            self._settled.set()
 
     async def until_settled(self, timeout_s: float) -> None:
         """Until the engine has loaded and timed the machine (state no longer "loading"): a
         replay that began while it loads would measure the loading."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + timeout_s
-        while self.state in (None, "loading"):
-            if loop.time() > give_up:
-                raise TimeoutError(f"the engine was still {self.state or 'starting'} after {timeout_s:.0f} s")
-            await asyncio.sleep(0.05)  # polled: the status arrives on this loop's reader task
+        try:
+            await asyncio.wait_for(self._settled.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"the engine was still {self.state or 'starting'} after {timeout_s:.0f} s") from None
 
     def _updated(self, params: Any) -> None:
         handler = self.on_updated.get(getattr(params, "uri", None))  # type: ignore[arg-type]
