@@ -58,6 +58,10 @@ class CheckResult:
     # should): those this completion binds, and those it leaves undefined.
     needs_defined: tuple[str, ...] = ()
     needs_missing: tuple[str, ...] = ()
+    # Where the window's end is open: it closes a bracket opened before the cursor's line, or
+    # leaves open one it opens, and no line end before that was safe to cut at
+    # (window.end_balance): whether the file stays whole is past the window's end.
+    beyond_window: bool = False
 
     @property
     def breaks_parse(self) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kspec.engine.api import Completion
 from kspec.engine.syntax.checks import Checker, CheckResult
@@ -15,7 +15,7 @@ from kspec.engine.syntax.rank import (
     RankConfig, Scored, Signals, dedupe_key, distinct, first_line_key, normalized_logprob, order, score,
 )
 from kspec.engine.syntax.trim import END, Cut, drop_truncated_line, find_cut, finalize
-from kspec.engine.syntax.window import crop
+from kspec.engine.syntax.window import crop, end_balance
 
 
 @dataclass
@@ -82,6 +82,10 @@ def trim_and_check(
     completion = candidate.text
     if candidate.finish_reason in TRUNCATED:
         completion = drop_truncated_line(completion)
+    beyond_window = False
+    if checker.language is not None:
+        balance = end_balance(checker.window_prefix, checker.window_suffix, checker.language, completion)
+        completion, beyond_window = completion[: balance.keep], balance.unsure
     cut = find_cut(ctx, completion, final=True) or Cut(len(completion), END)
 
     def attempt(option: Cut | int) -> tuple[str, CheckResult] | None:
@@ -92,7 +96,7 @@ def trim_and_check(
         if result is None:
             result = checker.check(text, names=config.check_names)
             checked[text] = result
-        return text, result
+        return text, replace(result, beyond_window=True) if beyond_window else result
 
     def clean(found: tuple[str, CheckResult] | None) -> bool:
         return found is not None and not found[1].breaks_parse and found[1].unfixed_errors == 0
@@ -165,6 +169,10 @@ def rank_alternatives(
         # Some alternative leaves the file whole (it fills the hole): those that leave it
         # broken are not worth showing next to it.
         scored = [item for item in scored if item.check.unfixed_errors == 0]
+    if config.drop_broken and any(not item.check.beyond_window for item in scored):
+        # Nor are those whose brackets reach past the window's end, where it cannot be seen
+        # whether the file stays whole, next to one the window vouches for.
+        scored = [item for item in scored if not item.check.beyond_window]
     return [_ranked(candidates[item.index], item) for item in distinct(order(scored))]
 
 

@@ -10,6 +10,9 @@ score = logprob / n_tokens                          the model's confidence, mean
         - undefined_name_penalty * #undefined names  (names it reads that nothing defines)
         - unused_variable_penalty * #unused variables
         - unfixed_error_penalty * [leaves an error the file had at the cursor]
+        - beyond_window_penalty * [its brackets reach past the window's open end]
+                                                     (window.end_balance: whether the file stays
+                                                     whole cannot be seen)
         - syntax_error_penalty * [introduces a syntax error]
         - degenerate_penalty * [degenerate]           (degenerate.py: a loop, a run, a copy of the
                                                      lines above): below every sane alternative
@@ -31,6 +34,7 @@ from kspec.engine.syntax.checks import CheckResult
 class RankConfig:
     syntax_error_penalty: float = 10.0
     unfixed_error_penalty: float = 5.0
+    beyond_window_penalty: float = 5.0
     undefined_name_penalty: float = 2.0
     unused_variable_penalty: float = 1.0
     needed_name_weight: float = 0.5
@@ -86,6 +90,7 @@ def score(signals: Signals, config: RankConfig) -> float:
     value -= config.undefined_name_penalty * len(check.undefined_names)
     value -= config.unused_variable_penalty * len(check.unused_variables)
     value -= config.unfixed_error_penalty * (1 if check.unfixed_errors else 0)
+    value -= config.beyond_window_penalty * (1 if check.beyond_window else 0)
     value -= config.syntax_error_penalty * (1 if check.breaks_parse else 0)
     value -= config.degenerate_penalty * (1 if signals.degenerate else 0)
     return value

@@ -19,7 +19,10 @@ With the lexer alone (the window is lexed once per request, `scan`):
    suffix opens, and the blocks the window ends inside (their line is indented less than
    the window's last line; when the suffix is blank, the completion's last line, and a `{`
    ending it). A bracket opened on the cursor's line that nothing closes is the hole's to
-   close, and stays open.
+   close, and stays open. Where the window's end is open (a bracket opened before the
+   cursor's line is still open after the suffix), what a completion opens and leaves open,
+   or closes of those brackets, cannot be judged by the window: `end_balance` cuts it back
+   to a line end where it is balanced.
 3. `find_region` (Python): the span around the cursor that CPython can judge. Walking
    back from the cursor line over *safe* lines (outside strings, comments and brackets;
    not a continuation or an `else`/`except` clause), every line indented less than those
@@ -39,6 +42,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from kspec.engine.syntax.languages import SPECS, LanguageSpec, new_parser, normalize_language
 from kspec.engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, OPENERS, LexState, Tok, lex, unmatched_openers
@@ -202,6 +206,7 @@ class _Brackets:
     opened: tuple[_Open, ...]  # what the suffix opens and leaves open, outermost first
     last_indent: int  # of the suffix's last non-blank line after a line end; -1: none
     literal: str  # the closer of the literal the window ends in
+    own_line: int = 0  # the innermost of `at_cursor` opened on the cursor's line (the hole's to close)
 
 
 @lru_cache(maxsize=8)
@@ -263,6 +268,45 @@ def closing_tail(prefix: str, suffix: str, language: str, completion: str, curso
     return found.literal + "".join(OPENERS[item.char] for item in reversed([*cut, *found.opened]))
 
 
+class EndBalance(NamedTuple):
+    """What of a completion the window can vouch for at its end (`end_balance`)."""
+
+    keep: int  # completion[:keep]
+    unsure: bool  # even that closes a bracket the window leaves open, or leaves open one it opens
+
+
+def end_balance(prefix: str, suffix: str, language: str, completion: str) -> EndBalance:
+    """Where the window's end is open (a bracket opened before the cursor's line is still
+    open after the suffix: the window was cut inside it, or the document is unfinished),
+    the repair closes whatever is left open, so the window cannot tell whether the file
+    stays whole with a completion that closes such a bracket (the file may close it later,
+    after more code) or that opens one it leaves open (the file's closers further on would
+    then be one short). Such a completion is cut back to its last line end where the
+    brackets it opened are closed and it closed none opened before the cursor's line
+    (those opened on that line are the hole's to close); when nothing is left, the whole
+    completion is kept and `unsure`. Elsewhere the window shows what happens: keep it all."""
+    found = _brackets(prefix, suffix, language)
+    if len(found.at_cursor) - found.own_line <= 0 or len(found.at_cursor) <= found.taken:
+        return EndBalance(len(completion), False)  # nothing opened before the cursor's line is left open
+    depth, own, keep = 0, found.own_line, 0
+    for tok in lex(completion, SPECS[language], scan(prefix, suffix, language).cursor_state, newlines=True).tokens:
+        if tok.kind == OPEN:
+            depth += 1
+        elif tok.kind == CLOSE:
+            if depth > 0:
+                depth -= 1
+            elif own > 0:
+                own -= 1
+            else:
+                return EndBalance(keep or len(completion), keep == 0)  # closes one opened before the cursor's line
+        elif tok.kind == NEWLINE and depth == 0:
+            keep = tok.start
+    # What it leaves open the suffix's stray closers close first (a header whose body the suffix has).
+    if depth > found.taken:
+        return EndBalance(keep or len(completion), keep == 0)
+    return EndBalance(len(completion), False)
+
+
 @lru_cache(maxsize=8)
 def _brackets(prefix: str, suffix: str, language: str) -> _Brackets:
     found = scan(prefix, suffix, language)
@@ -284,7 +328,9 @@ def _brackets(prefix: str, suffix: str, language: str) -> _Brackets:
                 taken += 1
     end = found.end_state
     literal = end.close if end is not None and end.kind != "line_comment" else ""
-    return _Brackets(tuple(at_cursor), taken, tuple(opened), _last_indent(suffix), literal)
+    line_start = prefix.rfind("\n") + 1
+    own_line = min(_depth(tok for tok in found.prefix_tokens if tok.start >= line_start), len(at_cursor))
+    return _Brackets(tuple(at_cursor), taken, tuple(opened), _last_indent(suffix), literal, own_line)
 
 
 def _last_indent(text: str) -> int:
