@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto, or torch dtype names (this module imports no torch: the language server reads it)
 DRAFTER_CHOICES = ("auto", "lookup", "model", "layerskip", "none")
+CPU_WEIGHTS = ("auto", "4bit", "4bit+dense")  # the CPU fast path's resident weights (engine/models/cpu_fast.py)
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"  # the whole value
 
 
@@ -45,13 +46,19 @@ class EngineConfig:
         "auto", "weight and activation type; auto: bfloat16 on CUDA, the CPU fast path (bfloat16, a Q4 GGUF's own 4-bit "
         "weights) on an AVX-512 CPU, else float32 (float32: the exact reference path)", choices=DTYPES, setting=True,
     )  # fmt: skip
+    cpu_weights: str = option(
+        "auto", "the CPU fast path's weights: 4bit (a Q4 GGUF's own codes only: least memory, prefill ~1.7x slower on "
+        "a CPU without native bfloat16), 4bit+dense (also a dense copy for prefill and verification: fastest, ~4x the "
+        "weight memory); auto: 4bit+dense (a bfloat16 copy) where the CPU computes bfloat16 natively, else 4bit",
+        choices=CPU_WEIGHTS,
+    )  # fmt: skip
     device: str = option("cpu", "'cpu' or 'cuda[:N]'", pattern=DEVICE_PATTERN, setting=True)
     prompt_tokens: int = 1536  # token budget for prefix + suffix
     threads: int | None = option(None, "torch intra-op threads (default: torch's, one per core)")
     progress: bool = True  # progress bar while converting a GGUF file
     prefix_cache_mb: int = option(
-        512, "KV of recent prompts kept for reuse across keystrokes, in MB (one entry per document being typed in; "
-        "~70 MB per 1.5k-token prompt of the demo model); 0 disables",
+        128, "KV of recent prompts kept for reuse across keystrokes, in MB (one entry per document being typed in; "
+        "~18 MB per 384-token and ~70 MB per 1.5k-token prompt of the demo model); 0 disables",
     )  # fmt: skip
     drafter: str = option(
         "auto", "speculative drafter (auto: --draft if given, else prompt lookup; layerskip: the first 8 layers of the target)",
@@ -69,6 +76,8 @@ class EngineConfig:
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.prompt_tokens < 16:
             raise ValueError(f"prompt_tokens must be >= 16, got {self.prompt_tokens}")
+        if self.cpu_weights not in CPU_WEIGHTS:
+            raise ValueError(f"cpu_weights must be one of {', '.join(CPU_WEIGHTS)}, got {self.cpu_weights!r}")
         if self.prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         if self.drafter not in DRAFTER_CHOICES:

@@ -5,11 +5,15 @@ Why each piece (2 threads, SmolLM2-135M, a 512-token prompt; README "Measured"):
 - a decode step reads every weight once: 4-bit codes are ~8x fewer bytes than float32, and
   PyTorch's int4 CPU kernel multiplies them without unpacking (bfloat16 in and out);
 - with many rows (verifying k x (gamma+1) drafts, prefill) that kernel dequantizes the weights
-  again for every 4 rows, so `CpuLinear` keeps dense weights and picks by the row count
-  (`FastPath.int4_max_rows`, the measured crossover). They are the loaded float32 weights
-  themselves (no copy), or a bfloat16 copy where the CPU computes bfloat16 natively
-  (AVX-512-BF16 / AMX): emulated bfloat16 matmuls were slower than float32 ones on a plain
-  AVX-512 CPU;
+  again for every few rows. Where the CPU computes bfloat16 natively (AVX-512-BF16 / AMX)
+  `CpuLinear` also keeps a dense bfloat16 copy and picks by the row count
+  (`FastPath.int4_max_rows`, the measured crossover). On a plain AVX-512 CPU emulated bfloat16
+  matmuls are slower than float32 ones, and a float32 copy costs 4x the 4-bit weights' memory
+  (~400 MB for the default model) for a prefill ~1.7x faster and no faster verification
+  (`kspec bench step`, README "Measured"): there the 4-bit weights serve every row count
+  unless `--cpu-weights 4bit+dense` asks for the float32 copy (the loaded weights, no copy);
+- without a dense copy the embedding table is kept as its 4-bit terms too (`Int4Embedding`,
+  exact), and a tied head multiplies those terms at every row count;
 - fusing projections halves the number of small matmuls a step launches;
 - embeddings, norms, attention and the KV cache stay float32; the head (Q8_0 in the default
   GGUF, tied to the embedding) is two 4-bit terms for few rows and its float32 weight above:
@@ -24,7 +28,9 @@ from typing import Mapping
 
 import torch
 
-from kspec.engine.models.quantized import CpuLinear, Q4Codes, fused_linear, int4_kernel_available, weight_terms
+from kspec.engine.models.quantized import (
+    CpuLinear, Int4Embedding, Q4Codes, fused_linear, int4_kernel_available, weight_terms,
+)
 from kspec.engine.models.transformer import Transformer
 
 FAST_CAPABILITIES = ("AVX512",)  # torch's CPU kernel levels the fast path was measured on
@@ -33,7 +39,7 @@ FAST_CAPABILITIES = ("AVX512",)  # torch's CPU kernel levels the fast path was m
 @dataclass(frozen=True)
 class FastPath:
     int4_max_rows: int = 16  # 4-bit kernel up to this many rows per matmul, the dense copy above
-    keep_dense: bool = True  # False: 4-bit only (less memory, far slower verification and prefill)
+    keep_dense: bool | None = None  # a dense copy for many rows; None: where the CPU has native bfloat16
     dense_dtype: torch.dtype | None = None  # None: bfloat16 on a CPU with native bfloat16, else float32
 
     def __post_init__(self) -> None:
@@ -42,8 +48,19 @@ class FastPath:
         if self.dense_dtype not in (None, torch.float32, torch.bfloat16):
             raise ValueError(f"dense_dtype must be float32 or bfloat16, got {self.dense_dtype}")
 
+    @classmethod
+    def for_weights(cls, cpu_weights: str) -> "FastPath":
+        """EngineConfig.cpu_weights: auto, 4bit or 4bit+dense."""
+        choices = {"auto": None, "4bit": False, "4bit+dense": True}
+        if cpu_weights not in choices:
+            raise ValueError(f"cpu_weights must be one of {', '.join(choices)}, got {cpu_weights!r}")
+        return cls(keep_dense=choices[cpu_weights])
+
     def resolved_dense_dtype(self) -> torch.dtype:
         return self.dense_dtype or (torch.bfloat16 if native_bf16_cpu() else torch.float32)
+
+    def resolved_keep_dense(self) -> bool:
+        return native_bf16_cpu() if self.keep_dense is None else self.keep_dense
 
 
 def native_bf16_cpu() -> bool:
@@ -61,14 +78,14 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     """Turn a loaded model into the fast path, in place (returns it): q/k/v and gate/up fused,
     every projection and the head a CpuLinear, 4-bit where `codes` (HF weight names, see
     `weight_terms`) has every part. The head's dense form stays the model's own weight."""
-    dense_dtype = path.resolved_dense_dtype()
+    dense_dtype, keep_dense = path.resolved_dense_dtype(), path.resolved_keep_dense()
     for index, block in enumerate(model.model.layers):
         prefix = f"model.layers.{index}."
 
         def linear(*names: str) -> CpuLinear:
             modules = [block.get_submodule(name) for name in names]
             terms = [weight_terms(codes, f"{prefix}{name}.weight") for name in names]
-            return fused_linear(modules, terms, path.int4_max_rows, dense_dtype, path.keep_dense)
+            return fused_linear(modules, terms, path.int4_max_rows, dense_dtype, keep_dense)
 
         attention, mlp = block.self_attn, block.mlp
         attention.fuse(linear("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), linear("self_attn.o_proj"))
@@ -76,11 +93,17 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
             mlp.fuse(linear("mlp.gate_proj", "mlp.up_proj"), linear("mlp.down_proj"))
         else:
             mlp.c_fc, mlp.c_proj = linear("mlp.c_fc"), linear("mlp.c_proj")
-    head_name = "model.embed_tokens.weight" if model.args.tie_embeddings else "lm_head.weight"
+    embed_name = "model.embed_tokens.weight"
+    head_name = embed_name if model.args.tie_embeddings else "lm_head.weight"
     head_terms = weight_terms(codes, head_name) if int4_kernel_available() else None
     head = model.lm_head
     # the dense form is the model's weight itself (tied: the embedding table), not a copy
-    model.lm_head = CpuLinear([head.weight], head_terms or [], head.bias, path.int4_max_rows, head.weight.dtype)
+    head_dense = [head.weight] if keep_dense or not head_terms else []
+    model.lm_head = CpuLinear(head_dense, head_terms or [], head.bias, path.int4_max_rows, head.weight.dtype)
+    embed_terms = weight_terms(codes, embed_name)
+    float_table_needed = bool(head_dense) and model.args.tie_embeddings
+    if not keep_dense and embed_terms and not float_table_needed:
+        model.model.embed_tokens = Int4Embedding(embed_terms, model.dtype)
     return model
 
 

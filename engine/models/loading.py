@@ -10,7 +10,7 @@ import torch
 from kspec.engine.config import EngineConfig
 from kspec.engine.errors import ModelLoadError
 from kspec.engine.models.gguf_convert import ProgressCallback
-from kspec.engine.models.cpu_fast import describe, fast_path_available, to_fast_path
+from kspec.engine.models.cpu_fast import FastPath, describe, fast_path_available, to_fast_path
 from kspec.engine.models.hf_folder import load_transformer
 from kspec.engine.models.quantized import Q4_FILE, Q4File
 from kspec.engine.models.resolve import resolve_model
@@ -73,11 +73,12 @@ def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCall
     model = load_transformer(resolved.folder, compute.dtype, config.device)
     if compute.fast_cpu:
         q4_file = resolved.folder / Q4_FILE  # a converted Q4 GGUF keeps its 4-bit weights there
+        path = FastPath.for_weights(config.cpu_weights)
         if q4_file.is_file():
             with Q4File(q4_file) as codes:
-                to_fast_path(model, codes)
+                to_fast_path(model, codes, path)
         else:
-            to_fast_path(model, {})
+            to_fast_path(model, {}, path)
         release_free_memory()  # the conversion's buffers (unpacked and int32 codes)
     tokenizer = Tokenizer.from_folder(resolved.folder, model.args.eos_token_ids)
     if tokenizer.vocab_size > model.args.vocab_size:

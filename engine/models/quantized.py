@@ -277,6 +277,46 @@ class CpuLinear(nn.Module):
         return f"{self.in_features} -> {self.out_features}, {' + '.join(forms)}"
 
 
+class Int4Embedding(nn.Module):
+    """An embedding table kept as its 4-bit terms (a Q8_0 table: two), dequantized per looked-up row.
+
+    Each term holds its codes two a byte ([V, D/2] uint8, low nibble first) and its group
+    parameters in float32 ([V, D/32] each), so a row comes back as the file's float32 weights
+    exactly: every term's (q - 8) * s + z and their sum are multiples of the block's scale far
+    below 2^24 of them (tests/unit/test_fast_path.py checks it). A quarter of the float32
+    table's bytes for Q8_0, an eighth for Q4."""
+
+    def __init__(self, terms: Sequence[Q4Codes], dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if not terms or len({t.shape for t in terms}) != 1:
+            raise ValueError("an embedding needs one or more 4-bit terms of one shape")
+        self.num_embeddings, self.embedding_dim = terms[0].shape
+        self.dtype = dtype
+        for index, term in enumerate(terms):
+            pairs = term.codes.view(self.num_embeddings, -1, 2)  # [V, D/2, 2]
+            self.register_buffer(f"codes{index}", (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous())  # [V, D/2]
+            self.register_buffer(f"scale{index}", term.scale.float().contiguous())  # [V, D/32]
+            self.register_buffer(f"zero{index}", term.zero.float().contiguous())  # [V, D/32]
+        self.n_terms = len(terms)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens [...] -> [..., D] in self.dtype."""
+        flat = tokens.reshape(-1)  # [M]
+        rows = flat.numel()
+        out: Tensor | None = None
+        for index in range(self.n_terms):
+            nibbles = getattr(self, f"codes{index}")[flat]  # [M, D/2]
+            codes = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=-1).view(rows, -1, GROUP)  # [M, D/32, 32]
+            scale, zero = getattr(self, f"scale{index}")[flat], getattr(self, f"zero{index}")[flat]  # [M, D/32]
+            term = (codes.float() - 8) * scale[..., None] + zero[..., None]  # [M, D/32, 32]
+            out = term if out is None else out + term
+        assert out is not None
+        return out.view(*tokens.shape, self.embedding_dim).to(self.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.n_terms} int4 term(s)"
+
+
 PACK_ROWS = 4096  # rows packed at a time: the kernel's layout is blocked by 64 (AVX-512) or 32 rows
 
 

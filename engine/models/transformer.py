@@ -140,12 +140,13 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """Of activations and the KV cache (the embedding's; projections may hold other forms)."""
-        return self.model.embed_tokens.weight.dtype
+        """Of activations and the KV cache (the final norm's; projections and the embedding may
+        hold other forms, e.g. 4-bit codes)."""
+        return self.model.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.model.norm.weight.device
 
     def forward(self, tokens: Tensor, cache: KVCache, n_layers: int | None = None) -> Tensor:
         """tokens [B, T] -> final hidden states [B, T, dim]. The caller advances the cache.

@@ -29,7 +29,7 @@ from kspec.engine.models import cpu_fast, loading, quantized
 from kspec.engine.models.args import ModelArgs
 from kspec.engine.models.cpu_fast import FastPath, to_fast_path
 from kspec.engine.models.quantized import (
-    GROUP, CpuLinear, Q4Codes, int4_kernel_available, load_q4, q8_0_terms, save_q4, weight_terms,
+    GROUP, CpuLinear, Int4Embedding, Q4Codes, int4_kernel_available, load_q4, q8_0_terms, save_q4, weight_terms,
 )
 from kspec.engine.models.transformer import Transformer, init_random
 
@@ -82,6 +82,34 @@ def test_int4_kernel_gives_the_codes_back_exactly(pack_rows: int, monkeypatch) -
     torch.testing.assert_close(weights_back, codes.dequantize(), atol=0, rtol=0)
 
 
+def test_int4_embedding_rows_are_the_float32_table() -> None:
+    """Looked-up rows of a Q8_0 table (two terms) and a Q4_1 one equal their float32 dequantization bit for bit."""
+    rng = np.random.default_rng(4)
+    blocks = rng.integers(0, 256, (50, 64 // GROUP, 34), dtype=np.uint8)
+    blocks[..., 0:2] = rng.uniform(0.001, 0.05, (50, 64 // GROUP)).astype(np.float16)[..., None].view(np.uint8)
+    blocks[..., 2:] = np.clip(blocks[..., 2:].view(np.int8), -127, 127).view(np.uint8)
+    q8 = list(q8_0_terms(blocks.reshape(50, -1)))
+    q4 = [Q4Codes.from_gguf_blocks(_random_blocks("Q4_1", rows=50, k=64, seed=6), "Q4_1")]
+    tokens = torch.tensor([[3, 49, 0], [7, 7, 21]])  # [B, T]
+    for terms in (q8, q4):
+        table = sum(t.dequantize() for t in terms)  # [V, D] float32
+        got = Int4Embedding(terms)(tokens)  # [B, T, D]
+        assert got.shape == (2, 3, 64) and got.dtype == torch.float32
+        torch.testing.assert_close(got, table[tokens], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="one shape"):
+        Int4Embedding([q8[0], q4[0].permute_rows(torch.arange(49))])
+
+
+def test_cpu_weights_setting_chooses_the_dense_copy(monkeypatch) -> None:
+    assert FastPath.for_weights("4bit").resolved_keep_dense() is False
+    assert FastPath.for_weights("4bit+dense").resolved_keep_dense() is True
+    for native in (True, False):
+        monkeypatch.setattr(cpu_fast, "native_bf16_cpu", lambda: native)
+        assert FastPath.for_weights("auto").resolved_keep_dense() is native
+    with pytest.raises(ValueError, match="cpu_weights"):
+        EngineConfig(cpu_weights="int8")
+
+
 def test_q4_file_round_trip(tmp_path) -> None:
     codes = {"a.weight": Q4Codes.from_gguf_blocks(_random_blocks("Q4_1", 32, 64), "Q4_1"), "b.weight": Q4Codes.quantize(torch.randn(16, 32))}
     save_q4(codes, tmp_path / "q4.safetensors")
@@ -108,6 +136,17 @@ def _quantized_model(family: str, seed: int) -> tuple[Transformer, dict[str, Q4C
     return model, codes
 
 
+def _quantized_tied_model(seed: int) -> tuple[Transformer, dict[str, Q4Codes]]:
+    """qwen2 (tied head) with 4-bit projections and a 4-bit embedding table, and those codes."""
+    model, codes = _quantized_model("qwen2", seed)
+    assert model.args.tie_embeddings
+    with torch.no_grad():
+        table = model.model.embed_tokens.weight
+        q4 = Q4Codes.quantize(table)
+        table.copy_(q4.dequantize())
+    return model, {**codes, "model.embed_tokens.weight": q4}
+
+
 def _logits_along(model: Transformer, prompt: list[int], k: int, verify: int) -> list[torch.Tensor]:
     """Prefill logits, two decode steps at k branches, then one verification of k x verify rows."""
     with torch.inference_mode():
@@ -125,8 +164,13 @@ def _logits_along(model: Transformer, prompt: list[int], k: int, verify: int) ->
 @pytest.mark.parametrize("family", ["llama", "qwen2", "starcoder2"])
 @pytest.mark.parametrize(
     "path",
-    [FastPath(int4_max_rows=1 << 20), FastPath(int4_max_rows=0, dense_dtype=torch.bfloat16), FastPath(int4_max_rows=8)],
-    ids=["int4", "dense-bf16", "int4-up-to-8-rows"],
+    [
+        FastPath(int4_max_rows=1 << 20, keep_dense=True),
+        FastPath(int4_max_rows=0, keep_dense=True, dense_dtype=torch.bfloat16),
+        FastPath(int4_max_rows=8, keep_dense=True),
+        FastPath(keep_dense=False),
+    ],
+    ids=["int4", "dense-bf16", "int4-up-to-8-rows", "int4-only"],
 )
 def test_fast_path_logits_within_tolerance(family: str, path: FastPath) -> None:
     reference, codes = _quantized_model(family, seed=3)
@@ -142,13 +186,37 @@ def test_fast_path_logits_within_tolerance(family: str, path: FastPath) -> None:
 
 
 @needs_int4
+def test_4bit_only_path_keeps_no_float_weights() -> None:
+    """cpu_weights 4bit: no dense copy anywhere, the (tied) embedding and head from the 4-bit
+    table; its lookups exact, every logit within the fast path's tolerance, far fewer bytes."""
+    reference, codes = _quantized_tied_model(seed=7)
+    fast = to_fast_path(copy.deepcopy(reference), codes, FastPath(keep_dense=False))
+    linears = [m for m in fast.modules() if isinstance(m, CpuLinear)]
+    assert linears and all(m.has_int4 and not m.dense_names for m in linears)
+    assert isinstance(fast.model.embed_tokens, Int4Embedding) and fast.dtype == torch.float32
+    tokens = torch.arange(40).view(2, 20) * 11 % 512
+    torch.testing.assert_close(fast.model.embed_tokens(tokens), reference.model.embed_tokens(tokens), atol=0, rtol=0)
+    prompt = [(7 * i + 3) % 500 for i in range(24)]
+    for want, got in zip(_logits_along(reference, prompt, 3, 5), _logits_along(fast, prompt, 3, 5)):
+        scale = float(want.max() - want.min())
+        assert float((got - want).abs().max()) <= 0.03 * scale
+
+    def nbytes(model: torch.nn.Module) -> int:
+        return sum(t.nbytes for t in [*model.parameters(), *model.buffers()])
+
+    assert nbytes(fast) < nbytes(reference) / 4
+    kept = to_fast_path(copy.deepcopy(reference), codes, FastPath(keep_dense=True, dense_dtype=torch.float32))
+    assert isinstance(kept.model.embed_tokens, torch.nn.Embedding)  # the head's dense form needs the float table
+
+
+@needs_int4
 def test_many_rows_run_the_loaded_float32_weights() -> None:
     """Above int4_max_rows the fast path is the float32 model (its own weights, no copy)."""
     reference, codes = _quantized_model("qwen2", seed=5)
     model = copy.deepcopy(reference)
     attention = model.model.layers[0].self_attn
     loaded = [attention.q_proj.weight.data_ptr(), attention.k_proj.weight.data_ptr(), attention.v_proj.weight.data_ptr()]
-    fast = to_fast_path(model, codes, FastPath(int4_max_rows=0, dense_dtype=torch.float32))
+    fast = to_fast_path(model, codes, FastPath(int4_max_rows=0, keep_dense=True, dense_dtype=torch.float32))
     assert [w.data_ptr() for w in attention.qkv_proj.dense_parts] == loaded  # the loaded tensors themselves
     prompt = [(3 * i + 2) % 500 for i in range(20)]
     for want, got in zip(_logits_along(reference, prompt, 2, 4), _logits_along(fast, prompt, 2, 4)):
