@@ -8,11 +8,14 @@ Public API (other packages import from here):
   (prefix and suffix may be a window of the file, cut anywhere: window.py)
 * `unit_complete(prefix, completion_so_far, suffix, language)` — the early-stop hook
   (`UnitPredicate` is the same with the request's context built once)
+* `forget_requests()` — empty the per-request memos (memo.py), so that the next call for a
+  text costs what a new keystroke's does (benchmarks)
 """
 
 from kspec.engine.syntax.checks import ANALYSIS, Checker, CheckResult
 from kspec.engine.syntax.early_stop import UnitPredicate, unit_complete
 from kspec.engine.syntax.languages import LANGUAGES, detect_language, normalize_language
+from kspec.engine.syntax.memo import forget_requests
 from kspec.engine.syntax.postprocess import (
     Candidate,
     PostprocessConfig,
@@ -34,6 +37,7 @@ __all__ = [
     "Ranked",
     "UnitPredicate",
     "detect_language",
+    "forget_requests",
     "normalize_language",
     "postprocess",
     "rank_alternatives",

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 
 from kspec.engine.syntax.languages import SPECS, LanguageSpec, normalize_language, spec_for
 from kspec.engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, LexResult, LexState, Tok, lex, unmatched_openers
+from kspec.engine.syntax.memo import request_memo
 from kspec.engine.syntax.window import SPAN, start_state
 
 # How much of the suffix is lexed to learn which open brackets it closes.
@@ -117,7 +117,7 @@ def lexing_start(prefix: str, spec: LanguageSpec) -> tuple[int, LexState | None]
 
 # Memoized: a pure function of immutable arguments with an immutable result. Decoding asks
 # the early-stop hook every round and post-processing then trims, all for the same request.
-@lru_cache(maxsize=8)
+@request_memo
 def build_context(prefix: str, suffix: str, language: str | None) -> CursorContext:
     """The cursor context of one request (see CursorContext)."""
     name = normalize_language(language)

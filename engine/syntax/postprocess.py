@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field, replace
 
 from kspec.engine.api import Completion
 from kspec.engine.syntax.checks import Checker, CheckResult
-from kspec.engine.syntax.context import CursorContext, build_context
+from kspec.engine.syntax.context import build_context
 from kspec.engine.syntax.languages import normalize_language
 from kspec.engine.syntax.degenerate import degeneration
 from kspec.engine.syntax.pynames import module_names
@@ -15,7 +16,8 @@ from kspec.engine.syntax.rank import (
     RankConfig, Scored, Signals, dedupe_key, distinct, first_line_key, normalized_logprob, order, score,
 )
 from kspec.engine.syntax.trim import END, Cut, drop_truncated_line, find_cut, finalize
-from kspec.engine.syntax.window import crop, end_balance
+from kspec.engine.syntax.memo import request_memo
+from kspec.engine.syntax.window import EndBalance, crop, end_balance
 
 
 @dataclass
@@ -68,10 +70,41 @@ class Ranked:
 TRUNCATED = frozenset({"length", "deadline"})  # finish reasons that cut a text mid-thought
 
 
-def trim_and_check(
-    ctx: CursorContext, checker: Checker, candidate: Candidate, config: PostprocessConfig,
-    checked: dict[str, CheckResult],
-) -> tuple[str, CheckResult] | None:
+class Analysis:
+    """What one request's window determines, built once per request (`analysis`): the cursor
+    context, the checker with its baseline, and the checks of the texts already seen
+    (interim answers post-process the same request again)."""
+
+    def __init__(self, prefix: str, suffix: str, language: str | None, above: frozenset[str] = frozenset()) -> None:
+        """`prefix` / `suffix`: the window (`crop`); `above`: Python, module-level names above it."""
+        self.prefix, self.suffix, self.language = prefix, suffix, language
+        self.ctx = build_context(prefix, suffix, language)
+        self.checker = Checker(prefix, suffix, language, self.ctx, above)
+        self._checked: dict[tuple[str, bool], CheckResult] = {}
+        self._lock = threading.Lock()  # the checker's parser parses one text at a time
+
+    def check(self, text: str, names: bool) -> CheckResult:
+        with self._lock:
+            result = self._checked.get((text, names))
+            if result is None:
+                result = self._checked[(text, names)] = self.checker.check(text, names=names)
+        return result
+
+    def end_balance(self, completion: str) -> EndBalance:
+        if self.language is None:
+            return EndBalance(len(completion), False)
+        return end_balance(self.prefix, self.suffix, self.language, completion)
+
+
+@request_memo
+def analysis(prefix: str, suffix: str, language: str | None) -> Analysis:
+    """The analysis of the window `crop` keeps around the cursor (`language`: canonical or None)."""
+    start, end = crop(prefix, suffix)
+    above = module_names(prefix[:start]) if language == "python" and start > 0 else frozenset()
+    return Analysis(prefix[start:], suffix[:end], language, above)
+
+
+def trim_and_check(request: Analysis, candidate: Candidate, config: PostprocessConfig) -> tuple[str, CheckResult] | None:
     """The trimmed text and its check.
 
     If the trimmed text does not leave the file whole, other cuts are tried: earlier line
@@ -79,24 +112,20 @@ def trim_and_check(
     (a hole that needs more than one statement); the first that leaves the file whole wins,
     else the first that at least breaks nothing, else the trimmed text.
     """
+    ctx = request.ctx
     completion = candidate.text
     if candidate.finish_reason in TRUNCATED:
         completion = drop_truncated_line(completion)
-    beyond_window = False
-    if checker.language is not None:
-        balance = end_balance(checker.window_prefix, checker.window_suffix, checker.language, completion)
-        completion, beyond_window = completion[: balance.keep], balance.unsure
+    balance = request.end_balance(completion)
+    completion = completion[: balance.keep]
     cut = find_cut(ctx, completion, final=True) or Cut(len(completion), END)
 
     def attempt(option: Cut | int) -> tuple[str, CheckResult] | None:
         text = finalize(ctx, completion, option)
         if text is None:
             return None
-        result = checked.get(text)
-        if result is None:
-            result = checker.check(text, names=config.check_names)
-            checked[text] = result
-        return text, replace(result, beyond_window=True) if beyond_window else result
+        result = request.check(text, config.check_names)
+        return text, replace(result, beyond_window=True) if balance.unsure else result
 
     def clean(found: tuple[str, CheckResult] | None) -> bool:
         return found is not None and not found[1].breaks_parse and found[1].unfixed_errors == 0
@@ -126,18 +155,12 @@ def rank_alternatives(
     """`postprocess` with the checks kept (for benchmarks and debugging)."""
     if raw:
         return _raw(candidates)
-    name = normalize_language(language)
-    start, end = crop(prefix, suffix)
-    above = module_names(prefix[:start]) if name == "python" and start > 0 else frozenset()
-    prefix, suffix = prefix[start:], suffix[:end]
-    ctx = build_context(prefix, suffix, name)
-    checker = Checker(prefix, suffix, name, ctx, above)
-    checked: dict[str, CheckResult] = {}
-    writing_at_end = not suffix.strip()
+    request = analysis(prefix, suffix, normalize_language(language))
+    writing_at_end = not request.suffix.strip()
     groups: dict[str, list[tuple[int, str, CheckResult]]] = {}
     first_lines: dict[str, int] = {}  # first-line key -> trimmed alternatives that start with it
     for index, candidate in enumerate(candidates):
-        trimmed = trim_and_check(ctx, checker, candidate, config, checked)
+        trimmed = trim_and_check(request, candidate, config)
         if trimmed is None:
             continue
         text, result = trimmed
@@ -162,7 +185,7 @@ def rank_alternatives(
         signals = Signals(
             text, candidate.logprob, candidate.n_tokens, result,
             agreeing=first_lines[first_line_key(text)],
-            degenerate=degeneration(text, prefix) is not None,
+            degenerate=degeneration(text, request.prefix) is not None,
         )
         scored.append(Scored(index, text, score(signals, config.rank), result, len(members)))
     if config.drop_broken and any(item.check.unfixed_errors == 0 for item in scored):

@@ -41,11 +41,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import NamedTuple
 
 from kspec.engine.syntax.languages import SPECS, LanguageSpec, new_parser, normalize_language
 from kspec.engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, OPENERS, LexState, Tok, lex, unmatched_openers
+from kspec.engine.syntax.memo import request_memo
 
 SPAN = 3000  # characters before the cursor the region is looked for in
 # At most this much of the text around the cursor is analysed (what the language server
@@ -149,7 +149,7 @@ class Scan:
     end_state: LexState | None  # at the window's end
 
 
-@lru_cache(maxsize=8)
+@request_memo
 def scan(prefix: str, suffix: str, language: str) -> Scan:
     spec = SPECS[language]
     newlines = spec.family == "python"
@@ -209,7 +209,7 @@ class _Brackets:
     own_line: int = 0  # the innermost of `at_cursor` opened on the cursor's line (the hole's to close)
 
 
-@lru_cache(maxsize=8)
+@request_memo
 def repair(prefix: str, suffix: str, language: str | None) -> Repair:
     """Before the window: the openers of the brackets it closes without opening (outermost
     first), then what its first line leaves open (`Scan`); after it: `closing_tail`.
@@ -307,7 +307,7 @@ def end_balance(prefix: str, suffix: str, language: str, completion: str) -> End
     return EndBalance(len(completion), False)
 
 
-@lru_cache(maxsize=8)
+@request_memo
 def _brackets(prefix: str, suffix: str, language: str) -> _Brackets:
     found = scan(prefix, suffix, language)
     at_cursor: list[_Open] = [_Open(char, 0) for char in found.keep if char in OPENERS]
@@ -428,7 +428,7 @@ def _lines(text: str, tokens: list[Tok], floor: int) -> list[_Line]:
     return lines
 
 
-@lru_cache(maxsize=8)
+@request_memo
 def find_region(prefix: str, suffix: str) -> Region:
     """The whole span around the cursor of a Python window (see the module docstring)."""
     found = scan(prefix, suffix, "python")
