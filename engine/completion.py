@@ -3,7 +3,11 @@ requests on them — one on its own (`complete`) or many decoded together (`batc
 
 from __future__ import annotations
 
+import os
+import platform
 import threading
+from dataclasses import asdict
+from typing import Any
 
 import torch
 
@@ -11,10 +15,12 @@ from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult
 from kspec.engine.batching import BatchConfig, ContinuousBatcher
 from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 from kspec.engine.config import EngineConfig
-from kspec.engine.machine_fit import MachineDefaults, MachineTiming, choose_defaults
+from kspec.engine.machine_fit import FIT_CACHE_FILE, FitCache, MachineDefaults, MachineTiming, choose_defaults, fit_key
 from kspec.engine.models.gguf_convert import ProgressCallback
 from kspec.engine.models.loading import LoadedModel, check_draft_compatible, load_model
+from kspec.engine.models.resolve import cache_root
 from kspec.engine.request import ActiveCompletion
+from kspec.engine.version import version
 
 CALIBRATION_CODE = """import os
 
@@ -64,7 +70,7 @@ class CompletionEngine:
         engine = cls(target, config, draft)
         if config.fit_to_machine:
             report(0.99, "timing this machine")
-            engine.fit_to_machine()
+            engine.fit_to_machine(FitCache(cache_root() / FIT_CACHE_FILE))
         report(1.0, "ready")
         return engine
 
@@ -86,10 +92,31 @@ class CompletionEngine:
         self.clear_caches()
         return MachineTiming(rounds, per_token, keystroke)
 
-    def fit_to_machine(self) -> MachineDefaults:
-        """Measure this machine and choose the defaults a typist needs (`machine_fit`)."""
-        self.defaults = choose_defaults(self.measure_machine())
+    def fit_to_machine(self, cache: FitCache | None = None) -> MachineDefaults:
+        """Measure this machine (or take what `cache` holds for this engine here) and choose
+        the defaults a typist needs (`machine_fit`)."""
+        key = fit_key(self.fit_identity())
+        timing = cache.get(key) if cache is not None else None
+        if timing is None:
+            timing = self.measure_machine()
+            if cache is not None:
+                cache.put(key, timing)
+        self.defaults = choose_defaults(timing)
         return self.defaults
+
+    def fit_identity(self) -> dict[str, Any]:
+        """What this engine's timing depends on: its models' files, its settings, this machine,
+        torch and its threads, kspec's version."""
+        device = torch.device(self.config.device)
+        usable_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        return {
+            "models": [[str(m.folder), m.files(), m.compute] for m in (self.target, self.draft) if m is not None],
+            "config": {name: value for name, value in asdict(self.config).items() if name != "progress"},
+            "machine": [platform.node(), platform.machine(), _cpu_name(), os.cpu_count(), usable_cores],
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": [torch.__version__, torch.get_num_threads()],
+            "kspec": version(),
+        }
 
     def clear_caches(self) -> None:
         """Forget every prompt's KV (the target's and the draft's prefix caches): the next request starts cold."""
@@ -133,3 +160,15 @@ class CompletionEngine:
         """A request ready to be prepared (prefill, a chunk per round) and then decoded in a batch.
         Raises InputError for an invalid request."""
         return ActiveCompletion(self, request, cancel)
+
+
+def _cpu_name() -> str:
+    """The CPU's model name where the system says it (Linux), else the platform's word for it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor()

@@ -13,12 +13,23 @@ words fit the budget (never below `MIN_K`), and max tokens is what fits in
 A prompt the prefix cache does not hold (a new document, a new place in a long one) costs
 a prefill of all its tokens: the prompt budget is what prefills in about `COLD_PROMPT_MS`
 (within `PROMPT_TOKENS_RANGE`), so a typist at a new place waits seconds, not ten.
+
+The timing is kept (`FitCache`) by what it depends on — the model's files, the engine's
+settings, this machine, torch and its threads, kspec's version — for `FIT_CACHE_MAX_AGE_S`:
+an engine started again (a daemon after a crash, a new editor) does not time itself again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
+import tempfile
+import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 TARGET_FIRST_ANSWER_MS = 250.0  # what Continue and llama.vim aim for (300 ms / 250 ms caps)
 FIRST_ANSWER_RANGE_MS = (120.0, 1500.0)  # never sooner (no line can be ready), never later (useless)
@@ -31,6 +42,9 @@ MIN_K = 2
 MAX_TOKENS_RANGE = (16, 64)
 COLD_PROMPT_MS = 1500.0
 PROMPT_TOKENS_RANGE = (384, 1536)  # below, too little of the file; above, the engine's default budget
+FIT_CACHE_MAX_AGE_S = 7 * 24 * 3600.0  # then measured again (a timing taken while the machine was busy does not stay for good)
+FIT_CACHE_ENTRIES = 32  # the most recent ones are kept
+FIT_CACHE_FILE = "machine-fit.json"  # in the cache folder (engine/models/resolve.py cache_root)
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,67 @@ class MachineTiming:
             raise ValueError(f"round times must be positive, got {self.round_ms}")
         if self.prefill_ms_per_token < 0 or self.keystroke_ms < 0:
             raise ValueError(f"prefill times must be >= 0, got {self.prefill_ms_per_token}, {self.keystroke_ms}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"round_ms": {str(k): ms for k, ms in self.round_ms.items()}, "prefill_ms_per_token": self.prefill_ms_per_token,
+                "keystroke_ms": self.keystroke_ms}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "MachineTiming":
+        """Raises ValueError (also for a wrong shape or type) when `data` is no timing."""
+        try:
+            rounds = {int(k): float(ms) for k, ms in data["round_ms"].items()}
+            return cls(rounds, float(data["prefill_ms_per_token"]), float(data["keystroke_ms"]))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a machine timing: {exc}") from exc
+
+
+def fit_key(identity: dict[str, Any]) -> str:
+    """The cache key of everything a timing depends on (JSON values; others by their str)."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class FitCache:
+    """Timings measured before, one JSON file {key: {"at": unix time, "timing": ...}}, replaced
+    whole (never half written). A missing, unreadable or foreign file is a miss, never an error:
+    the engine then measures, as without a cache."""
+
+    def __init__(self, path: Path, max_age_s: float = FIT_CACHE_MAX_AGE_S, entries: int = FIT_CACHE_ENTRIES):
+        self.path, self.max_age_s, self.entries = path, max_age_s, entries
+
+    def get(self, key: str, now: float | None = None) -> MachineTiming | None:
+        entry = self._read().get(key)
+        now = time.time() if now is None else now
+        if not isinstance(entry, dict) or not isinstance(entry.get("at"), (int, float)) or not 0 <= now - entry["at"] < self.max_age_s:
+            return None
+        try:
+            return MachineTiming.from_dict(entry.get("timing"))
+        except ValueError:
+            return None
+
+    def put(self, key: str, timing: MachineTiming, now: float | None = None) -> None:
+        """Best effort: a cache that cannot be written costs the next start its measurement, nothing else."""
+        data = {k: entry for k, entry in self._read().items() if isinstance(entry, dict) and isinstance(entry.get("at"), (int, float))}
+        data[key] = {"at": time.time() if now is None else now, "timing": timing.to_dict()}
+        newest = dict(sorted(data.items(), key=lambda item: item[1]["at"])[-self.entries :])
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        except OSError:
+            return
+        try:
+            with os.fdopen(descriptor, "w") as handle:
+                json.dump(newest, handle)
+            os.replace(temporary, self.path)
+        except OSError:
+            Path(temporary).unlink(missing_ok=True)
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ import torch
 from kspec.engine.errors import ModelLoadError
 from kspec.engine.models.args import ModelArgs
 from kspec.engine.models.quantized import Q4_FILE
-from kspec.engine.models.rope import inverse_frequencies
 from kspec.engine.models.tensor_file import TensorFile
 from kspec.engine.models.transformer import Transformer
 
@@ -64,6 +63,4 @@ def load_transformer(folder: Path, dtype: torch.dtype, device: str = "cpu") -> T
     model.load_state_dict(state, strict=False, assign=True)  # completeness checked above
     if args.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    # buffers were created on the meta device; rotary frequencies are computed, not loaded
-    model.inv_freq = inverse_frequencies(args.head_dim, args.rope_theta, args.rope_scaling)
     return model.to(device).eval()

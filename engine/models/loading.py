@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -24,6 +25,14 @@ class LoadedModel:
     model: Transformer
     tokenizer: Tokenizer
     name: str
+    folder: Path | None = None  # where its files are (the HF folder, or a GGUF file's converted one)
+
+    def files(self) -> list[tuple[str, int, int]]:
+        """(name, bytes, mtime ns) of the model's files: what says they changed."""
+        if self.folder is None:
+            return []
+        found = [(entry.name, entry.stat()) for entry in self.folder.iterdir() if entry.is_file()]
+        return sorted((name, info.st_size, info.st_mtime_ns) for name, info in found)
 
     @property
     def compute(self) -> str:
@@ -85,7 +94,7 @@ def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCall
         raise ModelLoadError(
             f"{resolved.name}: tokenizer has {tokenizer.vocab_size} tokens but the model only {model.args.vocab_size}"
         )
-    return LoadedModel(model, tokenizer, resolved.name)
+    return LoadedModel(model, tokenizer, resolved.name, resolved.folder)
 
 
 def check_draft_compatible(target: LoadedModel, draft: LoadedModel) -> None:

@@ -11,8 +11,10 @@ from kspec.engine.models.args import RopeScaling
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> Tensor:
-    """[head_dim/2] float32 inverse frequencies, scaled as the config says."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    """[head_dim/2] float32 inverse frequencies, scaled as the config says; on the CPU, also
+    while a model is built on the meta device (a meta op there runs a Python reference that
+    imports torch._dynamo: seconds of every engine start)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
     inv_freq = 1.0 / (theta**exponents)  # [D/2]
     if scaling.rope_type == "linear":
         return inv_freq / scaling.factor

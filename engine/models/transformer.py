@@ -116,7 +116,13 @@ class Decoder(nn.Module):
 
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
+        # nn.Embedding's own init (normal_) on the meta device, where a checkpoint's model is built,
+        # runs a Python reference that imports torch._dynamo: 2-5 s of every daemon (re)start.
+        # The weight is made empty instead and initialised as nn.Embedding would only where it holds memory.
+        weight = torch.empty(args.vocab_size, args.dim)
+        if not weight.is_meta:
+            nn.init.normal_(weight)
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.dim, _weight=weight)
         self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
         self.norm = _norm(args)
 

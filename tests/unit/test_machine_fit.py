@@ -1,9 +1,12 @@
 """Defaults that fit the machine: the rule that turns measured round and prefill times into
-k, max tokens and the first-answer moment, and the engine's own measurement."""
+k, max tokens and the first-answer moment, the engine's own measurement, and the cache that
+spares a restarted engine (a daemon after a crash) from measuring again."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -12,8 +15,11 @@ from kspec.engine.machine_fit import (
     MAX_TOKENS_RANGE,
     MIN_K,
     TARGET_FIRST_ANSWER_MS,
+    FIT_CACHE_FILE,
+    FitCache,
     MachineTiming,
     choose_defaults,
+    fit_key,
     tokens_ms,
     FIRST_WORD_TOKENS,
     COLD_PROMPT_MS,
@@ -55,12 +61,15 @@ def test_timing_is_validated():
         MachineTiming({4: 1.0}, 1.0, -1.0)
 
 
-def test_the_engine_measures_itself(random_llama_dir):
+def test_the_engine_measures_itself(random_llama_dir, tmp_path, monkeypatch):
     from kspec.engine.completion import CompletionEngine
     from kspec.engine.config import EngineConfig
 
-    engine = CompletionEngine.load(EngineConfig(model=str(random_llama_dir), dtype="float32", progress=False))
+    monkeypatch.setenv("KSPEC_CACHE_DIR", str(tmp_path))
+    config = EngineConfig(model=str(random_llama_dir), dtype="float32", progress=False)
+    engine = CompletionEngine.load(config)
     assert engine.defaults is not None and engine.defaults.k >= MIN_K  # chosen at load
+    assert (tmp_path / FIT_CACHE_FILE).is_file()  # and kept: the same engine started again does not measure (below)
     assert engine.prompt_tokens == min(engine.config.prompt_tokens, engine.defaults.prompt_tokens)
     timing = engine.measure_machine()
     assert set(timing.round_ms) == {2, 4} and all(ms > 0 for ms in timing.round_ms.values())
@@ -68,6 +77,12 @@ def test_the_engine_measures_itself(random_llama_dir):
     # per token of the cold prompt's own prefill: not the whole prefill over the one token the
     # healing walk computed after it (that read 470 ms "per token" for the default model)
     assert timing.prefill_ms_per_token < timing.keystroke_ms
+
+    def measure_again() -> MachineTiming:
+        raise AssertionError("a restarted engine measured the machine again")
+
+    monkeypatch.setattr(CompletionEngine, "measure_machine", lambda self: measure_again())
+    assert CompletionEngine.load(config).defaults == engine.defaults
 
 
 def test_the_prompt_budget_is_what_a_cold_prefill_does_in_its_time():
@@ -100,3 +115,74 @@ def test_the_engine_cuts_prompts_to_the_fitted_budget(random_engine):
         assert 0 < prompt_tokens() <= 100 < whole
     finally:
         random_engine.defaults = None
+
+
+TIMING = MachineTiming({2: 30.0, 4: 40.0}, prefill_ms_per_token=1.5, keystroke_ms=60.0)
+
+
+def test_the_fit_cache_gives_back_what_it_was_given_for_that_key_only(tmp_path: Path):
+    cache = FitCache(tmp_path / "fit.json")
+    assert cache.get("a") is None  # no file yet
+    cache.put("a", TIMING, now=1000.0)
+    assert cache.get("a", now=1001.0) == TIMING  # the round times keep their int k through JSON
+    assert cache.get("b", now=1001.0) is None
+    assert FitCache(tmp_path / "fit.json").get("a", now=1001.0) == TIMING  # another process reads it
+
+
+def test_a_stale_or_unreadable_fit_is_measured_again(tmp_path: Path):
+    path = tmp_path / "fit.json"
+    cache = FitCache(path, max_age_s=100.0)
+    cache.put("a", TIMING, now=1000.0)
+    assert cache.get("a", now=1099.0) == TIMING
+    assert cache.get("a", now=1100.0) is None  # too old: the machine may be another now
+    assert cache.get("a", now=999.0) is None  # from the future: a clock that jumped
+    for text in ("{not json", "[1, 2]", json.dumps({"a": {"at": 1000.0, "timing": {"round_ms": {"2": -1.0}}}}),
+                 json.dumps({"a": {"at": "yesterday", "timing": TIMING.to_dict()}}), json.dumps({"a": {"at": 1000.0}})):  # fmt: skip
+        path.write_text(text)
+        assert cache.get("a", now=1001.0) is None
+        cache.put("b", TIMING, now=1001.0)  # a foreign file is replaced, not a failure
+        assert cache.get("b", now=1002.0) == TIMING
+
+
+def test_the_fit_cache_keeps_the_newest_entries(tmp_path: Path):
+    cache = FitCache(tmp_path / "fit.json", entries=2)
+    for at, key in enumerate("abc"):
+        cache.put(key, TIMING, now=1000.0 + at)
+    assert [cache.get(key, now=1003.0) is not None for key in "abc"] == [False, True, True]
+    assert [p.name for p in tmp_path.iterdir()] == ["fit.json"]  # no temporary file left behind
+
+
+def test_fitting_again_takes_the_cached_timing_until_what_it_depends_on_changes(random_engine, tmp_path: Path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(random_engine, "defaults", None)  # put back after the test: other tests want it unfitted
+    measured: list[MachineTiming] = []
+    monkeypatch.setattr(random_engine, "measure_machine", lambda: measured.append(TIMING) or TIMING)
+    cache = FitCache(tmp_path / "fit.json")
+    first = random_engine.fit_to_machine(cache)
+    assert random_engine.fit_to_machine(cache) == first == choose_defaults(TIMING)
+    assert len(measured) == 1  # the second start took the cached timing
+
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads + 1)
+    random_engine.fit_to_machine(cache)
+    assert len(measured) == 2  # other threads: measured again
+    monkeypatch.setattr(random_engine, "config", replace(random_engine.config, prefix_cache_mb=1))
+    random_engine.fit_to_machine(cache)
+    assert len(measured) == 3  # other engine settings: measured again
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"x")
+    monkeypatch.setattr(random_engine, "target", replace(random_engine.target, folder=folder))
+    random_engine.fit_to_machine(cache)
+    assert len(measured) == 4
+    (folder / "model.safetensors").write_bytes(b"xy")  # the model's files changed
+    random_engine.fit_to_machine(cache)
+    assert len(measured) == 5
+    random_engine.fit_to_machine(cache)
+    assert len(measured) == 5
+
+
+def test_the_fit_key_is_the_identity_s_content_not_its_order():
+    assert fit_key({"a": 1, "b": [1, 2]}) == fit_key({"b": [1, 2], "a": 1}) != fit_key({"a": 1, "b": [2, 1]})
