@@ -59,12 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure speed, side by side in one run")
     bench.add_argument(
         "what",
-        choices=["generate", "attention", "step", "keystroke", "decode", "quality", "serve"],
+        choices=["generate", "attention", "step", "keystroke", "decode", "quality", "serve", "peer"],
         help="generate: our batched decoding vs transformers generate(); attention: bifurcated vs replicated "
         "attention alone; step: a whole decode step (logits included) per compute path for k branches and a "
         "verification of k x (gamma+1) rows, with the bytes-read floor (with --contexts: shared vs replicated prefix KV); keystroke: prefix-cache hit vs cold prefill, "
         "then typing replayed through kspec lsp (under \"lsp\": kspec vs the previous configuration); "
-        "serve: N editors at once, continuous batching vs one request at a time (or --url endpoints)",
+        "serve: N editors at once, continuous batching vs one request at a time (or --url endpoints); "
+        "peer: kspec's engine beside llama.cpp's llama-server (--llama-server) on the same GGUF, keystrokes "
+        "interleaved through both servers' /completion, and their resident memory",
     )
     bench.add_argument("--json", action="store_true", help="print the report as one JSON line (no progress bar when stdout is a pipe)")
     bench.add_argument(
@@ -104,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--url", action="append", default=None, help="serve: an OpenAI-compatible endpoint (http(s)://HOST:PORT/v1) to drive instead; repeat to compare, interleaved")
     bench.add_argument("--token-file", type=Path, default=None, help="serve: the endpoints' token (API key)")
     bench.add_argument("--hop", action="store_true", help="serve: with one --url, the same request in this process vs through that endpoint (the network / Ray hop)")
+    bench.add_argument("--llama-server", type=Path, default=None, help="peer: the llama-server executable to compare with")
     add_flags(bench)
     add_log_level(bench, "warning")
 
@@ -217,6 +220,25 @@ def _bench_serve(config, args: argparse.Namespace) -> dict:
     return bench_serve_inprocess(config, serve)
 
 
+def _bench_peer(config, args: argparse.Namespace) -> dict:
+    import dataclasses
+    import os
+
+    from kspec.bench.peer import PeerBenchConfig, bench_peer
+    from kspec.engine.models.resolve import default_gguf_path
+
+    if args.llama_server is None:
+        raise KspecError("kspec bench peer needs --llama-server PATH (build one: ../shared/tools/build-llama-cpp.sh)")
+    threads = config.threads or os.cpu_count() or 1
+    gguf = Path(config.model) if config.model else default_gguf_path()
+    try:
+        peer = PeerBenchConfig(args.llama_server, gguf, threads, ns=tuple(_ints(args.ks, [1, 4])), keystrokes=args.repeats or 5,
+                               new_tokens=args.max_tokens or 32)  # fmt: skip
+    except ValueError as exc:
+        raise KspecError(str(exc)) from exc
+    return bench_peer(dataclasses.replace(config, threads=threads), peer)
+
+
 def _bench_quality(config, args: argparse.Namespace) -> dict:
     from kspec.bench.quality import QualityBenchConfig, replay_quality_bench, run_quality_bench
 
@@ -277,6 +299,8 @@ def run_bench(args: argparse.Namespace) -> int:
         report = bench.bench_decode(config, _ints(args.ks, [1, 4, 8]), args.max_tokens or 32, args.repeats or 1, args.plot, progress=show_progress(args))
     elif args.what == "serve":
         report = _bench_serve(config, args)
+    elif args.what == "peer":
+        report = _bench_peer(config, args)
     elif args.what == "step":
         from kspec.bench.step import bench_step
 

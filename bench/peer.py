@@ -1,0 +1,199 @@
+"""`kspec bench peer`: kspec's engine beside llama.cpp's llama-server on the same GGUF file.
+
+Both run as the servers users would run, on this machine, with the same threads: kspec's
+`kspec engine --listen` (its defaults, machine fit included) and `llama-server -m GGUF -t N
+-np 4 -c 8192`. Both answer llama.cpp's `/completion` API, so each gets the same body: a
+prompt (the text before a cursor in a real Python file) that the first, untimed request puts
+in each server's prompt cache, then keystrokes, each a request for `n_cmpl` alternatives of
+32 new tokens (temperature 0) over the prompt plus the characters typed so far. Requests
+alternate between the servers and their order flips every keystroke; medians per n.
+Resident memory (VmRSS, and the peak VmHWM) of both processes is read at the end.
+
+Each server treats the prompt its own way: kspec keeps the last tokens that fit its fitted
+prompt budget (`$/kspec/status` promptTokens), llama.cpp evaluates all of it. That is part
+of what is compared: the time a user waits for the same keystroke.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kspec.engine.config import EngineConfig, to_flags
+from kspec.engine.serve.protocol import parse_engine_url
+from kspec.lsp_server.http_client import HttpError, request_json
+
+PROMPT_CHARS = 4400  # ~1.1k tokens of the demo model's tokenizer
+CURSOR_LINE = "    def _split(self, text):"  # the place in textwrap.py where "typing" happens
+SLOTS, CONTEXT = 4, 8192  # llama-server: 4 parallel slots over an 8k context (its KV is allocated up front)
+
+
+@dataclass(frozen=True)
+class PeerBenchConfig:
+    llama_server: Path
+    gguf: Path
+    threads: int
+    ns: tuple[int, ...] = (1, 4)
+    keystrokes: int = 5
+    new_tokens: int = 32
+    start_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not self.llama_server.is_file() or not os.access(self.llama_server, os.X_OK):
+            raise ValueError(f"{self.llama_server}: not an executable llama-server (build it: ../shared/tools/build-llama-cpp.sh)")
+        if self.gguf.suffix.lower() != ".gguf" or not self.gguf.is_file():
+            raise ValueError(f"{self.gguf}: the peer needs a .gguf file (--model)")
+        if self.threads < 1 or self.keystrokes < 1 or not self.ns or min(self.ns) < 1:
+            raise ValueError("threads, keystrokes and every n must be >= 1")
+
+
+def keystroke_prompts(count: int) -> tuple[str, list[str]]:
+    """(the cached prompt, one prompt per keystroke: it plus one more typed character each)."""
+    source = Path(textwrap.__file__).read_text(encoding="utf-8")
+    point = source.index(CURSOR_LINE)
+    prompt = source[:point][-PROMPT_CHARS:]
+    typed = CURSOR_LINE.lstrip()
+    return prompt, [prompt + "    " + typed[: 4 + i] for i in range(count)]
+
+
+def completion_body(prompt: str, n: int, new_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt": prompt, "n_predict": new_tokens, "temperature": 0, "cache_prompt": True}
+    if n > 1:
+        body["n_cmpl"] = n
+    return body
+
+
+def resident_mb(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM (the peak) of a process, in MB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return {key: round(int(re.search(rf"{key}:\s+(\d+)", status).group(1)) / 1024, 1) for key in ("VmRSS", "VmHWM")}  # type: ignore[union-attr]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class _Server:
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    token: str | None
+    log: Path
+
+    async def call(self, method: str, path: str, body: Any = None, timeout_s: float = 600.0) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return await request_json(parse_engine_url(f"http://127.0.0.1:{self.port}"), method, path, body, headers, timeout_s=timeout_s)
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.process.returncode}); its log: {self.log}")
+            try:
+                status, _ = await self.call("GET", "/health", timeout_s=5)
+                if status == 200:
+                    return
+            except (HttpError, asyncio.TimeoutError):  # not listening yet
+                pass
+            await asyncio.sleep(0.25)  # polling a process that is starting: there is no event to wait on
+        raise RuntimeError(f"{self.name} was not ready within {timeout_s:.0f} s; its log: {self.log}")
+
+    async def complete(self, body: dict[str, Any]) -> float:
+        """Milliseconds until the whole answer arrived."""
+        started = time.perf_counter()
+        status, answer = await self.call("POST", "/completion", body)
+        if status != 200:
+            raise RuntimeError(f"{self.name} answered {status}: {str(answer)[:300]}")
+        return (time.perf_counter() - started) * 1000
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _start(engine: EngineConfig, config: PeerBenchConfig, folder: Path) -> list[_Server]:
+    token = secrets.token_hex(16)
+    token_file = folder / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    kspec_port, llama_port = _free_port(), _free_port()
+    kspec_log, llama_log = folder / "kspec.log", folder / "llama-server.log"
+    kspec_command = [
+        sys.executable, "-m", "kspec.cli.main", "engine", "--listen", f"127.0.0.1:{kspec_port}", "--token-file", str(token_file),
+        *to_flags(engine),
+    ]  # fmt: skip
+    llama_command = [
+        str(config.llama_server), "-m", str(config.gguf), "-t", str(config.threads), "-np", str(SLOTS), "-c", str(CONTEXT),
+        "--host", "127.0.0.1", "--port", str(llama_port),
+    ]  # fmt: skip
+    servers = []
+    for name, command, port, server_token, log in (
+        ("kspec engine", kspec_command, kspec_port, token, kspec_log),
+        ("llama-server", llama_command, llama_port, None, llama_log),
+    ):
+        with open(log, "wb") as sink:
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink)
+        servers.append(_Server(name, process, port, server_token, log))
+    return servers
+
+
+async def _measure(servers: list[_Server], config: PeerBenchConfig) -> dict[str, Any]:
+    for server in servers:
+        await server.wait_ready(config.start_timeout_s)
+    prompt, keystrokes = keystroke_prompts(config.keystrokes)
+    for server in servers:  # untimed: puts the prompt in each server's cache
+        await server.complete(completion_body(prompt, 1, config.new_tokens))
+    report: dict[str, Any] = {}
+    for n in config.ns:
+        times: dict[str, list[float]] = {server.name: [] for server in servers}
+        for index, text in enumerate(keystrokes):
+            order = servers if index % 2 == 0 else servers[::-1]
+            for server in order:
+                times[server.name].append(await server.complete(completion_body(text, n, config.new_tokens)))
+        medians = {name: round(statistics.median(values), 1) for name, values in times.items()}
+        kspec_ms, llama_ms = medians[servers[0].name], medians[servers[1].name]
+        report[f"n={n}"] = {"ms": medians, "kspec_speedup": round(llama_ms / kspec_ms, 2), "all_ms": times}
+    rss = {server.name: resident_mb(server.process.pid) for server in servers}
+    report["resident_mb"] = rss
+    report["kspec_rss_over_llama"] = round(rss[servers[0].name]["VmRSS"] / rss[servers[1].name]["VmRSS"], 2)
+    return report
+
+
+def bench_peer(engine: EngineConfig, config: PeerBenchConfig) -> dict[str, Any]:
+    """The report of `kspec bench peer --json` (see the module docstring)."""
+    with tempfile.TemporaryDirectory(prefix="kspec-peer-") as folder:
+        servers = _start(engine, config, Path(folder))
+        try:
+            measured = asyncio.run(_measure(servers, config))
+        finally:
+            for server in servers:
+                server.stop()
+    return {
+        "gguf": config.gguf.name,
+        "llama_server": str(config.llama_server),
+        "threads": config.threads,
+        "llama_server_args": {"slots": SLOTS, "context": CONTEXT},
+        "new_tokens": config.new_tokens,
+        "keystrokes": config.keystrokes,
+        **measured,
+    }
