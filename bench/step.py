@@ -1,10 +1,12 @@
 """`kspec bench step`: one whole decode step (logits included) per compute path, interleaved.
 
-For each path (`--dtype` values: float32 is today's exact path, auto the CPU fast path) and
-each row count — k branches x 1 new token for k in --ks, and the verification of
-k_max x (gamma + 1) drafted positions — one forward pass over a shared prompt prefix (the
-engine's BranchKVCache, bifurcated attention) plus the logits of every row. Runs of all
-paths alternate (A B A B), medians per cell, ratios against the first path.
+For each path (`--dtype` values: float32 is today's exact path, auto the CPU fast path;
+`auto/4bit` and `auto/4bit+dense` pin the fast path's `--cpu-weights`) and each row count —
+k branches x 1 new token for k in --ks, and the verification of k_max x (gamma + 1) drafted
+positions — one forward pass over a shared prompt prefix (the engine's BranchKVCache,
+bifurcated attention) plus the logits of every row; and the cold prefill of the whole prompt
+(the prefix cache's chunks, the last row's logits), what a new document or place costs.
+Runs of all paths alternate (A B A B), medians per cell, ratios against the first path.
 
 Also the floor: the bytes a step must read (the weights each matmul reads at that row count
 plus the KV it attends over) divided by this machine's memory bandwidth, measured once with
@@ -103,6 +105,21 @@ def _step_runner(model: Transformer, cache: BranchKVCache, case: StepCase) -> Ca
     return run
 
 
+def path_config(config: EngineConfig, path: str) -> EngineConfig:
+    """A --paths entry: a --dtype value, or auto/<cpu-weights value>."""
+    dtype, _, weights = path.partition("/")
+    return replace(config, dtype=dtype, cpu_weights=weights or config.cpu_weights)
+
+
+def _prefill_runner(model: Transformer, prompt: list[int]) -> Callable[[], int]:
+    def run() -> int:
+        with torch.inference_mode():
+            prefill_uncached(model, prompt)
+        return 1
+
+    return run
+
+
 def _branch_caches(model: Transformer, prompt: list[int], cases: list[StepCase]) -> dict[StepCase, BranchKVCache]:
     prefill = prefill_uncached(model, prompt)
     caches = {}
@@ -126,7 +143,11 @@ def bench_step(
     if not paths:
         raise ValueError("bench step needs at least one path (a --dtype value)")
     cases = [StepCase(k, 1) for k in ks] + [StepCase(max(ks), config.gamma + 1)]
-    loaded: dict[str, LoadedModel] = {path: load_model(config.model, replace(config, dtype=path)) for path in paths}
+    try:
+        configs = {path: path_config(config, path) for path in paths}
+    except ValueError as exc:
+        raise ValueError(f"bench step paths are --dtype values or auto/<--cpu-weights value>: {exc}") from exc
+    loaded: dict[str, LoadedModel] = {path: load_model(config.model, configs[path]) for path in paths}
     prompt = inspect.getsource(json.decoder)
     ids = loaded[paths[0]].tokenizer.encode(prompt * (1 + prompt_tokens // 2000))[:prompt_tokens]
     caches = {path: _branch_caches(target.model, ids, cases) for path, target in loaded.items()}
@@ -154,6 +175,20 @@ def bench_step(
                 "floor_ms": {path: round(value, 2) for path, value in floor.items()},
             }
         )
+    prefills = {path: _prefill_runner(loaded[path].model, ids) for path in paths}
+    for run in prefills.values():
+        run()
+    prefill_ms = {path: 1000 / float(median(rate)) for path, rate in time_interleaved(prefills, max(3, repeats // 3)).items()}
+    rows.append(
+        {
+            "case": f"cold prefill {len(ids)}",
+            "k": 1,
+            "new": len(ids),
+            "rows": len(ids),
+            "ms": {path: round(value, 1) for path, value in prefill_ms.items()},
+            "speedup": {path: round(prefill_ms[paths[0]] / value, 2) for path, value in prefill_ms.items()},
+        }
+    )
     single = next((row for row in rows if row["k"] == 1 and row["new"] == 1), None)
     return {
         "model": loaded[paths[0]].name,

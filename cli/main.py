@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the report as one JSON line (no progress bar when stdout is a pipe)")
     bench.add_argument(
         "--paths", default=None,
-        help="step: comma-separated compute paths (--dtype values) compared side by side (default float32,auto)",
+        help="step: comma-separated compute paths compared side by side: --dtype values, or auto/4bit and "
+        "auto/4bit+dense for the fast path's --cpu-weights (default float32,auto)",
     )  # fmt: skip
     bench.add_argument("--ks", default=None, help="comma-separated k values")
     bench.add_argument("--contexts", default=None, help="comma-separated context lengths (tokens)")
