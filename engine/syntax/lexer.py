@@ -38,6 +38,11 @@ class Tok(NamedTuple):
     char: str = ""  # the bracket character for OPEN / CLOSE
 
 
+def _tok(fields: tuple[str, int, int, str]) -> Tok:
+    """A Tok of all four fields without NamedTuple's Python-level constructor (the lexer's hot loop)."""
+    return tuple.__new__(Tok, fields)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class LexState:
     """Where a text ends (or starts) when that is inside a literal or comment."""
@@ -196,13 +201,13 @@ class _Lexer:
             end = start + 1
             if char == "\n":
                 if newlines:
-                    tokens.append(Tok(NEWLINE, start, end))
+                    tokens.append(_tok((NEWLINE, start, end, "")))
                 pos = end
                 continue
             if char in OPENERS:
                 depth += 1
                 if record:
-                    tokens.append(Tok(OPEN, start, end, char))
+                    tokens.append(_tok((OPEN, start, end, char)))
                 pos = end
                 continue
             if char in CLOSERS:
@@ -210,7 +215,7 @@ class _Lexer:
                 if not record and depth < 0:
                     return end, None
                 if record:
-                    tokens.append(Tok(CLOSE, start, end, char))
+                    tokens.append(_tok((CLOSE, start, end, char)))
                 pos = end
                 continue
             match = self.literal_at(pos, start)

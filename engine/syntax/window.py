@@ -225,14 +225,12 @@ def repair(prefix: str, suffix: str, language: str | None) -> Repair:
     found = scan(prefix, suffix, name)
     opened: list[Tok] = [Tok(OPEN, -1, -1, char) for char in found.keep if char in OPENERS]
     needed: list[Tok] = []  # closers in the prefix without an opener in it
-    for tok in found.prefix_tokens:
-        _track(tok, opened, needed)
+    _track(found.prefix_tokens, opened, needed)
     width = indent_width(prefix, prefix.rfind("\n") + 1)
     enclosing = sum(_line_indent(prefix, max(tok.start, 0)) < width for tok in opened)
     unopened: list[Tok] = []  # closers in the suffix without an opener in it
     suffix_opened: list[Tok] = []
-    for tok in found.suffix_tokens:
-        _track(tok, suffix_opened, unopened)
+    _track(found.suffix_tokens, suffix_opened, unopened)
     low = [tok for tok in unopened if _line_indent(suffix, tok.start, width) < width]
     window_closers = low[enclosing:] if len(low) > enclosing else []
     head = "".join(CLOSERS[tok.char] for tok in reversed(needed + window_closers)) + found.keep
@@ -347,14 +345,17 @@ def _line_indent(text: str, at: int, first: int | None = None) -> int:
     return first if start == 0 and first is not None else indent_width(text, start)
 
 
-def _track(tok: Tok, opened: list[Tok], unopened: list[Tok]) -> None:
-    if tok.kind == OPEN:
-        opened.append(tok)
-    elif tok.kind == CLOSE:
-        if opened:
-            opened.pop()
-        else:
-            unopened.append(tok)
+def _track(tokens: list[Tok], opened: list[Tok], unopened: list[Tok]) -> None:
+    """Match the brackets of `tokens` after those in `opened`: what stays open is left in
+    `opened`, closers without an opener are added to `unopened`."""
+    for tok in tokens:
+        if tok.kind == OPEN:
+            opened.append(tok)
+        elif tok.kind == CLOSE:
+            if opened:
+                opened.pop()
+            else:
+                unopened.append(tok)
 
 
 # -------------------------------------------------------------------------- the region
