@@ -190,7 +190,8 @@ def bench_decode(
     config: EngineConfig, ks: list[int], new_tokens: int, repeats: int, plot_path: str | None, progress: bool = False
 ) -> dict[str, Any]:
     """BASS with each drafter vs regular decoding (no drafter: one token per branch per
-    round), and k sequential single-branch requests, all through the path that serves
+    round), prompt lookup also drafting every round ("lookup-always": DraftPayoff off, as
+    before it existed), and k sequential single-branch requests, all through the path that serves
     requests (`CompletionEngine.complete`: the batcher, prefix cache warm as when typing),
     interleaved, greedy (diverse first tokens), same prompts. In float32 every method's texts
     are checked to be identical to regular decoding's (on the fast path: the share that is)."""
@@ -201,6 +202,8 @@ def bench_decode(
     if loaded.draft is not None:
         drafters["model"] = "model"
     engines = {name: CompletionEngine(loaded.target, replace(config, drafter=choice), loaded.draft) for name, choice in drafters.items()}
+    drafters["lookup-always"] = "lookup"  # drafting every round, even where it does not pay (DraftPayoff off)
+    engines["lookup-always"] = CompletionEngine(loaded.target, replace(config, drafter="lookup", draft_only_when_paying=False), loaded.draft)
     engines["regular"] = CompletionEngine(loaded.target, replace(config, drafter="none"), loaded.draft)
     engines["sequential-lookup"] = CompletionEngine(loaded.target, replace(config, drafter="lookup"), loaded.draft)
     prompts = [loaded.target.tokenizer.decode(ids) for ids in _source_prompts(loaded.target, 384)]

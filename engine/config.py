@@ -66,6 +66,7 @@ class EngineConfig:
     )  # fmt: skip
     draft_layers: int = 8  # layerskip: the target's first N layers + its head draft
     gamma: int = 4  # starting draft length (adapts per round)
+    draft_only_when_paying: bool = True  # greedy: pause drafting while it costs more than it brings (decode/speculative.py DraftPayoff)
     early_stop: bool = True  # stop a branch once tree-sitter says its unit is complete
     fit_to_machine: bool = True  # at load, time this machine and choose k / max tokens / first answer (engine/machine_fit.py)
 

@@ -139,7 +139,7 @@ def prepare(
         request.k,
         params,
         choose_drafter(parts, params),
-        SpeculationConfig(gamma=parts.config.gamma, gamma_max=max(8, parts.config.gamma)),
+        SpeculationConfig(gamma=parts.config.gamma, gamma_max=max(8, parts.config.gamma), cost_aware=parts.config.draft_only_when_paying),
         cancel,
         diverse=request.mode == "diverse",
         prefill=prefill,

@@ -11,7 +11,8 @@ Each round:
      entries are simply not counted), finished branches leave the batch, the deadline
      and the cancel token are checked.
 
-γ adapts (see `adapt_gamma`).
+γ adapts (see `adapt_gamma`), and greedy runs stop drafting while drafts do not pay for
+their verification on this machine (see `DraftPayoff`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ UnitDone = Callable[[str], bool]  # early-stop hook: this branch's text has comp
 
 
 GAMMA_RULES = ("mean", "max", "fixed")
+PAYOFF_FIRST_PAUSE = 2  # rounds without drafts after drafting was measured not to pay; doubles each time
+PAYOFF_MAX_PAUSE = 16  # ... up to this, then drafting is tried again (the text may have turned repetitive)
+PAYOFF_SMOOTHING = 0.5  # weight of the newest round in each measured rate
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class SpeculationConfig:
     gamma_min: int = 1
     gamma_max: int = 8
     rule: str = "mean"  # how γ adapts between rounds, see adapt_gamma
+    cost_aware: bool = True  # greedy runs: draft only while drafting pays (DraftPayoff)
 
     def __post_init__(self) -> None:
         if not 1 <= self.gamma_min <= self.gamma <= self.gamma_max <= GAMMA_LIMIT:
@@ -85,11 +90,55 @@ def adapt_gamma(gamma: int, drafted: list[int], accepted: list[int], config: Spe
 
 
 @dataclass
+class DraftPayoff:
+    """Whether drafting pays for itself here, measured on the run's own rounds: tokens per
+    millisecond (drafting + the target's forward) of rounds that verified drafts vs rounds of
+    one token per branch. Verifying k x (γ+1) rows costs little more than k rows where a step
+    reads weights (a GPU, a CPU with fast many-row matmuls) and up to ~(γ+1)x where it is bound
+    by per-row work (a 2-core CPU): there a few accepted lookup tokens lose to plain batched
+    decoding. After a drafted round measured slower than plain ones, the next rounds do not
+    draft (2, then 4, ... up to 16), then drafting is tried again; the first drafted round is
+    followed by one plain round to have both rates. Greedy outputs do not depend on which
+    rounds draft (acceptance keeps exactly the target's argmax tokens); sampled runs keep a
+    fixed schedule, so a seed gives the same text on any machine."""
+
+    plain_rate: float | None = None  # tokens per ms, rounds without drafts
+    drafted_rate: float | None = None  # tokens per ms, rounds that verified drafts
+    pause: int = 0  # rounds left without drafts
+    next_pause: int = PAYOFF_FIRST_PAUSE
+
+    def draft_now(self) -> bool:
+        """Called once per round, before proposing."""
+        if self.pause > 0:
+            self.pause -= 1
+            return False
+        return not (self.drafted_rate is not None and self.plain_rate is None)  # measure one plain round
+
+    def record(self, drafted: bool, tokens: int, ms: float) -> None:
+        rate = tokens / max(ms, 1e-3)
+        if drafted:
+            self.drafted_rate = _smoothed(self.drafted_rate, rate)
+        else:
+            self.plain_rate = _smoothed(self.plain_rate, rate)
+        if not drafted or self.plain_rate is None or self.drafted_rate is None:
+            return
+        if self.drafted_rate < self.plain_rate:
+            self.pause, self.next_pause = self.next_pause, min(2 * self.next_pause, PAYOFF_MAX_PAUSE)
+        else:
+            self.next_pause = PAYOFF_FIRST_PAUSE
+
+
+def _smoothed(previous: float | None, value: float) -> float:
+    return value if previous is None else PAYOFF_SMOOTHING * value + (1 - PAYOFF_SMOOTHING) * previous
+
+
+@dataclass
 class SpeculationStats:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
     branch_rounds: int = 0  # sum over rounds of live branches
+    drafting_branch_rounds: int = 0  # ... over the rounds that asked for drafts (not paused by DraftPayoff)
     gammas: list[int] = field(default_factory=list)
     draft_ms: float = 0.0  # where a round's time goes: drafting,
     verify_ms: float = 0.0  # the target's forward pass,
@@ -97,8 +146,8 @@ class SpeculationStats:
 
     @property
     def mean_accepted_per_round(self) -> float:
-        """Drafted tokens accepted per branch per round (plus 1 target token each round)."""
-        return self.accepted / self.branch_rounds if self.branch_rounds else 0.0
+        """Drafted tokens accepted per branch per round that drafted (plus 1 target token each round)."""
+        return self.accepted / self.drafting_branch_rounds if self.drafting_branch_rounds else 0.0
 
 
 @dataclass
@@ -183,6 +232,8 @@ class SpeculativeRun:
         drafter.begin(tracker.prompt_ids, k, limits.max_new_tokens)
         self.live = list(range(k))  # branch index of each cache row
         self.gamma = config.gamma
+        self.payoff = DraftPayoff() if config.cost_aware and params.greedy else None
+        self._drafting = True
         self._drafts: list[Draft] = []
         self._round_started = 0.0
         self._drafted_at = 0.0
@@ -208,10 +259,11 @@ class SpeculativeRun:
         self._round_started = time.perf_counter()
         limits = self.tracker.limits
         live_branches = self.live_branches
-        drafts = self.drafter.propose([b.token_ids for b in live_branches], self.gamma)
+        drafts = self.drafter.propose([b.token_ids for b in live_branches], self.gamma)  # also when paused: its state follows
+        self._drafting = self.payoff is None or self.payoff.draft_now()
         for draft, branch in zip(drafts, live_branches):
             room = max(0, limits.max_new_tokens - len(branch.token_ids))
-            if branch.heal_remaining or room == 0:
+            if not self._drafting or branch.heal_remaining or room == 0:
                 draft.tokens, draft.q = [], None  # healing: the target picks, one token at a time
             elif len(draft.tokens) > room:
                 draft.tokens = draft.tokens[:room]
@@ -248,13 +300,18 @@ class SpeculativeRun:
         stats = self.stats
         stats.rounds += 1
         stats.branch_rounds += len(self.live)
+        stats.drafting_branch_rounds += len(self.live) if self._drafting else 0
         stats.drafted += sum(len(d.tokens) for d in drafts)
         stats.accepted += sum(accepted_counts)
         stats.gammas.append(self.gamma)
         stats.draft_ms += (self._drafted_at - self._round_started) * 1000
         stats.verify_ms += verify_ms
         stats.accept_ms += (time.perf_counter() - verified_at) * 1000
-        self.gamma = adapt_gamma(self.gamma, [len(d.tokens) for d in drafts], accepted_counts, self.config)
+        if self.payoff is not None:
+            round_ms = (self._drafted_at - self._round_started) * 1000 + verify_ms
+            self.payoff.record(any(d.tokens for d in drafts), sum(len(t) for t in taken.tokens), round_ms)
+        if self._drafting:
+            self.gamma = adapt_gamma(self.gamma, [len(d.tokens) for d in drafts], accepted_counts, self.config)
 
     def _accept_rows(self, logits: Tensor, log_probs: Tensor) -> RoundAcceptance:
         """Acceptance of every live row as tensor ops on the logits' device (engine/decode/acceptance.py)."""

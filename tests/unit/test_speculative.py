@@ -17,7 +17,10 @@ from kspec.engine.decode.branches import BranchTracker, DecodeLimits
 from kspec.engine.models.hf_folder import load_transformer
 from model_factory import write_random_model
 from kspec.engine.decode.sampling import SamplingParams
-from kspec.engine.decode.speculative import SpeculationConfig, SpeculationStats, adapt_gamma
+from kspec.engine.decode.speculative import (
+    PAYOFF_FIRST_PAUSE, PAYOFF_MAX_PAUSE, DraftPayoff, SpeculationConfig, SpeculationStats, SpeculativeRun, adapt_gamma,
+)
+from kspec.engine.decode.speculative import pad_rows
 from kspec.engine.decode.stopping import StopRule
 from kspec.engine.models.tokenizer import Tokenizer
 
@@ -90,7 +93,7 @@ def test_every_draft_rejected_still_exact(random_engine):
     plain = decode_regular(model, _tracker(random_engine), 3, SamplingParams(), diverse=True)
     output = decode_speculative(model, _tracker(random_engine), 3, SamplingParams(), WrongDrafter(), diverse=True)
     assert [b.token_ids for b in output.branches] == [b.token_ids for b in plain.branches]
-    assert output.stats.accepted == 0 and output.stats.gammas[-1] == 1  # γ shrank to its minimum
+    assert output.stats.accepted == 0 and output.stats.gammas[-1] < 4  # γ shrank
 
 
 def test_branch_that_ends_at_once_leaves_the_batch(random_engine):
@@ -150,7 +153,57 @@ def test_adapt_gamma_rules():
     assert adapt_gamma(4, [4, 4, 4, 4], [4, 0, 0, 0], mean) == 4  # one lucky branch is not enough
     assert adapt_gamma(4, [4, 4], [1, 0], mean) == 3  # under a quarter
     assert adapt_gamma(4, [4, 4], [4, 4], SpeculationConfig(rule="fixed")) == 4
-    assert SpeculationStats(rounds=2, accepted=6, branch_rounds=4).mean_accepted_per_round == 1.5
+    assert SpeculationStats(rounds=3, accepted=6, branch_rounds=6, drafting_branch_rounds=4).mean_accepted_per_round == 1.5
+
+
+def test_draft_payoff_pauses_drafting_that_does_not_pay():
+    payoff = DraftPayoff()
+    assert payoff.draft_now()
+    payoff.record(True, 4, 100.0)  # drafted: 0.04 tokens/ms
+    assert not payoff.draft_now()  # one plain round, to have both rates
+    payoff.record(False, 4, 40.0)  # plain: 0.1 tokens/ms
+    pauses = []
+    for _ in range(5):
+        assert payoff.draft_now()
+        payoff.record(True, 4, 100.0)  # drafting keeps losing: longer pauses each time
+        rounds_paused = 0
+        while not payoff.draft_now():
+            rounds_paused += 1
+            payoff.record(False, 4, 40.0)
+        pauses.append(rounds_paused)
+        payoff.pause = 0  # draft_now() consumed the round that ended the pause: give it back
+    assert pauses == [PAYOFF_FIRST_PAUSE, 2 * PAYOFF_FIRST_PAUSE, 4 * PAYOFF_FIRST_PAUSE, PAYOFF_MAX_PAUSE, PAYOFF_MAX_PAUSE]
+    paying = DraftPayoff(plain_rate=0.1)
+    for _ in range(3):
+        assert paying.draft_now()
+        paying.record(True, 12, 60.0)  # 0.2 tokens/ms: drafting pays, never paused
+    assert paying.pause == 0 and paying.next_pause == PAYOFF_FIRST_PAUSE
+
+
+def _rounds(run: SpeculativeRun, model, verify_ms) -> list[int]:
+    """Drive a run by hand, with the verification time the machine 'took' per round; -> row widths."""
+    widths = []
+    with torch.inference_mode():
+        while not run.finished():
+            rows = run.propose()
+            widths.append(max(len(row) for row in rows))
+            logits = model.logits(model(pad_rows(rows, model.device), run.cache))
+            run.accept(logits, verify_ms(widths[-1]))
+    return widths
+
+
+def test_a_greedy_run_stops_drafting_where_verification_costs_more_than_drafts_bring(random_engine):
+    model = random_engine.target.model
+    plain = decode_regular(model, _tracker(random_engine, 30), 3, SamplingParams(), diverse=True)
+    costly = SpeculativeRun(model, _tracker(random_engine, 30), 3, SamplingParams(), WrongDrafter(), diverse=True)
+    widths = _rounds(costly, model, lambda width: 50.0 * width)  # every row costs as much as a step: drafts never pay
+    assert [b.token_ids for b in costly.branches] == [b.token_ids for b in plain.branches]  # greedy: the same text
+    assert widths[:2] == [5, 1] and widths.count(1) > len(widths) // 2  # one plain round to measure, then mostly plain
+    cheap = SpeculativeRun(model, _tracker(random_engine, 30), 3, SamplingParams(), PromptLookupDrafter(), diverse=True)
+    _rounds(cheap, model, lambda width: 50.0)  # verifying drafts is free: drafting pauses only to measure once
+    assert cheap.stats.drafted > 0 and cheap.stats.branch_rounds - cheap.stats.drafting_branch_rounds <= 3
+    sampled = SpeculativeRun(model, _tracker(random_engine, 30), 3, SamplingParams(temperature=0.8, seed=3), WrongDrafter())
+    assert sampled.payoff is None  # a seed gives the same text whatever the machine's timing
 
 
 # --- exact speculative sampling on a tiny vocabulary -------------------------------------------
