@@ -118,7 +118,10 @@ def describe(model: Transformer) -> str:
     int4 = [m for m in linears if m.has_int4]
     if not int4:
         return f"{base}, fused projections ({dense_text})"
+    embedding = ", 4-bit embedding" if isinstance(model.model.embed_tokens, Int4Embedding) else ""
+    if dense is None:
+        return f"{base} + int4 from the GGUF ({len(int4)}/{len(linears)} matmuls at every row count{embedding})"
     return (
         f"{base} + int4 from the GGUF ({len(int4)}/{len(linears)} matmuls up to "
-        f"{int4[0].int4_max_rows} rows, {dense_text} above)"
+        f"{int4[0].int4_max_rows} rows, {dense_text} above{embedding})"
     )

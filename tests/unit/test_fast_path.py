@@ -27,7 +27,7 @@ from kspec.engine.cache.kv import BranchKVCache, RaggedKVCache
 from kspec.engine.config import EngineConfig
 from kspec.engine.models import cpu_fast, loading, quantized
 from kspec.engine.models.args import ModelArgs
-from kspec.engine.models.cpu_fast import FastPath, to_fast_path
+from kspec.engine.models.cpu_fast import FastPath, describe, to_fast_path
 from kspec.engine.models.quantized import (
     GROUP, CpuLinear, Int4Embedding, Q4Codes, int4_kernel_available, load_q4, q8_0_terms, save_q4, weight_terms,
 )
@@ -194,6 +194,7 @@ def test_4bit_only_path_keeps_no_float_weights() -> None:
     linears = [m for m in fast.modules() if isinstance(m, CpuLinear)]
     assert linears and all(m.has_int4 and not m.dense_names for m in linears)
     assert isinstance(fast.model.embed_tokens, Int4Embedding) and fast.dtype == torch.float32
+    assert describe(fast).endswith("matmuls at every row count, 4-bit embedding)")
     tokens = torch.arange(40).view(2, 20) * 11 % 512
     torch.testing.assert_close(fast.model.embed_tokens(tokens), reference.model.embed_tokens(tokens), atol=0, rtol=0)
     prompt = [(7 * i + 3) % 500 for i in range(24)]
