@@ -71,7 +71,7 @@ def test_bench_reports_raw_and_trimmed() -> None:
     assert raw["exact_match_top1"] == 0.0
     assert trimmed["exact_match_best_of_k"] == raw["exact_match_best_of_k"] == 1.0
     assert trimmed["python_top1_static_error_rate"] == 0.0
-    assert set(trimmed["postprocess_ms"]) == {"p50", "p90", "p95", "k8_p50", "k8_p90", "k8_p95", "k8_max"}
+    assert set(trimmed["postprocess_ms"]) == {"p50", "p90", "p95", "k8_p50", "k8_p90", "k8_p95", "k8_max", "k8_cpu_p50", "k8_cpu_p95"}
     assert trimmed["distinct_rate"] == 1.0 and trimmed["no_suggestion_rate"] == 0.0
     assert trimmed["best_of_k_over_top1"] == 1.0
     assert set(raw["by_language"]) == {"python", "java", "javascript", "typescript", "cpp"}
