@@ -15,6 +15,7 @@ from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult
 from kspec.engine.batching import BatchConfig, ContinuousBatcher
 from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 from kspec.engine.config import EngineConfig
+from kspec.engine.decode.speculative import DraftPayoffs
 from kspec.engine.machine_fit import FIT_CACHE_FILE, FitCache, MachineDefaults, MachineTiming, choose_defaults, fit_key
 from kspec.engine.models.gguf_convert import ProgressCallback
 from kspec.engine.models.loading import LoadedModel, check_draft_compatible, load_model
@@ -53,6 +54,7 @@ class CompletionEngine:
         self.target, self.draft, self.config = target, draft, config
         self.prefix_cache = PrefixCache(PrefixCacheConfig(max_bytes=config.prefix_cache_mb * 1024 * 1024))
         self.draft_prefix_cache = PrefixCache(PrefixCacheConfig(max_bytes=config.prefix_cache_mb * 1024 * 1024 // 4))
+        self.draft_payoffs = DraftPayoffs()
         self.lock = threading.Lock()  # one round at a time: the model and caches are not re-entrant
         self.defaults: MachineDefaults | None = None  # set by fit_to_machine()
 

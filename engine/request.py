@@ -28,7 +28,7 @@ from kspec.engine.decode.branches import BranchTracker, DecodeLimits
 from kspec.engine.decode.drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
 from kspec.engine.decode.healing import HealingBias, walk_healing
 from kspec.engine.decode.sampling import SamplingParams
-from kspec.engine.decode.speculative import SpeculationConfig, SpeculativeRun
+from kspec.engine.decode.speculative import DraftPayoffs, SpeculationConfig, SpeculativeRun
 from kspec.engine.decode.stopping import StopRule, rule_for_cursor
 from kspec.engine.errors import CancelledError, InputError
 from kspec.engine.models.loading import LoadedModel
@@ -51,6 +51,7 @@ class EngineParts(Protocol):
     config: EngineConfig
     prefix_cache: PrefixCache
     draft_prefix_cache: PrefixCache
+    draft_payoffs: DraftPayoffs  # what drafting was measured to be worth, per k, across requests
 
     @property
     def model_name(self) -> str: ...
@@ -145,6 +146,7 @@ def prepare(
         prefill=prefill,
         unit_done=unit_done,
         healing=bias,
+        payoff=parts.draft_payoffs.for_k(request.k),
     )
 
 

@@ -128,6 +128,18 @@ class DraftPayoff:
             self.next_pause = PAYOFF_FIRST_PAUSE
 
 
+class DraftPayoffs:
+    """An engine's DraftPayoff per k: what drafting was measured to be worth carries over from
+    one request to the next, so a keystroke's request does not pay again for measuring it
+    (a request's ~30 rounds would spend a sixth of them probing)."""
+
+    def __init__(self) -> None:
+        self._by_k: dict[int, DraftPayoff] = {}
+
+    def for_k(self, k: int) -> DraftPayoff:
+        return self._by_k.setdefault(k, DraftPayoff())
+
+
 def _smoothed(previous: float | None, value: float) -> float:
     return value if previous is None else PAYOFF_SMOOTHING * value + (1 - PAYOFF_SMOOTHING) * previous
 
@@ -210,7 +222,10 @@ class SpeculativeRun:
         prefill: Prefill | None = None,
         unit_done: UnitDone | None = None,
         healing: HealingBias | None = None,
+        payoff: DraftPayoff | None = None,
     ):
+        """payoff: what drafting was measured to be worth so far (DraftPayoffs.for_k); None: a
+        fresh one for this run. Used only by greedy runs with config.cost_aware."""
         self.model, self.tracker, self.params, self.drafter, self.config = model, tracker, params, drafter, config
         self.cancel, self.unit_done = cancel, unit_done
         self.generator = torch.Generator().manual_seed(params.seed)
@@ -232,7 +247,7 @@ class SpeculativeRun:
         drafter.begin(tracker.prompt_ids, k, limits.max_new_tokens)
         self.live = list(range(k))  # branch index of each cache row
         self.gamma = config.gamma
-        self.payoff = DraftPayoff() if config.cost_aware and params.greedy else None
+        self.payoff = (payoff or DraftPayoff()) if config.cost_aware and params.greedy else None
         self._drafting = True
         self._drafts: list[Draft] = []
         self._round_started = 0.0

@@ -18,7 +18,7 @@ from kspec.engine.models.hf_folder import load_transformer
 from model_factory import write_random_model
 from kspec.engine.decode.sampling import SamplingParams
 from kspec.engine.decode.speculative import (
-    PAYOFF_FIRST_PAUSE, PAYOFF_MAX_PAUSE, DraftPayoff, SpeculationConfig, SpeculationStats, SpeculativeRun, adapt_gamma,
+    PAYOFF_FIRST_PAUSE, PAYOFF_MAX_PAUSE, DraftPayoff, DraftPayoffs, SpeculationConfig, SpeculationStats, SpeculativeRun, adapt_gamma,
 )
 from kspec.engine.decode.speculative import pad_rows
 from kspec.engine.decode.stopping import StopRule
@@ -204,6 +204,21 @@ def test_a_greedy_run_stops_drafting_where_verification_costs_more_than_drafts_b
     assert cheap.stats.drafted > 0 and cheap.stats.branch_rounds - cheap.stats.drafting_branch_rounds <= 3
     sampled = SpeculativeRun(model, _tracker(random_engine, 30), 3, SamplingParams(temperature=0.8, seed=3), WrongDrafter())
     assert sampled.payoff is None  # a seed gives the same text whatever the machine's timing
+
+
+def test_what_drafting_is_worth_carries_over_to_the_next_request(random_engine):
+    """The engine keeps one DraftPayoff per k: a second request starts knowing that drafting
+    does not pay here, instead of measuring it again."""
+    model = random_engine.target.model
+    payoffs = DraftPayoffs()
+    first = SpeculativeRun(model, _tracker(random_engine, 30), 3, SamplingParams(), WrongDrafter(), diverse=True, payoff=payoffs.for_k(3))
+    _rounds(first, model, lambda width: 50.0 * width)
+    second = SpeculativeRun(model, _tracker(random_engine, 12), 3, SamplingParams(), WrongDrafter(), diverse=True, payoff=payoffs.for_k(3))
+    widths = _rounds(second, model, lambda width: 50.0 * width)
+    # 11 rounds (the first token comes with the prefill): a fresh measurement would draft 4 of
+    # them (D P D P P D P P P P D); the carried state is already in its longest pause
+    assert len(widths) == 11 and sum(width > 1 for width in widths) <= 1
+    assert payoffs.for_k(3).plain_rate is not None and payoffs.for_k(5).plain_rate is None  # per k
 
 
 # --- exact speculative sampling on a tiny vocabulary -------------------------------------------
