@@ -274,8 +274,11 @@ class SpeculativeRun:
         self._round_started = time.perf_counter()
         limits = self.tracker.limits
         live_branches = self.live_branches
-        drafts = self.drafter.propose([b.token_ids for b in live_branches], self.gamma)  # also when paused: its state follows
         self._drafting = self.payoff is None or self.payoff.draft_now()
+        if self._drafting:
+            drafts = self.drafter.propose([b.token_ids for b in live_branches], self.gamma)
+        else:  # paused: no drafting cost either (a drafter catches up on the histories when asked next)
+            drafts = [Draft([]) for _ in live_branches]
         for draft, branch in zip(drafts, live_branches):
             room = max(0, limits.max_new_tokens - len(branch.token_ids))
             if not self._drafting or branch.heal_remaining or room == 0:

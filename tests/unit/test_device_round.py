@@ -138,7 +138,8 @@ def tiny(random_llama_dir: Path):
 
 def _run(model, tokenizer, drafter, k: int = 3) -> SpeculativeRun:
     tracker = BranchTracker(tokenizer, StopRule(), DecodeLimits(12, ignore_eos=True), tokenizer.encode(CODE))
-    return SpeculativeRun(model, tracker, k, SamplingParams(), drafter, SpeculationConfig(gamma=3, rule="fixed"), diverse=True)
+    config = SpeculationConfig(gamma=3, rule="fixed", cost_aware=False)  # every round drafts: what a round costs is under test
+    return SpeculativeRun(model, tracker, k, SamplingParams(), drafter, config, diverse=True)
 
 
 def _round(run: SpeculativeRun, model) -> bool:
