@@ -49,18 +49,20 @@ def read_safetensors(path: Path, names: set[str], dtype: torch.dtype) -> dict[st
         raise ModelLoadError(f"{path}: unreadable safetensors file ({type(exc).__name__}: {exc})") from exc
 
 
-def load_transformer(folder: Path, dtype: torch.dtype, device: str = "cpu") -> Transformer:
+def load_transformer(folder: Path, dtype: torch.dtype, device: str = "cpu", skip: frozenset[str] = frozenset()) -> Transformer:
+    """skip: weights not to read (they stay on the meta device): ones the caller replaces from
+    another source, e.g. the CPU fast path's 4-bit codes. Then the model stays on the CPU."""
     args = read_args(folder)
     with torch.device("meta"):
         model = Transformer(args)
     expected = {name for name, _ in model.named_parameters()}  # lm_head.weight is not there when tied
     state: dict[str, torch.Tensor] = {}
     for path in weight_files(folder):
-        state.update(read_safetensors(path, expected, dtype))
-    missing = expected - set(state)
+        state.update(read_safetensors(path, expected - skip, dtype))
+    missing = expected - skip - set(state)
     if missing:
         raise ModelLoadError(f"{folder}: weights missing from the checkpoint: {', '.join(sorted(missing)[:5])}")
     model.load_state_dict(state, strict=False, assign=True)  # completeness checked above
     if args.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    return model.to(device).eval()
+    return model.eval() if skip else model.to(device).eval()

@@ -13,7 +13,7 @@ from kspec.engine.errors import ModelLoadError
 from kspec.engine.models.gguf_convert import ProgressCallback
 from kspec.engine.models.cpu_fast import FastPath, describe, fast_path_available, to_fast_path
 from kspec.engine.models.hf_folder import load_transformer
-from kspec.engine.models.quantized import Q4_FILE, Q4File
+from kspec.engine.models.quantized import Q4_FILE, TERM_SEPARATOR, Q4File
 from kspec.engine.models.resolve import resolve_model
 from kspec.engine.models.tokenizer import Tokenizer
 from kspec.engine.models.transformer import Transformer
@@ -79,15 +79,15 @@ def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCall
     resolved = resolve_model(spec, progress=config.progress, on_progress=lambda f, m: report(0.8 * f, m))
     report(0.8, f"loading {resolved.name}")
     compute = Compute.choose(config)
-    model = load_transformer(resolved.folder, compute.dtype, config.device)
+    q4_file = resolved.folder / Q4_FILE  # a converted Q4 GGUF keeps its 4-bit weights there
+    if compute.fast_cpu and q4_file.is_file():
+        with Q4File(q4_file) as codes:
+            model = _load_fast_path(resolved.folder, compute.dtype, codes, FastPath.for_weights(config.cpu_weights))
+    else:
+        model = load_transformer(resolved.folder, compute.dtype, config.device)
+        if compute.fast_cpu:
+            to_fast_path(model, {}, FastPath.for_weights(config.cpu_weights))
     if compute.fast_cpu:
-        q4_file = resolved.folder / Q4_FILE  # a converted Q4 GGUF keeps its 4-bit weights there
-        path = FastPath.for_weights(config.cpu_weights)
-        if q4_file.is_file():
-            with Q4File(q4_file) as codes:
-                to_fast_path(model, codes, path)
-        else:
-            to_fast_path(model, {}, path)
         release_free_memory()  # the conversion's buffers (unpacked and int32 codes)
     tokenizer = Tokenizer.from_folder(resolved.folder, model.args.eos_token_ids)
     if tokenizer.vocab_size > model.args.vocab_size:
@@ -95,6 +95,18 @@ def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCall
             f"{resolved.name}: tokenizer has {tokenizer.vocab_size} tokens but the model only {model.args.vocab_size}"
         )
     return LoadedModel(model, tokenizer, resolved.name, resolved.folder)
+
+
+def _load_fast_path(folder: Path, dtype: torch.dtype, codes: Q4File, path: FastPath) -> Transformer:
+    """The CPU fast path's model. Without a dense copy, the float weights that 4-bit codes stand
+    in for are never read: the load peaks at the model it keeps, not at the float32 model
+    (879 -> ~500 MB for the default one). Should one of them still be needed (codes that
+    could not be fused), every weight is read after all."""
+    skip = frozenset() if path.resolved_keep_dense() else frozenset(name.split(TERM_SEPARATOR)[0] for name in codes)
+    model = to_fast_path(load_transformer(folder, dtype, "cpu", skip), codes, path)
+    if any(tensor.is_meta for tensor in [*model.parameters(), *model.buffers()]):
+        model = to_fast_path(load_transformer(folder, dtype, "cpu"), codes, path)
+    return model
 
 
 def check_draft_compatible(target: LoadedModel, draft: LoadedModel) -> None:

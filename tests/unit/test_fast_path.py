@@ -211,6 +211,34 @@ def test_4bit_only_path_keeps_no_float_weights() -> None:
 
 
 @needs_int4
+def test_4bit_only_load_never_reads_the_float_weights_the_codes_replace(tmp_path, monkeypatch) -> None:
+    """cpu_weights 4bit: the projections' and the tied table's float weights stay unread (the
+    load peaks at the model it keeps); the model is the one a full load turns into."""
+    from model_factory import write_random_model
+    from kspec.engine.models import hf_folder, tensor_file
+
+    folder = write_random_model(tmp_path / "m", "qwen2")  # tied embedding
+    full = hf_folder.load_transformer(folder, torch.float32)
+    codes = {name: Q4Codes.quantize(tensor) for name, tensor in full.state_dict().items()
+             if name.endswith("_proj.weight") or name == "model.embed_tokens.weight"}  # fmt: skip
+    save_q4(codes, folder / quantized.Q4_FILE)
+    read: list[str] = []
+    original_get = tensor_file.TensorFile.get
+    monkeypatch.setattr(tensor_file.TensorFile, "get", lambda self, name: read.append(name) or original_get(self, name))
+    monkeypatch.setattr(loading, "fast_path_available", lambda: True)
+    lean = loading.load_model(str(folder), EngineConfig(progress=False, cpu_weights="4bit")).model
+    assert read and not set(read) & set(codes)  # norms and biases only
+    assert not any(t.is_meta for t in [*lean.parameters(), *lean.buffers()])
+    reference = to_fast_path(full, load_q4(folder / quantized.Q4_FILE), FastPath(keep_dense=False))
+    prompt = [(7 * i + 3) % 500 for i in range(24)]
+    for want, got in zip(_logits_along(reference, prompt, 3, 5), _logits_along(lean, prompt, 3, 5)):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    read.clear()
+    loading.load_model(str(folder), EngineConfig(progress=False, cpu_weights="4bit+dense"))
+    assert set(codes) <= set(read)  # the dense copy is the float weights themselves
+
+
+@needs_int4
 def test_many_rows_run_the_loaded_float32_weights() -> None:
     """Above int4_max_rows the fast path is the float32 model (its own weights, no copy)."""
     reference, codes = _quantized_model("qwen2", seed=5)
