@@ -20,7 +20,6 @@ import asyncio
 import os
 import re
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kspec.engine.config import EngineConfig, to_flags
-from kspec.engine.serve.protocol import parse_engine_url
+from kspec.engine.serve.protocol import free_port, parse_engine_url
 from kspec.lsp_server.http_client import HttpError, request_json
 
 PROMPT_CHARS = 4400  # ~1.1k tokens of the demo model's tokenizer
@@ -79,12 +78,6 @@ def resident_mb(pid: int) -> dict[str, float]:
     """VmRSS and VmHWM (the peak) of a process, in MB."""
     status = Path(f"/proc/{pid}/status").read_text()
     return {key: round(int(re.search(rf"{key}:\s+(\d+)", status).group(1)) / 1024, 1) for key in ("VmRSS", "VmHWM")}  # type: ignore[union-attr]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @dataclass
@@ -136,7 +129,7 @@ def _start(engine: EngineConfig, config: PeerBenchConfig, folder: Path) -> list[
     token_file = folder / "token"
     token_file.write_text(token)
     token_file.chmod(0o600)
-    kspec_port, llama_port = _free_port(), _free_port()
+    kspec_port, llama_port = free_port("127.0.0.1"), free_port("127.0.0.1")
     kspec_log, llama_log = folder / "kspec.log", folder / "llama-server.log"
     kspec_command = [
         sys.executable, "-m", "kspec.cli.main", "engine", "--listen", f"127.0.0.1:{kspec_port}", "--token-file", str(token_file),

@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import socket
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -57,7 +56,7 @@ from kspec.engine.errors import describe as describe_error
 from kspec.engine.serve.affinity import MAX_DOCUMENTS, DocumentPlacement
 from kspec.engine.serve.http_api import MAX_BODY, HttpApi
 from kspec.engine.serve.openai_api import ApiError, error_body
-from kspec.engine.serve.protocol import read_token
+from kspec.engine.serve.protocol import free_port, read_token
 
 log = logging.getLogger("kspec.cluster")
 
@@ -319,12 +318,6 @@ def build_application(options: ClusterOptions) -> serve.Application:
 def build_app(args: dict[str, Any]) -> serve.Application:
     """For `serve run kspec.engine.serve.cluster:build_app replicas=2 ...` and examples/serve.yaml."""
     return build_application(ClusterOptions.from_args(args))
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 def start_ray(address: str | None, num_cpus: float | None = None) -> None:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import stat
 import struct
 import tempfile
@@ -158,6 +159,13 @@ def tokens_match(expected: str | None, given: Any) -> bool:
     if expected is None:
         return True
     return isinstance(given, str) and secrets.compare_digest(expected, given)
+
+
+def free_port(host: str) -> int:
+    """A TCP port nobody listens on at `host` now (for a server told to pick one)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 def read_token(path: str | Path) -> str:
