@@ -115,6 +115,18 @@ def q8_0_terms(blocks: np.ndarray) -> tuple[Q4Codes, Q4Codes]:
     return Q4Codes(high, 16 * scale, torch.zeros_like(scale)), Q4Codes(low, scale, 8 * scale)
 
 
+def pack_nibbles(codes: Tensor) -> Tensor:
+    """4-bit codes [N, K] (uint8, 0..15) -> [N, K/2] uint8, two a byte, the lower-indexed one
+    in the low nibble (how a `save_q4` file and `Int4Embedding` hold them)."""
+    pairs = codes.view(codes.shape[0], -1, 2)  # [N, K/2, 2]
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
+
+
+def unpack_nibbles(nibbles: Tensor) -> Tensor:
+    """[..., K/2] uint8 from `pack_nibbles` -> the codes [..., K]."""
+    return torch.stack([nibbles & 0x0F, nibbles >> 4], dim=-1).view(*nibbles.shape[:-1], -1)
+
+
 TERM_SEPARATOR = "#"  # "<weight>#hi" / "<weight>#lo": a weight stored as two 4-bit terms (Q8_0)
 
 
@@ -136,8 +148,7 @@ def save_q4(codes: Mapping[str, Q4Codes], path: Path) -> None:
     """Write 4-bit weights compactly (two codes a byte, low nibble first) to a safetensors file."""
     tensors: dict[str, Tensor] = {}
     for name, q4 in codes.items():
-        pairs = q4.codes.view(q4.shape[0], -1, 2)  # [N, K/2, 2]
-        tensors[f"{name}.codes"] = (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()  # [N, K/2] uint8
+        tensors[f"{name}.codes"] = pack_nibbles(q4.codes)  # [N, K/2] uint8
         tensors[f"{name}.scale"] = q4.scale.contiguous()
         tensors[f"{name}.zero"] = q4.zero.contiguous()
     save_file(tensors, str(path), metadata={"format": Q4_FORMAT, "group": str(GROUP)})
@@ -167,8 +178,7 @@ class Q4File(Mapping[str, Q4Codes]):
     def __getitem__(self, name: str) -> Q4Codes:
         if name not in self._names:
             raise KeyError(name)
-        nibbles = self._file.get(f"{name}.codes")  # [N, K/2]
-        codes = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=-1).view(nibbles.shape[0], -1)  # [N, K]
+        codes = unpack_nibbles(self._file.get(f"{name}.codes"))  # [N, K/2] -> [N, K]
         return Q4Codes(codes, self._file.get(f"{name}.scale"), self._file.get(f"{name}.zero"))
 
     def __iter__(self):  # type: ignore[no-untyped-def]
@@ -293,8 +303,7 @@ class Int4Embedding(nn.Module):
         self.num_embeddings, self.embedding_dim = terms[0].shape
         self.dtype = dtype
         for index, term in enumerate(terms):
-            pairs = term.codes.view(self.num_embeddings, -1, 2)  # [V, D/2, 2]
-            self.register_buffer(f"codes{index}", (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous())  # [V, D/2]
+            self.register_buffer(f"codes{index}", pack_nibbles(term.codes))  # [V, D/2]
             self.register_buffer(f"scale{index}", term.scale.float().contiguous())  # [V, D/32]
             self.register_buffer(f"zero{index}", term.zero.float().contiguous())  # [V, D/32]
         self.n_terms = len(terms)
@@ -305,8 +314,7 @@ class Int4Embedding(nn.Module):
         rows = flat.numel()
         out: Tensor | None = None
         for index in range(self.n_terms):
-            nibbles = getattr(self, f"codes{index}")[flat]  # [M, D/2]
-            codes = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=-1).view(rows, -1, GROUP)  # [M, D/32, 32]
+            codes = unpack_nibbles(getattr(self, f"codes{index}")[flat]).view(rows, -1, GROUP)  # [M, D/32, 32]
             scale, zero = getattr(self, f"scale{index}")[flat], getattr(self, f"zero{index}")[flat]  # [M, D/32]
             term = (codes.float() - 8) * scale[..., None] + zero[..., None]  # [M, D/32, 32]
             out = term if out is None else out + term
