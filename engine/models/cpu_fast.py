@@ -16,7 +16,7 @@ Why each piece (2 threads, SmolLM2-135M, a 512-token prompt; README "Measured"):
   exact), and a tied head multiplies those terms at every row count;
 - fusing projections halves the number of small matmuls a step launches;
 - embeddings, norms, attention and the KV cache stay float32; the head (Q8_0 in the default
-  GGUF, tied to the embedding) is two 4-bit terms for few rows and its float32 weight above:
+  GGUF, tied to the embedding) is two 4-bit terms (for few rows, with a dense copy above):
   only the 4-bit matmuls round to bfloat16.
 Weights without 4-bit codes (an HF folder, a GGUF in another type) use the dense copy.
 """

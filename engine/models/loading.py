@@ -79,16 +79,11 @@ def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCall
     resolved = resolve_model(spec, progress=config.progress, on_progress=lambda f, m: report(0.8 * f, m))
     report(0.8, f"loading {resolved.name}")
     compute = Compute.choose(config)
-    q4_file = resolved.folder / Q4_FILE  # a converted Q4 GGUF keeps its 4-bit weights there
-    if compute.fast_cpu and q4_file.is_file():
-        with Q4File(q4_file) as codes:
-            model = _load_fast_path(resolved.folder, compute.dtype, codes, FastPath.for_weights(config.cpu_weights))
+    if compute.fast_cpu:
+        model = _load_fast_path(resolved.folder, compute.dtype, FastPath.for_weights(config.cpu_weights))
+        release_free_memory()  # the conversion's buffers (unpacked and int32 codes)
     else:
         model = load_transformer(resolved.folder, compute.dtype, config.device)
-        if compute.fast_cpu:
-            to_fast_path(model, {}, FastPath.for_weights(config.cpu_weights))
-    if compute.fast_cpu:
-        release_free_memory()  # the conversion's buffers (unpacked and int32 codes)
     tokenizer = Tokenizer.from_folder(resolved.folder, model.args.eos_token_ids)
     if tokenizer.vocab_size > model.args.vocab_size:
         raise ModelLoadError(
@@ -97,15 +92,20 @@ def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCall
     return LoadedModel(model, tokenizer, resolved.name, resolved.folder)
 
 
-def _load_fast_path(folder: Path, dtype: torch.dtype, codes: Q4File, path: FastPath) -> Transformer:
-    """The CPU fast path's model. Without a dense copy, the float weights that 4-bit codes stand
-    in for are never read: the load peaks at the model it keeps, not at the float32 model
-    (879 -> ~500 MB for the default one). Should one of them still be needed (codes that
-    could not be fused), every weight is read after all."""
-    skip = frozenset() if path.resolved_keep_dense() else frozenset(name.split(TERM_SEPARATOR)[0] for name in codes)
-    model = to_fast_path(load_transformer(folder, dtype, "cpu", skip), codes, path)
-    if any(tensor.is_meta for tensor in [*model.parameters(), *model.buffers()]):
-        model = to_fast_path(load_transformer(folder, dtype, "cpu"), codes, path)
+def _load_fast_path(folder: Path, dtype: torch.dtype, path: FastPath) -> Transformer:
+    """The CPU fast path's model, with the 4-bit weights of a converted Q4 GGUF where the folder
+    has them. Without a dense copy, the float weights that 4-bit codes stand in for are never
+    read: the load peaks at the model it keeps, not at the float32 model (869 -> 621 MB for the
+    default one). Should one of them still be needed (codes that could not be fused), every
+    weight is read after all."""
+    q4_file = folder / Q4_FILE
+    if not q4_file.is_file():
+        return to_fast_path(load_transformer(folder, dtype, "cpu"), {}, path)
+    with Q4File(q4_file) as codes:
+        skip = frozenset() if path.resolved_keep_dense() else frozenset(name.split(TERM_SEPARATOR)[0] for name in codes)
+        model = to_fast_path(load_transformer(folder, dtype, "cpu", skip), codes, path)
+        if any(tensor.is_meta for tensor in [*model.parameters(), *model.buffers()]):
+            model = to_fast_path(load_transformer(folder, dtype, "cpu"), codes, path)
     return model
 
 
