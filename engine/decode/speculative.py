@@ -281,7 +281,7 @@ class SpeculativeRun:
             drafts = [Draft([]) for _ in live_branches]
         for draft, branch in zip(drafts, live_branches):
             room = max(0, limits.max_new_tokens - len(branch.token_ids))
-            if not self._drafting or branch.heal_remaining or room == 0:
+            if branch.heal_remaining or room == 0:
                 draft.tokens, draft.q = [], None  # healing: the target picks, one token at a time
             elif len(draft.tokens) > room:
                 draft.tokens = draft.tokens[:room]
@@ -322,12 +322,12 @@ class SpeculativeRun:
         stats.drafted += sum(len(d.tokens) for d in drafts)
         stats.accepted += sum(accepted_counts)
         stats.gammas.append(self.gamma)
-        stats.draft_ms += (self._drafted_at - self._round_started) * 1000
+        draft_ms = (self._drafted_at - self._round_started) * 1000
+        stats.draft_ms += draft_ms
         stats.verify_ms += verify_ms
         stats.accept_ms += (time.perf_counter() - verified_at) * 1000
         if self.payoff is not None:
-            round_ms = (self._drafted_at - self._round_started) * 1000 + verify_ms
-            self.payoff.record(any(d.tokens for d in drafts), sum(len(t) for t in taken.tokens), round_ms)
+            self.payoff.record(any(d.tokens for d in drafts), sum(len(t) for t in taken.tokens), draft_ms + verify_ms)
         if self._drafting:
             self.gamma = adapt_gamma(self.gamma, [len(d.tokens) for d in drafts], accepted_counts, self.config)
 
