@@ -24,12 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from kspec.engine.json_file import read_json_object, replace_json
 
 TARGET_FIRST_ANSWER_MS = 250.0  # what Continue and llama.vim aim for (300 ms / 250 ms caps)
 FIRST_ANSWER_RANGE_MS = (120.0, 1500.0)  # never sooner (no line can be ready), never later (useless)
@@ -104,23 +104,12 @@ class FitCache:
         data[key] = {"at": time.time() if now is None else now, "timing": timing.to_dict()}
         newest = dict(sorted(data.items(), key=lambda item: item[1]["at"])[-self.entries :])
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            descriptor, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+            replace_json(self.path, newest)
         except OSError:
-            return
-        try:
-            with os.fdopen(descriptor, "w") as handle:
-                json.dump(newest, handle)
-            os.replace(temporary, self.path)
-        except OSError:
-            Path(temporary).unlink(missing_ok=True)
+            pass
 
     def _read(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+        return read_json_object(self.path)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 from platformdirs import user_cache_dir
 
 from kspec.engine.errors import ModelLoadError
+from kspec.engine.json_file import read_json_object, replace_json
 from kspec.engine.models.gguf_convert import ProgressCallback, convert_gguf, write_q4_file
 from kspec.engine.models.quantized import Q4_FILE, Q4_FORMAT, Q4File
 
@@ -50,10 +50,7 @@ def file_sha256(path: Path) -> str:
     stat = path.stat()
     index_path = cache_root() / "gguf-hashes.json"
     key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-    try:
-        index = json.loads(index_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        index = {}
+    index = read_json_object(index_path)
     if key in index:
         return str(index[key])
     digest = hashlib.sha256()
@@ -61,10 +58,7 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     index[key] = digest.hexdigest()
-    index_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = index_path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(index))
-    os.replace(tmp, index_path)
+    replace_json(index_path, index)
     return digest.hexdigest()
 
 
