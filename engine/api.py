@@ -147,4 +147,4 @@ class CancelToken:
 
 
 Done = Callable[[CompletionResult | None, BaseException | None], None]  # a request's outcome: exactly one of the two is set
-EarlyAnswer = Callable[[CompletionResult], None]  # what was complete at `first_answer_ms`; decoding goes on to `Done`
+EarlyAnswer = Callable[[CompletionResult], None]  # what was complete at `first_answer_ms`, then after each round that changed it; decoding goes on to `Done`

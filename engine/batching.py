@@ -63,7 +63,8 @@ class BatchConfig:
 class _Member:
     active: ActiveCompletion
     done: Done
-    early: EarlyAnswer | None = None  # called once, with the first non-empty interim answer
+    early: EarlyAnswer | None = None  # called with each new non-empty interim answer, from first_answer_ms on
+    shown: tuple[str, ...] = ()  # the texts of the last interim answer given to `early`
 
 
 @dataclass
@@ -97,8 +98,10 @@ class ContinuousBatcher:
 
     def add(self, request: CompletionRequest, cancel: CancelToken, done: Done, early: EarlyAnswer | None = None) -> None:
         """Queue a request; `done(result, error)` is called once, from `run_round`. With
-        `request.first_answer_ms` > 0, `early(result)` is called before that, once, at the
-        first round past that moment whose interim answer has an alternative."""
+        `request.first_answer_ms` > 0, `early(result)` is called before that: at the first
+        round past that moment whose interim answer has an alternative, and again after each
+        later round whose interim answer says something else (the branches grew), so that a
+        typist's next keystrokes can be served from what the branches have written by then."""
         self._waiting.append((request, cancel, done, early, time.monotonic()))
 
     def cancel_all(self) -> None:
@@ -204,9 +207,10 @@ class ContinuousBatcher:
     @staticmethod
     def _answer_early(member: _Member) -> None:
         interim = member.active.result(interim=True)
-        if interim.completions and member.early is not None:
-            early, member.early = member.early, None
-            early(interim)
+        texts = tuple(c.text for c in interim.completions)
+        if texts and texts != member.shown and member.early is not None:
+            member.shown = texts
+            member.early(interim)
 
     def _leave(self, over: list[_Member]) -> None:
         for member in over:

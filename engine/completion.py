@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import threading
 from dataclasses import asdict
 from typing import Any
@@ -16,13 +17,14 @@ from kspec.engine.batching import BatchConfig, ContinuousBatcher
 from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 from kspec.engine.config import EngineConfig
 from kspec.engine.decode.speculative import DraftPayoffs
-from kspec.engine.machine_fit import FIT_CACHE_FILE, FitCache, MachineDefaults, MachineTiming, choose_defaults, fit_key
+from kspec.engine.machine_fit import FIT_CACHE_FILE, TIMING_METHOD, FitCache, MachineDefaults, MachineTiming, choose_defaults, fit_key
 from kspec.engine.models.gguf_convert import ProgressCallback
 from kspec.engine.models.loading import LoadedModel, check_draft_compatible, load_model
 from kspec.engine.models.resolve import cache_root
 from kspec.engine.request import ActiveCompletion
 from kspec.engine.version import version
 
+KEYSTROKE_INDENT, KEYSTROKE_WORD = "    ", "print"  # a line typed after CALIBRATION_CODE, the word a character a keystroke
 CALIBRATION_CODE = """import os
 
 
@@ -86,7 +88,13 @@ class CompletionEngine:
         run(CALIBRATION_CODE[:200], 1, 2)  # warm-up: first passes allocate
         cold = run(CALIBRATION_CODE, 1, 1)
         per_token = cold.timing_ms["prefill"] / max(1.0, cold.timing_ms.get("prompt_tokens", 1.0) - cold.timing_ms.get("reused_prompt_tokens", 0.0))
-        keystroke = run(CALIBRATION_CODE + "    ", 1, 1).timing_ms["prefill"]  # the cached prompt, one keystroke on
+        # A typed character, its line's start cached (the previous keystroke's prompt): one
+        # token changes, as when typing a word. The median of a few such keystrokes.
+        line = CALIBRATION_CODE + KEYSTROKE_INDENT
+        run(line + KEYSTROKE_WORD[:1], 1, 1)
+        keystroke = statistics.median(
+            run(line + KEYSTROKE_WORD[:end], 1, 1).timing_ms["prefill"] for end in range(2, len(KEYSTROKE_WORD) + 1)
+        )
         rounds = {}
         for k in (2, 4):
             result = run(CALIBRATION_CODE, k, 12)
@@ -118,6 +126,7 @@ class CompletionEngine:
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": [torch.__version__, torch.get_num_threads()],
             "kspec": version(),
+            "timing_method": TIMING_METHOD,
         }
 
     def clear_caches(self) -> None:

@@ -44,6 +44,7 @@ COLD_PROMPT_MS = 1500.0
 PROMPT_TOKENS_RANGE = (384, 1536)  # below, too little of the file; above, the engine's default budget
 FIT_CACHE_MAX_AGE_S = 7 * 24 * 3600.0  # then measured again (a timing taken while the machine was busy does not stay for good)
 FIT_CACHE_ENTRIES = 32  # the most recent ones are kept
+TIMING_METHOD = 2  # part of the cache key: raised when what `measure_machine` times changes (2: a keystroke types a word)
 FIT_CACHE_FILE = "machine-fit.json"  # in the cache folder (engine/models/resolve.py cache_root)
 
 

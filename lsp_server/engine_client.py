@@ -61,7 +61,8 @@ class EngineClient(Protocol):
 
     async def complete(self, request: CompletionRequest, early: EarlyAnswer | None = None) -> CompletionResult:
         """The final answer; an engine that answers early (`request.first_answer_ms`) calls
-        `early(interim)` first, on this loop. Engines that cannot, never call it."""
+        `early(interim)` first, on this loop, and again each time the interim answer grew.
+        Engines that cannot, never call it."""
         ...
 
     def close(self) -> None: ...
@@ -359,7 +360,7 @@ class DaemonEngine:
         if future is None or future.done():
             return
         if kind == "early":
-            callback = connection.early.pop(str(message.get("id")), None)
+            callback = connection.early.get(str(message.get("id")))  # one per interim answer
             if callback is not None:
                 try:
                     callback(CompletionResult.from_dict(message["result"]))

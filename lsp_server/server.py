@@ -4,9 +4,17 @@ One `Session` per client connection owns the documents, settings, typeahead cach
 in-flight requests and the engine client; each LSP feature is one method. A request:
 
   position -> cursor context (budgets) -> typeahead hit? answer now
+           -> the user typed what a branch of the document's request still decoding has
+              written the start of? wait for its next rounds: typeahead hit? answer
            -> supersede the document's older request -> debounce (automatic triggers)
            -> engine, raced against being superseded and against the deadline
            -> items whose ranges replace what they repeat right of the cursor.
+
+Every interim answer of the engine (from the first-answer moment on, each round that grew
+the branches) goes into the typeahead cache. A request's engine work outlives the request
+when the client cancels it (an editor cancels the previous request at every keystroke): it
+goes on, into the typeahead cache, until a request it cannot serve supersedes it or its
+deadline passes.
 
 Nothing here holds a lock; `didChange` only edits the document; every wait has a deadline.
 """
@@ -48,7 +56,7 @@ from kspec.engine.serve.runner import EngineFactory, default_engine_factory
 from kspec.engine.serve.status import ERROR, READY, Status
 from kspec.lsp_server.settings import SECTION, Settings, parse_settings
 from kspec.lsp_server.token_gate import TokenGate
-from kspec.lsp_server.typeahead import Entry, TypeaheadCache
+from kspec.lsp_server.typeahead import Entry, TypeaheadCache, typed_since
 
 log = logging.getLogger("kspec.lsp")
 
@@ -104,6 +112,8 @@ class Stats:
     errors: int = 0
     early_answers: int = 0  # answered at the first-answer moment while decoding went on
     continued: int = 0  # of those, final answers stored in the typeahead cache (client told)
+    joined: int = 0  # waited for the next rounds of an older request whose branches they continue
+    unattended: int = 0  # engine work that went on after its request was cancelled
 
 
 @dataclass(frozen=True)
@@ -117,10 +127,44 @@ class Query:
 
 
 class Ticket:
-    """The newest request of a document; set `superseded` when a newer one arrives."""
+    """The newest request of a document with the engine; set `superseded` when a newer one
+    arrives that it cannot serve. While the engine decodes for it, `texts` are its latest
+    interim alternatives (None before the first), and `grew` is set each time they change
+    and when its engine work is over."""
 
-    def __init__(self) -> None:
+    def __init__(self, query: Query | None = None) -> None:
         self.superseded = asyncio.Event()
+        self.query = query
+        self.texts: tuple[str, ...] | None = None
+        self.over = False
+        self.grew = asyncio.Event()
+        self.unattended: asyncio.Future | None = None  # its engine work, going on after it was cancelled
+
+    def interim(self, texts: tuple[str, ...]) -> None:
+        self.texts = texts
+        self._wake()
+
+    def finish(self) -> None:
+        self.over = True
+        self._wake()
+
+    def supersede(self) -> None:
+        """A newer request it cannot serve came (or its document closed): its engine work stops."""
+        self.superseded.set()
+        self.finish()
+
+    def _wake(self) -> None:
+        grew, self.grew = self.grew, asyncio.Event()
+        grew.set()
+
+    def may_still_write(self, query: Query) -> bool:
+        """Still decoding, and `query` is its place with text typed at the cursor that some
+        branch has written the start of and no further: its next interim answer may serve it."""
+        mine = self.query
+        if mine is None or self.texts is None or self.over or self.superseded.is_set() or mine.settings != query.settings:
+            return False
+        found = typed_since(mine.context, query.context, query.settings.prefix_chars, query.settings.suffix_chars)
+        return found is not None and any(found[0].startswith(text) for text in self.texts)
 
 
 class KspecProtocol(LanguageServerProtocol):
@@ -256,7 +300,7 @@ class Session:
             return
         self._closed = True
         for ticket in self._inflight.values():
-            ticket.superseded.set()
+            ticket.supersede()
         if self.engine is not None:
             self.engine.close()
 
@@ -294,7 +338,7 @@ class Session:
         self.typeahead.forget(uri)
         ticket = self._inflight.pop(uri, None)
         if ticket is not None:
-            ticket.superseded.set()
+            ticket.supersede()
 
     def _engines(self) -> list[EngineClient]:
         return self._retired + ([self.engine] if self.engine else [])
@@ -544,16 +588,39 @@ class Session:
             end=lsp.Position(line=line, character=units_from_column(query.body, end, self.encoding)),
         )
 
+    def _cached(self, query: Query) -> list[str] | None:
+        """The typeahead cache's answer, if it has one."""
+        settings = query.settings
+        if not settings.typeahead:
+            return None
+        hit = self.typeahead.lookup(query.document.uri, query.context, settings.prefix_chars, settings.suffix_chars)
+        if hit is None:
+            return None
+        self.stats.typeahead_hits += 1
+        self.stats.answered += 1
+        self._set_activity(IDLE)
+        return list(hit.texts[: self._choice("k", settings.k)])
+
     async def _suggest(self, query: Query, debounce: bool) -> list[str]:
         settings, uri = query.settings, query.document.uri
-        if settings.typeahead:
-            hit = self.typeahead.lookup(uri, query.context, settings.prefix_chars, settings.suffix_chars)
-            if hit is not None:
-                self.stats.typeahead_hits += 1
-                self.stats.answered += 1
-                self._set_activity(IDLE)
-                return list(hit.texts[: self._choice("k", settings.k)])
-        ticket = self._begin(uri)
+        if (texts := self._cached(query)) is not None:
+            return texts
+        pending = self._inflight.get(uri)
+        if settings.typeahead and pending is not None and pending.may_still_write(query):
+            # The user typed what a branch of the request decoding on has begun to write:
+            # its next rounds may serve this one, sooner than starting over would.
+            self.stats.joined += 1
+            try:
+                while pending.may_still_write(query):
+                    await asyncio.wait_for(pending.grew.wait(), settings.deadline_ms / 1000 + ENGINE_GRACE_S)
+                    if (texts := self._cached(query)) is not None:
+                        return texts
+            except asyncio.TimeoutError:
+                pass
+            except asyncio.CancelledError:
+                self.stats.cancelled += 1
+                raise
+        ticket = self._begin(uri, query)
         continuing: asyncio.Future | None = None
         try:
             if debounce and settings.debounce_ms > 0:
@@ -570,9 +637,10 @@ class Session:
             self.stats.cancelled += 1
             raise
         finally:
+            continuing = continuing or ticket.unattended
             if continuing is None:
                 self._end(uri, ticket)
-            else:  # the request decodes on after its early answer: a diverging request still supersedes it
+            else:  # the request decodes on after its answer or its cancelling: a diverging request still supersedes it
                 continuing.add_done_callback(lambda _: self._end(uri, ticket))
         if texts:
             self.stats.answered += 1
@@ -627,11 +695,14 @@ class Session:
         started = time.perf_counter()
         early: asyncio.Future = asyncio.get_running_loop().create_future()
 
-        def on_early(interim: CompletionResult) -> None:
+        def on_interim(interim: CompletionResult) -> None:
+            # Every interim answer (the branches grew) serves the keystrokes that follow.
+            if not ticket.superseded.is_set():
+                ticket.interim(tuple(self._store(query, interim, started, shown=False)))
             if not early.done():
                 early.set_result(interim)
 
-        job = asyncio.ensure_future(engine.complete(request, on_early if request.first_answer_ms > 0 else None))
+        job = asyncio.ensure_future(engine.complete(request, on_interim if request.first_answer_ms > 0 else None))
         superseded = asyncio.ensure_future(ticket.superseded.wait())
         done: set[asyncio.Future] = set()
         self._busy += 1
@@ -640,11 +711,17 @@ class Session:
         try:
             try:
                 done, _ = await asyncio.wait({job, early, superseded}, timeout=settings.deadline_ms / 1000 + ENGINE_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                # The client cancelled: an editor does at every keystroke, and the next request
+                # may continue this one. The engine goes on for it, unattended.
+                if not job.done() and not ticket.superseded.is_set():
+                    ticket.unattended = asyncio.ensure_future(self._unattended(query, request, ticket, job, early, started))
+                raise
             finally:
                 self._busy -= 1
                 superseded.cancel()
-                if not done & {job, early} and not job.done():
-                    job.cancel()  # stops the engine at its next round (also when this request was cancelled)
+                if ticket.unattended is None and not done & {job, early} and not job.done():
+                    job.cancel()  # stops the engine at its next round
             if job in done:
                 texts = self._answered(query, request, job, started)
                 if not texts and _timed_out(job, started, request.deadline_ms):
@@ -652,7 +729,7 @@ class Session:
                     outcome = TIMED_OUT
                 return texts, None
             if early in done:
-                texts = self._store(query, early.result(), started)
+                texts = self._store(query, early.result(), started, kept=True)
                 self.stats.early_answers += 1
                 return texts[: request.k], asyncio.ensure_future(self._decode_on(query, request, ticket, job, started))
             if superseded in done:
@@ -674,12 +751,13 @@ class Session:
             return []
         return self._store(query, result, started, shown)[: request.k]
 
-    def _store(self, query: Query, result: CompletionResult, started: float, shown: bool = True) -> list[str]:
-        """Texts of an answer, kept in the typeahead cache; the status carries its latency
-        when it is the answer the user waited for (`shown`), not one decoded on after it."""
+    def _store(self, query: Query, result: CompletionResult, started: float, shown: bool = True, kept: bool = False) -> list[str]:
+        """Texts of an answer, kept in the typeahead cache (unless `kept` there already); the
+        status carries its latency when it is the answer the user waited for (`shown`), not
+        one decoded on after it."""
         settings = query.settings
         texts = [c.text for c in result.completions if c.text]
-        if texts and settings.typeahead:
+        if texts and settings.typeahead and not kept:
             self.typeahead.store(query.document.uri, Entry(query.context, settings.prefix_chars, settings.suffix_chars, tuple(texts)))
         if not shown:
             return texts
@@ -708,14 +786,38 @@ class Session:
             self.stats.continued += 1
             self.server.protocol.notify(UPDATED_METHOD, {"uri": query.document.uri, "version": query.version})
 
-    def _begin(self, uri: str) -> Ticket:
+    async def _unattended(
+        self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, early: asyncio.Future, started: float,
+    ) -> None:
+        """The engine work of a request the client cancelled, for the requests that continue
+        it: its answers go into the typeahead cache until a request it cannot serve
+        supersedes it, or its deadline passes."""
+        self.stats.unattended += 1
+        left_s = request.deadline_ms / 1000 + ENGINE_GRACE_S - (time.perf_counter() - started)
+        superseded = asyncio.ensure_future(ticket.superseded.wait())
+        done: set[asyncio.Future] = set()
+        try:
+            done, _ = await asyncio.wait({job, early, superseded}, timeout=max(0.0, left_s), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            superseded.cancel()
+            if not done & {job, early} and not job.done():
+                job.cancel()
+        if superseded in done and not done & {job, early}:
+            self.stats.superseded += 1
+        elif job in done and not job.cancelled():
+            self._answered(query, request, job, started, shown=False)
+        elif early in done:
+            await self._decode_on(query, request, ticket, job, started)
+
+    def _begin(self, uri: str, query: Query) -> Ticket:
         previous = self._inflight.get(uri)
         if previous is not None:
-            previous.superseded.set()
-        ticket = self._inflight[uri] = Ticket()
+            previous.supersede()
+        ticket = self._inflight[uri] = Ticket(query)
         return ticket
 
     def _end(self, uri: str, ticket: Ticket) -> None:
+        ticket.finish()
         if self._inflight.get(uri) is ticket:
             del self._inflight[uri]
 

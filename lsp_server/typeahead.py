@@ -44,18 +44,33 @@ def rewrites(text: str, inserted: str) -> bool:
     return True
 
 
-def _match(entry: Entry, context: EditorContext, text: str) -> str | None:
-    old = entry.context
+def typed_since(old: EditorContext, context: EditorContext, prefix_chars: int, suffix_chars: int) -> tuple[str, str] | None:
+    """(typed, inserted): the characters typed at `old`'s cursor to reach `context`, and the
+    closers the editor inserted right of the cursor meanwhile; None when `context` is not
+    `old` with text typed at its cursor (`prefix_chars` / `suffix_chars`: the budgets both
+    contexts were cut with)."""
     typed = context.offset - old.offset
     inserted = context.length - old.length - typed  # after the cursor (auto-closed brackets)
-    if typed < 0 or inserted < 0 or typed >= len(text):
+    if typed < 0 or inserted < 0 or typed > len(context.prefix):
         return None
-    if context.prefix != (old.prefix + text[:typed])[-entry.prefix_chars :]:
+    chars = context.prefix[len(context.prefix) - typed :]
+    if context.prefix != (old.prefix + chars)[-prefix_chars:]:
         return None
-    rest = text[typed:]
-    if inserted > len(context.suffix) or context.suffix[inserted:] != old.suffix[: entry.suffix_chars - inserted]:
+    if inserted > len(context.suffix) or context.suffix[inserted:] != old.suffix[: suffix_chars - inserted]:
         return None
-    if inserted and not rewrites(rest, context.suffix[:inserted]):
+    closers = context.suffix[:inserted]
+    return (chars, closers) if all(char in CLOSERS for char in closers) else None
+
+
+def _match(entry: Entry, context: EditorContext, text: str) -> str | None:
+    found = typed_since(entry.context, context, entry.prefix_chars, entry.suffix_chars)
+    if found is None:
+        return None
+    typed, inserted = found
+    if len(typed) >= len(text) or not text.startswith(typed):
+        return None
+    rest = text[len(typed) :]
+    if inserted and not rewrites(rest, inserted):
         return None
     return rest
 
@@ -71,7 +86,8 @@ class TypeaheadCache:
     def store(self, uri: str, entry: Entry) -> None:
         if not entry.texts:
             return
-        entries = self._entries.pop(uri, [])
+        # A newer answer at the same place (an interim answer grown, the final one) replaces the older.
+        entries = [old for old in self._entries.pop(uri, []) if old.context != entry.context]
         entries.insert(0, entry)
         del entries[self.per_document :]
         self._entries[uri] = entries

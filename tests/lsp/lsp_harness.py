@@ -86,6 +86,10 @@ class Editor:
         self._versions[uri] = 1
         self.client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id=language, version=1, text=text)))
 
+    def close(self, uri: str) -> None:
+        self._versions.pop(uri, None)
+        self.client.text_document_did_close(lsp.DidCloseTextDocumentParams(lsp.TextDocumentIdentifier(uri=uri)))
+
     def edit(self, uri: str, start: tuple[int, int], end: tuple[int, int], text: str) -> None:
         self._versions[uri] += 1
         change = lsp.TextDocumentContentChangePartial(range=lsp.Range(lsp.Position(*start), lsp.Position(*end)), text=text)

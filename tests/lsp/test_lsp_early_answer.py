@@ -1,13 +1,17 @@
 """Answers shaped for a typist: an early answer with what is complete, decoding going on
-into the typeahead cache, the client told, and a diverging edit cancelling it."""
+into the typeahead cache, the client told, and a diverging edit cancelling it; a request
+cancelled at the next keystroke whose engine work goes on for the request that continues it."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from lsprotocol import types as lsp
+from pygls.exceptions import JsonRpcRequestCancelled
 
 from lsp_harness import FAST, Editor, editor_session
 
@@ -61,3 +65,80 @@ async def test_a_diverging_request_cancels_the_decoding_that_went_on(editor: Edi
         editor.configure({**FAST, "maxTokens": 48, "firstAnswerMs": 1})
     assert stats["superseded"] == before["superseded"] + 1
     assert all(update["uri"] != uri or update["version"] != 1 for update in editor.updates)  # the first went unannounced
+
+
+def _after(line: int, character: int, typed: str) -> tuple[int, int]:
+    """The cursor after typing `typed` at (line, character)."""
+    if "\n" in typed:
+        return line + typed.count("\n"), len(typed.rsplit("\n", 1)[1].encode("utf-16-le")) // 2
+    return line, character + len(typed.encode("utf-16-le")) // 2
+
+
+async def _cancelled_once_decoding(editor: Editor, uri: str, msg_id: int) -> None:
+    """Ask at the end of CODE, and cancel the request once the engine works on it (an editor
+    cancels the pending request at the next keystroke); return once its first interim
+    answer is in the typeahead cache (no other document may be decoding)."""
+    before = await editor.stats()
+    send = editor.client.protocol.send_request_async
+    request = asyncio.ensure_future(send(lsp.TEXT_DOCUMENT_INLINE_COMPLETION, editor.inline_params(uri, 3, 8, automatic=True), msg_id=msg_id))
+    deadline = asyncio.get_running_loop().time() + 30
+    while (await editor.stats())["engine_calls"] == before["engine_calls"]:
+        assert asyncio.get_running_loop().time() < deadline, "the request never reached the engine"
+    editor.client.cancel_request(lsp.CancelParams(id=msg_id))
+    with pytest.raises(JsonRpcRequestCancelled):
+        await asyncio.wait_for(request, 10)
+    while (await editor.stats())["typeahead_entries"] == before["typeahead_entries"]:
+        assert asyncio.get_running_loop().time() < deadline, "no interim answer from the cancelled request"
+
+
+LONG = {**FAST, "maxTokens": 512, "firstAnswerMs": 300}  # interim answers from 300 ms on, decoding far longer than a test
+
+
+async def test_typing_on_is_served_by_the_cancelled_request_that_went_on(editor: Editor) -> None:
+    """The request of keystroke N is cancelled when keystroke N+1 is typed. Its engine work
+    goes on; typing what one of its branches writes is answered from them, without a new
+    engine call: at once from the interim answers, or, typed ahead of them, at the round
+    that writes that far."""
+    reference = "file:///early/join-reference.py"
+    editor.open(reference, CODE)
+    editor.configure({**LONG, "firstAnswerMs": 0})
+    try:
+        written = max((item.insert_text for item in await editor.inline(reference, 3, 8)), key=len)  # a whole branch
+        # (here ~3.5k characters in ~5 s: three quarters of it is far ahead of the first interim answers)
+        ahead = written[: len(written) * 3 // 4]
+        for uri, typed in (("file:///early/join-hit.py", written[:1]), ("file:///early/join-ahead.py", ahead)):
+            editor.configure(LONG)
+            editor.open(uri, CODE)
+            before = await editor.stats()
+            await _cancelled_once_decoding(editor, uri, 5151 + len(typed))
+            editor.edit(uri, (3, 8), (3, 8), typed)
+            items = await editor.inline(uri, *_after(3, 8, typed))
+            after = await editor.stats()
+            assert any(written.startswith(typed + item.insert_text) for item in items), (typed, items)
+            assert after["engine_calls"] == before["engine_calls"] + 1  # the cancelled request's only
+            assert after["unattended"] == before["unattended"] + 1
+            assert after["typeahead_hits"] == before["typeahead_hits"] + 1
+            if len(typed) > 1:
+                assert after["joined"] == before["joined"] + 1  # waited for the rounds that wrote that far
+            editor.close(uri)  # its decoding stops: the next case's interim answers are its own
+    finally:
+        editor.configure({**FAST, "maxTokens": 48, "firstAnswerMs": 1})
+
+
+async def test_typing_off_the_branches_starts_over(editor: Editor) -> None:
+    """A keystroke that none of the branches decoding on wrote supersedes them at once."""
+    uri = "file:///early/join-miss.py"
+    editor.configure(LONG)
+    try:
+        editor.open(uri, CODE)
+        before = await editor.stats()
+        await _cancelled_once_decoding(editor, uri, 5252)
+        editor.edit(uri, (3, 8), (3, 8), "\u00a7")  # § : no branch of the random model starts with it
+        items = await editor.inline(uri, 3, 9)
+        after = await editor.stats()
+        editor.close(uri)
+    finally:
+        editor.configure({**FAST, "maxTokens": 48, "firstAnswerMs": 1})
+    assert items
+    assert after["engine_calls"] == before["engine_calls"] + 2 and after["joined"] == before["joined"]
+    assert after["superseded"] >= before["superseded"] + 1

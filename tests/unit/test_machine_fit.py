@@ -71,7 +71,16 @@ def test_the_engine_measures_itself(random_llama_dir, tmp_path, monkeypatch):
     assert engine.defaults is not None and engine.defaults.k >= MIN_K  # chosen at load
     assert (tmp_path / FIT_CACHE_FILE).is_file()  # and kept: the same engine started again does not measure (below)
     assert engine.prompt_tokens == min(engine.config.prompt_tokens, engine.defaults.prompt_tokens)
+    from kspec.engine.completion import CALIBRATION_CODE, KEYSTROKE_INDENT
+
+    runs: list[tuple[str, dict[str, float]]] = []
+    complete = engine.complete
+    monkeypatch.setattr(engine, "complete", lambda request: runs.append((request.prefix, (r := complete(request)).timing_ms)) or r)
     timing = engine.measure_machine()
+    # What is timed as a keystroke is one typed character a cached prompt lacks: one prompt
+    # token computed, as when typing a word (appending blanks re-cut 3 tokens, 3x the time).
+    keystrokes = [t for prefix, t in runs if prefix.startswith(CALIBRATION_CODE + KEYSTROKE_INDENT)][1:]
+    assert len(keystrokes) >= 3 and all(t["prompt_tokens"] - t["reused_prompt_tokens"] == 1 for t in keystrokes)
     assert set(timing.round_ms) == {2, 4} and all(ms > 0 for ms in timing.round_ms.values())
     assert timing.prefill_ms_per_token > 0 and timing.keystroke_ms > 0
     # per token of the cold prompt's own prefill: not the whole prefill over the one token the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kspec.lsp_server.context import Budgets, EditorContext, editor_context
 from kspec.lsp_server.documents import Cursor, Document
-from kspec.lsp_server.typeahead import Entry, TypeaheadCache
+from kspec.lsp_server.typeahead import Entry, TypeaheadCache, typed_since
 
 BUDGETS = Budgets(prefix_chars=16, suffix_chars=8)
 
@@ -66,10 +66,10 @@ def test_misses() -> None:
 
 def test_bounded_and_forgettable() -> None:
     cache = TypeaheadCache(per_document=2, documents=2)
-    context = context_at("abc", 3)
     for uri in ("a", "b", "c"):
-        for text in ("x", "y", "z"):
-            cache.store(uri, Entry(context, 16, 8, (text,)))
+        for offset, text in ((1, "x"), (2, "y"), (3, "z")):  # three places
+            cache.store(uri, Entry(context_at("abc", offset), 16, 8, (text,)))
+    context = context_at("abc", 3)
     assert len(cache) == 4  # two documents, two entries each
     assert cache.lookup("a", context, 16, 8) is None  # evicted
     assert cache.lookup("c", context, 16, 8).texts == ("z",)  # newest first
@@ -91,3 +91,26 @@ def test_what_is_left_is_distinct_as_deduplication_sees_text() -> None:
     cache = cache_with(before, cursor, ("x = 1", "x= 1", "y = 2"))  # distinct keys: `x = 1`, `x= 1`
     typed = before[:cursor] + "x" + before[cursor:]
     assert lookup(cache, typed, cursor + 1).texts == (" = 1",)
+
+
+def test_a_newer_answer_at_the_same_place_replaces_the_older() -> None:
+    """Interim answers grow while the engine decodes on: the newest serves the keystrokes."""
+    before = "result = \n"
+    cache = cache_with(before, 9, ("com",))
+    cache.store("file:///t", Entry(context_at(before, 9), BUDGETS.prefix_chars, BUDGETS.suffix_chars, ("compute(x)",)))
+    assert len(cache) == 1
+    typed = "result = comp\n"
+    assert lookup(cache, typed, 13).texts == ("ute(x)",)  # past the end of the older, shorter answer
+
+
+def test_typed_since_tells_what_was_typed_at_the_cursor() -> None:
+    def since(old_text: str, old_offset: int, text: str, offset: int):
+        return typed_since(context_at(old_text, old_offset), context_at(text, offset), BUDGETS.prefix_chars, BUDGETS.suffix_chars)
+
+    assert since("x = \n", 4, "x = ab\n", 6) == ("ab", "")
+    assert since("x = \n", 4, "x = \n", 4) == ("", "")
+    assert since("f\n", 1, "f()\n", 2) == ("(", ")")  # the editor closed the bracket
+    assert since("x = \n", 4, "x = ab\n", 5) is None  # `b` right of the cursor is no closer
+    assert since("x = \n", 4, "y = ab\n", 6) is None  # an edit before the cursor
+    assert since("x = \nz\n", 4, "x = a\nq\n", 5) is None  # an edit after it
+    assert since("x = a\n", 5, "x = \n", 4) is None  # backspace
