@@ -813,6 +813,9 @@ class Session:
         previous = self._inflight.get(uri)
         if previous is not None:
             previous.supersede()
+        for other, ticket in self._inflight.items():
+            if other != uri and ticket.unattended is not None:
+                ticket.supersede()  # the user moved on to another document: its cancelled request's decoding ends
         ticket = self._inflight[uri] = Ticket(query)
         return ticket
 

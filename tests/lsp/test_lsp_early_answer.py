@@ -142,3 +142,21 @@ async def test_typing_off_the_branches_starts_over(editor: Editor) -> None:
     assert items
     assert after["engine_calls"] == before["engine_calls"] + 2 and after["joined"] == before["joined"]
     assert after["superseded"] >= before["superseded"] + 1
+
+
+async def test_a_request_in_another_document_ends_a_cancelled_requests_decoding(editor: Editor) -> None:
+    """The user moved on: what a cancelled request still decodes for its document stops."""
+    left, right = "file:///early/left.py", "file:///early/right.py"
+    editor.configure(LONG)
+    try:
+        editor.open(left, CODE)
+        editor.open(right, CODE)
+        before = await editor.stats()
+        await _cancelled_once_decoding(editor, left, 5353)
+        assert await editor.inline(right, 3, 8)
+        after = await editor.stats()
+        editor.close(left)
+        editor.close(right)
+    finally:
+        editor.configure({**FAST, "maxTokens": 48, "firstAnswerMs": 1})
+    assert after["superseded"] == before["superseded"] + 1  # the left document's decoding, not the right one's
