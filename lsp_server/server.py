@@ -703,6 +703,7 @@ class Session:
                 early.set_result(interim)
 
         job = asyncio.ensure_future(engine.complete(request, on_interim if request.first_answer_ms > 0 else None))
+        job.add_done_callback(_retrieved)  # superseded or shut down, nobody may read its error
         superseded = asyncio.ensure_future(ticket.superseded.wait())
         done: set[asyncio.Future] = set()
         self._busy += 1
@@ -823,6 +824,14 @@ class Session:
         ticket.finish()
         if self._inflight.get(uri) is ticket:
             del self._inflight[uri]
+
+
+def _retrieved(job: asyncio.Future) -> None:
+    """Marks an engine job's error as seen: one that ended in an error after its request
+    stopped waiting (superseded, or the engine closed at shutdown) would otherwise be logged
+    as "Task exception was never retrieved"."""
+    if not job.cancelled():
+        job.exception()
 
 
 def _timed_out(job: asyncio.Future, started: float, deadline_ms: float) -> bool:
