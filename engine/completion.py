@@ -18,6 +18,7 @@ from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 from kspec.engine.config import EngineConfig
 from kspec.engine.decode.speculative import DraftPayoffs
 from kspec.engine.machine_fit import FIT_CACHE_FILE, TIMING_METHOD, FitCache, MachineDefaults, MachineTiming, choose_defaults, fit_key
+from kspec.engine.prompt import PromptStarts
 from kspec.engine.models.gguf_convert import ProgressCallback
 from kspec.engine.models.loading import LoadedModel, check_draft_compatible, load_model
 from kspec.engine.models.resolve import cache_root
@@ -57,6 +58,7 @@ class CompletionEngine:
         self.prefix_cache = PrefixCache(PrefixCacheConfig(max_bytes=config.prefix_cache_mb * 1024 * 1024))
         self.draft_prefix_cache = PrefixCache(PrefixCacheConfig(max_bytes=config.prefix_cache_mb * 1024 * 1024 // 4))
         self.draft_payoffs = DraftPayoffs()
+        self.prompt_starts = PromptStarts()
         self.lock = threading.Lock()  # one round at a time: the model and caches are not re-entrant
         self.defaults: MachineDefaults | None = None  # set by fit_to_machine()
 

@@ -4,6 +4,7 @@ template when it has one) under a token budget."""
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from kspec.engine.decode.healing import split_for_healing
@@ -43,30 +44,75 @@ def _tail_tokens(tokenizer: Tokenizer, text: str, budget: int) -> list[int]:
     return ids
 
 
-LINE_GRID = 32  # the prompt starts at a line whose number is a multiple of this
+FRESH_SHARE = 0.8  # a new prompt start leaves this share of the budget used: the rest is room to type into
+ANCHOR_CHARS = 256  # the text a remembered start is found again by
+REMEMBERED_STARTS = 32
 
 
-def _stable_tail_tokens(tokenizer: Tokenizer, text: str, budget: int) -> list[int]:
-    """The tokens of text from the earliest line start on a fixed grid (every LINE_GRID
-    lines of the document) that fits the budget. While the user types, that start stays
-    put until the text outgrows it, so consecutive keystrokes share the beginning of
-    their prompt and the prefix cache hits; a start that moved with every keystroke
-    would make every prompt new."""
+class PromptStarts:
+    """Where recent prompts began, remembered by the text there (up to `ANCHOR_CHARS`), the
+    most recent first: the next keystroke's prompt begins at the same place while the text
+    from there still fits its budget, so that it shares its beginning with the prompt the
+    prefix cache holds. A start found by position instead would move: `prefix` is often a
+    window cut a fixed number of characters before the cursor (the language server's
+    `prefixChars`), whose start slides with every keystroke. One per engine; not thread-safe
+    (requests are prepared one at a time)."""
+
+    def __init__(self, remembered: int = REMEMBERED_STARTS) -> None:
+        self.remembered = remembered
+        self._anchors: OrderedDict[str, None] = OrderedDict()
+
+    def found_in(self, text: str) -> list[int]:
+        """Line starts of `text` where a remembered start is, most recently used first."""
+        places = []
+        for anchor in reversed(self._anchors):
+            at = text.find(anchor)
+            if at > 0 and text[at - 1] == "\n":
+                places.append(at)
+        return places
+
+    def remember(self, text: str, start: int) -> None:
+        """`text[start:]` begins a prompt (a line start before the cursor's line)."""
+        anchor = text[start : min(start + ANCHOR_CHARS, text.rfind("\n") + 1)]
+        if not anchor:
+            return
+        self._anchors.pop(anchor, None)
+        self._anchors[anchor] = None
+        while len(self._anchors) > self.remembered:
+            self._anchors.popitem(last=False)
+
+
+def _stable_tail_tokens(tokenizer: Tokenizer, text: str, budget: int, starts: PromptStarts | None = None) -> list[int]:
+    """The tokens of text from a line start, within the budget: where a recent prompt began
+    (`starts`) if the text from there still fits, else the earliest line start whose tokens
+    fit `FRESH_SHARE` of the budget (remembered in `starts`). While the user types, the start
+    stays put until the text outgrows the budget, so consecutive keystrokes share the
+    beginning of their prompt and the prefix cache hits; a start that moved with every
+    keystroke would make every prompt new. The text's first line (a window's, cut anywhere)
+    is never a start."""
     if len(text) <= budget:  # fewer characters than tokens allowed: all of it fits
         return tokenizer.encode(text)
-    line_starts = [0] + [match.end() for match in re.finditer("\n", text)]
-    grid = [start for number, start in enumerate(line_starts) if number % LINE_GRID == 0]
     # no tokenizer packs more than CHARS_PER_TOKEN_BOUND characters into a token: skip starts that cannot fit
-    candidates = [start for start in grid if len(text) - start <= budget * CHARS_PER_TOKEN_BOUND]
+    reach = len(text) - budget * CHARS_PER_TOKEN_BOUND
+    for start in starts.found_in(text) if starts is not None else ():
+        if start >= reach and len(ids := tokenizer.encode(text[start:])) <= budget:
+            starts.remember(text, start)  # type: ignore[union-attr]
+            return ids
+    candidates = [m.end() for m in re.finditer("\n", text) if m.end() >= reach]
+    fresh = max(1, int(budget * FRESH_SHARE))
     low, high, best = 0, len(candidates) - 1, None
     while low <= high:  # later start -> fewer tokens: find the earliest that fits
         middle = (low + high) // 2
         ids = tokenizer.encode(text[candidates[middle] :])
-        if len(ids) <= budget:
-            best, high = ids, middle - 1
+        if len(ids) <= fresh:
+            best, high = (candidates[middle], ids), middle - 1
         else:
             low = middle + 1
-    return best if best is not None else _tail_tokens(tokenizer, text, budget)
+    if best is None:
+        return _tail_tokens(tokenizer, text, budget)
+    if starts is not None:
+        starts.remember(text, best[0])
+    return best[1]
 
 
 def _head_tokens(tokenizer: Tokenizer, text: str, budget: int) -> list[int]:
@@ -74,14 +120,16 @@ def _head_tokens(tokenizer: Tokenizer, text: str, budget: int) -> list[int]:
     return tokenizer.encode(text)[:budget]
 
 
-def build_prompt(tokenizer: Tokenizer, prefix: str, suffix: str, budget: PromptBudget) -> Prompt:
-    """The prefix's last tokens are held back for token healing (engine/decode/healing.py)."""
+def build_prompt(tokenizer: Tokenizer, prefix: str, suffix: str, budget: PromptBudget, starts: PromptStarts | None = None) -> Prompt:
+    """The prefix's last tokens are held back for token healing (engine/decode/healing.py).
+    `starts`: where recent prompts began (the engine's), so that this one begins there too
+    while it fits."""
     fim = tokenizer.fim
     suffix_ids: list[int] = []
     if fim is not None:
         suffix_budget = int(budget.max_tokens * budget.suffix_share)
         suffix_ids = _head_tokens(tokenizer, suffix, suffix_budget) if suffix_budget else []
-    prefix_ids = _stable_tail_tokens(tokenizer, prefix, budget.max_tokens - len(suffix_ids) - 3)
+    prefix_ids = _stable_tail_tokens(tokenizer, prefix, budget.max_tokens - len(suffix_ids) - 3, starts)
     prefix_ids, healed_text = split_for_healing(tokenizer, prefix_ids)
     if fim is None:
         return Prompt(prefix_ids, uses_fim=False, healed_text=healed_text)

@@ -33,7 +33,7 @@ from kspec.engine.decode.stopping import StopRule, rule_for_cursor
 from kspec.engine.errors import CancelledError, InputError
 from kspec.engine.models.loading import LoadedModel
 from kspec.engine.models.transformer import EarlyExit
-from kspec.engine.prompt import PromptBudget, build_prompt
+from kspec.engine.prompt import PromptBudget, PromptStarts, build_prompt
 from kspec.engine.syntax import Candidate, UnitPredicate, detect_language, postprocess
 
 
@@ -52,6 +52,7 @@ class EngineParts(Protocol):
     prefix_cache: PrefixCache
     draft_prefix_cache: PrefixCache
     draft_payoffs: DraftPayoffs  # what drafting was measured to be worth, per k, across requests
+    prompt_starts: PromptStarts  # where recent prompts began: the next keystroke's begins there too
 
     @property
     def model_name(self) -> str: ...
@@ -118,7 +119,7 @@ def prepare(
     decoding state, or None when there is nothing to complete (empty prompt).
     `deadline` (time.monotonic()) was set when the request arrived: prefill counts."""
     tokenizer, model = parts.target.tokenizer, parts.target.model
-    prompt = build_prompt(tokenizer, request.prefix, request.suffix, PromptBudget(parts.prompt_tokens))
+    prompt = build_prompt(tokenizer, request.prefix, request.suffix, PromptBudget(parts.prompt_tokens), parts.prompt_starts)
     if not prompt.ids:
         return None
     first = yield from parts.prefix_cache.prefill_steps(model, prompt.ids)

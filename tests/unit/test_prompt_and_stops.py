@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kspec.engine.decode.healing import HealingBias, consume, split_for_healing
-from kspec.engine.prompt import PromptBudget, build_prompt
+from kspec.engine.prompt import FRESH_SHARE, PromptBudget, PromptStarts, build_prompt
 from kspec.engine.decode.stopping import StopRule, rule_for_cursor
 from kspec.engine.models.tokenizer import Tokenizer
 
@@ -117,10 +117,44 @@ def test_long_prefix_keeps_its_start_while_the_user_types(tokenizer: Tokenizer):
     prefix = "".join(f"value_{i} = compute({i}, scale={i % 7})\n" for i in range(400))
     starts = set()
     typing = "result = compute(1, scale=2)\n" * 3
+    remembered = PromptStarts()
     for typed in (typing[:end] for end in range(1, len(typing), 5)):
-        prompt = build_prompt(tokenizer, prefix + typed, "", PromptBudget(512))
+        prompt = build_prompt(tokenizer, prefix + typed, "", PromptBudget(512), remembered)
         assert len(prompt.ids) <= 512
         text = tokenizer.decode(prompt.ids) + prompt.healed_text
         assert (prefix + typed).endswith(text)
         starts.add(text.split("\n", 1)[0])
     assert len(starts) == 1  # the prompt's first line did not move: the prefix cache can hit
+
+
+def test_a_sliding_window_keeps_the_prompt_start_while_the_user_types(tokenizer: Tokenizer):
+    """The language server sends the last `prefixChars` characters before the cursor: the
+    window's start slides with every keystroke and crosses line ends. The prompt's start
+    (a line of the file) must not move with it, or every such keystroke prefills cold."""
+    prefix = "".join(f"value_{i} = compute({i}, scale={i % 7})\n" for i in range(400))
+    window_chars = 6000
+    typing = "result = compute(1, scale=2)\n" * 3
+    remembered = PromptStarts()
+    starts, sizes = set(), []
+    for end in range(1, len(typing)):
+        text = (prefix + typing[:end])[-window_chars:]
+        prompt = build_prompt(tokenizer, text, "", PromptBudget(384), remembered)
+        written = tokenizer.decode(prompt.ids) + prompt.healed_text
+        assert text.endswith(written) and len(prompt.ids) <= 384
+        starts.add(written.split("\n", 1)[0])
+        sizes.append(len(prompt.ids))
+    assert len(starts) == 1
+    assert sizes[0] <= 384 * FRESH_SHARE + 1 < sizes[-1]  # a new start leaves room to type into, which fills
+
+
+def test_a_prompt_start_moves_on_once_the_text_outgrows_the_budget(tokenizer: Tokenizer):
+    prefix = "".join(f"value_{i} = compute({i}, scale={i % 7})\n" for i in range(400))
+    remembered = PromptStarts()
+    first = build_prompt(tokenizer, prefix, "", PromptBudget(128), remembered)
+    grown = prefix + "".join(f"extra_{i} = {i}\n" for i in range(40))
+    later = build_prompt(tokenizer, grown, "", PromptBudget(128), remembered)
+    assert len(later.ids) <= 128
+    first_line = (tokenizer.decode(first.ids) + first.healed_text).split("\n", 1)[0]
+    assert first_line not in tokenizer.decode(later.ids)  # the old start no longer fits: a later one
+    again = build_prompt(tokenizer, prefix, "", PromptBudget(128), remembered)
+    assert again.ids == first.ids  # back where it was: that start is still remembered
