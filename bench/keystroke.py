@@ -62,6 +62,8 @@ from pygls.io_ import run_async
 from pygls.lsp.client import LanguageClient
 
 from kspec.bench.stats import percentile, rounded
+from kspec.engine.models.tokenizer import Tokenizer
+from kspec.engine.prompt import PromptBudget, PromptStarts, build_prompt
 from kspec.engine.serve.runner import EngineFactory, default_engine_factory
 from kspec.lsp_server.server import KspecServer, ServerOptions
 from kspec.lsp_server.settings import Settings, camel, parse_settings
@@ -229,6 +231,45 @@ def typing_points(text: str, points: int, length: int) -> list[int]:
         raise ValueError(f"the file has {len(starts)} code lines; {points} typing points wanted")
     step = len(starts) / points
     return [starts[int(i * step + step / 2)] for i in range(points)]
+
+
+PREFIX_CHARS = Settings().prefix_chars  # the language server's window before the cursor, by default
+COLD_TOKENS = 16  # a keystroke whose prompt shares less than all but this many tokens with the previous one's prefills cold
+
+
+def prompt_starts(tokenizer: Tokenizer, text: str, points: int, length: int, budget: int, prefix_chars: int = PREFIX_CHARS) -> dict[str, Any]:
+    """Typing replayed through the engine's prompt building (no model): at `points` places
+    of `text`, `length` characters typed one at a time, each keystroke's prompt built from
+    the language server's window (the last `prefix_chars` characters before the cursor) with
+    the engine's memory of recent prompt starts, as the engine does. Reported: keystrokes,
+    those whose prompt shares less than all but COLD_TOKENS tokens with the previous
+    keystroke's (what the prefix cache cannot serve: a cold prefill of the prompt), and the
+    mean of the tokens each keystroke computes anew."""
+    starts = PromptStarts()
+    keystrokes = cold = recomputed = 0
+    for point in typing_points(text, points, length):
+        document = text[: point] + text[removed_end(text, point, length) :]
+        previous: list[int] | None = None
+        for typed in range(1, length + 1):
+            cursor = point + typed
+            current = document[:point] + text[point:cursor]
+            ids = build_prompt(tokenizer, current[-prefix_chars:], "", PromptBudget(budget), starts).ids
+            if previous is not None:
+                shared = next((i for i, (a, b) in enumerate(zip(previous, ids)) if a != b), min(len(previous), len(ids)))
+                keystrokes += 1
+                recomputed += len(ids) - shared
+                cold += len(ids) - shared > COLD_TOKENS
+            previous = ids
+    return {
+        "keystrokes": keystrokes,
+        "cold_prompts": cold,
+        "cold_share": _share(cold, keystrokes),
+        "mean_tokens_recomputed": round(recomputed / keystrokes, 2) if keystrokes else None,
+        "budget_tokens": budget,
+        "prefix_chars": prefix_chars,
+        "points": points,
+        "chars_per_point": length,
+    }
 
 
 def _utf16_position(text: str, offset: int) -> lsp.Position:

@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="generate: our batched decoding vs transformers generate(); attention: bifurcated vs replicated "
         "attention alone; step: a whole decode step (logits included) per compute path for k branches and a "
         "verification of k x (gamma+1) rows, with the bytes-read floor (with --contexts: shared vs replicated prefix KV); keystroke: prefix-cache hit vs cold prefill, "
+        "how often typing at the language server's window makes a cold prompt (\"prompt_starts\"), "
         "then typing replayed through kspec lsp (under \"lsp\": kspec vs the previous configuration); "
         "serve: N editors at once, continuous batching vs one request at a time (or --url endpoints); "
         "peer: kspec's engine beside llama.cpp's llama-server (--llama-server) on the same GGUF, keystrokes "
@@ -197,6 +198,21 @@ def _bench_keystroke_lsp(config, args: argparse.Namespace) -> dict:
     )  # fmt: skip
 
 
+def _bench_prompt_starts(config, args: argparse.Namespace) -> list[dict]:
+    """Typing at the language server's window through the engine's prompt building: how
+    often a keystroke's prompt is cold, at the fitted minimum and the default budget."""
+    import textwrap
+
+    from kspec.bench.keystroke import prompt_starts
+    from kspec.engine.machine_fit import PROMPT_TOKENS_RANGE
+    from kspec.engine.models.resolve import resolve_model
+    from kspec.engine.models.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_folder(resolve_model(config.model).folder)
+    text = Path(textwrap.__file__).read_text(encoding="utf-8")
+    return [prompt_starts(tokenizer, text, points=8, length=300, budget=budget) for budget in PROMPT_TOKENS_RANGE]
+
+
 def _bench_serve(config, args: argparse.Namespace) -> dict:
     from kspec.bench.serve import ServeBenchConfig, bench_hop, bench_serve_inprocess, bench_serve_urls
     from kspec.engine.serve.protocol import read_token
@@ -312,6 +328,7 @@ def run_bench(args: argparse.Namespace) -> int:
             report = bench_step(config, _ints(args.ks, [1, 4, 8]), paths, repeats=args.repeats or 9)
     else:
         report = bench.bench_keystroke(config, _ints(args.contexts, [1024])[0], points=4, repeats=args.repeats or 2)
+        report["prompt_starts"] = _bench_prompt_starts(config, args)
         report["lsp"] = _bench_keystroke_lsp(config, args)
     print(json.dumps(report, indent=None if args.json else 1))
     return 0
