@@ -13,7 +13,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import TypeVar
 
-REQUESTS = 8  # requests remembered per memo
+REQUESTS = 24  # requests remembered per memo: more than a batch decodes together (16), whose interim answers come every round
 
 _F = TypeVar("_F", bound=Callable[..., object])
 _MEMOS: list[Callable[..., object]] = []
