@@ -7,7 +7,9 @@ The rule (each threshold in one place, below): a suggestion should be on screen 
 into its cached prompt (measured: `keystroke_ms`) and decodes rounds; a speculative round
 yields ~`TOKENS_PER_ROUND` tokens per branch. The first answer is due when the first words
 can be there (`FIRST_WORD_TOKENS`: an interim answer shows what the branches wrote so far
-when no line is complete yet, and the final answer replaces it); k shrinks until those
+when no line is complete yet, and the final answer replaces it), half a round before the
+round that writes them ends (the engine answers after the first round ending past the
+moment); k shrinks until those
 words fit the budget (never below `MIN_K`), and max tokens is what fits in
 `DECODE_BUDGET_MS` (a block, not a novel): decoding goes on after the first answer.
 A prompt the prefix cache does not hold (a new document, a new place in a long one) costs
@@ -143,8 +145,11 @@ def tokens_ms(timing: MachineTiming, k: int, tokens: int) -> float:
 def choose_defaults(timing: MachineTiming) -> MachineDefaults:
     k = next((k for k in K_CHOICES if tokens_ms(timing, k, FIRST_WORD_TOKENS) <= TARGET_FIRST_ANSWER_MS), MIN_K)
     low, high = FIRST_ANSWER_RANGE_MS
-    first = min(high, max(low, tokens_ms(timing, k, FIRST_WORD_TOKENS)))
     round_ms = _round_ms(timing, k)
+    # The engine answers after the first round that ends past the moment: a moment exactly
+    # when the words are expected would wait a whole extra round whenever the round that
+    # writes them ends a little early. Half a round before, that round is the one.
+    first = min(high, max(low, tokens_ms(timing, k, FIRST_WORD_TOKENS) - round_ms / 2))
     tokens = int(DECODE_BUDGET_MS / round_ms * TOKENS_PER_ROUND)
     max_tokens = min(MAX_TOKENS_RANGE[1], max(MAX_TOKENS_RANGE[0], tokens))
     fits = COLD_PROMPT_MS / timing.prefill_ms_per_token if timing.prefill_ms_per_token > 0 else PROMPT_TOKENS_RANGE[1]
