@@ -67,6 +67,7 @@ UPDATED_METHOD = "$/kspec/suggestionsUpdated"  # longer alternatives for {uri, v
 FALLBACK_FIRST_ANSWER_MS = 300.0  # when the engine chose none (a remote engine) and the user set none
 MID_LINE_MAX_TOKENS = 24  # a cursor before text on its line only completes that line
 ENGINE_GRACE_S = 0.5  # on top of the request's deadline, for the engine to return what it has
+INTERIM_REFRESH_MS = 300.0  # after an early answer, the client is told of grown alternatives at most this often
 CONFIGURATION_TIMEOUT_S = 5.0
 # `activity` in $/kspec/status: what the user's last request is doing, so that "nothing
 # came" (IDLE, no item) can be told from "still working" and "gave up at the deadline"
@@ -112,6 +113,7 @@ class Stats:
     errors: int = 0
     early_answers: int = 0  # answered at the first-answer moment while decoding went on
     continued: int = 0  # of those, final answers stored in the typeahead cache (client told)
+    interim_updates: int = 0  # of those, interim answers that grew the alternatives meanwhile (client told)
     joined: int = 0  # waited for the next rounds of an older request whose branches they continue
     unattended: int = 0  # engine work that went on after its request was cancelled
 
@@ -769,12 +771,28 @@ class Session:
         return texts
 
     async def _decode_on(self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, started: float) -> None:
-        """After an early answer: the final one goes into the typeahead cache and the client
-        is told (it asks again and gets the longer alternatives at once); a request for this
-        document that the typeahead cache cannot answer supersedes (cancels) it."""
+        """After an early answer: the interim answers that grew the alternatives, at most one
+        per `INTERIM_REFRESH_MS`, and the final answer go into the typeahead cache and the
+        client is told (it asks again and gets the longer alternatives at once: the
+        suggestion grows while the user pauses); a request for this document that the
+        typeahead cache cannot answer supersedes (cancels) it."""
         superseded = asyncio.ensure_future(ticket.superseded.wait())
+        ends = time.perf_counter() + request.deadline_ms / 1000 + ENGINE_GRACE_S
+        told = time.perf_counter()
+        done: set[asyncio.Future] = set()
         try:
-            done, _ = await asyncio.wait({job, superseded}, timeout=request.deadline_ms / 1000 + ENGINE_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                grew = asyncio.ensure_future(ticket.grew.wait())
+                try:
+                    done, _ = await asyncio.wait({job, superseded, grew}, timeout=max(0.0, ends - time.perf_counter()), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    grew.cancel()
+                if grew not in done or job in done or superseded in done:
+                    break
+                if (time.perf_counter() - told) * 1000 >= INTERIM_REFRESH_MS and not self._closed:
+                    told = time.perf_counter()
+                    self.stats.interim_updates += 1
+                    self._tell_updated(query)
         finally:
             superseded.cancel()
             if not job.done():
@@ -785,7 +803,11 @@ class Session:
             return
         if self._answered(query, request, job, started, shown=False) and not self._closed:
             self.stats.continued += 1
-            self.server.protocol.notify(UPDATED_METHOD, {"uri": query.document.uri, "version": query.version})
+            self._tell_updated(query)
+
+    def _tell_updated(self, query: Query) -> None:
+        """Longer alternatives for the document at the request's version are in the typeahead cache."""
+        self.server.protocol.notify(UPDATED_METHOD, {"uri": query.document.uri, "version": query.version})
 
     async def _unattended(
         self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, early: asyncio.Future, started: float,

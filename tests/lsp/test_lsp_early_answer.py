@@ -48,7 +48,7 @@ async def test_early_answer_then_longer_alternatives_from_the_typeahead_cache(ed
     after = await editor.stats()
     assert after["typeahead_hits"] == before["typeahead_hits"] + 1 and after["engine_calls"] == before["engine_calls"]
     assert max(len(item.insert_text) for item in again) > max(len(item.insert_text) for item in first)
-    assert after["early_answers"] >= 1 and after["continued"] >= 1
+    assert after["early_answers"] >= 1 and after["continued"] + after["interim_updates"] >= 1  # told of grown or final ones
 
 
 async def test_a_diverging_request_cancels_the_decoding_that_went_on(editor: Editor) -> None:
@@ -160,3 +160,23 @@ async def test_a_request_in_another_document_ends_a_cancelled_requests_decoding(
     finally:
         editor.configure({**FAST, "maxTokens": 48, "firstAnswerMs": 1})
     assert after["superseded"] == before["superseded"] + 1  # the left document's decoding, not the right one's
+
+
+async def test_the_suggestion_grows_while_the_user_pauses(editor: Editor) -> None:
+    """After the early answer, the client is told of grown alternatives while decoding goes
+    on, not only at the final answer: asking again shows the longer ones at once."""
+    uri = "file:///early/grows.py"
+    editor.configure({**FAST, "maxTokens": 512, "firstAnswerMs": 1})  # decoding goes on for seconds
+    try:
+        editor.open(uri, CODE)
+        before = await editor.stats()
+        first = await editor.inline(uri, 3, 8)
+        update = await editor.wait_update(uri)
+        told = await editor.stats()
+        again = await editor.inline(uri, 3, 8)
+        editor.close(uri)
+    finally:
+        editor.configure({**FAST, "maxTokens": 48, "firstAnswerMs": 1})
+    assert update == {"uri": uri, "version": 1}
+    assert told["interim_updates"] > before["interim_updates"] and told["continued"] == before["continued"]  # before the final answer
+    assert max(len(item.insert_text) for item in again) > max(len(item.insert_text) for item in first)
