@@ -54,12 +54,14 @@ class WindowNames:
             name for (kind, _), names in self.outer.by_scope.items() if kind not in _FUNCTION_SCOPES for name in names
         }
         self.bound: set[str] = set().union(*self.outer.by_scope.values()) if self.outer.by_scope else set()
+        # What the suffix needs: a name it reads and nothing in the window defines (`total +=`
+        # defines nothing: it reads `total` too)
         self._free: frozenset[str] | None = None
         prefix = source[:cursor].decode("utf-8", "replace")
         needs: list[str] = []
         for node in pyscope.identifiers_in(root, cursor, needs_end):
             name = pyscope.node_text(node)
-            if name in needs or name in self.bound or name in above or name in pyscope.BUILTIN_NAMES or not pyscope.is_read(node):
+            if name in needs or name in self.outer.defining or name in above or name in pyscope.BUILTIN_NAMES or not pyscope.is_read(node):
                 continue
             if re.search(r"(?<![\w.])" + re.escape(name) + r"\b", prefix) is None:
                 needs.append(name)  # read after the cursor, never before it, bound nowhere
@@ -133,6 +135,5 @@ def undefined_names(
 
 def needs_met(names: WindowNames, inner: pyscope.Bindings) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(needed names the alternative binds, needed names it leaves undefined)."""
-    bound = set().union(*inner.by_scope.values()) if inner.by_scope else set()
-    defined = tuple(name for name in names.needs if name in bound)
-    return defined, tuple(name for name in names.needs if name not in bound)
+    defined = tuple(name for name in names.needs if name in inner.defining)
+    return defined, tuple(name for name in names.needs if name not in inner.defining)

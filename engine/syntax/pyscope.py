@@ -104,9 +104,14 @@ def scope_chain(node: tree_sitter.Node) -> list[tuple[str, int]]:
 class Bindings:
     by_scope: dict[tuple[str, int], set[str]] = field(default_factory=dict)
     wildcard: bool = False  # `from x import *` somewhere: any name may be defined
+    # Names bound other than by an augmented assignment: `total += x` needs `total` bound
+    # before it, so it defines nothing a later read could rely on.
+    defining: set[str] = field(default_factory=set)
 
-    def add(self, key: tuple[str, int], name: str) -> None:
+    def add(self, key: tuple[str, int], name: str, defines: bool = True) -> None:
         self.by_scope.setdefault(key, set()).add(name)
+        if defines:
+            self.defining.add(name)
 
 
 def collect_bindings(root: tree_sitter.Node, start: int = 0, end: int | None = None) -> Bindings:
@@ -118,15 +123,16 @@ def collect_bindings(root: tree_sitter.Node, start: int = 0, end: int | None = N
         cursor.set_byte_range(start, end)
     found = Bindings()
 
-    def add(key: tuple[str, int], names: list[tree_sitter.Node]) -> None:
+    def add(key: tuple[str, int], names: list[tree_sitter.Node], defines: bool = True) -> None:
         for name in names:
             if end is None or start <= name.start_byte < end:
-                found.add(key, node_text(name))
+                found.add(key, node_text(name), defines)
 
     for capture, nodes in cursor.captures(root).items():
         for node in nodes:
             if capture == "target":
-                add(scope_key(node), _target_names(node))
+                augmented = node.parent is not None and node.parent.type == "augmented_assignment"
+                add(scope_key(node), _target_names(node), defines=not augmented)
             elif capture == "defname":  # bound in the scope around the definition
                 add(scope_key(node.parent), [node])
             elif capture == "params":

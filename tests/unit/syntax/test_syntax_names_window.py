@@ -115,3 +115,15 @@ def test_names_the_file_binds_above_a_long_window_are_known() -> None:
 def test_module_names() -> None:
     text = "import os, sys as system\nfrom a.b import (c,\n    d as e)\ndef f():\n    z = 1\nclass K:\n    pass\nX: int = 3\n"
     assert module_names(text) == {"os", "system", "c", "e", "f", "K", "X"}
+
+
+def test_an_augmented_assignment_after_the_cursor_needs_its_name_defined_before() -> None:
+    """`res += s` reads `res`: the hole before it must bind it (HumanEval/156's `res = ''`);
+    `res += ...` in an alternative defines nothing the suffix could rely on either."""
+    prefix = "def to_roman(number, sym):\n    i = 12\n"
+    suffix = "    while number:\n        res += sym[i]\n        number -= 1\n    return res\n"
+    checker = Checker(prefix, suffix, "python")
+    defines = checker.check("    res = ''\n")
+    assert defines.needs_defined == ("res",) and defines.needs_missing == ()
+    assert checker.check("    j = 10\n").needs_missing == ("res",)
+    assert checker.check("    res += ''\n").needs_missing == ("res",)
