@@ -62,6 +62,7 @@ from pygls.io_ import run_async
 from pygls.lsp.client import LanguageClient
 
 from kspec.bench.stats import percentile, rounded
+from kspec.engine.cache.prefix_cache import common_prefix_length
 from kspec.engine.models.tokenizer import Tokenizer
 from kspec.engine.prompt import PromptBudget, PromptStarts, build_prompt
 from kspec.engine.serve.runner import EngineFactory, default_engine_factory
@@ -255,7 +256,7 @@ def prompt_starts(tokenizer: Tokenizer, text: str, points: int, length: int, bud
             current = document[:point] + text[point:cursor]
             ids = build_prompt(tokenizer, current[-prefix_chars:], "", PromptBudget(budget), starts).ids
             if previous is not None:
-                shared = next((i for i, (a, b) in enumerate(zip(previous, ids)) if a != b), min(len(previous), len(ids)))
+                shared = common_prefix_length(tuple(previous), ids)
                 keystrokes += 1
                 recomputed += len(ids) - shared
                 cold += len(ids) - shared > COLD_TOKENS
