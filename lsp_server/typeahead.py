@@ -62,11 +62,8 @@ def typed_since(old: EditorContext, context: EditorContext, prefix_chars: int, s
     return (chars, closers) if all(char in CLOSERS for char in closers) else None
 
 
-def _match(entry: Entry, context: EditorContext, text: str) -> str | None:
-    found = typed_since(entry.context, context, entry.prefix_chars, entry.suffix_chars)
-    if found is None:
-        return None
-    typed, inserted = found
+def _rest(text: str, typed: str, inserted: str) -> str | None:
+    """What is left of alternative `text` once `typed` was typed (and `inserted` closers put right of the cursor)."""
     if len(typed) >= len(text) or not text.startswith(typed):
         return None
     rest = text[len(typed) :]
@@ -98,10 +95,13 @@ class TypeaheadCache:
         for entry in self._entries.get(uri, ()):
             if (entry.prefix_chars, entry.suffix_chars) != (prefix_chars, suffix_chars):
                 continue
+            found = typed_since(entry.context, context, prefix_chars, suffix_chars)  # once per entry, not per alternative
+            if found is None:
+                continue
             texts: list[str] = []
             keys: set[str] = set()
             for text in entry.texts:
-                rest = _match(entry, context, text)
+                rest = _rest(text, *found)
                 # Distinct as the engine's deduplication sees text: `x = 1` and `x= 1` both
                 # leave `= 1` once `x` is typed.
                 if rest is not None and dedupe_key(rest) not in keys:
