@@ -54,10 +54,10 @@ class WindowNames:
             name for (kind, _), names in self.outer.by_scope.items() if kind not in _FUNCTION_SCOPES for name in names
         }
         self.bound: set[str] = set().union(*self.outer.by_scope.values()) if self.outer.by_scope else set()
-        # What the suffix needs: a name it reads and nothing in the window defines (`total +=`
-        # defines nothing: it reads `total` too)
         self._free: frozenset[str] | None = None
         prefix = source[:cursor].decode("utf-8", "replace")
+        # What the suffix needs: a name it reads and nothing in the window defines (`total +=`
+        # defines nothing: it reads `total` too)
         needs: list[str] = []
         for node in pyscope.identifiers_in(root, cursor, needs_end):
             name = pyscope.node_text(node)
