@@ -382,7 +382,8 @@ def test_the_servers_longer_answer_replaces_its_early_one_without_a_keystroke(tm
             diagnose=lambda: diagnose(editor) + f"\nstats: {server_stats(editor)}",
         )  # fmt: skip
         stats = server_stats(editor)
-        assert stats["early_answers"] >= 1 and stats["continued"] >= 1, stats
+        # told of grown alternatives while decoding went on (at most every 300 ms), or of the final ones
+        assert stats["early_answers"] >= 1 and stats["continued"] + stats["interim_updates"] >= 1, stats
         assert stats["typeahead_hits"] >= 1, stats  # the request asked again was answered from the cache
         assert buffer(editor)[0] == FIRST_LINE  # nothing was typed or inserted
         shown = editor.lua(f"return {GHOST}.shown()")
