@@ -72,18 +72,20 @@ def weight_bytes_read(model: Transformer, rows: int, logit_rows: int) -> int:
 
 def _linear_bytes(module: nn.Module, rows: int) -> int:
     if isinstance(module, CpuLinear):
-        if module.has_int4 and (not module.dense_names or rows <= module.int4_max_rows):
+        if module.has_int4 and (not module.has_dense or rows <= module.int4_max_rows):
             return sum(t.packed.nbytes + t.scales_zeros.nbytes for t in module.terms)
-        return sum(w.nbytes for w in module.dense_parts)
+        return module.dense_nbytes
     if isinstance(module, nn.Linear):
         return module.weight.nbytes
     return 0
 
 
 def resident_bytes(model: nn.Module) -> int:
-    """Bytes of every parameter and buffer (shared storage counted once): both forms of a CpuLinear."""
+    """Bytes of every parameter and buffer (shared storage counted once): both forms of a
+    CpuLinear, its dense weights in oneDNN's layout included."""
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers()]}
-    return sum(storages.values())
+    packed = sum(m.dense_nbytes for m in model.modules() if isinstance(m, CpuLinear) and m.packed is not None)
+    return sum(storages.values()) + packed
 
 
 def _kv_bytes_read(cache: BranchKVCache, new: int) -> int:

@@ -6,8 +6,8 @@ Why each piece (2 threads, SmolLM2-135M, a 512-token prompt; README "Measured"):
   PyTorch's int4 CPU kernel multiplies them without unpacking (bfloat16 in and out);
 - with many rows (verifying k x (gamma+1) drafts, prefill) that kernel dequantizes the weights
   again for every few rows. Where the CPU computes bfloat16 natively (AVX-512-BF16 / AMX)
-  `CpuLinear` also keeps a dense bfloat16 copy and picks by the row count
-  (`FastPath.int4_max_rows`, the measured crossover). On a plain AVX-512 CPU emulated bfloat16
+  `CpuLinear` also keeps a dense bfloat16 copy, in oneDNN's layout (no reorder per call), and
+  picks by the row count (`FastPath.int4_max_rows`, the measured crossover: `INT4_MAX_ROWS`). On a plain AVX-512 CPU emulated bfloat16
   matmuls are slower than float32 ones, and a float32 copy costs 4x the 4-bit weights' memory
   (~400 MB for the default model) for a prefill ~1.7x faster and no faster verification
   (`kspec bench step`, README "Measured"): there the 4-bit weights serve every row count
@@ -16,8 +16,9 @@ Why each piece (2 threads, SmolLM2-135M, a 512-token prompt; README "Measured"):
   exact), and a tied head multiplies those terms at every row count;
 - fusing projections halves the number of small matmuls a step launches;
 - embeddings, norms, attention and the KV cache stay float32; the head (Q8_0 in the default
-  GGUF, tied to the embedding) is two 4-bit terms (for few rows, with a dense copy above):
-  only the 4-bit matmuls round to bfloat16.
+  GGUF, tied to the embedding) is two 4-bit terms (for few rows, with a dense copy above: the
+  float32 table itself, or a packed bfloat16 copy, and then the embedding is looked up from its
+  4-bit terms): only the matmuls round to bfloat16.
 Weights without 4-bit codes (an HF folder, a GGUF in another type) use the dense copy.
 """
 
@@ -36,14 +37,21 @@ from kspec.engine.models.transformer import Transformer
 FAST_CAPABILITIES = ("AVX512",)  # torch's CPU kernel levels the fast path was measured on
 
 
+# The 4-bit kernel's rows per matmul, the dense copy above (measured, 30 layers of the default
+# model's projections with weights streamed from memory, 2 threads): float32 dense weights
+# catch up at ~16 rows; bfloat16 ones in oneDNN's layout on an AMX CPU between 4 and 6 rows
+# (4 rows: 7.9 ms 4-bit vs 11.4 ms packed; 6 rows: 13.9 vs 11.3 ms).
+INT4_MAX_ROWS = {torch.float32: 16, torch.bfloat16: 4}
+
+
 @dataclass(frozen=True)
 class FastPath:
-    int4_max_rows: int = 16  # 4-bit kernel up to this many rows per matmul, the dense copy above
+    int4_max_rows: int | None = None  # 4-bit kernel up to this many rows per matmul, the dense copy above; None: INT4_MAX_ROWS
     keep_dense: bool | None = None  # a dense copy for many rows; None: where the CPU has native bfloat16
     dense_dtype: torch.dtype | None = None  # None: bfloat16 on a CPU with native bfloat16, else float32
 
     def __post_init__(self) -> None:
-        if self.int4_max_rows < 0:
+        if self.int4_max_rows is not None and self.int4_max_rows < 0:
             raise ValueError(f"int4_max_rows must be >= 0, got {self.int4_max_rows}")
         if self.dense_dtype not in (None, torch.float32, torch.bfloat16):
             raise ValueError(f"dense_dtype must be float32 or bfloat16, got {self.dense_dtype}")
@@ -58,6 +66,9 @@ class FastPath:
 
     def resolved_dense_dtype(self) -> torch.dtype:
         return self.dense_dtype or (torch.bfloat16 if native_bf16_cpu() else torch.float32)
+
+    def resolved_int4_max_rows(self) -> int:
+        return self.int4_max_rows if self.int4_max_rows is not None else INT4_MAX_ROWS[self.resolved_dense_dtype()]
 
     def resolved_keep_dense(self) -> bool:
         return native_bf16_cpu() if self.keep_dense is None else self.keep_dense
@@ -78,14 +89,14 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     """Turn a loaded model into the fast path, in place (returns it): q/k/v and gate/up fused,
     every projection and the head a CpuLinear, 4-bit where `codes` (HF weight names, see
     `weight_terms`) has every part. The head's dense form stays the model's own weight."""
-    dense_dtype, keep_dense = path.resolved_dense_dtype(), path.resolved_keep_dense()
+    dense_dtype, keep_dense, int4_max_rows = path.resolved_dense_dtype(), path.resolved_keep_dense(), path.resolved_int4_max_rows()
     for index, block in enumerate(model.model.layers):
         prefix = f"model.layers.{index}."
 
         def linear(*names: str) -> CpuLinear:
             modules = [block.get_submodule(name) for name in names]
             terms = [weight_terms(codes, f"{prefix}{name}.weight") for name in names]
-            return fused_linear(modules, terms, path.int4_max_rows, dense_dtype, keep_dense)
+            return fused_linear(modules, terms, int4_max_rows, dense_dtype, keep_dense)
 
         attention, mlp = block.self_attn, block.mlp
         attention.fuse(linear("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), linear("self_attn.o_proj"))
@@ -97,12 +108,15 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     head_name = embed_name if model.args.tie_embeddings else "lm_head.weight"
     head_terms = weight_terms(codes, head_name) if int4_kernel_available() else None
     head = model.lm_head
-    # the dense form is the model's weight itself (tied: the embedding table), not a copy
+    # The dense form: next to 4-bit terms, in the projections' dense dtype (bfloat16: a packed
+    # copy, and the 4-bit kernel's row limit holds for the head too); alone, the model's
+    # weight itself (tied: the embedding table), not a copy.
     head_dense = [head.weight] if keep_dense or not head_terms else []
-    model.lm_head = CpuLinear(head_dense, head_terms or [], head.bias, path.int4_max_rows, head.weight.dtype)
+    head_dtype = dense_dtype if head_terms else head.weight.dtype
+    model.lm_head = CpuLinear(head_dense, head_terms or [], head.bias, int4_max_rows, head_dtype)
     embed_terms = weight_terms(codes, embed_name)
-    float_table_needed = bool(head_dense) and model.args.tie_embeddings
-    if not keep_dense and embed_terms and not float_table_needed:
+    float_table_needed = bool(model.lm_head.dense_parts) and model.args.tie_embeddings
+    if embed_terms and not float_table_needed and not (keep_dense and dense_dtype == torch.float32):
         model.model.embed_tokens = Int4Embedding(embed_terms, model.dtype)
     return model
 
@@ -113,7 +127,7 @@ def describe(model: Transformer) -> str:
     linears = [m for m in model.modules() if isinstance(m, CpuLinear)]
     if not linears:
         return base
-    dense = next((m.dense_parts[0].dtype for m in model.model.layers.modules() if isinstance(m, CpuLinear) and m.dense_names), None)
+    dense = next((m.dense_dtype for m in model.model.layers.modules() if isinstance(m, CpuLinear) and m.has_dense), None)
     dense_text = f"dense {str(dense).removeprefix('torch.')}" if dense is not None else "no dense weights"
     int4 = [m for m in linears if m.has_int4]
     if not int4:

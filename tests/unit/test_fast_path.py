@@ -238,6 +238,52 @@ def test_4bit_only_load_never_reads_the_float_weights_the_codes_replace(tmp_path
     assert set(codes) <= set(read)  # the dense copy is the float weights themselves
 
 
+needs_packing = pytest.mark.skipif(not quantized.packing_available(), reason="this PyTorch has no oneDNN")
+
+
+@needs_packing
+def test_packed_bfloat16_weights_multiply_as_plain_bfloat16_ones() -> None:
+    """A bfloat16 dense form is one weight in oneDNN's layout (q, k and v concatenated): bit for
+    bit the plain bfloat16 product, for a decode step, a verification and a prefill's rows."""
+    generator = torch.Generator().manual_seed(0)
+    parts = [torch.randn(n, 64, generator=generator) for n in (48, 16, 16)]
+    linear = CpuLinear(parts, [], None, int4_max_rows=0, dense_dtype=torch.bfloat16)
+    assert linear.packed is not None and not linear.dense_names and linear.dense_dtype == torch.bfloat16
+    assert linear.dense_nbytes == 80 * 64 * 2
+    weight = torch.cat(parts).to(torch.bfloat16)
+    for shape in [(1, 1, 64), (4, 1, 64), (8, 5, 64), (1, 300, 64)]:
+        x = torch.randn(*shape, generator=generator)
+        got = linear(x)
+        assert got.shape == (*shape[:-1], 80) and got.dtype == torch.bfloat16
+        torch.testing.assert_close(got, torch.nn.functional.linear(x.to(torch.bfloat16), weight), atol=0, rtol=0)
+    assert "oneDNN layout" in repr(linear)
+
+
+def test_4bit_rows_default_to_the_crossover_of_the_dense_dtype(monkeypatch) -> None:
+    for native, rows in ((True, cpu_fast.INT4_MAX_ROWS[torch.bfloat16]), (False, cpu_fast.INT4_MAX_ROWS[torch.float32])):
+        monkeypatch.setattr(cpu_fast, "native_bf16_cpu", lambda: native)
+        assert FastPath().resolved_int4_max_rows() == rows
+    assert FastPath(int4_max_rows=8).resolved_int4_max_rows() == 8  # a setting wins
+    assert FastPath(dense_dtype=torch.float32).resolved_int4_max_rows() == cpu_fast.INT4_MAX_ROWS[torch.float32]
+    assert cpu_fast.INT4_MAX_ROWS[torch.bfloat16] < cpu_fast.INT4_MAX_ROWS[torch.float32]
+
+
+@needs_int4
+@needs_packing
+def test_packed_bfloat16_head_frees_the_float_table() -> None:
+    """With a bfloat16 dense form the tied head keeps a packed copy for many rows, so the
+    embedding is looked up from its 4-bit terms (exact) and no float32 table is kept."""
+    reference, codes = _quantized_tied_model(seed=9)
+    fast = to_fast_path(copy.deepcopy(reference), codes, FastPath(int4_max_rows=2, keep_dense=True, dense_dtype=torch.bfloat16))
+    assert fast.lm_head.packed is not None and fast.lm_head.has_int4
+    assert isinstance(fast.model.embed_tokens, Int4Embedding)
+    assert describe(fast).endswith("up to 2 rows, dense bfloat16 above, 4-bit embedding)")
+    prompt = [(7 * i + 3) % 500 for i in range(24)]
+    for want, got in zip(_logits_along(reference, prompt, 3, 5), _logits_along(fast, prompt, 3, 5)):
+        scale = float(want.max() - want.min())
+        assert float((got - want).abs().max()) <= 0.03 * scale
+
+
 @needs_int4
 def test_many_rows_run_the_loaded_float32_weights() -> None:
     """Above int4_max_rows the fast path is the float32 model (its own weights, no copy)."""
