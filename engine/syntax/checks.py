@@ -138,6 +138,9 @@ class Checker:
         for kind, start, _ in sorted(self.baseline_errors):
             if kind.startswith("MISSING"):
                 self.baseline_missing.setdefault(kind, []).append(start)
+        # Errors of the window away from the hole (a docstring or bracket its cut left
+        # open): no completion is expected to mend them.
+        self.window_errors = sum(not self._at_cursor(start, end) for _, start, end in self.baseline_errors)
         word = _WORD_TAIL.search(prefix[-64:])
         self.word_before = len(_utf8(word.group())) if word else 0  # bytes of the word at the cursor
         self.names: pynames.WindowNames | None = None
@@ -190,6 +193,11 @@ class Checker:
         }
         self.baseline_lines = baseline_lines - self.cut_line_errors
         self.window = python_window(prefix, suffix)
+
+    def leaves_whole(self, result: CheckResult) -> bool:
+        """Whether a completion leaves the file as whole as the window can show it: no error of
+        its own, none at the cursor, and no more elsewhere than the window had."""
+        return not result.breaks_parse and result.unfixed_at_cursor == 0 and result.unfixed_errors <= self.window_errors
 
     def _signature(self, node: tree_sitter.Node, inserted: int) -> tuple[str, int, int]:
         """(kind, start, end) in prefix+suffix coordinates; -1 for a place inside the completion."""

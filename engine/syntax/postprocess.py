@@ -90,6 +90,9 @@ class Analysis:
                 result = self._checked[(text, names)] = self.checker.check(text, names=names)
         return result
 
+    def leaves_whole(self, result: CheckResult) -> bool:
+        return self.language is None or self.checker.leaves_whole(result)
+
     def end_balance(self, completion: str) -> EndBalance:
         if self.language is None:
             return EndBalance(len(completion), False)
@@ -107,7 +110,8 @@ def analysis(prefix: str, suffix: str, language: str | None) -> Analysis:
 def trim_and_check(request: Analysis, candidate: Candidate, config: PostprocessConfig) -> tuple[str, CheckResult] | None:
     """The trimmed text and its check.
 
-    If the trimmed text does not leave the file whole, other cuts are tried: earlier line
+    If the trimmed text does not leave the file whole (`Checker.leaves_whole`: errors the
+    window had away from the hole are not held against it), other cuts are tried: earlier line
     ends inside the unit (when it breaks the parse), then later line ends of the completion
     (a hole that needs more than one statement); the first that leaves the file whole wins,
     else the first that at least breaks nothing, else the trimmed text.
@@ -128,7 +132,7 @@ def trim_and_check(request: Analysis, candidate: Candidate, config: PostprocessC
         return text, replace(result, beyond_window=True) if balance.unsure else result
 
     def clean(found: tuple[str, CheckResult] | None) -> bool:
-        return found is not None and not found[1].breaks_parse and found[1].unfixed_errors == 0
+        return found is not None and request.leaves_whole(found[1])
 
     first = attempt(cut)
     if first is None or clean(first):
