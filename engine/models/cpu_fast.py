@@ -116,7 +116,8 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     model.lm_head = CpuLinear(head_dense, head_terms or [], head.bias, int4_max_rows, head_dtype)
     embed_terms = weight_terms(codes, embed_name)
     float_table_needed = bool(model.lm_head.dense_parts) and model.args.tie_embeddings
-    if embed_terms and not float_table_needed and not (keep_dense and dense_dtype == torch.float32):
+    float_weights_kept = keep_dense and dense_dtype == torch.float32  # loaded and kept anyway: the table stays float32
+    if embed_terms and not float_table_needed and not float_weights_kept:
         model.model.embed_tokens = Int4Embedding(embed_terms, model.dtype)
     return model
 

@@ -272,7 +272,6 @@ class CpuLinear(nn.Module):
         self.packed: Tensor | None = None
         if dense and dense_dtype == torch.bfloat16 and packing_available():
             self.packed = pack_bf16(torch.cat([w.detach().to(torch.bfloat16) for w in dense]) if len(dense) > 1 else dense[0])
-            self.packed_nbytes = self.out_features * self.in_features * 2
             dense = []
         self.dense_names = tuple(f"dense{i}" for i in range(len(dense)))
         for name, weight in zip(self.dense_names, dense):  # same storage when already in dense_dtype
@@ -297,19 +296,25 @@ class CpuLinear(nn.Module):
     @property
     def dense_nbytes(self) -> int:
         """Bytes of the dense form (read once by a matmul that uses it)."""
-        return self.packed_nbytes if self.packed is not None else sum(w.nbytes for w in self.dense_parts)
+        if self.packed is not None:
+            return self.out_features * self.in_features * torch.bfloat16.itemsize
+        return sum(w.nbytes for w in self.dense_parts)
 
     @property
     def dense_parts(self) -> list[Tensor]:
         """The dense weights in plain layout (none when packed)."""
         return [getattr(self, name) for name in self.dense_names]
 
+    def uses_int4(self, rows: int) -> bool:
+        """Whether a matmul of this many rows takes the 4-bit terms (else the dense form)."""
+        return self.has_int4 and (not self.has_dense or rows <= self.int4_max_rows)
+
     def forward(self, x: Tensor) -> Tensor:
         """x [..., K] -> [..., N] in the dtype it was computed in (bfloat16 from the 4-bit kernel):
         no cast back, the caller's next op promotes (a float32 residual add, rotary with float32
         cos/sin) or takes it as is (the next projection)."""
         rows = x.numel() // self.in_features
-        if self.terms and (not self.has_dense or rows <= self.int4_max_rows):
+        if self.uses_int4(rows):
             flat = x.reshape(rows, self.in_features).to(self.int4_dtype)  # [M, K]
             terms = iter(self.terms)  # not self.terms[1:]: slicing builds a new ModuleList per call
             out = next(terms)(flat)  # [M, N]

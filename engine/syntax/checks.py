@@ -138,8 +138,8 @@ class Checker:
         for kind, start, _ in sorted(self.baseline_errors):
             if kind.startswith("MISSING"):
                 self.baseline_missing.setdefault(kind, []).append(start)
-        # Errors of the window away from the hole (a docstring or bracket its cut left
-        # open): no completion is expected to mend them.
+        # Errors of the window away from the hole that its repair does not mend (an `except`
+        # whose `try` the cut removed): no completion is expected to mend them.
         self.window_errors = sum(not self._at_cursor(start, end) for _, start, end in self.baseline_errors)
         word = _WORD_TAIL.search(prefix[-64:])
         self.word_before = len(_utf8(word.group())) if word else 0  # bytes of the word at the cursor
