@@ -76,8 +76,12 @@ class WindowNames:
 
 
 @lru_cache(maxsize=None)
-def _literals_query() -> tree_sitter.Query:
-    return tree_sitter.Query(ts_language("python"), "(string) @s (comment) @s")
+def _not_code_query() -> tree_sitter.Query:
+    """Spans whose words are not names the code reads: literals, comments, and the module
+    path of `from M import x` (`from pickle import Pickler` binds `Pickler`, not `pickle`)."""
+    return tree_sitter.Query(
+        ts_language("python"), "(string) @s (comment) @s (import_from_statement module_name: (_) @s)"
+    )
 
 
 _MODULE_NAMES = re.compile(
@@ -104,8 +108,9 @@ def module_names(text: str) -> frozenset[str]:
 
 
 def code_words(source: bytes, root: tree_sitter.Node, start: int, end: int) -> set[str]:
-    """Identifier-like words in source[start:end] outside strings, comments and attribute names."""
-    cursor = tree_sitter.QueryCursor(_literals_query())
+    """Identifier-like words in source[start:end] outside strings, comments, attribute names and
+    `from ... import` module paths."""
+    cursor = tree_sitter.QueryCursor(_not_code_query())
     cursor.set_byte_range(start, end)
     pieces: list[bytes] = []
     position = start

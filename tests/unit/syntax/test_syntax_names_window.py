@@ -127,3 +127,12 @@ def test_an_augmented_assignment_after_the_cursor_needs_its_name_defined_before(
     assert defines.needs_defined == ("res",) and defines.needs_missing == ()
     assert checker.check("    j = 10\n").needs_missing == ("res",)
     assert checker.check("    res += ''\n").needs_missing == ("res",)
+
+
+def test_the_module_of_a_from_import_is_not_a_name_the_window_defines() -> None:
+    """`from pickle import Pickler` binds `Pickler`, not `pickle`: `pickle.dumps(...)` reads a
+    name nothing defines (stdlib shelve.py, where the model wrote `pickle.pack(key, f)`)."""
+    prefix = "from pickle import Pickler\nfrom io import BytesIO\n\n\ndef dump(key):\n    f = BytesIO()\n    "
+    checker = Checker(prefix, "\n    return f\n", "python")
+    assert checker.check("pickle.dump(key, f)").undefined_names == ("pickle",)
+    assert checker.check("Pickler(f).dump(key)").undefined_names == ()
