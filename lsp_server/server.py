@@ -27,6 +27,8 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
@@ -116,6 +118,7 @@ class Stats:
     interim_updates: int = 0  # of those, interim answers that grew the alternatives meanwhile (client told)
     joined: int = 0  # waited for the next rounds of an older request whose branches they continue
     unattended: int = 0  # engine work that went on after its request was cancelled
+    work_on: int = 0  # now: requests whose engine work goes on after their early answer or cancellation
 
 
 @dataclass(frozen=True)
@@ -776,34 +779,35 @@ class Session:
         client is told (it asks again and gets the longer alternatives at once: the
         suggestion grows while the user pauses); a request for this document that the
         typeahead cache cannot answer supersedes (cancels) it."""
-        superseded = asyncio.ensure_future(ticket.superseded.wait())
-        ends = time.perf_counter() + request.deadline_ms / 1000 + ENGINE_GRACE_S
-        told = time.perf_counter()
-        done: set[asyncio.Future] = set()
-        try:
-            while True:
-                grew = asyncio.ensure_future(ticket.grew.wait())
-                try:
-                    done, _ = await asyncio.wait({job, superseded, grew}, timeout=max(0.0, ends - time.perf_counter()), return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    grew.cancel()
-                if grew not in done or job in done or superseded in done:
-                    break
-                if (time.perf_counter() - told) * 1000 >= INTERIM_REFRESH_MS and not self._closed:
-                    told = time.perf_counter()
-                    self.stats.interim_updates += 1
-                    self._tell_updated(query)
-        finally:
-            superseded.cancel()
-            if not job.done():
-                job.cancel()
-        if superseded in done and job not in done:
-            self.stats.superseded += 1
-        if job not in done or job.cancelled() or job.exception() is not None:
-            return
-        if self._answered(query, request, job, started, shown=False) and not self._closed:
-            self.stats.continued += 1
-            self._tell_updated(query)
+        with self._engine_work_on():
+            superseded = asyncio.ensure_future(ticket.superseded.wait())
+            ends = time.perf_counter() + request.deadline_ms / 1000 + ENGINE_GRACE_S
+            told = time.perf_counter()
+            done: set[asyncio.Future] = set()
+            try:
+                while True:
+                    grew = asyncio.ensure_future(ticket.grew.wait())
+                    try:
+                        done, _ = await asyncio.wait({job, superseded, grew}, timeout=max(0.0, ends - time.perf_counter()), return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        grew.cancel()
+                    if grew not in done or job in done or superseded in done:
+                        break
+                    if (time.perf_counter() - told) * 1000 >= INTERIM_REFRESH_MS and not self._closed:
+                        told = time.perf_counter()
+                        self.stats.interim_updates += 1
+                        self._tell_updated(query)
+            finally:
+                superseded.cancel()
+                if not job.done():
+                    job.cancel()
+            if superseded in done and job not in done:
+                self.stats.superseded += 1
+            if job not in done or job.cancelled() or job.exception() is not None:
+                return
+            if self._answered(query, request, job, started, shown=False) and not self._closed:
+                self.stats.continued += 1
+                self._tell_updated(query)
 
     def _tell_updated(self, query: Query) -> None:
         """Longer alternatives for the document at the request's version are in the typeahead cache."""
@@ -815,22 +819,32 @@ class Session:
         """The engine work of a request the client cancelled, for the requests that continue
         it: its answers go into the typeahead cache until a request it cannot serve
         supersedes it, or its deadline passes."""
-        self.stats.unattended += 1
-        left_s = request.deadline_ms / 1000 + ENGINE_GRACE_S - (time.perf_counter() - started)
-        superseded = asyncio.ensure_future(ticket.superseded.wait())
-        done: set[asyncio.Future] = set()
+        with self._engine_work_on():
+            self.stats.unattended += 1
+            left_s = request.deadline_ms / 1000 + ENGINE_GRACE_S - (time.perf_counter() - started)
+            superseded = asyncio.ensure_future(ticket.superseded.wait())
+            done: set[asyncio.Future] = set()
+            try:
+                done, _ = await asyncio.wait({job, early, superseded}, timeout=max(0.0, left_s), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                superseded.cancel()
+                if not done & {job, early} and not job.done():
+                    job.cancel()
+            if superseded in done and not done & {job, early}:
+                self.stats.superseded += 1
+            elif job in done and not job.cancelled():
+                self._answered(query, request, job, started, shown=False)
+            elif early in done:
+                await self._decode_on(query, request, ticket, job, started)
+
+    @contextmanager
+    def _engine_work_on(self) -> Iterator[None]:
+        """Counts engine work that goes on after its request's answer or cancellation (`Stats.work_on`)."""
+        self.stats.work_on += 1
         try:
-            done, _ = await asyncio.wait({job, early, superseded}, timeout=max(0.0, left_s), return_when=asyncio.FIRST_COMPLETED)
+            yield
         finally:
-            superseded.cancel()
-            if not done & {job, early} and not job.done():
-                job.cancel()
-        if superseded in done and not done & {job, early}:
-            self.stats.superseded += 1
-        elif job in done and not job.cancelled():
-            self._answered(query, request, job, started, shown=False)
-        elif early in done:
-            await self._decode_on(query, request, ticket, job, started)
+            self.stats.work_on -= 1
 
     def _begin(self, uri: str, query: Query) -> Ticket:
         previous = self._inflight.get(uri)

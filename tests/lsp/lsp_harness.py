@@ -114,6 +114,14 @@ class Editor:
         result = await asyncio.wait_for(self.client.protocol.send_request_async("kspec/stats", None), 10)
         return plain(result)
 
+    async def settled(self, timeout: float = 60.0) -> dict[str, Any]:
+        """The stats once no engine work goes on after its answer or cancellation (a closed
+        document's, a superseded request's): its counters are final then."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while (stats := await self.stats())["work_on"]:
+            assert asyncio.get_running_loop().time() < deadline, "engine work still going on"
+        return stats
+
     def configure(self, settings: dict[str, Any]) -> None:
         self.client.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(settings={"kspec": settings}))
 
