@@ -133,6 +133,16 @@ class Checker:
         self._repair(prefix, suffix)
         self.parser = new_parser(self.language)
         self.baseline = self.parser.parse(self.prefix + self.suffix)
+        word = _WORD_TAIL.search(prefix[-64:])
+        self.word_before = len(_utf8(word.group())) if word else 0  # bytes of the word at the cursor
+        self.names: pynames.WindowNames | None = None
+        self.window: PythonWindow | None = None
+        # Where a scope of the tree the checks parse starts in the whole window's tree (the
+        # names'), less where it starts in its own (`_narrow`).
+        self.names_shift = 0
+        if self.language == "python":
+            self._python(prefix, suffix, above)
+            self._narrow(prefix, suffix)
         self.baseline_errors = {self._signature(node, 0) for node in error_nodes(self.baseline.root_node)}
         self.baseline_missing: dict[str, list[int]] = {}
         for kind, start, _ in sorted(self.baseline_errors):
@@ -141,16 +151,11 @@ class Checker:
         # Errors of the window away from the hole that its repair does not mend (an `except`
         # whose `try` the cut removed): no completion is expected to mend them.
         self.window_errors = sum(not self._at_cursor(start, end) for _, start, end in self.baseline_errors)
-        word = _WORD_TAIL.search(prefix[-64:])
-        self.word_before = len(_utf8(word.group())) if word else 0  # bytes of the word at the cursor
-        self.names: pynames.WindowNames | None = None
-        self.window: PythonWindow | None = None
-        if self.language == "python":
-            self._python(prefix, suffix, above)
 
-    def _repair(self, prefix: str, suffix: str) -> None:
+    def _repair(self, prefix: str, suffix: str, offset: int = 0) -> None:
         """The repaired window (window.py) as the text to parse, and where in it the cursor's
-        statement starts, its next lines end, and the window's own last line starts."""
+        statement starts, its next lines end, and the window's own last line starts
+        (`prefix` begins `offset` characters into the prefix the context was built from)."""
         fix = repair(prefix, suffix, self.language)
         self.tail = fix.tail.encode()
         self.prefix = _utf8(fix.head + prefix[fix.drop :])
@@ -163,7 +168,7 @@ class Checker:
         # "At the cursor": from the start of the statement the cursor is in to the end of
         # the suffix's next few lines, where the errors a hole causes show up (a body
         # without its header, a stray `}`).
-        self.statement = shift + len(_utf8(prefix[: _statement_start(prefix, self.ctx)]))
+        self.statement = shift + len(_utf8(prefix[: _statement_start(prefix, self.ctx, offset)]))
         self.near_end = self.cursor + len(_utf8(_first_lines(suffix, NEAR_LINES)))
         self.cursor_indent = indent_of(self.ctx.line_prefix)
         # The window's last line may be cut short (no line end after it): errors that start
@@ -193,6 +198,29 @@ class Checker:
         }
         self.baseline_lines = baseline_lines - self.cut_line_errors
         self.window = python_window(prefix, suffix)
+
+    def _narrow(self, prefix: str, suffix: str) -> None:
+        """Syntax checks of a Python window parse only the function around the cursor when the
+        window shows it whole and it is not nested in another function (`checked_span`); the
+        names keep the whole window's tree (`names_shift` maps a scope of one to the other)."""
+        start, end = checked_span(find_region(prefix, suffix))
+        # From the window's first line the whole window's repair may differ (a cut line):
+        # only a function that starts below it is checked alone.
+        if start == 0 or end is None or self._nested_function():
+            return
+        whole_cursor = self.cursor
+        # A line end before the `def` line: the repair must not take it for a line the window cut.
+        self.window_prefix, self.window_suffix = "\n" + prefix[start:], suffix[:end]
+        self._repair(self.window_prefix, self.window_suffix, start - 1)
+        self.baseline = self.parser.parse(self.prefix + self.suffix)
+        self.names_shift = whole_cursor - self.cursor
+
+    def _nested_function(self) -> bool:
+        """Whether the cursor is in a function (or lambda) inside another one (whose names the
+        inner one reads): then the checks keep the whole window."""
+        node = self.baseline.root_node.descendant_for_byte_range(max(self.cursor - 1, 0), max(self.cursor - 1, 0))
+        scopes = pyscope.scope_chain(node) if node is not None else []
+        return sum(kind in ("function_definition", "lambda") for kind, _ in scopes) > 1
 
     def leaves_whole(self, result: CheckResult) -> bool:
         """Whether a completion leaves the file as whole as the window can show it: no error of
@@ -327,7 +355,7 @@ class Checker:
         defined, missing = pynames.needs_met(self.names, inner)
         return CheckResult(
             errors,
-            tuple(pynames.undefined_names(root, start, end, self.names, inner)),
+            tuple(pynames.undefined_names(root, start, end, self.names, inner, self.names_shift)),
             tuple(pyscope.unused_variables(root, start, end)),
             unfixed,
             at_cursor,
@@ -336,13 +364,27 @@ class Checker:
         )
 
 
-def _statement_start(prefix: str, ctx: CursorContext) -> int:
-    """Where the statement the cursor is in begins: its line, or for a line inside brackets
+def checked_span(region: Region) -> tuple[int, int | None]:
+    """What of a Python window its syntax checks parse, prefix[start:] + completion +
+    suffix[:end] (end None: all of it): the function around the cursor when the window shows
+    it whole (from its `def` line, where nothing is open, to the first line after it at its
+    level or lower: a completion inside cannot change how the text around it parses), else
+    the whole window. An incremental reparse redoes what tree-sitter cannot reuse: the text
+    after the edit (0.24 ms a check with 2000 characters after the cursor, 0.06 ms with 300)
+    and error nodes (a window cut mid-construct: 0.2 ms with no edit at all)."""
+    if not region.in_function or region.open_end or region.state is not None:
+        return 0, None
+    return region.start, region.end
+
+
+def _statement_start(prefix: str, ctx: CursorContext, offset: int = 0) -> int:
+    """Where the statement the cursor is in begins in `prefix` (which begins `offset`
+    characters into the prefix `ctx` was built from): its line, or for a line inside brackets
     or a string (open at the cursor), the line of the outermost of them."""
     line_start = prefix.rfind("\n") + 1
     if not ctx.open_brackets and ctx.start_state is None:
         return line_start
-    return ctx.statement_start if ctx.statement_start is not None else line_start
+    return max(ctx.statement_start - offset, 0) if ctx.statement_start is not None else line_start
 
 
 NEAR_LINES = 3

@@ -125,10 +125,11 @@ def code_words(source: bytes, root: tree_sitter.Node, start: int, end: int) -> s
 
 
 def undefined_names(
-    root: tree_sitter.Node, start: int, end: int, names: WindowNames, inner: pyscope.Bindings
+    root: tree_sitter.Node, start: int, end: int, names: WindowNames, inner: pyscope.Bindings, shift: int = 0,
 ) -> list[str]:
-    """Names the alternative in [start, end) reads that nothing defines (see the module docstring)."""
-    missing = pyscope.undefined_names(root, start, end, names.outer, inner)
+    """Names the alternative in [start, end) reads that nothing defines (see the module docstring).
+    `shift`: where a scope of `root`'s tree starts in the window's tree, less where it starts in its own."""
+    missing = pyscope.undefined_names(root, start, end, names.outer, inner, shift)
     if not missing:
         return []
     if names.broken:  # scopes in a tree with errors are guesses: a binding outside functions counts

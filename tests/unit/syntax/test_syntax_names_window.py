@@ -136,3 +136,53 @@ def test_the_module_of_a_from_import_is_not_a_name_the_window_defines() -> None:
     checker = Checker(prefix, "\n    return f\n", "python")
     assert checker.check("pickle.dump(key, f)").undefined_names == ("pickle",)
     assert checker.check("Pickler(f).dump(key)").undefined_names == ()
+
+
+CLASS_FILE = '''import os
+
+
+class Store:
+    LIMIT = 10
+
+    def __init__(self, root):
+        self.root = root
+
+    def path(self, name):
+        cached = self.root
+        return os.path.join(cached, name)
+
+    def size(self, name):
+        total = 0
+        for part in split(name):
+            total += len(part)
+        return total
+
+
+def split(name):
+    def pieces():
+        marker = "/"
+        return name.split(marker)
+    return pieces()
+'''
+
+
+def test_checks_of_a_method_parse_only_the_method_and_keep_the_window_names() -> None:
+    """A method the window shows whole is checked alone (a reparse costs what follows the
+    edit), while the names stay the whole window's: a function defined after the class is
+    known, a local of another method is not, nor a class attribute read bare (a NameError)."""
+    cursor = CLASS_FILE.index("        return total")
+    checker = Checker(CLASS_FILE[:cursor], CLASS_FILE[cursor:], "python")
+    assert checker.window_prefix.lstrip("\n").startswith("    def size(self, name):")
+    assert "def split" not in checker.window_suffix
+    assert checker.check("        total += len(split(name))\n").undefined_names == ()
+    assert checker.check("        total += len(cached)\n").undefined_names == ("cached",)
+    assert checker.check("        total += LIMIT\n").undefined_names == ("LIMIT",)
+    assert checker.check("        total += (\n").syntax_errors == 1
+
+
+def test_a_nested_function_is_checked_with_the_window_around_it() -> None:
+    """The inner function reads its outer function's names: no narrowing there."""
+    cursor = CLASS_FILE.index("        return name.split(marker)")
+    checker = Checker(CLASS_FILE[:cursor], CLASS_FILE[cursor:], "python")
+    assert checker.window_prefix.startswith("import os")
+    assert checker.check("        print(name, marker)\n").undefined_names == ()
