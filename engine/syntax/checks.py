@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import re
+from bisect import bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -35,7 +36,8 @@ from kspec.engine.syntax import pynames, pyscope
 from kspec.engine.syntax.context import CursorContext, build_context, indent_of
 from kspec.engine.syntax.languages import new_parser, normalize_language, ts_language
 from kspec.engine.syntax.pylines import line_errors
-from kspec.engine.syntax.window import Region, closing_tail, find_region, repair
+from kspec.engine.syntax.lexer import COMMENT, STRING, Tok
+from kspec.engine.syntax.window import Region, closing_tail, find_region, indent_width, repair, scan
 
 
 ANALYSIS = (
@@ -129,20 +131,23 @@ class Checker:
         if self.language is None:
             return
         self.ctx: CursorContext = ctx if ctx is not None else build_context(prefix, suffix, self.language)
-        self.window_prefix, self.window_suffix = prefix, suffix
-        self._repair(prefix, suffix)
+        region = find_region(prefix, suffix) if self.language == "python" else None
+        start, end = checked_span(prefix, suffix, region) if region is not None else (0, None)
+        if start == 0:
+            self.window_prefix, self.window_suffix = prefix, suffix
+            self._repair(prefix, suffix)
+        else:
+            # A line end before the `def` line: the repair must not take it for a line the window cut.
+            self.window_prefix, self.window_suffix = "\n" + prefix[start:], suffix[:end]
+            self._repair(self.window_prefix, self.window_suffix, start - 1)
         self.parser = new_parser(self.language)
         self.baseline = self.parser.parse(self.prefix + self.suffix)
         word = _WORD_TAIL.search(prefix[-64:])
         self.word_before = len(_utf8(word.group())) if word else 0  # bytes of the word at the cursor
         self.names: pynames.WindowNames | None = None
         self.window: PythonWindow | None = None
-        # Where a scope of the tree the checks parse starts in the whole window's tree (the
-        # names'), less where it starts in its own (`_narrow`).
-        self.names_shift = 0
-        if self.language == "python":
-            self._python(prefix, suffix, above)
-            self._narrow(prefix, suffix)
+        if region is not None:
+            self._python(prefix, suffix, region, start, end, above)
         self.baseline_errors = {self._signature(node, 0) for node in error_nodes(self.baseline.root_node)}
         self.baseline_missing: dict[str, list[int]] = {}
         for kind, start, _ in sorted(self.baseline_errors):
@@ -178,17 +183,24 @@ class Checker:
         last_line = content.rfind("\n") + 1 if self.cut_end else len(content)
         self.last_line = self.cursor + len(_utf8(content[:last_line]))
 
-    def _python(self, prefix: str, suffix: str, above: frozenset[str]) -> None:
-        """Names, line rules and CPython's region for a Python window."""
-        region = find_region(prefix, suffix)
+    def _python(self, prefix: str, suffix: str, region: Region, start: int, end: int | None, above: frozenset[str]) -> None:
+        """Names, line rules and CPython's region for a Python window whose checks parse
+        prefix[start:] to suffix[:end] (`checked_span`)."""
         # Names the suffix needs: in the construct around the cursor, not on a last line the window cut.
         needs_end = min(
             self.cursor + len(_utf8(_first_lines(suffix, pynames.NEEDS_LINES))),
             self.cursor + len(_utf8(suffix[: region.end])),
             self.last_line,
         )
+        before = after = pynames.OutsideNames()
+        if start > 0:  # the names bound and read in the rest of the window still count
+            found = scan(prefix, suffix, "python")
+            before = pynames.OutsideNames.of(prefix, found.prefix_tokens, 0, start)
+            if end is not None:
+                after = pynames.OutsideNames.of(suffix, found.suffix_tokens, end, len(suffix))
         self.names = pynames.WindowNames(
-            self.prefix + self.suffix, self.baseline.root_node, self.cursor, needs_end, region.in_function, above
+            self.prefix + self.suffix, self.baseline.root_node, self.cursor, needs_end, region.in_function, above,
+            before, after,
         )
         # An expression the window's end cut short on the line after the cursor's is the window's.
         following_cut = self.cut_end and "\n" not in suffix[suffix.find("\n") + 1 :].strip()
@@ -198,29 +210,6 @@ class Checker:
         }
         self.baseline_lines = baseline_lines - self.cut_line_errors
         self.window = python_window(prefix, suffix)
-
-    def _narrow(self, prefix: str, suffix: str) -> None:
-        """Syntax checks of a Python window parse only the function around the cursor when the
-        window shows it whole and it is not nested in another function (`checked_span`); the
-        names keep the whole window's tree (`names_shift` maps a scope of one to the other)."""
-        start, end = checked_span(find_region(prefix, suffix))
-        # From the window's first line the whole window's repair may differ (a cut line):
-        # only a function that starts below it is checked alone.
-        if start == 0 or end is None or self._nested_function():
-            return
-        whole_cursor = self.cursor
-        # A line end before the `def` line: the repair must not take it for a line the window cut.
-        self.window_prefix, self.window_suffix = "\n" + prefix[start:], suffix[:end]
-        self._repair(self.window_prefix, self.window_suffix, start - 1)
-        self.baseline = self.parser.parse(self.prefix + self.suffix)
-        self.names_shift = whole_cursor - self.cursor
-
-    def _nested_function(self) -> bool:
-        """Whether the cursor is in a function (or lambda) inside another one (whose names the
-        inner one reads): then the checks keep the whole window."""
-        node = self.baseline.root_node.descendant_for_byte_range(max(self.cursor - 1, 0), max(self.cursor - 1, 0))
-        scopes = pyscope.scope_chain(node) if node is not None else []
-        return sum(kind in ("function_definition", "lambda") for kind, _ in scopes) > 1
 
     def leaves_whole(self, result: CheckResult) -> bool:
         """Whether a completion leaves the file as whole as the window can show it: no error of
@@ -355,7 +344,7 @@ class Checker:
         defined, missing = pynames.needs_met(self.names, inner)
         return CheckResult(
             errors,
-            tuple(pynames.undefined_names(root, start, end, self.names, inner, self.names_shift)),
+            tuple(pynames.undefined_names(root, start, end, self.names, inner)),
             tuple(pyscope.unused_variables(root, start, end)),
             unfixed,
             at_cursor,
@@ -364,17 +353,47 @@ class Checker:
         )
 
 
-def checked_span(region: Region) -> tuple[int, int | None]:
-    """What of a Python window its syntax checks parse, prefix[start:] + completion +
-    suffix[:end] (end None: all of it): the function around the cursor when the window shows
-    it whole (from its `def` line, where nothing is open, to the first line after it at its
-    level or lower: a completion inside cannot change how the text around it parses), else
-    the whole window. An incremental reparse redoes what tree-sitter cannot reuse: the text
-    after the edit (0.24 ms a check with 2000 characters after the cursor, 0.06 ms with 300)
-    and error nodes (a window cut mid-construct: 0.2 ms with no edit at all)."""
-    if not region.in_function or region.open_end or region.state is not None:
+def checked_span(prefix: str, suffix: str, region: Region) -> tuple[int, int | None]:
+    """What of a Python window its checks parse, prefix[start:] + completion + suffix[:end]
+    (end None: all of it): the function around the cursor when the window shows its `def`
+    line below the window's first line and it is not nested in another function (from that
+    line, where nothing is open, to the first line after it at its level or lower, or the
+    window's end if none shows: a completion inside cannot change how the text around it
+    parses), else the whole window (0, None). An
+    incremental reparse redoes what tree-sitter cannot reuse: the text after the edit (0.24
+    ms a check with 2000 characters after the cursor, 0.06 ms with 300) and error nodes (a
+    window cut mid-construct: 0.2 ms with no edit at all). What the rest of the window binds
+    and reads is taken lexically (`pynames.OutsideNames`)."""
+    if not region.in_function or region.state is not None or region.start == 0:
         return 0, None
-    return region.start, region.end
+    if _in_function(prefix, scan(prefix, suffix, "python").prefix_tokens, region.start, region.indent):
+        return 0, None  # the function reads its outer function's names
+    return region.start, None if region.open_end else region.end
+
+
+def _in_function(prefix: str, tokens: list[Tok], start: int, indent: int) -> bool:
+    """Whether a line at `start` indented by `indent` is inside a `def` above it: the nearest
+    line above it indented less (outside literals), and so on outwards, is a `def`."""
+    literal_starts = [tok.start for tok in tokens if tok.kind in (STRING, COMMENT)]
+    literal_ends = [tok.end for tok in tokens if tok.kind in (STRING, COMMENT)]
+    line_end = start - 1
+    while indent > 0 and line_end > 0:
+        line_start = prefix.rfind("\n", 0, line_end) + 1
+        line = prefix[line_start:line_end]
+        line_end = line_start - 1
+        content = line.strip()
+        inside = bisect_right(literal_starts, line_start) - 1
+        if not content or content.startswith("#") or (inside >= 0 and literal_ends[inside] > line_start):
+            continue  # blank, a comment, or a line of a string
+        width = indent_width(line, 0)
+        if width < indent:
+            if _PY_FUNCTION.match(content):
+                return True
+            indent = width
+    return False
+
+
+_PY_FUNCTION = re.compile(r"(?:async[ \t]+)?def[ \t]")
 
 
 def _statement_start(prefix: str, ctx: CursorContext, offset: int = 0) -> int:

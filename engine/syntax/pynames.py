@@ -23,17 +23,63 @@ window shows, whose parameters are then known); `needs_met` splits the needed na
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 
 import tree_sitter
 
 from kspec.engine.syntax import pyscope
 from kspec.engine.syntax.languages import ts_language
+from kspec.engine.syntax.lexer import COMMENT, STRING, Tok
 
 NEEDS_LINES = 10
 _FUNCTION_SCOPES = frozenset({"function_definition", "lambda"})
 _PARAMETER_NAMES = frozenset({"self", "cls"})
 _CODE_WORD = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+
+
+@dataclass(frozen=True)
+class OutsideNames:
+    """What a part of the window the checks do not parse (`checks.checked_span`) tells about
+    names, lexically: what it binds at module level (visible in the function around the
+    cursor), every name it writes outside strings and comments (`from M import` paths left
+    out), and those it binds in any scope (a line-anchored regex: `x =`, `def f(a, b)`,
+    `for x in`, `import x`, `... as x`)."""
+
+    binds: frozenset[str] = frozenset()
+    reads: frozenset[str] = frozenset()
+    bound: frozenset[str] = frozenset()
+    wildcard: bool = False  # `from m import *` there: any name may be defined
+
+    @classmethod
+    def of(cls, text: str, tokens: list[Tok], start: int, end: int) -> "OutsideNames":
+        """text[start:end], whose literals and comments are among `tokens` (offsets in `text`)."""
+        pieces, position = [], start
+        for tok in tokens:
+            if tok.kind in (STRING, COMMENT) and tok.end > start and tok.start < end:
+                pieces.append(text[position : max(tok.start, position)])
+                position = max(position, tok.end)
+        pieces.append(text[position:end])
+        code = "\n".join(pieces)
+        if not code.strip():
+            return cls()
+        words = frozenset(_CODE_WORD.findall(_FROM_IMPORT_PATH.sub(" import", code))) - pyscope.KEYWORDS
+        bound = {word for found in _BINDING.findall(code) for part in found for word in _CODE_WORD.findall(part)}
+        return cls(module_names(code), words, frozenset(bound) - pyscope.KEYWORDS, _WILDCARD.search(code) is not None)
+
+
+_WILDCARD = re.compile(r"^[ \t]*from[ \t]+\S+[ \t]+import[ \t]+\*", re.MULTILINE)
+_FROM_IMPORT_PATH = re.compile(r"^([ \t]*)from[ \t]+\S+[ \t]+import", re.MULTILINE)
+_TARGETS = r"\(?\w+(?:[ \t]*,[ \t]*\w+)*\)?"  # `x`, `a, b`, `(a, b)`
+_BINDING = re.compile(
+    r"^[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\(([^)]*)"  # a function and its parameters
+    r"|^[ \t]*class[ \t]+(\w+)"  # a class
+    r"|^[ \t]*(?:async[ \t]+)?for[ \t]+(" + _TARGETS + r")"  # loop targets
+    r"|^[ \t]*(?:import|from[ \t]+\S+[ \t]+import)[ \t]+\(?([^\n#)]*)"  # imported names (and `as` aliases)
+    r"|^[ \t]*(?:with|except)\b[^\n]*?[ \t]as[ \t]+(\w+)"  # with / except ... as
+    r"|^[ \t]*(" + _TARGETS + r")[ \t]*(?::[^=\n]*)?[-+*/%&|^@]?=(?!=)",  # assignment targets
+    re.MULTILINE,
+)
 
 
 class WindowNames:
@@ -42,11 +88,19 @@ class WindowNames:
 
     def __init__(
         self, source: bytes, root: tree_sitter.Node, cursor: int, needs_end: int, in_function: bool,
-        above: frozenset[str] = frozenset(),
+        above: frozenset[str] = frozenset(), before: OutsideNames = OutsideNames(), after: OutsideNames = OutsideNames(),
     ) -> None:
+        """`source` / `root`: the part of the window the checks parse; `before` / `after`: the
+        window's text around it (`checks.checked_span`)."""
         self.source = source
         self.in_function = in_function  # the window shows the header of a function around the cursor
-        self.above = above  # module-level names of the file above the window (when it has them)
+        # Module-level names of the file above the window (when the caller has it) and of the
+        # window's text around the checked part.
+        above = above | before.binds | after.binds
+        self.above = above
+        self.outside_reads = before.reads | after.reads
+        self.outside_bound = before.bound | after.bound
+        self.outside_wildcard = before.wildcard or after.wildcard
         self.root = root
         self.outer = pyscope.collect_bindings(root)
         self.broken = root.has_error
@@ -63,7 +117,7 @@ class WindowNames:
             name = pyscope.node_text(node)
             if name in needs or name in self.outer.defining or name in above or name in pyscope.BUILTIN_NAMES or not pyscope.is_read(node):
                 continue
-            if re.search(r"(?<![\w.])" + re.escape(name) + r"\b", prefix) is None:
+            if name not in before.reads and re.search(r"(?<![\w.])" + re.escape(name) + r"\b", prefix) is None:
                 needs.append(name)  # read after the cursor, never before it, bound nowhere
         self.needs = tuple(needs)
 
@@ -71,7 +125,8 @@ class WindowNames:
     def free(self) -> frozenset[str]:
         if self._free is None:
             words = code_words(self.source, self.root, 0, len(self.source))
-            self._free = frozenset((words - self.bound - pyscope.BUILTIN_NAMES) | self.above)
+            bound = self.bound | self.outside_bound  # bound anywhere in the window: not from above it
+            self._free = frozenset(((words | self.outside_reads) - bound - pyscope.BUILTIN_NAMES) | self.above)
         return self._free
 
 
@@ -125,11 +180,12 @@ def code_words(source: bytes, root: tree_sitter.Node, start: int, end: int) -> s
 
 
 def undefined_names(
-    root: tree_sitter.Node, start: int, end: int, names: WindowNames, inner: pyscope.Bindings, shift: int = 0,
+    root: tree_sitter.Node, start: int, end: int, names: WindowNames, inner: pyscope.Bindings
 ) -> list[str]:
-    """Names the alternative in [start, end) reads that nothing defines (see the module docstring).
-    `shift`: where a scope of `root`'s tree starts in the window's tree, less where it starts in its own."""
-    missing = pyscope.undefined_names(root, start, end, names.outer, inner, shift)
+    """Names the alternative in [start, end) reads that nothing defines (see the module docstring)."""
+    if names.outside_wildcard:
+        return []
+    missing = pyscope.undefined_names(root, start, end, names.outer, inner)
     if not missing:
         return []
     if names.broken:  # scopes in a tree with errors are guesses: a binding outside functions counts

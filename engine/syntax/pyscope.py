@@ -218,13 +218,12 @@ def identifiers_in(root: tree_sitter.Node, start: int, end: int) -> list[tree_si
 
 
 def undefined_names(
-    root: tree_sitter.Node, start: int, end: int, outer: Bindings, inner: Bindings, shift: int = 0
+    root: tree_sitter.Node, start: int, end: int, outer: Bindings, inner: Bindings
 ) -> list[str]:
     """Names read in [start, end) that no enclosing scope binds and that are not builtins.
 
-    `outer`: bindings of the file around the completion, keyed in a tree where a scope that
-    starts before `start` starts `shift` bytes later than in this one (the module: 0 in
-    both); `inner`: bindings made by the completion itself.
+    `outer`: bindings of the file around the completion (keys valid in this tree for scopes
+    that start before `start`); `inner`: bindings made by the completion itself.
     """
     if outer.wildcard or inner.wildcard:
         return []
@@ -234,14 +233,10 @@ def undefined_names(
         if name in BUILTIN_NAMES or name in missing or not is_read(node):
             continue
         chain = scope_chain(node)
-        if any(name in outer.by_scope.get(_shifted(key, shift), ()) or name in inner.by_scope.get(key, ()) for key in chain):
+        if any(name in outer.by_scope.get(key, ()) or name in inner.by_scope.get(key, ()) for key in chain):
             continue
         missing.append(name)
     return missing
-
-
-def _shifted(key: tuple[str, int], shift: int) -> tuple[str, int]:
-    return key if key[0] == "module" else (key[0], key[1] + shift)
 
 
 def unused_variables(root: tree_sitter.Node, start: int, end: int) -> list[str]:

@@ -172,11 +172,19 @@ def test_leaving_the_hole_unfilled_is_reported_apart_from_breaking() -> None:
     assert ranked[0].check.unfixed_errors == ranked[0].check.unfixed_at_cursor == 1
 
 
-def test_an_error_elsewhere_in_the_file_does_not_hide_suggestions() -> None:
-    prefix = "def broken(:\n    pass\n\n\ndef f(xs):\n    total = 0\n"
-    out = rank_alternatives(prefix, "    return total\n", "python", [Candidate("    total += len(xs)\n", -1.0, 5)])
-    assert [r.completion.text for r in out] == ["    total += len(xs)\n"]
-    assert out[0].check.unfixed_errors > 0 and out[0].check.unfixed_at_cursor == 0
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "text", "unfixed"),
+    [
+        # At module level the checks parse the whole window: the error is there, not the hole's.
+        ("def broken(:\n    pass\n\n\ntotal = 0\n", "print(total)\n", "total += 1\n", 1),
+        # In a function below it only that function is parsed: the error is not seen at all.
+        ("def broken(:\n    pass\n\n\ndef f(xs):\n    total = 0\n", "    return total\n", "    total += len(xs)\n", 0),
+    ],
+)
+def test_an_error_elsewhere_in_the_file_does_not_hide_suggestions(prefix: str, suffix: str, text: str, unfixed: int) -> None:
+    out = rank_alternatives(prefix, suffix, "python", [Candidate(text, -1.0, 5)])
+    assert [r.completion.text for r in out] == [text]
+    assert out[0].check.unfixed_errors == unfixed and out[0].check.unfixed_at_cursor == 0
 
 
 def test_a_header_the_hole_lost_shows_up_lines_later() -> None:

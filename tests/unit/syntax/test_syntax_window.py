@@ -229,25 +229,38 @@ def test_crop_keeps_a_window_of_whole_lines_around_the_cursor() -> None:
     assert crop("short\n", "also short") == (0, len("also short"))
 
 
-def test_an_error_of_the_window_away_from_the_hole_sends_no_alternative_through_other_cuts() -> None:
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "text", "window_errors"),
+    [
+        # Module-level code: the checks parse the whole window, error included.
+        (
+            "urn self.cache[key]\nexcept KeyError:\n    value = None\n\nresult = []\nfor value in values:\n    ",
+            "\nprint(result)\n", "result.append(value * 2)\n    print(result)\ndone = True\n", 1,
+        ),
+        # A method below the error: only the method is parsed (`checks.checked_span`).
+        (
+            "urn self.cache[key]\n        except KeyError:\n            return None\n\n"
+            "    def scale(self, values, factor):\n        result = []\n        for value in values:\n            ",
+            "\n        return result\n", "result.append(value * factor)\n            print(result)\n        done = True\n", 0,
+        ),
+    ],
+)
+def test_an_error_of_the_window_away_from_the_hole_sends_no_alternative_through_other_cuts(
+    prefix: str, suffix: str, text: str, window_errors: int,
+) -> None:
     """A window cut inside a `try` body leaves an `except` without its `try`: every completion
     leaves that error, which none can mend, so the first cut that adds no error and leaves
     none at the cursor is taken as is, not re-checked at each later line end."""
     from kspec.engine.syntax.memo import forget_requests
     from kspec.engine.syntax.postprocess import DEFAULT_CONFIG, analysis, trim_and_check
 
-    prefix = (
-        "urn self.cache[key]\n        except KeyError:\n            return None\n\n"
-        "    def scale(self, values, factor):\n        result = []\n        for value in values:\n            "
-    )
     forget_requests()
-    request = analysis(prefix, "\n        return result\n", "python")
-    assert request.checker.window_errors == 1
+    request = analysis(prefix, suffix, "python")
+    assert request.checker.window_errors == window_errors
     checked: list[str] = []
     check = request.checker.check
     request.checker.check = lambda text, names=True: checked.append(text) or check(text, names=names)  # type: ignore[method-assign]
-    text = "result.append(value * factor)\n            print(result)\n        done = True\n"
     found = trim_and_check(request, Candidate(text, -1.0, 12), DEFAULT_CONFIG)
-    assert found is not None and found[0] == "result.append(value * factor)\n            print(result)"
-    assert found[1].unfixed_errors == 1 and found[1].unfixed_at_cursor == 0 and not found[1].breaks_parse
+    assert found is not None and found[0] == text[: text.index("\n", text.index("print"))]
+    assert found[1].unfixed_at_cursor == 0 and not found[1].breaks_parse
     assert checked == [found[0]]
