@@ -64,20 +64,29 @@ class OutsideNames:
         if not code.strip():
             return cls()
         words = frozenset(_CODE_WORD.findall(_FROM_IMPORT_PATH.sub(" import", code))) - pyscope.KEYWORDS
-        bound = {word for found in _BINDING.findall(code) for part in found for word in _CODE_WORD.findall(part)}
-        return cls(module_names(code), words, frozenset(bound) - pyscope.KEYWORDS, _WILDCARD.search(code) is not None)
+        binds: set[str] = set()
+        bound: set[str] = set()
+        wildcard = False
+        for match in _BINDING.finditer(code):
+            names = {word for part in match.groups()[1:] if part for word in _CODE_WORD.findall(part)}
+            wildcard = wildcard or (match.group("imported") or "").strip() == "*"
+            bound |= names
+            if not match.group("indent"):  # at module level, but a function's parameters are its own
+                binds |= names - set(_CODE_WORD.findall(match.group("params") or ""))
+        return cls(frozenset(binds) - pyscope.KEYWORDS, words, frozenset(bound) - pyscope.KEYWORDS, wildcard)
 
 
-_WILDCARD = re.compile(r"^[ \t]*from[ \t]+\S+[ \t]+import[ \t]+\*", re.MULTILINE)
 _FROM_IMPORT_PATH = re.compile(r"^([ \t]*)from[ \t]+\S+[ \t]+import", re.MULTILINE)
 _TARGETS = r"\(?\w+(?:[ \t]*,[ \t]*\w+)*\)?"  # `x`, `a, b`, `(a, b)`
 _BINDING = re.compile(
-    r"^[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\(([^)]*)"  # a function and its parameters
-    r"|^[ \t]*class[ \t]+(\w+)"  # a class
-    r"|^[ \t]*(?:async[ \t]+)?for[ \t]+(" + _TARGETS + r")"  # loop targets
-    r"|^[ \t]*(?:import|from[ \t]+\S+[ \t]+import)[ \t]+\(?([^\n#)]*)"  # imported names (and `as` aliases)
-    r"|^[ \t]*(?:with|except)\b[^\n]*?[ \t]as[ \t]+(\w+)"  # with / except ... as
-    r"|^[ \t]*(" + _TARGETS + r")[ \t]*(?::[^=\n]*)?[-+*/%&|^@]?=(?!=)",  # assignment targets
+    r"^(?P<indent>[ \t]*)(?:"
+    r"(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\((?P<params>[^)]*)"  # a function and its parameters
+    r"|class[ \t]+(\w+)"  # a class
+    r"|(?:async[ \t]+)?for[ \t]+(" + _TARGETS + r")"  # loop targets
+    r"|(?:import|from[ \t]+\S+[ \t]+import)[ \t]+\(?(?P<imported>[^\n#)]*)"  # imported names (and `as` aliases)
+    r"|(?:with|except)\b[^\n]*?[ \t]as[ \t]+(\w+)"  # with / except ... as
+    r"|(" + _TARGETS + r")[ \t]*(?::[^=\n]*)?[-+*/%&|^@]?=(?!=)"  # assignment targets
+    r")",
     re.MULTILINE,
 )
 

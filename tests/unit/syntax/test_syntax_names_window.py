@@ -186,3 +186,23 @@ def test_a_nested_function_is_checked_with_the_window_around_it() -> None:
     checker = Checker(CLASS_FILE[:cursor], CLASS_FILE[cursor:], "python")
     assert checker.window_prefix.startswith("import os")
     assert checker.check("        print(name, marker)\n").undefined_names == ()
+
+
+def test_outside_names_read_lexically() -> None:
+    """The part of a window the checks do not parse: module-level bindings (not a function's
+    parameters), bindings in any scope, names read outside strings, comments and import paths."""
+    from kspec.engine.syntax.lexer import lex
+    from kspec.engine.syntax.languages import SPECS
+    from kspec.engine.syntax.pynames import OutsideNames
+
+    text = (
+        "from pickle import Pickler as P\nimport os.path\nLIMIT: int = 3\n\n"
+        "def helper(a, *rest, key=None, **kw):\n    local = 'not_a_name'  # nor_this\n    for i, j in kw:\n        pass\n"
+        "    with open(a) as handle:\n        return handle, LIMIT\n\nclass Box:\n    size = 1\n"
+    )
+    found = OutsideNames.of(text, lex(text, SPECS["python"]).tokens, 0, len(text))
+    assert found.binds >= {"P", "os", "LIMIT", "helper", "Box"} and not found.binds & {"a", "rest", "key", "kw", "local"}
+    assert found.bound >= {"a", "rest", "kw", "local", "i", "j", "handle", "size"}
+    assert "pickle" not in found.reads and not found.reads & {"not_a_name", "nor_this", "path"}
+    assert {"handle", "LIMIT", "open"} <= found.reads and not found.wildcard
+    assert OutsideNames.of("from os import *\n", [], 0, 16).wildcard
