@@ -192,15 +192,16 @@ class Checker:
             self.cursor + len(_utf8(suffix[: region.end])),
             self.last_line,
         )
-        before = after = pynames.OutsideNames()
-        if start > 0:  # the names bound and read in the rest of the window still count
+        def outside() -> tuple[pynames.OutsideNames, pynames.OutsideNames]:
+            """What the window before and after the checked part binds and reads (it still counts)."""
             found = scan(prefix, suffix, "python")
             before = pynames.OutsideNames.of(prefix, found.prefix_tokens, 0, start)
-            if end is not None:
-                after = pynames.OutsideNames.of(suffix, found.suffix_tokens, end, len(suffix))
+            after = pynames.OutsideNames.of(suffix, found.suffix_tokens, end if end is not None else len(suffix), len(suffix))
+            return before, after
+
         self.names = pynames.WindowNames(
             self.prefix + self.suffix, self.baseline.root_node, self.cursor, needs_end, region.in_function, above,
-            before, after,
+            outside if start > 0 else None,
         )
         # An expression the window's end cut short on the line after the cursor's is the window's.
         following_cut = self.cut_end and "\n" not in suffix[suffix.find("\n") + 1 :].strip()
@@ -438,7 +439,7 @@ def python_error(source: str) -> tuple[int, str] | None:
 
 
 # The Python region CPython checks is at most this long.
-MAX_PYTHON_WINDOW = 6000
+MAX_PYTHON_WINDOW = 3000
 _REGION_HEADER = "if True:\n"  # a region that does not start at column 0 is a block
 
 # What CPython says about the region with a completion.

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from typing import Callable
 
 import tree_sitter
 
@@ -50,6 +51,11 @@ class OutsideNames:
     reads: frozenset[str] = frozenset()
     bound: frozenset[str] = frozenset()
     wildcard: bool = False  # `from m import *` there: any name may be defined
+
+    def __or__(self, other: "OutsideNames") -> "OutsideNames":
+        return OutsideNames(
+            self.binds | other.binds, self.reads | other.reads, self.bound | other.bound, self.wildcard or other.wildcard
+        )
 
     @classmethod
     def of(cls, text: str, tokens: list[Tok], start: int, end: int) -> "OutsideNames":
@@ -97,19 +103,14 @@ class WindowNames:
 
     def __init__(
         self, source: bytes, root: tree_sitter.Node, cursor: int, needs_end: int, in_function: bool,
-        above: frozenset[str] = frozenset(), before: OutsideNames = OutsideNames(), after: OutsideNames = OutsideNames(),
+        above: frozenset[str] = frozenset(), outside: Callable[[], tuple[OutsideNames, OutsideNames]] | None = None,
     ) -> None:
-        """`source` / `root`: the part of the window the checks parse; `before` / `after`: the
-        window's text around it (`checks.checked_span`)."""
+        """`source` / `root`: the part of the window the checks parse; `outside`: what the
+        window's text before and after it tells (`checks.checked_span`), worked out when a rule asks."""
         self.source = source
         self.in_function = in_function  # the window shows the header of a function around the cursor
-        # Module-level names of the file above the window (when the caller has it) and of the
-        # window's text around the checked part.
-        above = above | before.binds | after.binds
-        self.above = above
-        self.outside_reads = before.reads | after.reads
-        self.outside_bound = before.bound | after.bound
-        self.outside_wildcard = before.wildcard or after.wildcard
+        self._above = above  # module-level names of the file above the window (when the caller has it)
+        self._outside = outside
         self.root = root
         self.outer = pyscope.collect_bindings(root)
         self.broken = root.has_error
@@ -124,18 +125,39 @@ class WindowNames:
         needs: list[str] = []
         for node in pyscope.identifiers_in(root, cursor, needs_end):
             name = pyscope.node_text(node)
-            if name in needs or name in self.outer.defining or name in above or name in pyscope.BUILTIN_NAMES or not pyscope.is_read(node):
+            if name in needs or name in self.outer.defining or name in pyscope.BUILTIN_NAMES or not pyscope.is_read(node):
                 continue
-            if name not in before.reads and re.search(r"(?<![\w.])" + re.escape(name) + r"\b", prefix) is None:
+            if name in self.above or name in self.outside.bound or name in self.before.reads:
+                continue  # defined at module level or elsewhere in the window, or read before the cursor
+            if re.search(r"(?<![\w.])" + re.escape(name) + r"\b", prefix) is None:
                 needs.append(name)  # read after the cursor, never before it, bound nowhere
         self.needs = tuple(needs)
+
+    @cached_property
+    def _around(self) -> tuple[OutsideNames, OutsideNames]:
+        return self._outside() if self._outside is not None else (OutsideNames(), OutsideNames())
+
+    @property
+    def before(self) -> OutsideNames:
+        """What the window before the part the checks parse tells about names."""
+        return self._around[0]
+
+    @cached_property
+    def outside(self) -> OutsideNames:
+        """What the window before and after the part the checks parse tells about names."""
+        return self._around[0] | self._around[1]
+
+    @cached_property
+    def above(self) -> frozenset[str]:
+        """Module-level names of the file above the window and of the window outside the checked part."""
+        return self._above | self.outside.binds
 
     @property
     def free(self) -> frozenset[str]:
         if self._free is None:
             words = code_words(self.source, self.root, 0, len(self.source))
-            bound = self.bound | self.outside_bound  # bound anywhere in the window: not from above it
-            self._free = frozenset(((words | self.outside_reads) - bound - pyscope.BUILTIN_NAMES) | self.above)
+            bound = self.bound | self.outside.bound  # bound anywhere in the window: not from above it
+            self._free = frozenset(((words | self.outside.reads) - bound - pyscope.BUILTIN_NAMES) | self.above)
         return self._free
 
 
@@ -192,10 +214,8 @@ def undefined_names(
     root: tree_sitter.Node, start: int, end: int, names: WindowNames, inner: pyscope.Bindings
 ) -> list[str]:
     """Names the alternative in [start, end) reads that nothing defines (see the module docstring)."""
-    if names.outside_wildcard:
-        return []
     missing = pyscope.undefined_names(root, start, end, names.outer, inner)
-    if not missing:
+    if not missing or names.outside.wildcard:
         return []
     if names.broken:  # scopes in a tree with errors are guesses: a binding outside functions counts
         missing = [name for name in missing if name not in names.bound_outside_functions]
