@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ast
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -36,8 +36,8 @@ from kspec.engine.syntax import pynames, pyscope
 from kspec.engine.syntax.context import CursorContext, build_context, indent_of
 from kspec.engine.syntax.languages import new_parser, normalize_language, ts_language
 from kspec.engine.syntax.pylines import line_errors
-from kspec.engine.syntax.lexer import COMMENT, STRING, Tok
-from kspec.engine.syntax.window import Region, closing_tail, find_region, indent_width, repair, scan
+from kspec.engine.syntax.lexer import CLOSE, COMMENT, OPEN, STRING, Tok
+from kspec.engine.syntax.window import Region, closing_tail, cursor_indent, find_region, indent_width, repair, scan
 
 
 ANALYSIS = (
@@ -356,42 +356,86 @@ class Checker:
 
 def checked_span(prefix: str, suffix: str, region: Region) -> tuple[int, int | None]:
     """What of a Python window its checks parse, prefix[start:] + completion + suffix[:end]
-    (end None: all of it): the function around the cursor when the window shows its `def`
-    line below the window's first line and it is not nested in another function (from that
-    line, where nothing is open, to the first line after it at its level or lower, or the
-    window's end if none shows: a completion inside cannot change how the text around it
-    parses), else the whole window (0, None). An
-    incremental reparse redoes what tree-sitter cannot reuse: the text after the edit (0.24
-    ms a check with 2000 characters after the cursor, 0.06 ms with 300) and error nodes (a
-    window cut mid-construct: 0.2 ms with no edit at all). What the rest of the window binds
-    and reads is taken lexically (`pynames.OutsideNames`)."""
-    if not region.in_function or region.state is not None or region.start == 0:
+    (end None: to the window's end): the outermost function around the cursor whose `def`
+    line the window shows below its first line (its inner functions read its names), from that
+    line, where nothing is open, to the first line after the cursor at its level or lower (a
+    completion inside cannot change how the text around it parses); else the whole window
+    (0, None). An incremental reparse redoes what tree-sitter cannot reuse: the text after the
+    edit (0.24 ms a check with 2000 characters after the cursor, 0.06 ms with 300) and error
+    nodes (a window cut mid-construct: 0.2 ms with no edit at all). What the rest of the
+    window binds and reads is taken lexically (`pynames.OutsideNames`)."""
+    if region.state is not None:
         return 0, None
-    if _in_function(prefix, scan(prefix, suffix, "python").prefix_tokens, region.start, region.indent):
-        return 0, None  # the function reads its outer function's names
-    return region.start, None if region.open_end else region.end
+    found = scan(prefix, suffix, "python")
+    opens = [tok.start for tok in found.prefix_tokens if tok.kind == OPEN]
+    closes = [tok.start for tok in found.prefix_tokens if tok.kind == CLOSE]
+    literals = [tok for tok in found.prefix_tokens if tok.kind in (STRING, COMMENT)]
+    literal_starts = [tok.start for tok in literals]
 
-
-def _in_function(prefix: str, tokens: list[Tok], start: int, indent: int) -> bool:
-    """Whether a line at `start` indented by `indent` is inside a `def` above it: the nearest
-    line above it indented less (outside literals), and so on outwards, is a `def`."""
-    literal_starts = [tok.start for tok in tokens if tok.kind in (STRING, COMMENT)]
-    literal_ends = [tok.end for tok in tokens if tok.kind in (STRING, COMMENT)]
-    line_end = start - 1
-    while indent > 0 and line_end > 0:
-        line_start = prefix.rfind("\n", 0, line_end) + 1
-        line = prefix[line_start:line_end]
-        line_end = line_start - 1
+    def statement_line(start: int, end: int) -> str | None:
+        """The line prefix[start:end] when a statement may begin on it at the cursor's bracket depth."""
+        inside = bisect_right(literal_starts, start) - 1
+        if inside >= 0 and literals[inside].end > start:
+            return None  # a line of a string
+        if bisect_left(opens, start) - bisect_left(closes, start) != depth:
+            return None  # inside brackets
+        line = prefix[start:end]
         content = line.strip()
-        inside = bisect_right(literal_starts, line_start) - 1
-        if not content or content.startswith("#") or (inside >= 0 and literal_ends[inside] > line_start):
-            continue  # blank, a comment, or a line of a string
-        width = indent_width(line, 0)
-        if width < indent:
-            if _PY_FUNCTION.match(content):
-                return True
-            indent = width
-    return False
+        return line if content and not content.startswith("#") else None
+
+    statement = prefix.rfind("\n", 0, region.statement) + 1
+    depth = bisect_left(opens, statement) - bisect_left(closes, statement)
+    cursor_line = prefix.rfind("\n") + 1
+    # The statement's indentation: its first line's; on the cursor's line, where the cursor
+    # is on a blank line (the completion goes there), else what the line (or the next) says.
+    if statement < cursor_line:
+        threshold = indent_width(prefix, statement)
+    elif not prefix[cursor_line:].strip() and indent_width(prefix, cursor_line) > 0:
+        threshold = indent_width(prefix, cursor_line)
+    else:
+        threshold = cursor_indent(prefix[cursor_line:], suffix) or 0
+    start = indent = -1
+    line_end = statement - 1
+    while threshold > 0 and line_end > 0:
+        line_start = prefix.rfind("\n", 0, line_end) + 1
+        line = statement_line(line_start, line_end)
+        line_end = line_start - 1
+        if line is None or indent_width(line, 0) >= threshold:
+            continue
+        threshold = indent_width(line, 0)
+        if _PY_FUNCTION.match(line.lstrip()):
+            start, indent = line_start, threshold
+    if start <= 0:
+        return 0, None
+    return start, _construct_end(suffix, found.suffix_tokens, indent)
+
+
+def _construct_end(suffix: str, tokens: list[Tok], indent: int) -> int | None:
+    """The line end before the first code line of `suffix` after its first line, outside
+    literals and brackets, indented `indent` or less; None when there is none."""
+    depth = 0
+    spans = iter(tokens)
+    tok = next(spans, None)
+    line_start = suffix.find("\n") + 1
+    while 0 < line_start < len(suffix):
+        while tok is not None and tok.start < line_start:  # what the lines before this one open and close
+            if tok.kind == OPEN:
+                depth += 1
+            elif tok.kind == CLOSE:
+                depth -= 1
+            elif tok.end > line_start:
+                break  # a literal that spans this line start
+            tok = next(spans, None)
+        in_literal = tok is not None and tok.kind in (STRING, COMMENT) and tok.start < line_start < tok.end
+        line_end = suffix.find("\n", line_start)
+        line = suffix[line_start : len(suffix) if line_end < 0 else line_end]
+        content = line.strip()
+        if not in_literal and depth <= 0 and content and not content.startswith("#") and indent_width(line, 0) <= indent:
+            return line_start - 1
+        if line_end < 0:
+            return None
+        line_start = line_end + 1
+    return None
 
 
 _PY_FUNCTION = re.compile(r"(?:async[ \t]+)?def[ \t]")

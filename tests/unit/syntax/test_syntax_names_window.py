@@ -180,12 +180,14 @@ def test_checks_of_a_method_parse_only_the_method_and_keep_the_window_names() ->
     assert checker.check("        total += (\n").syntax_errors == 1
 
 
-def test_a_nested_function_is_checked_with_the_window_around_it() -> None:
-    """The inner function reads its outer function's names: no narrowing there."""
+def test_a_nested_function_is_checked_with_the_function_around_it() -> None:
+    """The inner function reads its outer function's names: the checks parse the outer one,
+    so a closure's names are known and a local of another function still is not."""
     cursor = CLASS_FILE.index("        return name.split(marker)")
     checker = Checker(CLASS_FILE[:cursor], CLASS_FILE[cursor:], "python")
-    assert checker.window_prefix.startswith("import os")
+    assert checker.window_prefix.lstrip("\n").startswith("def split(name):")
     assert checker.check("        print(name, marker)\n").undefined_names == ()
+    assert checker.check("        print(cached)\n").undefined_names == ("cached",)
 
 
 def test_outside_names_read_lexically() -> None:
