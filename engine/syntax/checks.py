@@ -372,16 +372,12 @@ def checked_span(prefix: str, suffix: str, region: Region) -> tuple[int, int | N
     literals = [tok for tok in found.prefix_tokens if tok.kind in (STRING, COMMENT)]
     literal_starts = [tok.start for tok in literals]
 
-    def statement_line(start: int, end: int) -> str | None:
-        """The line prefix[start:end] when a statement may begin on it at the cursor's bracket depth."""
+    def statement_at(start: int) -> bool:
+        """Whether a statement may begin at line start `start` (at the cursor's bracket depth, not in a literal)."""
         inside = bisect_right(literal_starts, start) - 1
         if inside >= 0 and literals[inside].end > start:
-            return None  # a line of a string
-        if bisect_left(opens, start) - bisect_left(closes, start) != depth:
-            return None  # inside brackets
-        line = prefix[start:end]
-        content = line.strip()
-        return line if content and not content.startswith("#") else None
+            return False  # a line of a string
+        return bisect_left(opens, start) - bisect_left(closes, start) == depth
 
     statement = prefix.rfind("\n", 0, region.statement) + 1
     depth = bisect_left(opens, statement) - bisect_left(closes, statement)
@@ -395,16 +391,17 @@ def checked_span(prefix: str, suffix: str, region: Region) -> tuple[int, int | N
     else:
         threshold = cursor_indent(prefix[cursor_line:], suffix) or 0
     start = indent = -1
-    line_end = statement - 1
-    while threshold > 0 and line_end > 0:
-        line_start = prefix.rfind("\n", 0, line_end) + 1
-        line = statement_line(line_start, line_end)
-        line_end = line_start - 1
-        if line is None or indent_width(line, 0) >= threshold:
+    # Lines above, innermost first: each indented less than the last kept encloses it.
+    for line in reversed(list(_CODE_LINE.finditer(prefix, 0, statement)) if threshold > 0 else []):
+        line_start, leading, first = line.start(), line.group(1), line.group(2)
+        width = indent_width(leading, 0) if "\t" in leading else len(leading)
+        if width >= threshold or first == "#" or not statement_at(line_start):
             continue
-        threshold = indent_width(line, 0)
-        if _PY_FUNCTION.match(line.lstrip()):
-            start, indent = line_start, threshold
+        threshold = width
+        if _PY_FUNCTION.match(prefix, line_start + len(leading)):
+            start, indent = line_start, width
+        if threshold == 0:
+            break
     if start <= 0:
         return 0, None
     return start, _construct_end(suffix, found.suffix_tokens, indent)
@@ -439,6 +436,7 @@ def _construct_end(suffix: str, tokens: list[Tok], indent: int) -> int | None:
 
 
 _PY_FUNCTION = re.compile(r"(?:async[ \t]+)?def[ \t]")
+_CODE_LINE = re.compile(r"^([ \t]*)(\S)", re.MULTILINE)  # a non-blank line: its indentation and first character
 
 
 def _statement_start(prefix: str, ctx: CursorContext, offset: int = 0) -> int:
