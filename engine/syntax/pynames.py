@@ -1,7 +1,9 @@
 """What one request knows about Python names, window-aware (the rules; pyscope.py has the tree walking).
 
 A window of a file is cut anywhere, so a name the window reads may be defined above it.
-Three things are collected once per request from the tree of the (repaired) window:
+Three things are collected once per request from the tree of the (repaired) window, or of
+the function around the cursor when the checks parse only that (`checks.checked_span`; what
+the rest of the window binds and reads then comes from `OutsideNames`, lexically):
 
 * `outer`: the names each scope of the window binds (pyscope.Bindings);
 * `free`: names the window's code reads (outside strings and comments, not as an
