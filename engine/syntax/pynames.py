@@ -68,10 +68,11 @@ class OutsideNames:
                 pieces.append(text[position : max(tok.start, position)])
                 position = max(position, tok.end)
         pieces.append(text[position:end])
-        code = "\n".join(pieces)
+        code = " ".join(pieces)  # a literal taken out of a line leaves the line whole
         if not code.strip():
             return cls()
         words = frozenset(_CODE_WORD.findall(_FROM_IMPORT_PATH.sub(" import", code))) - pyscope.KEYWORDS
+        in_scope = _lines_in_scopes(code)
         binds: set[str] = set()
         bound: set[str] = set()
         wildcard = False
@@ -79,11 +80,32 @@ class OutsideNames:
             names = {word for part in match.groups()[1:] if part for word in _CODE_WORD.findall(part)}
             wildcard = wildcard or (match.group("imported") or "").strip() == "*"
             bound |= names
-            if not match.group("indent"):  # at module level, but a function's parameters are its own
+            if match.start() not in in_scope:  # at module level, but a function's parameters are its own
                 binds |= names - set(_CODE_WORD.findall(match.group("params") or ""))
         return cls(frozenset(binds) - pyscope.KEYWORDS, words, frozenset(bound) - pyscope.KEYWORDS, wildcard)
 
 
+def _lines_in_scopes(code: str) -> set[int]:
+    """Starts of the lines of `code` inside a `def` or `class` body (an `if` or `try` block
+    at module level binds module-level names: `try: import json` / `except: json = None`)."""
+    inside: set[int] = set()
+    open_blocks: list[tuple[int, bool]] = []  # (indentation of a block header, whether it is a def or class)
+    for line in _HEADER_LINE.finditer(code):
+        leading = line.group(1)
+        width = len(leading.expandtabs(8))
+        while open_blocks and open_blocks[-1][0] >= width:
+            open_blocks.pop()
+        if any(scope for _, scope in open_blocks):
+            inside.add(line.start())
+        if line.group(2) is not None:  # a block header
+            open_blocks.append((width, line.group(3) is not None))
+    return inside
+
+
+_HEADER_LINE = re.compile(
+    r"^([ \t]*)(?=\S)(?:((async[ \t]+def|def|class)\b|(?:if|elif|else|for|while|with|try|except|finally|async|match|case)\b)?)",
+    re.MULTILINE,
+)
 _FROM_IMPORT_PATH = re.compile(r"^([ \t]*)from[ \t]+\S+[ \t]+import", re.MULTILINE)
 _TARGETS = r"\(?\w+(?:[ \t]*,[ \t]*\w+)*\)?"  # `x`, `a, b`, `(a, b)`
 _BINDING = re.compile(

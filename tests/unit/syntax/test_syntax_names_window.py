@@ -208,3 +208,7 @@ def test_outside_names_read_lexically() -> None:
     assert "pickle" not in found.reads and not found.reads & {"not_a_name", "nor_this", "path"}
     assert {"handle", "LIMIT", "open"} <= found.reads and not found.wildcard
     assert OutsideNames.of("from os import *\n", [], 0, 16).wildcard
+    # Blocks that are not functions or classes bind at module level.
+    guarded = "try:\n    import json\nexcept ImportError:\n    json = None\nif True:\n    def helper():\n        inner = 1\n"
+    found = OutsideNames.of(guarded, lex(guarded, SPECS["python"]).tokens, 0, len(guarded))
+    assert {"json", "helper"} <= found.binds and "inner" not in found.binds
