@@ -36,8 +36,10 @@ from kspec.engine.syntax import pynames, pyscope
 from kspec.engine.syntax.context import CursorContext, build_context, indent_of
 from kspec.engine.syntax.languages import new_parser, normalize_language, ts_language
 from kspec.engine.syntax.pylines import line_errors
-from kspec.engine.syntax.lexer import CLOSE, COMMENT, OPEN, STRING, Tok
-from kspec.engine.syntax.window import Region, closing_tail, cursor_indent, find_region, indent_width, repair, scan
+from kspec.engine.syntax.lexer import CLOSE, COMMENT, OPEN, STRING
+from kspec.engine.syntax.window import (
+    Region, closing_tail, construct_end, cursor_indent, find_region, indent_width, repair, scan,
+)
 
 
 ANALYSIS = (
@@ -404,35 +406,7 @@ def checked_span(prefix: str, suffix: str, region: Region) -> tuple[int, int | N
             break
     if start <= 0:
         return 0, None
-    return start, _construct_end(suffix, found.suffix_tokens, indent)
-
-
-def _construct_end(suffix: str, tokens: list[Tok], indent: int) -> int | None:
-    """The line end before the first code line of `suffix` after its first line, outside
-    literals and brackets, indented `indent` or less; None when there is none."""
-    depth = 0
-    spans = iter(tokens)
-    tok = next(spans, None)
-    line_start = suffix.find("\n") + 1
-    while 0 < line_start < len(suffix):
-        while tok is not None and tok.start < line_start:  # what the lines before this one open and close
-            if tok.kind == OPEN:
-                depth += 1
-            elif tok.kind == CLOSE:
-                depth -= 1
-            elif tok.end > line_start:
-                break  # a literal that spans this line start
-            tok = next(spans, None)
-        in_literal = tok is not None and tok.kind in (STRING, COMMENT) and tok.start < line_start < tok.end
-        line_end = suffix.find("\n", line_start)
-        line = suffix[line_start : len(suffix) if line_end < 0 else line_end]
-        content = line.strip()
-        if not in_literal and depth <= 0 and content and not content.startswith("#") and indent_width(line, 0) <= indent:
-            return line_start - 1
-        if line_end < 0:
-            return None
-        line_start = line_end + 1
-    return None
+    return start, construct_end(suffix, found.suffix_tokens, indent)
 
 
 _PY_FUNCTION = re.compile(r"(?:async[ \t]+)?def[ \t]")

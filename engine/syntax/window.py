@@ -522,6 +522,14 @@ def _region_end(suffix: str, tokens: list[Tok], depth: int, indent: int, header:
     return last_safe, bool(suffix.strip())  # a blank suffix: the cursor is at the end of the document
 
 
+def construct_end(suffix: str, tokens: list[Tok], indent: int) -> int | None:
+    """Where a Python construct whose header line (a `def`) is indented `indent` ends in
+    `suffix` (its tokens from `scan`): before the first line after the cursor's outside it;
+    None when the window ends first."""
+    end, open_end = _region_end(suffix, tokens, 0, indent, header=True)
+    return None if open_end or not suffix.strip() else end
+
+
 def _next_code_line(text: str, pos: int) -> tuple[int, str] | None:
     while pos < len(text):
         end = text.find("\n", pos)
