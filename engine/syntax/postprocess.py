@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from kspec.engine.api import Completion
 from kspec.engine.syntax.checks import Checker, CheckResult
-from kspec.engine.syntax.context import build_context
+from kspec.engine.syntax.context import CursorContext, build_context, code_of_line, indent_of
 from kspec.engine.syntax.languages import normalize_language
 from kspec.engine.syntax.degenerate import degeneration
 from kspec.engine.syntax.pynames import module_names
@@ -138,9 +138,10 @@ def trim_and_check(request: Analysis, candidate: Candidate, config: PostprocessC
     if first is None or clean(first):
         return first
     earlier = list(cut.line_ends[: config.max_fallbacks]) if first[1].breaks_parse else []
+    header = header_for_suffix(ctx, completion) if first[1].unfixed_at_cursor and not earlier else None
     later = [m.start() for m in _NEWLINE.finditer(completion, cut.end + 1)][: config.max_fallbacks]
     fallback = None if first[1].breaks_parse else first
-    for option in [*earlier, *later, len(completion)]:
+    for option in [*earlier, *([header] if header is not None else []), *later, len(completion)]:
         found = attempt(option)
         if clean(found):
             return found
@@ -150,6 +151,23 @@ def trim_and_check(request: Analysis, candidate: Candidate, config: PostprocessC
 
 
 _NEWLINE = re.compile("\n")
+_BLOCK_OPENERS = ("{", ":")  # what ends a line that opens a block (brace languages / Python)
+
+
+def header_for_suffix(ctx: CursorContext, completion: str) -> int | None:
+    """The end of the completion's first line when that line opens a block whose body the
+    suffix already holds: the cursor is at a line end, the suffix's next line is indented
+    deeper than the completion's first line, and that line's code ends with a block opener
+    (`for (...) {`, `if x:`). The unit the completion wrote after it (its own body and close)
+    then leaves the suffix's body without a header; cut after the header it is the hole's
+    fill. None otherwise."""
+    newline = completion.find("\n")
+    if newline <= 0 or ctx.mid_line or ctx.suffix_line_rest.strip() or ctx.suffix_next_indent is None:
+        return None
+    first_line = ctx.line_prefix + completion[:newline]
+    if not code_of_line(first_line, ctx.spec).endswith(_BLOCK_OPENERS):
+        return None
+    return newline if ctx.suffix_next_indent > indent_of(first_line) else None
 
 
 def rank_alternatives(

@@ -110,3 +110,73 @@ def test_end_balance() -> None:
     assert end_balance(CPP, "\n", "cpp", "while (x) {") == (11, True)
     assert end_balance(CPP, "\n}\n", "cpp", "while (x) {") == (11, False)  # the window shows the end
     assert end_balance(CPP, "\n    x--;\n    }\n", "cpp", "while (x) {") == (11, False)  # the suffix closes it
+
+
+JAVA_BODY_PREFIX = """    public static List<List<String>> sortSublists(List<List<String>> inputList) {
+        List<List<String>> outList = new ArrayList<>();
+        """
+JAVA_BODY_SUFFIX = """
+            if (list.size() == 0) {
+                continue;
+            }
+            Collections.sort(l"""  # the window ends mid-statement, inside the loop's body
+CPP_BODY_PREFIX = """int minimumLength(string s) {
+  if (s == "mnm") {
+    return 1;
+  }
+  """
+CPP_BODY_SUFFIX = "\n    return 3"
+JS_BODY_PREFIX = """function countVowels(text) {
+  let count = 0;
+  """
+JS_BODY_SUFFIX = """
+    if ("aeiou".includes(text[i])) {
+      count += 1"""
+PY_BODY_PREFIX = '''def total(values):
+    """Sum of the values that are not None,
+    skipping the others."""
+    result = 0
+    '''
+PY_BODY_SUFFIX = """
+        if value is None:
+            continue
+        result += val"""
+
+
+@pytest.mark.parametrize(
+    ("language", "prefix", "suffix", "completion", "header"),
+    [
+        (
+            "java", JAVA_BODY_PREFIX, JAVA_BODY_SUFFIX,
+            "for (int i = 0; i < inputList.size(); i++) {\n            outList.add(inputList.get(i));\n        }",
+            "for (int i = 0; i < inputList.size(); i++) {",
+        ),
+        ("cpp", CPP_BODY_PREFIX, CPP_BODY_SUFFIX, "if (s.length() < 3) {\n    return 1;\n  }", "if (s.length() < 3) {"),
+        (
+            "javascript", JS_BODY_PREFIX, JS_BODY_SUFFIX,
+            "for (let i = 0; i < text.length; i++) {\n    count++;\n  }",
+            "for (let i = 0; i < text.length; i++) {",
+        ),
+    ],
+)
+def test_a_header_whose_body_the_suffix_holds_is_cut_after_the_header(
+    language: str, prefix: str, suffix: str, completion: str, header: str
+) -> None:
+    # The window ends inside the body the hole's header opens (a bracket or a block the file
+    # closes later). The model wrote the header and a body and close of its own: whole, that
+    # leaves the suffix's body without a header; cut after the header it fills the hole.
+    assert shown(prefix, suffix, language, completion) == [header]
+
+
+def test_in_python_the_suffixs_body_continues_the_block_the_completion_opens() -> None:
+    # Indentation, not a closing bracket, ends a Python block: the suffix's deeper lines
+    # continue the body the completion began, so header and body together fill the hole.
+    completion = "for value in values:\n        result += value"
+    assert shown(PY_BODY_PREFIX, PY_BODY_SUFFIX, "python", completion) == [completion]
+
+
+def test_a_complete_statement_is_not_cut_to_a_header_the_suffix_does_not_continue() -> None:
+    # The suffix's next line is not indented deeper: the whole block is the hole's fill.
+    suffix = "\n  return count;\n}\n"
+    completion = "for (let i = 0; i < text.length; i++) {\n    count++;\n  }"
+    assert shown(JS_BODY_PREFIX, suffix, "javascript", completion) == [completion]
