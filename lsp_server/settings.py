@@ -150,7 +150,7 @@ class Settings(EngineSettings):  # type: ignore[misc,valid-type]
     max_tokens: int = setting(48, Rule("integer", minimum=1, maximum=MAX_NEW_TOKENS))
     mode: str = setting("diverse", Rule("string", enum=MODES))
     temperature: float = setting(0.0, Rule("number", minimum=0, maximum=2))
-    debounce_ms: float = setting(40.0, Rule("number", minimum=0, maximum=2000))
+    debounce_ms: float = setting(10.0, Rule("number", minimum=0, maximum=2000))
     deadline_ms: float = setting(3000.0, Rule("number", minimum=50, maximum=120000))
     # answer with what is complete this soon, decode on into the typeahead cache; None: the engine's choice for this machine, 0: off
     first_answer_ms: float | None = setting(None, Rule("number", nullable=True, minimum=0, maximum=120000), vscode=False)

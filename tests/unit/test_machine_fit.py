@@ -5,6 +5,7 @@ spares a restarted engine (a daemon after a crash) from measuring again."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from kspec.engine.machine_fit import (
     FIRST_WORD_TOKENS,
     COLD_PROMPT_MS,
     PROMPT_TOKENS_RANGE,
+    TOKENS_PER_ROUND,
 )
 
 
@@ -34,15 +36,17 @@ def test_a_fast_machine_gets_four_alternatives_and_an_early_first_answer():
 
 
 def test_a_slow_machine_trades_alternatives_and_length_for_time():
-    timing = MachineTiming({2: 120.0, 4: 180.0}, prefill_ms_per_token=4.0, keystroke_ms=100.0)
+    round_ms = 160.0  # at k = 2: not even one round fits the target at any k
+    timing = MachineTiming({2: round_ms, 4: 1.5 * round_ms}, prefill_ms_per_token=4.0, keystroke_ms=100.0)
     slow = choose_defaults(timing)
     assert slow.k == MIN_K and slow.max_tokens < MAX_TOKENS_RANGE[1]
     assert FIRST_ANSWER_RANGE_MS[0] <= slow.first_answer_ms <= FIRST_ANSWER_RANGE_MS[1]
     # the first answer is due when the first words can be there (an interim answer shows them), not a whole line:
     # inside the round that writes them (the engine answers after the first round ending past the moment)
     words_ms = tokens_ms(timing, 2, FIRST_WORD_TOKENS)
-    assert words_ms == 100 + 2 * 120 and words_ms - 120 < slow.first_answer_ms < words_ms
-    assert slow.first_answer_ms == pytest.approx(words_ms - 120 / 2, abs=1)
+    assert words_ms == 100 + math.ceil(FIRST_WORD_TOKENS / TOKENS_PER_ROUND) * round_ms
+    assert words_ms - round_ms < slow.first_answer_ms < words_ms
+    assert slow.first_answer_ms == pytest.approx(words_ms - round_ms / 2, abs=1)
 
 
 def test_choices_get_no_worse_as_the_machine_gets_faster():
@@ -98,8 +102,9 @@ def test_the_engine_measures_itself(random_llama_dir, tmp_path, monkeypatch):
 
 
 def test_the_prompt_budget_is_what_a_cold_prefill_does_in_its_time():
-    slow = choose_defaults(MachineTiming({2: 120.0, 4: 180.0}, prefill_ms_per_token=2.0, keystroke_ms=100.0))
-    assert slow.prompt_tokens == int(COLD_PROMPT_MS / 2.0)
+    per_token = COLD_PROMPT_MS / (PROMPT_TOKENS_RANGE[0] + 100)  # a budget inside the range
+    slow = choose_defaults(MachineTiming({2: 120.0, 4: 180.0}, prefill_ms_per_token=per_token, keystroke_ms=100.0))
+    assert slow.prompt_tokens == int(COLD_PROMPT_MS / per_token)
     fast = choose_defaults(MachineTiming({2: 8.0, 4: 10.0}, prefill_ms_per_token=0.2, keystroke_ms=20.0))
     assert fast.prompt_tokens == PROMPT_TOKENS_RANGE[1]
     crawling = choose_defaults(MachineTiming({2: 900.0, 4: 1200.0}, prefill_ms_per_token=50.0, keystroke_ms=400.0))

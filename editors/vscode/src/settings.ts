@@ -77,7 +77,7 @@ export const DEFAULTS: KspecSettings = {
 	maxTokens: 48,
 	mode: 'diverse',
 	temperature: 0,
-	debounceMs: 40,
+	debounceMs: 10,
 	deadlineMs: 3000,
 	languages: [],
 	enabled: true,
