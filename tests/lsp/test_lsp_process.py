@@ -96,6 +96,9 @@ async def test_model_errors_and_logs(model_dir: Path, tmp_path: Path, capfd: pyt
         assert SECRET not in quiet
 
         editor.configure({**FAST, "model": str(model_dir), "debugLog": True})
-        assert await editor.inline(uri, 2, 6 + len(SECRET))
+        # an edit above the cursor: a new engine request (the last position's answer, or its
+        # decoding still going on, could serve the same position again without one)
+        editor.edit(uri, (2, 0), (2, 0), "y = 2\n")
+        assert await editor.inline(uri, 3, 6 + len(SECRET))
         await editor.stats()
     assert SECRET in capfd.readouterr().err  # the user asked for it
