@@ -168,8 +168,8 @@ def build_context(prefix: str, suffix: str, language: str | None) -> CursorConte
         suffix_closes=suffix_closes,
         suffix_line_rest=suffix_line_rest,
         suffix_lines=suffix_lines,
-        prev_line_opens_block=_opens_block(_last_nonblank_line(prefix[: max(line_start - 1, 0)]), spec),
-        cursor_line_opens_block=mid_line and _opens_block(line_prefix, spec),
+        prev_line_opens_block=opens_block(_last_nonblank_line(prefix[: max(line_start - 1, 0)]), spec),
+        cursor_line_opens_block=mid_line and opens_block(line_prefix, spec),
         suffix_following_line=(_suffix_lines("", True, suffix, newline, 1) or (None,))[0],
         indent_stack=indent_stack,
         expects_indent=expects_indent,
@@ -341,7 +341,8 @@ def code_of_line(line: str, spec: LanguageSpec | None) -> str:
     return line.rstrip()
 
 
-def _opens_block(line: str, spec: LanguageSpec | None) -> bool:
+def opens_block(line: str, spec: LanguageSpec | None) -> bool:
+    """Whether the line's code ends by opening a block (`:` in Python, `{` elsewhere)."""
     if spec is None or not line.strip():
         return False
     code = code_of_line(line, spec)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from kspec.engine.api import Completion
 from kspec.engine.syntax.checks import Checker, CheckResult
-from kspec.engine.syntax.context import CursorContext, build_context, code_of_line, indent_of
+from kspec.engine.syntax.context import CursorContext, build_context, indent_of, opens_block
 from kspec.engine.syntax.languages import normalize_language
 from kspec.engine.syntax.degenerate import degeneration
 from kspec.engine.syntax.pynames import module_names
@@ -151,7 +151,6 @@ def trim_and_check(request: Analysis, candidate: Candidate, config: PostprocessC
 
 
 _NEWLINE = re.compile("\n")
-_BLOCK_OPENERS = ("{", ":")  # what ends a line that opens a block (brace languages / Python)
 
 
 def header_for_suffix(ctx: CursorContext, completion: str) -> int | None:
@@ -165,7 +164,7 @@ def header_for_suffix(ctx: CursorContext, completion: str) -> int | None:
     if newline <= 0 or ctx.mid_line or ctx.suffix_line_rest.strip() or ctx.suffix_next_indent is None:
         return None
     first_line = ctx.line_prefix + completion[:newline]
-    if not code_of_line(first_line, ctx.spec).endswith(_BLOCK_OPENERS):
+    if not opens_block(first_line, ctx.spec):
         return None
     return newline if ctx.suffix_next_indent > indent_of(first_line) else None
 
