@@ -1,6 +1,6 @@
-"""Static checks of one alternative in its file: syntax errors it introduces, and for Python
-undefined names it reads, local variables it binds but never uses, and names the code after
-the cursor needs that it defines or leaves undefined.
+"""Static checks of one alternative in its file: syntax errors it introduces; for Python and
+JavaScript/TypeScript undefined names it reads and names the code after the cursor needs
+that it defines or leaves undefined; for Python local variables it binds but never uses.
 
 The prefix + suffix is parsed once per request (`Checker`); each alternative is then an
 edit of that tree (tree-sitter reparses incrementally: ~0.2 ms for a 9 kB file instead of
@@ -19,7 +19,8 @@ microseconds) when tree-sitter found nothing, and only when the region without t
 completion parses or fails near the cursor (an error far from it is the window's, and
 CPython then cannot tell). Errors the file already had and still has are reported apart
 (`unfixed_errors`, and those at the cursor): the completion did not cause them, but it did
-not fill the hole either. Python names: pynames.py (on pyscope.py's tree-sitter scopes).
+not fill the hole either. Python names: pynames.py (on pyscope.py's tree-sitter scopes);
+JavaScript/TypeScript names: jsnames.py (tree-sitter bindings, judged by their text).
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ import ast
 import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import tree_sitter
 
-from kspec.engine.syntax import pynames, pyscope
+from kspec.engine.syntax import jsnames, pynames, pyscope
 from kspec.engine.syntax.context import CursorContext, build_context, indent_of
 from kspec.engine.syntax.languages import new_parser, normalize_language, ts_language
 from kspec.engine.syntax.pylines import line_errors
@@ -44,7 +45,8 @@ from kspec.engine.syntax.window import (
 
 ANALYSIS = (
     "tree-sitter ERROR/MISSING nodes new relative to the repaired window (Python: + line rules and "
-    "CPython ast.parse of the region around the cursor); Python names by tree-sitter scopes"
+    "CPython ast.parse of the region around the cursor); Python names by tree-sitter scopes, "
+    "JavaScript/TypeScript names by tree-sitter bindings"
 )
 
 
@@ -58,8 +60,9 @@ class CheckResult:
     # bracket, a statement cut short).
     unfixed_errors: int = 0
     unfixed_at_cursor: int = 0
-    # Python: names the code after the cursor reads that nothing before defines (the hole
-    # should): those this completion binds, and those it leaves undefined.
+    # Python, JavaScript/TypeScript: names the code after the cursor reads that nothing
+    # before defines (the hole should): those this completion binds, and those it leaves
+    # undefined.
     needs_defined: tuple[str, ...] = ()
     needs_missing: tuple[str, ...] = ()
     # Where the window's end is open: it closes a bracket opened before the cursor's line, or
@@ -310,6 +313,16 @@ class Checker:
         last = (ctx.line_prefix + completion).rstrip().rsplit("\n", 1)[-1]
         return last.rstrip()[-1:] in (";", "}") and indent_of(following) > indent_of(last)
 
+    @cached_property
+    def _js_names(self) -> jsnames.WindowNames:
+        """JavaScript/TypeScript names of the window, read from the baseline tree (once, when
+        the first alternative's names are checked); the needed names are read in the suffix's
+        next lines in the cursor's block (`jsnames.needs_end`), not on a last line the window cut."""
+        needs_end = min(self.cursor + len(_utf8(self.window_suffix[: jsnames.needs_end(self.window_suffix, self.ctx)])), self.last_line)
+        return jsnames.WindowNames.of(
+            self.language or "", self.window_prefix, self.window_suffix, self.baseline.root_node, self.cursor, needs_end
+        )
+
     def _python2_statements(self, tree: tree_sitter.Tree, inserted: int) -> int:
         """`print x` / `exec code`: tree-sitter-python still parses Python 2 statements."""
         cursor = tree_sitter.QueryCursor(_python2_query())
@@ -337,12 +350,16 @@ class Checker:
                     unfixed, at_cursor = max(unfixed, 1), max(at_cursor, 1)
         elif errors == 0 and self._body_without_header(completion):
             unfixed, at_cursor = unfixed + 1, at_cursor + 1
-        if not names or self.names is None:
-            return CheckResult(errors, unfixed_errors=unfixed, unfixed_at_cursor=at_cursor)
         # A completion that goes on with the word before the cursor (`len` -> `length`)
         # writes that whole name.
-        start = self.cursor - (self.word_before if completion[:1].isalnum() or completion[:1] == "_" else 0)
+        start = self.cursor - (self.word_before if completion[:1].isalnum() or completion[:1] in "_$" else 0)
         root, end = tree.root_node, self.cursor + inserted
+        if names and self.language in jsnames.LANGUAGES:
+            window = self._js_names
+            defined, missing = window.needs_met(root, self.cursor, end)
+            return CheckResult(errors, tuple(window.undefined(root, start, end)), (), unfixed, at_cursor, defined, missing)
+        if not names or self.names is None:
+            return CheckResult(errors, unfixed_errors=unfixed, unfixed_at_cursor=at_cursor)
         inner = pyscope.collect_bindings(root, start, end)
         defined, missing = pynames.needs_met(self.names, inner)
         return CheckResult(
@@ -425,7 +442,7 @@ def _statement_start(prefix: str, ctx: CursorContext, offset: int = 0) -> int:
 
 NEAR_LINES = 3
 _CONTINUES_LINE = frozenset(")]}.?:+-*/%&|^,<>=")
-_WORD_TAIL = re.compile(r"\w+$")
+_WORD_TAIL = re.compile(r"[\w$]+$")
 
 
 def _first_lines(text: str, count: int) -> str:

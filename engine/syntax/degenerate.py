@@ -1,6 +1,6 @@
 """Degenerate completions: a model stuck in a loop, in any language.
 
-Four signs, each cheap (a regex or a set look-up over a few hundred characters):
+Five signs, each cheap (a regex or a set look-up over a few hundred characters):
 
 * a repeated sub-string: a unit of 3 to 80 characters with at least two letters written
   four times in a row, or three times when it is `LONG_UNIT` characters or more or spans a
@@ -11,6 +11,9 @@ Four signs, each cheap (a regex or a set look-up over a few hundred characters):
   (`((((((((((`); numbers do not count (`[0, 0, 0, 0, 0, 0]` is data);
 * one line (two letters or digits at least) written three times in a row, whatever its
   indentation;
+* lines that grow a repeat: three lines in a row that are the same once each repeated
+  unit (two letters at least) is written once, and are not all the same as written
+  (`x_pow = 1`, `x_pow_pow = 1`, `x_pow_pow_pow = 1`: the model adds a unit a line);
 * a repeat of the prompt: at least two thirds of the completion's lines (and at least two
   of them, or its only line when that is the line right above the cursor) are copies of
   the prompt's last lines; lines of fewer than `TRIVIAL_ALNUM` letters and digits (`}`,
@@ -23,6 +26,7 @@ alternative that shows none (rank.py).
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 REPEATED_UNIT = re.compile(r"(?s)(.{3,80}?)\1\1(\1)?")
 LONG_UNIT = 12
@@ -32,6 +36,7 @@ LINE_REPEATS = 3
 PROMPT_LINES = 8  # how many of the prompt's last non-blank lines a completion is compared with
 TRIVIAL_ALNUM = 4
 MIN_LETTERS_IN_UNIT = 2
+REPEAT_IN_LINE = re.compile(r"(.{2,40}?)\1+")
 
 
 def degeneration(text: str, prefix: str) -> str | None:
@@ -47,19 +52,37 @@ def degeneration(text: str, prefix: str) -> str | None:
     line = _repeated_line(text)
     if line is not None:
         return f"writes {line[:20]!r} {LINE_REPEATS} times in a row"
+    line = _repeated_line(text, _unit_once)
+    if line is not None:
+        return f"grows {line[:20]!r} a repeat a line"
     if repeats_prompt(text, prefix):
         return "repeats the lines above the cursor"
     return None
 
 
-def _repeated_line(text: str) -> str | None:
-    """A line (two letters or digits at least) written `LINE_REPEATS` times in a row."""
-    run, previous = 0, None
+def _unit_once(line: str) -> str:
+    """The line with each repeated unit of two letters or more written once (`a_b_b_b` -> `a_b`)."""
+
+    def once(match: re.Match[str]) -> str:
+        unit = match.group(1)
+        return unit if sum(c.isalpha() or c == "_" for c in unit) >= MIN_LETTERS_IN_UNIT else match.group(0)
+
+    return REPEAT_IN_LINE.sub(once, line)
+
+
+def _repeated_line(text: str, key: Callable[[str], str] | None = None) -> str | None:
+    """A line (two letters or digits at least) written `LINE_REPEATS` times in a row; with
+    `key`, lines count as the same when their keys are, and not all of them are equal as written."""
+    run, previous, written = 0, None, set()
     for line in text.split("\n"):
         line = line.strip()
-        run = run + 1 if line == previous else 1
-        previous = line
-        if run >= LINE_REPEATS and sum(c.isalnum() for c in line) >= 2:
+        same = key(line) if key is not None else line
+        if same == previous:
+            run, written = run + 1, written | {line}
+        else:
+            run, written = 1, {line}
+        previous = same
+        if run >= LINE_REPEATS and sum(c.isalnum() for c in line) >= 2 and (key is None or len(written) > 1):
             return line
     return None
 

@@ -44,7 +44,7 @@ class PostprocessConfig:
     # Line ends tried, before and after the cut, when the trimmed text does not leave the
     # file whole (each costs one incremental reparse).
     max_fallbacks: int = 4
-    check_names: bool = True  # Python: undefined names and unused variables
+    check_names: bool = True  # undefined and needed names (Python, JavaScript/TypeScript); Python: unused variables
     rank: RankConfig = field(default_factory=RankConfig)
 
     def __post_init__(self) -> None:

@@ -5,8 +5,9 @@ score = logprob / n_tokens                          the model's confidence, mean
                                                      first line (this one included): the k vote
         + length_weight * log(1 + #non-blank chars)  a short safe guess is worth a little less
         + needed_name_weight * (#needed names it defines - #needed names it leaves undefined)
-                                                     (Python: names the code after the cursor reads
-                                                     and nothing before defines; see pynames.py)
+                                                     (names the code after the cursor reads and
+                                                     nothing before defines; Python: pynames.py,
+                                                     JavaScript/TypeScript: jsnames.py)
         - undefined_name_penalty * #undefined names  (names it reads that nothing defines)
         - unused_variable_penalty * #unused variables
         - unfixed_error_penalty * [leaves an error the file had at the cursor]

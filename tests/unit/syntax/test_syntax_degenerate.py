@@ -19,6 +19,8 @@ from kspec.engine.syntax.degenerate import degeneration
         ("((((((((((", ""),  # a run of one character
         ("    total += x\n    count += 1", "def f(xs):\n    for x in xs:\n        total += x\n        count += 1\n"),
         ("count += 1", "    count += 1\n    "),  # the line above, again
+        # a line that grows by a unit each time
+        ("const result = 0;\n  const result_pow = 1;\n  const result_pow_pow = 1;\n  const result_pow_pow_pow = 1;", ""),
     ],
 )
 def test_degenerate(text: str, prefix: str) -> None:
@@ -34,6 +36,8 @@ def test_degenerate(text: str, prefix: str) -> None:
         "    total += x\n    return total",
         '"-" * 40',
         "include_header(include_dirs)",
+        "a = [0, 0]\n    b = [0, 0, 0]\n    c = [0, 0, 0, 0]",  # numbers are data
+        "x_min = 0\n    x_max = 1\n    x_mid = 2",  # alike lines, no unit repeated
     ],
 )
 def test_sane(text: str) -> None:
