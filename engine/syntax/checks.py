@@ -127,12 +127,14 @@ class Checker:
         self, prefix: str, suffix: str, language: str | None, ctx: CursorContext | None = None,
         above: frozenset[str] = frozenset(),
     ) -> None:
-        """`above`: Python, module-level names of the file above the window (pynames.module_names)."""
+        """`above`: names of the file above the window (Python: its module-level names,
+        pynames.module_names; JavaScript/TypeScript: its words, jsnames.words)."""
         self.language = normalize_language(language)
         self.prefix = _utf8(prefix)
         self.suffix = _utf8(suffix)
         self.cursor = len(self.prefix)
         self.cursor_point = _point_after(self.prefix, tree_sitter.Point(0, 0))
+        self.above = above
         if self.language is None:
             return
         self.ctx: CursorContext = ctx if ctx is not None else build_context(prefix, suffix, self.language)
@@ -320,7 +322,7 @@ class Checker:
         next lines in the cursor's block (`jsnames.needs_end`), not on a last line the window cut."""
         needs_end = min(self.cursor + len(_utf8(self.window_suffix[: jsnames.needs_end(self.window_suffix, self.ctx)])), self.last_line)
         return jsnames.WindowNames.of(
-            self.language or "", self.window_prefix, self.window_suffix, self.baseline.root_node, self.cursor, needs_end
+            self.language or "", self.window_prefix, self.window_suffix, self.baseline.root_node, self.cursor, needs_end, self.above
         )
 
     def _python2_statements(self, tree: tree_sitter.Tree, inserted: int) -> int:

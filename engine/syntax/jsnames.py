@@ -6,7 +6,8 @@ judging names by their text, not by scope:
 * a name an alternative *reads* (an `identifier` or a shorthand `{x}` outside a binding
   position) is undefined when the alternative does not bind it, no word of the window
   spells it (the window is cut anywhere: what it mentions, even in a comment, may be bound
-  above it, and an import, a parameter or a `.name` of the window vouches for the word),
+  above it, and an import, a parameter or a `.name` of the window vouches for the word; so
+  does a word of the file above the window when the caller has that part: `above`),
   and it is not one of the language's or hosts' globals (`GLOBALS`): a mid-word completion
   that writes a name that exists nowhere (`len` -> `lenght`) is what it catches;
 * `needs`: names the suffix reads in its first `NEEDS_LINES` lines, and before the block
@@ -96,6 +97,11 @@ def _queries(language: str) -> tuple[tree_sitter.Query, tree_sitter.Query]:
     return tree_sitter.Query(grammar, _READ_QUERY), tree_sitter.Query(grammar, "\n".join(_BINDING_PATTERNS + parameters))
 
 
+def words(text: str) -> frozenset[str]:
+    """Every word `text` spells (code, strings and comments alike)."""
+    return frozenset(_WORD.findall(text))
+
+
 def needs_end(suffix: str, ctx: CursorContext) -> int:
     """How many characters of the suffix its needed names are read in: its first
     `NEEDS_LINES` lines, up to the closer of a bracket opened before the cursor (the end of
@@ -151,15 +157,19 @@ class WindowNames:
     needs: frozenset[str]  # read right after the cursor, bound nowhere in the window, not mentioned before the cursor
 
     @classmethod
-    def of(cls, language: str, prefix: str, suffix: str, root: tree_sitter.Node, cursor: int, needs_end: int) -> "WindowNames":
+    def of(
+        cls, language: str, prefix: str, suffix: str, root: tree_sitter.Node, cursor: int, needs_end: int,
+        above: frozenset[str] = frozenset(),
+    ) -> "WindowNames":
         """`prefix` / `suffix`: the window as given; `root`: the tree of the text the checks
         parse (the repaired window), with the cursor at byte `cursor` of it; the suffix's reads
-        that may be needed are those before byte `needs_end` there (`needs_end`)."""
-        before = frozenset(_WORD.findall(prefix))
+        that may be needed are those before byte `needs_end` there (`needs_end`); `above`: the
+        words of the file above the window, when the caller has them (`words`)."""
+        before = words(prefix) | above
         needs = read_names(language, root, cursor, needs_end) - before - GLOBALS if needs_end > cursor else frozenset()
         if needs:
             needs -= bound_names(language, root, 0, root.end_byte)
-        return cls(language, before | frozenset(_WORD.findall(suffix)), needs)
+        return cls(language, before | words(suffix), needs)
 
     def undefined(self, root: tree_sitter.Node, start: int, end: int) -> list[str]:
         """Names the alternative at bytes [start, end) of the tree `root` reads that nothing vouches for."""

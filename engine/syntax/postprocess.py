@@ -11,6 +11,7 @@ from kspec.engine.syntax.checks import Checker, CheckResult
 from kspec.engine.syntax.context import CursorContext, build_context, indent_of, opens_block
 from kspec.engine.syntax.languages import normalize_language
 from kspec.engine.syntax.degenerate import degeneration
+from kspec.engine.syntax import jsnames
 from kspec.engine.syntax.pynames import module_names
 from kspec.engine.syntax.rank import (
     RankConfig, Scored, Signals, dedupe_key, distinct, first_line_key, normalized_logprob, order, score,
@@ -76,7 +77,7 @@ class Analysis:
     (interim answers post-process the same request again)."""
 
     def __init__(self, prefix: str, suffix: str, language: str | None, above: frozenset[str] = frozenset()) -> None:
-        """`prefix` / `suffix`: the window (`crop`); `above`: Python, module-level names above it."""
+        """`prefix` / `suffix`: the window (`crop`); `above`: names of the file above it (`Checker`)."""
         self.prefix, self.suffix, self.language = prefix, suffix, language
         self.ctx = build_context(prefix, suffix, language)
         self.checker = Checker(prefix, suffix, language, self.ctx, above)
@@ -103,7 +104,11 @@ class Analysis:
 def analysis(prefix: str, suffix: str, language: str | None) -> Analysis:
     """The analysis of the window `crop` keeps around the cursor (`language`: canonical or None)."""
     start, end = crop(prefix, suffix)
-    above = module_names(prefix[:start]) if language == "python" and start > 0 else frozenset()
+    above: frozenset[str] = frozenset()
+    if start > 0 and language == "python":
+        above = module_names(prefix[:start])
+    elif start > 0 and language in jsnames.LANGUAGES:
+        above = jsnames.words(prefix[:start])
     return Analysis(prefix[start:], suffix[:end], language, above)
 
 

@@ -165,3 +165,16 @@ def test_python_names_are_not_judged_by_the_javascript_rules() -> None:
     # `$` is a word character in JavaScript only; Python keeps its own checks.
     checker = Checker("def f(xs):\n    ", "\n    return total\n", "python")
     assert checker.check("total = sum(xs)\n").needs_defined == ("total",)
+
+
+def test_an_import_above_the_window_vouches_for_its_name_when_the_caller_has_the_file() -> None:
+    # The engine crops what it is given to a window (window.crop); the words above it still count.
+    filler = "".join(f"function helper{i}(x) {{\n  return x + {i};\n}}\n\n" for i in range(200))
+    prefix = 'import { useState } from "react";\n\n' + filler + "function Counter() {\n  "
+    suffix = "\n  return count;\n}\n"
+    alternative = "const [count, setCount] = useState(0);"
+    ranked = rank_alternatives(prefix, suffix, "javascript", [Candidate(alternative, -1.0, 9)])
+    assert ranked[0].check.undefined_names == () and ranked[0].check.needs_defined == ("count",)
+    # With the window alone, nothing in it spells `useState`.
+    window = prefix[-3000:]
+    assert Checker(window, suffix, "javascript").check(alternative).undefined_names == ("useState",)
