@@ -319,8 +319,9 @@ class Checker:
     def _js_names(self) -> jsnames.WindowNames:
         """JavaScript/TypeScript names of the window, read from the baseline tree (once, when
         the first alternative's names are checked); the needed names are read in the suffix's
-        next lines in the cursor's block (`jsnames.needs_end`), not on a last line the window cut."""
-        needs_end = min(self.cursor + len(_utf8(self.window_suffix[: jsnames.needs_end(self.window_suffix, self.ctx)])), self.last_line)
+        next lines in the cursor's block (`jsnames.block_end`), not on a last line the window cut."""
+        head = _first_lines(self.window_suffix, jsnames.NEEDS_LINES)
+        needs_end = min(self.cursor + len(_utf8(head[: jsnames.block_end(head, self.ctx)])), self.last_line)
         return jsnames.WindowNames.of(
             self.language or "", self.window_prefix, self.window_suffix, self.baseline.root_node, self.cursor, needs_end, self.above
         )
@@ -357,9 +358,8 @@ class Checker:
         start = self.cursor - (self.word_before if completion[:1].isalnum() or completion[:1] in "_$" else 0)
         root, end = tree.root_node, self.cursor + inserted
         if names and self.language in jsnames.LANGUAGES:
-            window = self._js_names
-            defined, missing = window.needs_met(root, self.cursor, end)
-            return CheckResult(errors, tuple(window.undefined(root, start, end)), (), unfixed, at_cursor, defined, missing)
+            undefined, defined, missing = self._js_names.judge(root, start, self.cursor, end)
+            return CheckResult(errors, undefined, (), unfixed, at_cursor, defined, missing)
         if not names or self.names is None:
             return CheckResult(errors, unfixed_errors=unfixed, unfixed_at_cursor=at_cursor)
         inner = pyscope.collect_bindings(root, start, end)

@@ -10,13 +10,14 @@ judging names by their text, not by scope:
   does a word of the file above the window when the caller has that part: `above`),
   and it is not one of the language's or hosts' globals (`GLOBALS`): a mid-word completion
   that writes a name that exists nowhere (`len` -> `lenght`) is what it catches;
-* `needs`: names the suffix reads in its first `NEEDS_LINES` lines, and before the block
-  around the cursor ends, that the window never binds and the prefix never mentions: the hole should define them (`count` read right below the
-  cursor, `let count = 0` is what the hole is for). An alternative that binds one (a
+* `needs`: names the suffix reads in its first `NEEDS_LINES` non-blank lines (pynames.py's
+  span), and before the block around the cursor ends, that the window never binds and the
+  prefix never mentions: the hole should define them (`count` read right below the cursor,
+  `let count = 0` is what the hole is for). An alternative that binds one (a
   declaration, a parameter, an import, a destructuring, or an assignment `count = 0`)
-  defines it; one that does not leaves it undefined (`needs_met`).
+  defines it; one that does not leaves it undefined (`WindowNames.judge`).
 
-A name is bound where tree-sitter's grammar puts a pattern (`_BINDING_QUERY`): declarator
+A name is bound where tree-sitter's grammar puts a pattern (`_BINDING_PATTERNS`): declarator
 names, function and class names, parameters, catch and for-of/in variables, import
 specifiers, destructuring patterns and the left side of an assignment. Property names,
 labels and TypeScript types are other node types, never read names.
@@ -33,8 +34,8 @@ import tree_sitter
 from kspec.engine.syntax.context import CursorContext
 from kspec.engine.syntax.languages import ts_language
 from kspec.engine.syntax.lexer import CLOSE, OPEN, lex
+from kspec.engine.syntax.pynames import NEEDS_LINES
 
-NEEDS_LINES = 10
 LANGUAGES = frozenset({"javascript", "typescript", "tsx"})
 
 _WORD = re.compile(r"[A-Za-z_$][\w$]*")
@@ -51,7 +52,7 @@ GLOBALS = frozenset(
     Float64Array BigInt64Array BigUint64Array Map Set WeakMap WeakSet WeakRef
     FinalizationRegistry ArrayBuffer SharedArrayBuffer DataView Atomics JSON Promise Reflect
     Proxy Intl Iterator
-    console window document navigator location history self globalThis fetch Request
+    console window document navigator location history self fetch Request
     Response Headers URL URLSearchParams FormData Blob File FileReader TextEncoder TextDecoder
     AbortController AbortSignal Event EventTarget CustomEvent WebSocket Worker XMLHttpRequest
     localStorage sessionStorage performance crypto structuredClone queueMicrotask
@@ -102,19 +103,16 @@ def words(text: str) -> frozenset[str]:
     return frozenset(_WORD.findall(text))
 
 
-def needs_end(suffix: str, ctx: CursorContext) -> int:
-    """How many characters of the suffix its needed names are read in: its first
-    `NEEDS_LINES` lines, up to the closer of a bracket opened before the cursor (the end of
-    the block around it; what follows is not the hole's business)."""
-    lines = suffix.split("\n", NEEDS_LINES)
-    head = "\n".join(lines[:NEEDS_LINES])
-    if ctx.spec is None:
-        return len(head)
-    depth = 0
-    for tok in lex(head, ctx.spec, ctx.start_state, newlines=False).tokens:
-        depth += (tok.kind == OPEN) - (tok.kind == CLOSE)
-        if depth < 0:
-            return tok.start
+def block_end(head: str, ctx: CursorContext) -> int:
+    """Where in `head` (the suffix's first lines) the closer of a bracket opened before the
+    cursor is (the end of the block around it; what follows is not the hole's business), or
+    its length when it has none."""
+    if ctx.spec is not None:
+        depth = 0
+        for tok in lex(head, ctx.spec, ctx.start_state, newlines=False).tokens:
+            depth += (tok.kind == OPEN) - (tok.kind == CLOSE)
+            if depth < 0:
+                return tok.start
     return len(head)
 
 
@@ -134,6 +132,15 @@ def _is_read(node: tree_sitter.Node) -> bool:
     return not (parent is not None and parent.type in _JSX_NAMES and _text(node)[:1].islower())
 
 
+def _names(language: str, root: tree_sitter.Node, start: int, end: int) -> tuple[list[tree_sitter.Node], list[tree_sitter.Node]]:
+    """(reading nodes, binding nodes) of code that overlaps [start, end) (bytes): one query each."""
+    reads, bindings = _queries(language)
+    bound = _captured(bindings, root, start, end)
+    spans = {(node.start_byte, node.end_byte) for node in bound}
+    read = [node for node in _captured(reads, root, start, end) if (node.start_byte, node.end_byte) not in spans and _is_read(node)]
+    return read, bound
+
+
 def bound_names(language: str, root: tree_sitter.Node, start: int, end: int) -> frozenset[str]:
     """Names bound by code that overlaps [start, end) (bytes)."""
     return frozenset(_text(node) for node in _captured(_queries(language)[1], root, start, end))
@@ -141,11 +148,7 @@ def bound_names(language: str, root: tree_sitter.Node, start: int, end: int) -> 
 
 def read_names(language: str, root: tree_sitter.Node, start: int, end: int) -> frozenset[str]:
     """Names read (not bound) by code that overlaps [start, end) (bytes)."""
-    reads, bindings = _queries(language)
-    bound = {(node.start_byte, node.end_byte) for node in _captured(bindings, root, start, end)}
-    return frozenset(
-        _text(node) for node in _captured(reads, root, start, end) if (node.start_byte, node.end_byte) not in bound and _is_read(node)
-    )
+    return frozenset(_text(node) for node in _names(language, root, start, end)[0])
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,7 @@ class WindowNames:
     ) -> "WindowNames":
         """`prefix` / `suffix`: the window as given; `root`: the tree of the text the checks
         parse (the repaired window), with the cursor at byte `cursor` of it; the suffix's reads
-        that may be needed are those before byte `needs_end` there (`needs_end`); `above`: the
+        that may be needed are those before byte `needs_end` there (`block_end`); `above`: the
         words of the file above the window, when the caller has them (`words`)."""
         before = words(prefix) | above
         needs = read_names(language, root, cursor, needs_end) - before - GLOBALS if needs_end > cursor else frozenset()
@@ -171,14 +174,15 @@ class WindowNames:
             needs -= bound_names(language, root, 0, root.end_byte)
         return cls(language, before | words(suffix), needs)
 
-    def undefined(self, root: tree_sitter.Node, start: int, end: int) -> list[str]:
-        """Names the alternative at bytes [start, end) of the tree `root` reads that nothing vouches for."""
-        unknown = read_names(self.language, root, start, end) - self.words - GLOBALS
-        return sorted(unknown - bound_names(self.language, root, start, end)) if unknown else []
-
-    def needs_met(self, root: tree_sitter.Node, start: int, end: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """(needed names the alternative binds, needed names it leaves undefined)."""
+    def judge(self, root: tree_sitter.Node, start: int, cursor: int, end: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """(names read that nothing vouches for, needed names bound, needed names left unbound)
+        for the alternative at bytes [cursor, end) of the tree `root`; its reads and bindings
+        from `start` (the word before the cursor it goes on with: `len` -> `length`), the needed
+        names' bindings from the cursor on."""
+        read, bound = _names(self.language, root, start, end)
+        binds = frozenset(_text(node) for node in bound)
+        unknown = frozenset(_text(node) for node in read) - self.words - GLOBALS - binds
         if not self.needs:
-            return (), ()
-        bound = bound_names(self.language, root, start, end)
-        return tuple(sorted(self.needs & bound)), tuple(sorted(self.needs - bound))
+            return tuple(sorted(unknown)), (), ()
+        after = frozenset(_text(node) for node in bound if node.end_byte > cursor)
+        return tuple(sorted(unknown)), tuple(sorted(self.needs & after)), tuple(sorted(self.needs - after))
