@@ -1,7 +1,8 @@
 """`kspec bench step`: one whole decode step (logits included) per compute path, interleaved.
 
 For each path (`--dtype` values: float32 is today's exact path, auto the CPU fast path;
-`auto/4bit` and `auto/4bit+dense` pin the fast path's `--cpu-weights`) and each row count —
+`auto/4bit` and `auto/4bit+dense` pin the fast path's `--cpu-weights`, `auto/torch` its
+`--cpu-kernels`: PyTorch ops instead of the C++ layer loop) and each row count —
 k branches x 1 new token for k in --ks, and the verification of k_max x (gamma + 1) drafted
 positions — one forward pass over a shared prompt prefix (the engine's BranchKVCache,
 bifurcated attention) plus the logits of every row; and the cold prefill of the whole prompt
@@ -27,7 +28,7 @@ from torch import nn
 from kspec.bench.stats import median, time_interleaved
 from kspec.engine.cache.kv import BranchKVCache
 from kspec.engine.cache.prefix_cache import prefill_uncached
-from kspec.engine.config import EngineConfig
+from kspec.engine.config import CPU_KERNELS, EngineConfig
 from kspec.engine.models.loading import LoadedModel, load_model
 from kspec.engine.models.quantized import CpuLinear
 from kspec.engine.models.transformer import Transformer
@@ -108,9 +109,17 @@ def _step_runner(model: Transformer, cache: BranchKVCache, case: StepCase) -> Ca
 
 
 def path_config(config: EngineConfig, path: str) -> EngineConfig:
-    """A --paths entry: a --dtype value, or auto/<cpu-weights value>."""
-    dtype, _, weights = path.partition("/")
-    return replace(config, dtype=dtype, cpu_weights=weights or config.cpu_weights)
+    """A --paths entry: a --dtype value, then optionally /<--cpu-weights value> and/or
+    /<--cpu-kernels value> (auto/4bit, auto/torch, auto/4bit/torch)."""
+    dtype, *pins = path.split("/")
+    kernels = [pin for pin in pins if pin in CPU_KERNELS]
+    weights = [pin for pin in pins if pin not in CPU_KERNELS]
+    if len(kernels) > 1 or len(weights) > 1:
+        raise ValueError(f"{path!r}: at most one --cpu-weights and one --cpu-kernels value")
+    return replace(
+        config, dtype=dtype, cpu_weights=weights[0] if weights else config.cpu_weights,
+        cpu_kernels=kernels[0] if kernels else config.cpu_kernels,
+    )  # fmt: skip
 
 
 def _prefill_runner(model: Transformer, prompt: list[int]) -> Callable[[], int]:
@@ -148,7 +157,7 @@ def bench_step(
     try:
         configs = {path: path_config(config, path) for path in paths}
     except ValueError as exc:
-        raise ValueError(f"bench step paths are --dtype values or auto/<--cpu-weights value>: {exc}") from exc
+        raise ValueError(f"bench step paths are --dtype values, optionally /<--cpu-weights>/<--cpu-kernels value>: {exc}") from exc
     loaded: dict[str, LoadedModel] = {path: load_model(config.model, configs[path]) for path in paths}
     prompt = inspect.getsource(json.decoder)
     ids = loaded[paths[0]].tokenizer.encode(prompt * (1 + prompt_tokens // 2000))[:prompt_tokens]

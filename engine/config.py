@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto, or torch dtype names (this module imports no torch: the language server reads it)
 DRAFTER_CHOICES = ("auto", "lookup", "model", "layerskip", "none")
 CPU_WEIGHTS = ("auto", "4bit", "4bit+dense")  # the CPU fast path's resident weights (engine/models/cpu_fast.py)
+CPU_KERNELS = ("auto", "torch")  # the CPU fast path's decode steps: the C++ layer loop where it builds, or PyTorch ops only
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"  # the whole value
 
 
@@ -52,6 +53,11 @@ class EngineConfig:
         "weight memory); auto: 4bit+dense (a bfloat16 copy) where the CPU computes bfloat16 natively, else 4bit",
         choices=CPU_WEIGHTS,
     )  # fmt: skip
+    cpu_kernels: str = option(
+        "auto", "the CPU fast path's decode steps of few rows: auto: every layer in one C++ call (kernels/cpu_layers.py, "
+        "built once with this machine's compiler, ~2x faster at one row; PyTorch ops where it cannot be built); "
+        "torch: PyTorch ops only", choices=CPU_KERNELS,
+    )  # fmt: skip
     device: str = option("cpu", "'cpu' or 'cuda[:N]'", pattern=DEVICE_PATTERN, setting=True)
     prompt_tokens: int = 1536  # token budget for prefix + suffix
     threads: int | None = option(None, "torch intra-op threads (default: torch's, one per core)")
@@ -79,6 +85,8 @@ class EngineConfig:
             raise ValueError(f"prompt_tokens must be >= 16, got {self.prompt_tokens}")
         if self.cpu_weights not in CPU_WEIGHTS:
             raise ValueError(f"cpu_weights must be one of {', '.join(CPU_WEIGHTS)}, got {self.cpu_weights!r}")
+        if self.cpu_kernels not in CPU_KERNELS:
+            raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}, got {self.cpu_kernels!r}")
         if self.prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         if self.drafter not in DRAFTER_CHOICES:

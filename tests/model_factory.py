@@ -9,11 +9,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import save_file
 
 from kspec.engine.models.args import ModelArgs
 from kspec.engine.models.resolve import resolve_model
-from kspec.engine.models.transformer import init_random
+from kspec.engine.models.quantized import Q4Codes
+from kspec.engine.models.transformer import Transformer, init_random
 
 TOKENIZER_VOCAB = 49152  # the default model's tokenizer
 
@@ -64,3 +66,19 @@ def write_random_model(folder: Path, family: str = "llama", seed: int = 0, **ove
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     shutil.copyfile(resolve_model(None, progress=False).folder / "tokenizer.json", folder / "tokenizer.json")
     return folder
+
+
+def quantized_model(family: str, seed: int) -> tuple[Transformer, dict[str, Q4Codes]]:
+    """A random float32 model whose projection weights are exactly 4-bit weights, and those codes."""
+    args = ModelArgs.from_hf_config(random_config(family, vocab_size=512))
+    model = init_random(args, seed)
+    codes = {}
+    with torch.no_grad():
+        for name, module in model.model.layers.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.mul_(8.0)  # std 0.16: peaked logits, as a trained model's
+                q4 = Q4Codes.quantize(module.weight)
+                module.weight.copy_(q4.dequantize())
+                codes[f"model.layers.{name}.weight"] = q4
+        model.lm_head.weight.mul_(8.0)
+    return model, codes

@@ -23,7 +23,7 @@ def test_wheel_installs_only_the_kspec_namespace(tmp_path: Path) -> None:
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert {top for top in tops if not top.endswith(".dist-info")} == {"kspec"}
     names = zipfile.ZipFile(wheel).namelist()
-    for module in ("kspec/cli/main.py", "kspec/engine/request.py", "kspec/kernels/contract.py", "kspec/bench/stats.py"):
+    for module in ("kspec/cli/main.py", "kspec/engine/request.py", "kspec/kernels/contract.py", "kspec/kernels/csrc/branch_layers.cpp", "kspec/bench/stats.py"):
         assert module in names
 
 

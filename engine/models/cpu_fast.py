@@ -15,6 +15,9 @@ Why each piece (2 threads, SmolLM2-135M, a 512-token prompt; README "Measured"):
 - without a dense copy the embedding table is kept as its 4-bit terms too (`Int4Embedding`,
   exact), and a tied head multiplies those terms at every row count;
 - fusing projections halves the number of small matmuls a step launches;
+- a step of few rows over the branch cache runs every layer in one C++ call
+  (`native_step.NativeSteps`, kernels/cpu_layers.py) where this machine can build it: a
+  step's ~35 small ops per layer cost more than its 4-bit matmuls at one row;
 - embeddings, norms, attention and the KV cache stay float32; the head (Q8_0 in the default
   GGUF, tied to the embedding) is two 4-bit terms (for few rows, with a dense copy above: the
   float32 table itself, or a packed bfloat16 copy, and then the embedding is looked up from its
@@ -32,7 +35,9 @@ import torch
 from kspec.engine.models.quantized import (
     CpuLinear, Int4Embedding, Q4Codes, fused_linear, int4_kernel_available, weight_terms,
 )
+from kspec.engine.models.native_step import NativeSteps
 from kspec.engine.models.transformer import Transformer
+from kspec.kernels import cpu_layers
 
 FAST_CAPABILITIES = ("AVX512",)  # torch's CPU kernel levels the fast path was measured on
 
@@ -49,6 +54,7 @@ class FastPath:
     int4_max_rows: int | None = None  # 4-bit kernel up to this many rows per matmul, the dense copy above; None: INT4_MAX_ROWS
     keep_dense: bool | None = None  # a dense copy for many rows; None: where the CPU has native bfloat16
     dense_dtype: torch.dtype | None = None  # None: bfloat16 on a CPU with native bfloat16, else float32
+    native_steps: bool = True  # few-row branch steps through the C++ layer loop where it builds
 
     def __post_init__(self) -> None:
         if self.int4_max_rows is not None and self.int4_max_rows < 0:
@@ -57,12 +63,14 @@ class FastPath:
             raise ValueError(f"dense_dtype must be float32 or bfloat16, got {self.dense_dtype}")
 
     @classmethod
-    def for_weights(cls, cpu_weights: str) -> "FastPath":
-        """EngineConfig.cpu_weights: auto, 4bit or 4bit+dense."""
+    def for_weights(cls, cpu_weights: str, cpu_kernels: str = "auto") -> "FastPath":
+        """EngineConfig.cpu_weights (auto, 4bit or 4bit+dense) and cpu_kernels (auto or torch)."""
         choices = {"auto": None, "4bit": False, "4bit+dense": True}
         if cpu_weights not in choices:
             raise ValueError(f"cpu_weights must be one of {', '.join(choices)}, got {cpu_weights!r}")
-        return cls(keep_dense=choices[cpu_weights])
+        if cpu_kernels not in ("auto", "torch"):
+            raise ValueError(f"cpu_kernels must be auto or torch, got {cpu_kernels!r}")
+        return cls(keep_dense=choices[cpu_weights], native_steps=cpu_kernels == "auto")
 
     def resolved_dense_dtype(self) -> torch.dtype:
         return self.dense_dtype or (torch.bfloat16 if native_bf16_cpu() else torch.float32)
@@ -119,6 +127,8 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     float_weights_kept = keep_dense and dense_dtype == torch.float32  # loaded and kept anyway: the table stays float32
     if embed_terms and not float_table_needed and not float_weights_kept:
         model.model.embed_tokens = Int4Embedding(embed_terms, model.dtype)
+    op = cpu_layers.load() if path.native_steps else None
+    model.native_steps = NativeSteps.for_model(model, op) if op is not None else None
     return model
 
 
@@ -133,10 +143,13 @@ def describe(model: Transformer) -> str:
     int4 = [m for m in linears if m.has_int4]
     if not int4:
         return f"{base}, fused projections ({dense_text})"
-    embedding = ", 4-bit embedding" if isinstance(model.model.embed_tokens, Int4Embedding) else ""
-    if dense is None:
-        return f"{base} + int4 from the GGUF ({len(int4)}/{len(linears)} matmuls at every row count{embedding})"
-    return (
-        f"{base} + int4 from the GGUF ({len(int4)}/{len(linears)} matmuls up to "
-        f"{int4[0].int4_max_rows} rows, {dense_text} above{embedding})"
-    )
+    rows = "at every row count" if dense is None else f"up to {int4[0].int4_max_rows} rows, {dense_text} above"
+    notes = [f"{len(int4)}/{len(linears)} matmuls {rows}"]
+    if isinstance(model.model.embed_tokens, Int4Embedding):
+        notes.append("4-bit embedding")
+    if model.native_steps is not None:
+        limit = model.native_steps.max_rows
+        notes.append("C++ layer loop" + (f" up to {limit} rows" if limit is not None else ""))
+    elif reason := cpu_layers.unavailable_reason(tried_only=True):
+        notes.append(reason)
+    return f"{base} + int4 from the GGUF ({', '.join(notes)})"

@@ -8,6 +8,7 @@ owns the buffers, the positions and the masks; the model never copies KV.
 from __future__ import annotations
 
 from itertools import islice
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,9 @@ from torch import Tensor, nn
 from kspec.engine.cache.kv import CacheShape, KVCache, StepContext
 from kspec.engine.models.args import ModelArgs
 from kspec.engine.models.rope import apply_rotary, inverse_frequencies, rotary_cos_sin
+
+if TYPE_CHECKING:
+    from kspec.engine.models.native_step import NativeSteps
 
 
 class RMSNorm(nn.Module):
@@ -138,6 +142,7 @@ class Transformer(nn.Module):
         self.register_buffer(
             "inv_freq", inverse_frequencies(args.head_dim, args.rope_theta, args.rope_scaling), persistent=False
         )
+        self.native_steps: NativeSteps | None = None  # the CPU fast path's C++ layer loop (cpu_fast.to_fast_path)
 
     @property
     def cache_shape(self) -> CacheShape:
@@ -160,6 +165,9 @@ class Transformer(nn.Module):
         step = cache.prepare(tokens.shape[1])
         cos, sin = rotary_cos_sin(step.positions, self.inv_freq, self.dtype)  # [B, T, 1, D]
         x = self.model.embed_tokens(tokens)  # [B, T, dim]
+        native = self.native_steps
+        if native is not None and native.serves(cache, tokens.numel()):
+            return self.model.norm(native(x, cos, sin, cache, n_layers))
         for index, block in enumerate(islice(self.model.layers, n_layers)):  # a slice would build a new ModuleList per call
             x = block(x, cos, sin, cache, index, step)
         return self.model.norm(x)

@@ -9,13 +9,17 @@ from kspec.bench.step import bench_step, path_config
 from kspec.engine.config import EngineConfig
 
 
-def test_paths_pin_dtype_and_cpu_weights() -> None:
+def test_paths_pin_dtype_cpu_weights_and_cpu_kernels() -> None:
     config = EngineConfig(progress=False)
     assert path_config(config, "float32").dtype == "float32"
     assert (path_config(config, "auto/4bit").dtype, path_config(config, "auto/4bit").cpu_weights) == ("auto", "4bit")
     assert path_config(config, "auto/4bit+dense").cpu_weights == "4bit+dense"
+    assert (path_config(config, "auto/torch").cpu_kernels, path_config(config, "auto/torch").cpu_weights) == ("torch", "auto")
+    assert (path_config(config, "auto/4bit/torch").cpu_kernels, path_config(config, "auto/4bit/torch").cpu_weights) == ("torch", "4bit")
     with pytest.raises(ValueError, match="cpu_weights"):
         path_config(config, "auto/int8")
+    with pytest.raises(ValueError, match="at most one"):
+        path_config(config, "auto/4bit/4bit+dense")
 
 
 def test_step_report_has_every_case_for_every_path(tmp_path) -> None:

@@ -1,0 +1,269 @@
+// Every decoder layer of one branch step in C++: the CPU fast path's decode loop without Python
+// between ops (kernels/cpu_layers.py builds and calls it; engine/models/native_step.py says when).
+//
+// A decode step of the default model runs ~35 ATen ops per layer at 2-5 us of Python and
+// dispatch each, more than the 4-bit matmuls themselves at one row. Here a layer is four calls
+// of PyTorch's int4 kernel (aten::_weight_int4pack_mm_for_cpu: q|k|v, o, gate|up, down) and
+// loops over the few rows of the step for the rest: RMSNorm into bfloat16, rotary, the KV
+// writes, bifurcated attention, SiLU-gated MLP, residual adds.
+//
+// Numbers as in the PyTorch fast path: the residual stream, norms, rotary, attention and KV in
+// float32; the matmuls' inputs and outputs bfloat16. The gate's SiLU times up is rounded to
+// bfloat16 once (PyTorch rounds after the SiLU and after the product).
+//
+// Attention (the contract of kernels/contract.py, no sliding window): query t of branch b sees
+// every prefix key and its branch's entries j < len_b + t + 1 (len_b: entries before this
+// step); two calls of PyTorch's CPU flash kernel and a log-sum-exp merge, as kernels/cpu_fused.py
+// (a hand-written loop over the keys was 2x slower than the kernel's blocked matmuls).
+//
+// bfloat16 is handled as its bits (uint16_t) so that the loops vectorize: c10::BFloat16's
+// conversions keep them scalar.
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <tuple>
+
+namespace {
+
+using at::Tensor;
+using bf16 = uint16_t;  // a bfloat16's bits
+
+// float -> bfloat16, rounded to nearest even (NaN stays NaN), as c10::BFloat16 rounds
+inline bf16 to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<bf16>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+}
+
+inline float from_bf16(bf16 b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+bf16* bf16_data(const Tensor& t) { return reinterpret_cast<bf16*>(t.data_ptr<c10::BFloat16>()); }
+
+constexpr int64_t kGroup = 32;         // weights per 4-bit group (GGUF Q4 blocks)
+constexpr int64_t kMaxHeadDim = 512;
+
+// e^x for x <= 0 (softmax terms after subtracting the maximum): Cephes' polynomial, ~2 ulp,
+// written so the compiler vectorizes it (std::exp in a loop stays scalar). Below e^-60 it is
+// 0: such a weight changes no float32 sum of terms up to 1, and its products with the values
+// would be denormal numbers, which cost x86 ~100 cycles each.
+inline float exp_nonpositive(float x) {
+  const bool negligible = x < -60.0f;
+  x = std::max(x, -60.0f);
+  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return negligible ? 0.0f : y * scale;
+}
+
+// x / (1 + e^-x), from e^-|x| so that the exponent is never positive
+inline float silu(float x) {
+  const float t = exp_nonpositive(-std::fabs(x));
+  return (x >= 0.f ? x : x * t) / (1.f + t);
+}
+
+// out[r] = bf16(x[r] * rsqrt(mean(x[r]^2) + eps) * w), x [rows, n] float32
+void rms_norm_to_bf16(const float* x, const float* w, bf16* out, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < n; ++i) squares += xr[i] * xr[i];
+    const float inv = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
+    bf16* o = out + r * n;
+    for (int64_t i = 0; i < n; ++i) o[i] = to_bf16(xr[i] * inv * w[i]);
+  }
+}
+
+void add_bf16(float* x, const bf16* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += from_bf16(y[i]);
+}
+
+struct Dims {
+  int64_t rows, dim, heads, kv_heads, head_dim, n_new, branches, capacity;
+};
+
+// The branch piece's additive mask [k, 1, T, cols]: query t of branch b sees entries
+// j < lengths[b] + t + 1; none when every query sees every column (one new token, equal lengths).
+std::optional<Tensor> branch_mask(const Dims& s, at::IntArrayRef lengths, int64_t cols) {
+  const bool uniform = std::all_of(lengths.begin(), lengths.end(), [&](int64_t n) { return n == lengths[0]; });
+  if (s.n_new == 1 && uniform) return std::nullopt;
+  Tensor mask = at::zeros({s.branches, 1, s.n_new, cols}, at::kFloat);
+  float* m = mask.data_ptr<float>();
+  for (int64_t b = 0; b < s.branches; ++b)
+    for (int64_t t = 0; t < s.n_new; ++t)
+      for (int64_t j = lengths[b] + t + 1; j < cols; ++j) m[(b * s.n_new + t) * cols + j] = -INFINITY;
+  return mask;
+}
+
+// Bifurcated attention of one layer through PyTorch's CPU flash kernel, as
+// kernels/cpu_fused.py does it: queries [R, H, D] (float32) of every branch as the rows of ONE
+// batch against the single copy of the prefix [1, Hkv, P, D], each branch's queries against
+// its own entries [k, Hkv, cols, D], merged by their log-sum-exps into out [R, H * D] bfloat16.
+void attend_layer(const Dims& s, const Tensor& queries, const Tensor& prefix_k, const Tensor& prefix_v,
+                  const Tensor& branch_k, const Tensor& branch_v, int64_t cols, const std::optional<Tensor>& mask,
+                  bf16* out) {
+  const int64_t H = s.heads, D = s.head_dim, T = s.n_new;
+  Tensor branch_q = queries.view({s.branches, T, H, D}).transpose(1, 2);  // [k, H, T, D]
+  auto [out_b, lse_b] = at::_scaled_dot_product_flash_attention_for_cpu(
+      branch_q, branch_k.narrow(2, 0, cols), branch_v.narrow(2, 0, cols), 0.0, false, mask);
+  // out_b [k, H, T, D], lse_b [k, H, T]
+  const bool has_prefix = prefix_k.size(2) > 0;
+  Tensor out_p, lse_p;
+  if (has_prefix) {
+    Tensor rows = queries.permute({1, 0, 2}).unsqueeze(0);  // [1, H, R, D]
+    std::tie(out_p, lse_p) = at::_scaled_dot_product_flash_attention_for_cpu(rows, prefix_k, prefix_v);
+  }  // out_p [1, H, R, D], lse_p [1, H, R]
+  TORCH_CHECK(out_b.stride(3) == 1 && (!has_prefix || out_p.stride(3) == 1), "kspec branch_layers: flash output rows not contiguous");
+  auto ob = out_b.accessor<float, 4>();
+  auto lb = lse_b.accessor<float, 3>();
+  const float* shared_base = has_prefix ? out_p.data_ptr<float>() : nullptr;
+  const Tensor lse_rows = has_prefix ? lse_p.contiguous() : lse_p;  // [1, H, R]
+  const float* lse_shared = has_prefix ? lse_rows.data_ptr<float>() : nullptr;
+  for (int64_t r = 0; r < s.rows; ++r) {
+    const int64_t b = r / T, t = r % T;
+    for (int64_t h = 0; h < H; ++h) {
+      bf16* o = out + (r * H + h) * D;
+      const float* own = &ob[b][h][t][0];
+      if (!has_prefix) {
+        for (int64_t d = 0; d < D; ++d) o[d] = to_bf16(own[d]);
+        continue;
+      }
+      const float* shared = shared_base + h * out_p.stride(1) + r * out_p.stride(2);
+      // e^lse_p / (e^lse_p + e^lse_b), from the difference so that nothing overflows
+      const float share = 1.f / (1.f + std::exp(lb[b][h][t] - lse_shared[h * s.rows + r]));
+      for (int64_t d = 0; d < D; ++d) o[d] = to_bf16(own[d] + share * (shared[d] - own[d]));
+    }
+  }
+}
+
+Tensor int4_mm(const Tensor& x, const Tensor& packed, const Tensor& scales_zeros) {
+  return at::_weight_int4pack_mm_for_cpu(x, packed, kGroup, scales_zeros);
+}
+
+void check(bool ok, const char* what) { TORCH_CHECK(ok, "kspec branch_layers: ", what); }
+
+}  // namespace
+
+// x [R, dim] float32 (R = k * T rows, row r: branch r / T, new token r % T); cos, signed sin
+// [R, D] float32 (engine/models/rope.py: rotate_half folded into a roll and a signed sin).
+// Per layer l: input and post-attention norm weights [dim]; the int4 kernel's packed weights
+// and scales/zeros of q|k|v, o, gate|up and down; the q|k|v bias [(H + 2 Hkv) D] or none.
+// prefix_k/v [L, 1, Hkv, P, D] (unit last stride), branch_k/v [L, k, Hkv, S, D] contiguous,
+// written at slots lengths[b] + t. Returns the residual stream after the last layer [R, dim].
+Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed_sin, at::TensorList input_norm,
+                     at::TensorList qkv_packed, at::TensorList qkv_scales, at::TensorList qkv_bias,
+                     at::TensorList o_packed, at::TensorList o_scales, at::TensorList post_norm,
+                     at::TensorList gate_up_packed, at::TensorList gate_up_scales, at::TensorList down_packed,
+                     at::TensorList down_scales, const Tensor& prefix_k, const Tensor& prefix_v, const Tensor& branch_k,
+                     const Tensor& branch_v, at::IntArrayRef lengths, int64_t n_new, int64_t heads, int64_t kv_heads,
+                     double eps) {
+  const int64_t layers = input_norm.size();
+  check(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be [R, dim] float32");
+  check(branch_k.dim() == 5 && branch_k.is_contiguous() && branch_v.is_contiguous(), "branch buffers must be contiguous [L, k, Hkv, S, D]");
+  check(branch_k.scalar_type() == at::kFloat && prefix_k.scalar_type() == at::kFloat, "the KV cache must be float32");
+  check(prefix_k.dim() == 5 && prefix_k.stride(4) == 1 && prefix_v.strides() == prefix_k.strides(), "prefix KV must be [L, 1, Hkv, P, D] with unit last stride");
+  check(branch_k.size(0) >= layers && prefix_k.size(0) >= layers, "fewer cache layers than weights");
+  check(qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == layers, "one q|k|v bias per layer or none");
+  Dims s{};
+  s.rows = x_in.size(0);
+  s.dim = x_in.size(1);
+  s.heads = heads;
+  s.kv_heads = kv_heads;
+  s.head_dim = branch_k.size(4);
+  s.n_new = n_new;
+  s.branches = static_cast<int64_t>(lengths.size());
+  s.capacity = branch_k.size(3);
+  check(s.rows == s.branches * n_new && heads % kv_heads == 0 && s.head_dim % 2 == 0, "rows, heads or head size do not fit");
+  check(s.head_dim <= kMaxHeadDim, "head size above 512");
+  check(cos.sizes() == signed_sin.sizes() && cos.size(0) == s.rows && cos.size(1) == s.head_dim, "cos/sin must be [R, D]");
+  for (int64_t b = 0; b < s.branches; ++b) check(lengths[b] >= 0 && lengths[b] + n_new <= s.capacity, "a branch outgrows its buffer");
+  const int64_t D = s.head_dim, half = D / 2, qkv_width = (heads + 2 * kv_heads) * D;
+  const int64_t cols = *std::max_element(lengths.begin(), lengths.end()) + n_new;  // branch keys any query sees
+  const std::optional<Tensor> mask = branch_mask(s, lengths, cols);
+
+  Tensor x = x_in.contiguous().clone();  // [R, dim] the residual stream
+  Tensor normed = at::empty({s.rows, s.dim}, x.options().dtype(at::kBFloat16));  // [R, dim]
+  Tensor attn = at::empty({s.rows, heads * D}, normed.options());  // [R, H * D]
+  Tensor queries = at::empty({s.rows, heads, D}, x.options());  // [R, H, D] rotated
+  Tensor cos_c = cos.contiguous(), sin_c = signed_sin.contiguous();
+  float* xp = x.data_ptr<float>();
+  float* qp = queries.data_ptr<float>();
+  const float* cp = cos_c.data_ptr<float>();
+  const float* sp = sin_c.data_ptr<float>();
+  const int64_t cache_layer = branch_k.stride(0);
+  for (int64_t l = 0; l < layers; ++l) {
+    rms_norm_to_bf16(xp, input_norm[l].data_ptr<float>(), bf16_data(normed), s.rows, s.dim, static_cast<float>(eps));
+    Tensor qkv = int4_mm(normed, qkv_packed[l], qkv_scales[l]);  // [R, (H + 2 Hkv) D] bfloat16
+    const bf16* proj = bf16_data(qkv);
+    const float* bias = qkv_bias.empty() ? nullptr : qkv_bias[l].data_ptr<float>();
+    float* bk = branch_k.data_ptr<float>() + l * cache_layer;
+    float* bv = branch_v.data_ptr<float>() + l * cache_layer;
+    for (int64_t r = 0; r < s.rows; ++r) {  // rotary on q and k, k and v into the branch buffers
+      const int64_t b = r / n_new, slot = lengths[b] + r % n_new;
+      const float* c = cp + r * D;
+      const float* sn = sp + r * D;
+      for (int64_t h = 0; h < heads + 2 * kv_heads; ++h) {
+        const bf16* src = proj + r * qkv_width + h * D;
+        const float* bias_h = bias ? bias + h * D : nullptr;
+        float value[kMaxHeadDim];
+        for (int64_t i = 0; i < D; ++i) value[i] = from_bf16(src[i]);
+        if (bias_h)
+          for (int64_t i = 0; i < D; ++i) value[i] += bias_h[i];
+        if (h >= heads + kv_heads) {
+          std::memcpy(bv + ((b * kv_heads + h - heads - kv_heads) * s.capacity + slot) * D, value, D * sizeof(float));
+          continue;
+        }
+        float* dst = h < heads ? qp + (r * heads + h) * D : bk + ((b * kv_heads + h - heads) * s.capacity + slot) * D;
+        for (int64_t i = 0; i < half; ++i) dst[i] = value[i] * c[i] + value[i + half] * sn[i];  // roll by D/2
+        for (int64_t i = half; i < D; ++i) dst[i] = value[i] * c[i] + value[i - half] * sn[i];
+      }
+    }
+    attend_layer(s, queries, prefix_k[l], prefix_v[l], branch_k[l], branch_v[l], cols, mask, bf16_data(attn));
+    add_bf16(xp, bf16_data(int4_mm(attn, o_packed[l], o_scales[l])), s.rows * s.dim);
+    rms_norm_to_bf16(xp, post_norm[l].data_ptr<float>(), bf16_data(normed), s.rows, s.dim, static_cast<float>(eps));
+    Tensor gate_up = int4_mm(normed, gate_up_packed[l], gate_up_scales[l]);  // [R, 2 I] bfloat16
+    const int64_t inter = gate_up.size(1) / 2;
+    Tensor act = at::empty({s.rows, inter}, normed.options());  // [R, I]
+    const bf16* gu = bf16_data(gate_up);
+    bf16* ap = bf16_data(act);
+    for (int64_t r = 0; r < s.rows; ++r) {
+      const bf16* gate = gu + r * 2 * inter;
+      const bf16* up = gate + inter;
+      for (int64_t i = 0; i < inter; ++i) ap[r * inter + i] = to_bf16(silu(from_bf16(gate[i])) * from_bf16(up[i]));
+    }
+    add_bf16(xp, bf16_data(int4_mm(act, down_packed[l], down_scales[l])), s.rows * s.dim);
+  }
+  return x;
+}
+
+TORCH_LIBRARY(kspec, m) {
+  m.def(
+      "branch_layers(Tensor x, Tensor cos, Tensor signed_sin, Tensor[] input_norm, Tensor[] qkv_packed, "
+      "Tensor[] qkv_scales, Tensor[] qkv_bias, Tensor[] o_packed, Tensor[] o_scales, Tensor[] post_norm, "
+      "Tensor[] gate_up_packed, Tensor[] gate_up_scales, Tensor[] down_packed, Tensor[] down_scales, "
+      "Tensor prefix_k, Tensor prefix_v, Tensor(a!) branch_k, Tensor(b!) branch_v, int[] lengths, int n_new, "
+      "int heads, int kv_heads, float eps) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(kspec, CPU, m) { m.impl("branch_layers", branch_layers); }
