@@ -21,7 +21,7 @@ from kspec.engine.cache.kv import BranchCacheGroup, BranchKVCache, RaggedKVCache
 from kspec.engine.config import EngineConfig
 from kspec.engine.models.cpu_fast import FastPath, describe, to_fast_path
 from kspec.engine.models.loading import load_model
-from kspec.engine.models.native_step import NativeSteps
+from kspec.engine.models.native_step import LOOP_INT4_ROWS, NativeSteps
 from kspec.engine.models.transformer import EarlyExit, Transformer
 from kspec.kernels import cpu_layers
 
@@ -130,6 +130,9 @@ def test_what_the_loop_does_not_serve_takes_the_pytorch_ops() -> None:
     assert NativeSteps.for_model(_fast("starcoder2"), cpu_layers.load()) is None  # LayerNorm, ungated MLP, biases
     assert _fast("llama", native_steps=False).native_steps is None
     assert "C++ layer loop up to 16 rows" in describe(model)
+    model, codes = quantized_model("llama", 3)
+    dense_above_2 = to_fast_path(model, codes, FastPath(int4_max_rows=2, keep_dense=True))
+    assert dense_above_2.native_steps is not None and dense_above_2.native_steps.max_rows == LOOP_INT4_ROWS
 
 
 def test_a_sliding_window_that_would_hide_keys_takes_the_pytorch_ops() -> None:
