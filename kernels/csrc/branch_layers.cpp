@@ -23,6 +23,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -36,17 +37,13 @@ using bf16 = uint16_t;  // a bfloat16's bits
 
 // float -> bfloat16, rounded to nearest even (NaN stays NaN), as c10::BFloat16 rounds
 inline bf16 to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
+  const uint32_t u = std::bit_cast<uint32_t>(f);
   const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
   return static_cast<bf16>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
 }
 
 inline float from_bf16(bf16 b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
 }
 
 bf16* bf16_data(const Tensor& t) { return reinterpret_cast<bf16*>(t.data_ptr<c10::BFloat16>()); }
@@ -61,7 +58,7 @@ constexpr int64_t kMaxHeadDim = 512;
 inline float exp_nonpositive(float x) {
   const bool negligible = x < -60.0f;
   x = std::max(x, -60.0f);
-  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // rounded (1.5 * 2^23: floor() stays scalar)
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -70,9 +67,7 @@ inline float exp_nonpositive(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
+  const float scale = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);  // 2^n
   return negligible ? 0.0f : y * scale;
 }
 
@@ -80,6 +75,12 @@ inline float exp_nonpositive(float x) {
 inline float silu(float x) {
   const float t = exp_nonpositive(-std::fabs(x));
   return (x >= 0.f ? x : x * t) / (1.f + t);
+}
+
+// out = bf16(silu(gate) * up), rounded once
+void silu_times(const bf16* __restrict gate, const bf16* __restrict up, bf16* __restrict out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(silu(from_bf16(gate[i])) * from_bf16(up[i]));
 }
 
 // out[r] = bf16(x[r] * rsqrt(mean(x[r]^2) + eps) * w), x [rows, n] float32
@@ -91,11 +92,13 @@ void rms_norm_to_bf16(const float* x, const float* w, bf16* out, int64_t rows, i
     for (int64_t i = 0; i < n; ++i) squares += xr[i] * xr[i];
     const float inv = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
     bf16* o = out + r * n;
+#pragma omp simd
     for (int64_t i = 0; i < n; ++i) o[i] = to_bf16(xr[i] * inv * w[i]);
   }
 }
 
 void add_bf16(float* x, const bf16* y, int64_t n) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) x[i] += from_bf16(y[i]);
 }
 
@@ -250,7 +253,7 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
     for (int64_t r = 0; r < s.rows; ++r) {
       const bf16* gate = gu + r * 2 * inter;
       const bf16* up = gate + inter;
-      for (int64_t i = 0; i < inter; ++i) ap[r * inter + i] = to_bf16(silu(from_bf16(gate[i])) * from_bf16(up[i]));
+      silu_times(gate, up, ap + r * inter, inter);
     }
     add_bf16(xp, bf16_data(int4_mm(act, down_packed[l], down_scales[l])), s.rows * s.dim);
   }
