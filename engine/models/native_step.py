@@ -2,15 +2,17 @@
 (``kernels/cpu_layers.py``): which models and steps it serves, and its weights gathered once.
 
 It serves what a keystroke runs most: a forward pass of few rows (k branches x T new tokens,
-up to ``LOOP_INT4_ROWS`` or the projections' own 4-bit limit, ``CpuLinear.int4_max_rows``,
-whichever is larger; the loop always multiplies the 4-bit terms) over a ``BranchKVCache``
-(one shared prefix, each branch's own entries), for a llama-family model on the fast path:
+up to the projections' own 4-bit limit, ``CpuLinear.int4_max_rows``, or ``LOOP_INT4_ROWS``
+where that is larger and the dense copy bfloat16; the loop always multiplies the 4-bit terms)
+over a ``BranchKVCache`` (one shared prefix, each branch's own entries), for a llama-family
+model on the fast path:
 RMSNorm, q|k|v fused into one 4-bit matmul (a bias allowed), o, gate|up and down 4-bit,
 a SiLU-gated MLP, no key hidden by a sliding window. Everything else (prefill, verification
 above the row limit, several requests batched, StarCoder2, float32) takes the PyTorch ops.
 
-Measured (default model, 512-token prompt, 2 threads; README "Measured"): the forward pass
-of a k = 1 step 10.0 -> 4.6 ms, k = 4 13.0 -> 9.3 ms against the PyTorch fast path.
+Measured (`kspec bench step --paths auto,auto/torch`: default model, 512-token prompt,
+2 threads, a step with its logits; README "Measured"): k = 1 11.9 -> 6.7 ms, k = 4
+15.6 -> 10.5 ms, k = 8 21.7 -> 15.4 ms against the PyTorch ops.
 Numbers: within bfloat16 rounding of the PyTorch fast path (tests/unit/test_native_step.py).
 """
 
@@ -95,8 +97,12 @@ class NativeSteps:
             gate_up_packed=[t[2].packed for t in terms], gate_up_scales=[t[2].scales_zeros for t in terms],
             down_packed=[t[3].packed for t in terms], down_scales=[t[3].scales_zeros for t in terms],
         )  # fmt: skip
-        limits = [m.int4_max_rows for _, linears in parts for m in linears if m.has_dense]
-        max_rows = max(min(limits), LOOP_INT4_ROWS) if limits else None
+        dense = [m for _, linears in parts for m in linears if m.has_dense]
+        max_rows = min((m.int4_max_rows for m in dense), default=None)
+        if max_rows == 0:  # dense weights asked for at every row count: nothing for the loop
+            return None
+        if max_rows is not None and all(m.dense_dtype == torch.bfloat16 for m in dense):
+            max_rows = max(max_rows, LOOP_INT4_ROWS)  # measured against the bfloat16 copy
         return cls(weights, op, args.n_heads, args.n_kv_heads, args.norm_eps, max_rows, args.sliding_window)
 
     def serves(self, cache: KVCache, rows: int) -> TypeGuard[BranchKVCache]:
