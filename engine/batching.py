@@ -164,8 +164,10 @@ class ContinuousBatcher:
         try:
             with torch.inference_mode():
                 inputs = pad_rows([row for request_rows in plan.rows for row in request_rows], model.device)  # [B, T]
-                group = BranchCacheGroup([self._run_of(m).cache for m in plan.decode])
-                logits = model.logits(model(inputs, group))  # [B, T, V]
+                caches = [self._run_of(m).cache for m in plan.decode]
+                # one request: its own cache, which the CPU fast path's C++ layer loop serves
+                cache = caches[0] if len(caches) == 1 else BranchCacheGroup(caches)
+                logits = model.logits(model(inputs, cache))  # [B, T, V]
         except Exception as exc:  # a failed shared pass fails every request in it
             for member in plan.decode:
                 self._fail(member, exc)

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from kspec.engine.cache.kv import BranchKVCache, KVCache
 from kspec.engine.models.quantized import CpuLinear
+from kspec.engine.models.transformer import RMSNorm, Transformer
 
 # Rows the loop takes with the 4-bit terms even where the PyTorch path switches to a dense copy
 # above 4 (cpu_fast.INT4_MAX_ROWS): a k = 8 step, 8 rows, took 21.0 ms through the dense
@@ -68,10 +69,8 @@ class NativeSteps:
         self.sliding_window = sliding_window  # served only while it hides no key
 
     @classmethod
-    def for_model(cls, model: nn.Module, op: Callable[..., Tensor]) -> "NativeSteps | None":
+    def for_model(cls, model: Transformer, op: Callable[..., Tensor]) -> "NativeSteps | None":
         """For a fast-path Transformer whose every layer has the served form, else None."""
-        from kspec.engine.models.transformer import RMSNorm
-
         args, parts = model.args, []
         if model.dtype != torch.float32 or args.activation != "silu":
             return None

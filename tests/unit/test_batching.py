@@ -287,3 +287,30 @@ def test_an_early_answer_before_any_line_is_complete_shows_the_words_so_far(rand
             texts = _texts(interim)
             assert texts and len(set(texts)) == len(texts)
             assert all(any(full.startswith(text) for full in raw_alone) for text in texts)
+
+
+def test_a_round_of_one_request_runs_over_its_own_cache(random_engine, monkeypatch):
+    """Several requests share a BranchCacheGroup; one alone passes its BranchKVCache, the cache
+    the CPU fast path's C++ layer loop serves (engine/models/native_step.py)."""
+    from kspec.engine.cache.kv import BranchKVCache
+
+    model = random_engine.target.model
+    seen: list[type] = []
+    forward = type(model).forward
+    def recorded(self, tokens, cache, n_layers=None):
+        seen.append(type(cache))
+        return forward(self, tokens, cache, n_layers)
+
+    monkeypatch.setattr(type(model), "forward", recorded)
+    for count in (1, 2):
+        batcher = random_engine.batcher(max_requests=4)
+        outcomes = Outcomes()
+        for index in range(count):
+            batcher.add(_request(index, k=2, max_tokens=4), CancelToken(), outcomes.callback(index))
+        seen.clear()
+        _drain(batcher)
+        decode_caches = {kind for kind in seen if kind in (BranchKVCache, BranchCacheGroup)}
+        if count == 1:
+            assert decode_caches == {BranchKVCache}
+        else:  # together while both decode (one finishing first decodes the other alone)
+            assert BranchCacheGroup in decode_caches

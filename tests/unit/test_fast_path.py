@@ -22,16 +22,15 @@ import numpy as np
 import pytest
 import torch
 
-from model_factory import quantized_model, random_config
+from model_factory import quantized_model
 from kspec.engine.cache.kv import BranchKVCache, RaggedKVCache
 from kspec.engine.config import EngineConfig
 from kspec.engine.models import cpu_fast, loading, quantized
-from kspec.engine.models.args import ModelArgs
 from kspec.engine.models.cpu_fast import FastPath, describe, to_fast_path
 from kspec.engine.models.quantized import (
     GROUP, CpuLinear, Int4Embedding, Q4Codes, int4_kernel_available, load_q4, q8_0_terms, save_q4, weight_terms,
 )
-from kspec.engine.models.transformer import Transformer, init_random
+from kspec.engine.models.transformer import Transformer
 
 needs_int4 = pytest.mark.skipif(not int4_kernel_available(), reason="this PyTorch has no int4 CPU kernel")
 
