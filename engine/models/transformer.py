@@ -8,7 +8,7 @@ owns the buffers, the positions and the masks; the model never copies KV.
 from __future__ import annotations
 
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +18,15 @@ from kspec.engine.cache.kv import CacheShape, KVCache, StepContext
 from kspec.engine.models.args import ModelArgs
 from kspec.engine.models.rope import apply_rotary, inverse_frequencies, rotary_cos_sin
 
-if TYPE_CHECKING:
-    from kspec.engine.models.native_step import NativeSteps
+
+class LayerLoop(Protocol):
+    """Runs every block of some forward passes another way (engine/models/native_step.py)."""
+
+    def serves(self, cache: KVCache, rows: int) -> bool: ...
+
+    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Any, n_layers: int | None) -> Tensor:
+        """x [B, T, dim] -> the residual stream after the blocks [B, T, dim], over a cache `serves` took."""
+        ...
 
 
 class RMSNorm(nn.Module):
@@ -142,7 +149,7 @@ class Transformer(nn.Module):
         self.register_buffer(
             "inv_freq", inverse_frequencies(args.head_dim, args.rope_theta, args.rope_scaling), persistent=False
         )
-        self.native_steps: NativeSteps | None = None  # the CPU fast path's C++ layer loop (cpu_fast.to_fast_path)
+        self.native_steps: LayerLoop | None = None  # the CPU fast path's C++ layer loop (cpu_fast.to_fast_path)
 
     @property
     def cache_shape(self) -> CacheShape:
