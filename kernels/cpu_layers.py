@@ -1,7 +1,7 @@
 """Every decoder layer of a branch step in one C++ call (``csrc/branch_layers.cpp``: what it
 computes and why), built for this machine at first use.
 
-``load()`` compiles the source with ``torch.utils.cpp_extension`` and this machine's C++
+``load(cache_dir)`` compiles the source with ``torch.utils.cpp_extension`` and this machine's C++
 compiler (``-O3 -march=native``; ~8 s once, then found in the cache folder, rebuilt when the
 source or PyTorch changes) and returns the op, or None where it cannot be built (no compiler,
 no int4 kernel in this PyTorch); ``unavailable_reason()`` says why. Callers fall back to
@@ -25,11 +25,9 @@ SOURCE = Path(__file__).with_name("csrc") / "branch_layers.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp"]  # -fopenmp: at::parallel_for runs on one thread without it
 
 
-def build_folder() -> Path:
-    """Where the built library lives: the user cache folder, per torch version and CPU."""
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("kspec")) / "native" / f"torch-{torch.__version__}-{_cpu_tag()}"
+def build_folder(cache_dir: Path) -> Path:
+    """Where the built library lives under kspec's cache folder: per torch version and CPU."""
+    return cache_dir / "native" / f"torch-{torch.__version__}-{_cpu_tag()}"
 
 
 def _cpu_tag() -> str:
@@ -42,14 +40,14 @@ def _cpu_tag() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-@functools.lru_cache(maxsize=1)
-def _built() -> tuple[Callable[..., torch.Tensor] | None, str]:
+@functools.lru_cache(maxsize=None)
+def _built(cache_dir: Path) -> tuple[Callable[..., torch.Tensor] | None, str]:
     if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
         return None, "this PyTorch has no int4 CPU kernel"
     try:
         from torch.utils.cpp_extension import load as build
 
-        folder = build_folder()
+        folder = build_folder(cache_dir)
         folder.mkdir(parents=True, exist_ok=True)
         build("kspec_branch_layers", [str(SOURCE)], extra_cflags=FLAGS, build_directory=str(folder),
               is_python_module=False, verbose=False)  # fmt: skip
@@ -59,14 +57,15 @@ def _built() -> tuple[Callable[..., torch.Tensor] | None, str]:
         return None, f"the C++ layer loop could not be built ({first_line[:300]})"
 
 
-def load() -> Callable[..., torch.Tensor] | None:
-    """``torch.ops.kspec.branch_layers``, built if needed; None where it cannot be."""
-    return _built()[0]
+def load(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
+    """``torch.ops.kspec.branch_layers``, built under ``cache_dir`` if needed (kspec's cache
+    folder: engine/models/resolve.py ``cache_root``); None where it cannot be."""
+    return _built(cache_dir)[0]
 
 
-def unavailable_reason(tried_only: bool = False) -> str:
-    """Why ``load()`` gives None ('' when it does not; with tried_only, also '' when nothing
-    asked for it yet, so that asking builds nothing)."""
+def unavailable_reason(cache_dir: Path, tried_only: bool = False) -> str:
+    """Why ``load(cache_dir)`` gives None ('' when it does not; with tried_only, also '' when
+    this process has not asked for the loop yet, so that asking builds nothing)."""
     if tried_only and _built.cache_info().currsize == 0:
         return ""
-    return _built()[1]
+    return _built(cache_dir)[1]

@@ -23,4 +23,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 # The CPU fast path's C++ layer loop (kernels/cpu_layers.py), built once for this machine (~8 s)
 # so that the first request does not wait for it; where it cannot be built the PyTorch ops serve.
-.venv/bin/python -c "from kspec.kernels import cpu_layers; cpu_layers.load() or print('kspec: ' + cpu_layers.unavailable_reason() + '; PyTorch ops serve instead')"
+.venv/bin/python -c "from kspec.engine.models.resolve import cache_root as c; from kspec.kernels import cpu_layers as l; l.load(c()) or print('kspec: ' + l.unavailable_reason(c()) + '; PyTorch ops serve instead')"

@@ -36,6 +36,7 @@ from kspec.engine.models.quantized import (
     CpuLinear, Int4Embedding, Q4Codes, fused_linear, int4_kernel_available, weight_terms,
 )
 from kspec.engine.models.native_step import NativeSteps
+from kspec.engine.models.resolve import cache_root
 from kspec.engine.models.transformer import Transformer
 from kspec.kernels import cpu_layers
 
@@ -127,8 +128,7 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     float_weights_kept = keep_dense and dense_dtype == torch.float32  # loaded and kept anyway: the table stays float32
     if embed_terms and not float_table_needed and not float_weights_kept:
         model.model.embed_tokens = Int4Embedding(embed_terms, model.dtype)
-    op = cpu_layers.load() if path.native_steps else None
-    model.native_steps = NativeSteps.for_model(model, op) if op is not None else None
+    model.native_steps = NativeSteps.for_model(model, lambda: cpu_layers.load(cache_root())) if path.native_steps else None
     return model
 
 
@@ -150,6 +150,6 @@ def describe(model: Transformer) -> str:
     if model.native_steps is not None:
         limit = model.native_steps.max_rows
         notes.append("C++ layer loop" + (f" up to {limit} rows" if limit is not None else ""))
-    elif reason := cpu_layers.unavailable_reason(tried_only=True):
+    elif reason := cpu_layers.unavailable_reason(cache_root(), tried_only=True):
         notes.append(reason)
     return f"{base} + int4 from the GGUF ({', '.join(notes)})"

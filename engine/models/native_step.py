@@ -69,8 +69,9 @@ class NativeSteps:
         self.sliding_window = sliding_window  # served only while it hides no key
 
     @classmethod
-    def for_model(cls, model: Transformer, op: Callable[..., Tensor]) -> "NativeSteps | None":
-        """For a fast-path Transformer whose every layer has the served form, else None."""
+    def for_model(cls, model: Transformer, load: Callable[[], Callable[..., Tensor] | None]) -> "NativeSteps | None":
+        """For a fast-path Transformer whose every layer has the served form, else None;
+        `load` gives the op (kernels/cpu_layers.py) and is called only for such a model."""
         args, parts = model.args, []
         if model.dtype != torch.float32 or args.activation != "silu":
             return None
@@ -102,6 +103,9 @@ class NativeSteps:
             return None
         if max_rows is not None and all(m.dense_dtype == torch.bfloat16 for m in dense):
             max_rows = max(max_rows, LOOP_INT4_ROWS)  # measured against the bfloat16 copy
+        op = load()
+        if op is None:
+            return None
         return cls(weights, op, args.n_heads, args.n_kv_heads, args.norm_eps, max_rows, args.sliding_window)
 
     def serves(self, cache: KVCache, rows: int) -> TypeGuard[BranchKVCache]:

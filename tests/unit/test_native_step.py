@@ -21,11 +21,14 @@ from kspec.engine.cache.kv import BranchCacheGroup, BranchKVCache, RaggedKVCache
 from kspec.engine.config import EngineConfig
 from kspec.engine.models.cpu_fast import FastPath, describe, to_fast_path
 from kspec.engine.models.loading import load_model
+from kspec.engine.models.resolve import cache_root
 from kspec.engine.models.native_step import LOOP_INT4_ROWS, NativeSteps
 from kspec.engine.models.transformer import EarlyExit, Transformer
 from kspec.kernels import cpu_layers
 
-needs_native = pytest.mark.skipif(cpu_layers.load() is None, reason=cpu_layers.unavailable_reason() or "no native loop")
+needs_native = pytest.mark.skipif(
+    cpu_layers.load(cache_root()) is None, reason=cpu_layers.unavailable_reason(cache_root()) or "no native loop"
+)
 pytestmark = needs_native
 
 
@@ -111,7 +114,7 @@ def test_greedy_steps_agree_and_an_early_exit_runs_its_layers() -> None:
                 out.append(tokens[:, 0].tolist())
         runs.append(out)
     assert runs[0] == runs[1]
-    model.native_steps = NativeSteps.for_model(model, cpu_layers.load())  # type: ignore[arg-type]
+    model.native_steps = NativeSteps.for_model(model, lambda: cpu_layers.load(cache_root()))  # type: ignore[arg-type]
     early = EarlyExit(model, 1)  # a layer-skip drafter: the loop runs the first layer only
     cache = _branches(early, prompt, [2, 2])  # type: ignore[arg-type]
     (got, _), (want, _) = _both(model, torch.tensor([[9], [10]]), cache, early)
@@ -127,7 +130,9 @@ def test_what_the_loop_does_not_serve_takes_the_pytorch_ops() -> None:
     assert not native.serves(cache, 18)  # above the 4-bit kernel's rows: the dense copy
     assert not native.serves(RaggedKVCache(model.cache_shape, 1, 8, model.dtype), 1)  # prefill
     assert not native.serves(BranchCacheGroup([cache, _branches(model, [4], [0])]), 3)  # several requests
-    assert NativeSteps.for_model(_fast("starcoder2"), cpu_layers.load()) is None  # LayerNorm, ungated MLP, biases
+    asked: list[int] = []
+    assert NativeSteps.for_model(_fast("starcoder2"), lambda: asked.append(1)) is None  # type: ignore[func-returns-value]
+    assert asked == []  # LayerNorm, ungated MLP, biases: the loop is not even built
     assert _fast("llama", native_steps=False).native_steps is None
     assert "C++ layer loop up to 16 rows" in describe(model)
     model, codes = quantized_model("llama", 3)
@@ -191,6 +196,5 @@ def test_a_source_that_does_not_compile_leaves_the_pytorch_ops(tmp_path, monkeyp
     broken = tmp_path / "broken.cpp"
     broken.write_text("this is not C++\n")
     monkeypatch.setattr(cpu_layers, "SOURCE", broken)
-    monkeypatch.setattr(cpu_layers, "build_folder", lambda: tmp_path / "build")
-    op, reason = cpu_layers._built.__wrapped__()
+    op, reason = cpu_layers._built.__wrapped__(tmp_path)
     assert op is None and reason.startswith("the C++ layer loop could not be built")
