@@ -234,6 +234,11 @@ class BranchKVCache(RowLengths):
         uniform = self.lengths[0] if min(self.lengths) == max(self.lengths) else None
         return _BranchStep(self.prefix_len + write_positions, n_new, write_positions, layout, rows, uniform)
 
+    def branch_mask(self, step: StepContext) -> Tensor | None:
+        """The branch piece's additive mask of this step ([k, 1, T, max(lengths)], the contract's
+        masking rules: kernels/contract.py BranchLayout), None where every query sees every entry."""
+        return _expect(step, _BranchStep).layout.branch_mask
+
     def write(self, layer: int, k: Tensor, v: Tensor, step: StepContext) -> None:
         """k/v [k, Hkv, T, D] into each branch's next T slots."""
         step = _expect(step, _BranchStep)

@@ -32,6 +32,7 @@ from typing import Mapping
 
 import torch
 
+from kspec.engine.config import CPU_KERNELS
 from kspec.engine.models.quantized import (
     CpuLinear, Int4Embedding, Q4Codes, fused_linear, int4_kernel_available, weight_terms,
 )
@@ -69,8 +70,8 @@ class FastPath:
         choices = {"auto": None, "4bit": False, "4bit+dense": True}
         if cpu_weights not in choices:
             raise ValueError(f"cpu_weights must be one of {', '.join(choices)}, got {cpu_weights!r}")
-        if cpu_kernels not in ("auto", "torch"):
-            raise ValueError(f"cpu_kernels must be auto or torch, got {cpu_kernels!r}")
+        if cpu_kernels not in CPU_KERNELS:
+            raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}, got {cpu_kernels!r}")
         return cls(keep_dense=choices[cpu_weights], native_steps=cpu_kernels == "auto")
 
     def resolved_dense_dtype(self) -> torch.dtype:

@@ -24,7 +24,7 @@ from typing import Callable, TypeGuard
 import torch
 from torch import Tensor, nn
 
-from kspec.engine.cache.kv import BranchKVCache, KVCache
+from kspec.engine.cache.kv import BranchKVCache, KVCache, StepContext
 from kspec.engine.models.quantized import CpuLinear
 from kspec.engine.models.transformer import RMSNorm, Transformer
 
@@ -122,9 +122,12 @@ class NativeSteps:
             and prefix_k.stride(-1) == 1 and prefix_k.stride() == prefix_v.stride() and prefix_k.dtype == torch.float32
         )  # fmt: skip
 
-    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, cache: BranchKVCache, n_layers: int | None) -> Tensor:
-        """x [k, T, dim] (embeddings), cos/sin [k, T, 1, D] -> the residual stream after the layers
-        [k, T, dim]; writes each layer's new keys and values into the branch buffers."""
+    def __call__(
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: BranchKVCache, step: StepContext, n_layers: int | None
+    ) -> Tensor:
+        """x [k, T, dim] (embeddings), cos/sin [k, T, 1, D], `step` from cache.prepare -> the
+        residual stream after the layers [k, T, dim]; writes each layer's new keys and values
+        into the branch buffers."""
         k, new, dim = x.shape
         rows = k * new
         weights = self.weights if n_layers is None else self.weights.first(n_layers)
@@ -133,7 +136,7 @@ class NativeSteps:
             weights.input_norm, weights.qkv_packed, weights.qkv_scales, weights.qkv_bias,
             weights.o_packed, weights.o_scales, weights.post_norm,
             weights.gate_up_packed, weights.gate_up_scales, weights.down_packed, weights.down_scales,
-            cache.prefix_keys, cache.prefix_values, cache.keys, cache.values, cache.lengths, new,
+            cache.prefix_keys, cache.prefix_values, cache.keys, cache.values, cache.branch_mask(step), cache.lengths, new,
             self.heads, self.kv_heads, self.eps,
         )  # fmt: skip
         return out.view(k, new, dim)  # [k, T, dim]

@@ -24,8 +24,9 @@ class LayerLoop(Protocol):
 
     def serves(self, cache: KVCache, rows: int) -> bool: ...
 
-    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Any, n_layers: int | None) -> Tensor:
-        """x [B, T, dim] -> the residual stream after the blocks [B, T, dim], over a cache `serves` took."""
+    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Any, step: StepContext, n_layers: int | None) -> Tensor:
+        """x [B, T, dim] -> the residual stream after the blocks [B, T, dim], over a cache `serves`
+        took and the step it prepared."""
         ...
 
 
@@ -174,7 +175,7 @@ class Transformer(nn.Module):
         x = self.model.embed_tokens(tokens)  # [B, T, dim]
         native = self.native_steps
         if native is not None and native.serves(cache, tokens.numel()):
-            return self.model.norm(native(x, cos, sin, cache, n_layers))
+            return self.model.norm(native(x, cos, sin, cache, step, n_layers))
         for index, block in enumerate(islice(self.model.layers, n_layers)):  # a slice would build a new ModuleList per call
             x = block(x, cos, sin, cache, index, step)
         return self.model.norm(x)

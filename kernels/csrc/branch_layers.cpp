@@ -51,10 +51,9 @@ bf16* bf16_data(const Tensor& t) { return reinterpret_cast<bf16*>(t.data_ptr<c10
 constexpr int64_t kGroup = 32;         // weights per 4-bit group (GGUF Q4 blocks)
 constexpr int64_t kMaxHeadDim = 512;
 
-// e^x for x <= 0 (softmax terms after subtracting the maximum): Cephes' polynomial, ~2 ulp,
-// written so the compiler vectorizes it (std::exp in a loop stays scalar). Below e^-60 it is
-// 0: such a weight changes no float32 sum of terms up to 1, and its products with the values
-// would be denormal numbers, which cost x86 ~100 cycles each.
+// e^x for x <= 0 (SiLU's e^-|x|): Cephes' polynomial, ~2 ulp, written so the compiler
+// vectorizes it (std::exp in a loop stays scalar). Below e^-60 it is 0: 1 + e^x is then 1 in
+// float32, and the product would be a denormal number, which costs x86 ~100 cycles.
 inline float exp_nonpositive(float x) {
   const bool negligible = x < -60.0f;
   x = std::max(x, -60.0f);
@@ -105,19 +104,6 @@ void add_bf16(float* x, const bf16* y, int64_t n) {
 struct Dims {
   int64_t rows, dim, heads, kv_heads, head_dim, n_new, branches, capacity;
 };
-
-// The branch piece's additive mask [k, 1, T, cols]: query t of branch b sees entries
-// j < lengths[b] + t + 1; none when every query sees every column (one new token, equal lengths).
-std::optional<Tensor> branch_mask(const Dims& s, at::IntArrayRef lengths, int64_t cols) {
-  const bool uniform = std::all_of(lengths.begin(), lengths.end(), [&](int64_t n) { return n == lengths[0]; });
-  if (s.n_new == 1 && uniform) return std::nullopt;
-  Tensor mask = at::zeros({s.branches, 1, s.n_new, cols}, at::kFloat);
-  float* m = mask.data_ptr<float>();
-  for (int64_t b = 0; b < s.branches; ++b)
-    for (int64_t t = 0; t < s.n_new; ++t)
-      for (int64_t j = lengths[b] + t + 1; j < cols; ++j) m[(b * s.n_new + t) * cols + j] = -INFINITY;
-  return mask;
-}
 
 // Bifurcated attention of one layer through PyTorch's CPU flash kernel, as
 // kernels/cpu_fused.py does it: queries [R, H, D] (float32) of every branch as the rows of ONE
@@ -173,14 +159,16 @@ void check(bool ok, const char* what) { TORCH_CHECK(ok, "kspec branch_layers: ",
 // Per layer l: input and post-attention norm weights [dim]; the int4 kernel's packed weights
 // and scales/zeros of q|k|v, o, gate|up and down; the q|k|v bias [(H + 2 Hkv) D] or none.
 // prefix_k/v [L, 1, Hkv, P, D] (unit last stride), branch_k/v [L, k, Hkv, S, D] contiguous,
-// written at slots lengths[b] + t. Returns the residual stream after the last layer [R, dim].
+// written at slots lengths[b] + t; branch_mask the branch piece's additive mask [k, 1, T, cols]
+// (kernels/contract.py BranchLayout: the masking rules are written once, there) or none.
+// Returns the residual stream after the last layer [R, dim].
 Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed_sin, at::TensorList input_norm,
                      at::TensorList qkv_packed, at::TensorList qkv_scales, at::TensorList qkv_bias,
                      at::TensorList o_packed, at::TensorList o_scales, at::TensorList post_norm,
                      at::TensorList gate_up_packed, at::TensorList gate_up_scales, at::TensorList down_packed,
                      at::TensorList down_scales, const Tensor& prefix_k, const Tensor& prefix_v, const Tensor& branch_k,
-                     const Tensor& branch_v, at::IntArrayRef lengths, int64_t n_new, int64_t heads, int64_t kv_heads,
-                     double eps) {
+                     const Tensor& branch_v, const std::optional<Tensor>& branch_mask, at::IntArrayRef lengths,
+                     int64_t n_new, int64_t heads, int64_t kv_heads, double eps) {
   const int64_t layers = input_norm.size();
   check(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be [R, dim] float32");
   check(branch_k.dim() == 5 && branch_k.is_contiguous() && branch_v.is_contiguous(), "branch buffers must be contiguous [L, k, Hkv, S, D]");
@@ -203,7 +191,9 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
   for (int64_t b = 0; b < s.branches; ++b) check(lengths[b] >= 0 && lengths[b] + n_new <= s.capacity, "a branch outgrows its buffer");
   const int64_t D = s.head_dim, half = D / 2, qkv_width = (heads + 2 * kv_heads) * D;
   const int64_t cols = *std::max_element(lengths.begin(), lengths.end()) + n_new;  // branch keys any query sees
-  const std::optional<Tensor> mask = branch_mask(s, lengths, cols);
+  check(!branch_mask.has_value() || (branch_mask->dim() == 4 && branch_mask->size(0) == s.branches &&
+                                     branch_mask->size(2) == n_new && branch_mask->size(3) == cols),
+        "the branch mask must be [k, 1, T, max(lengths) + T]");
 
   Tensor x = x_in.contiguous().clone();  // [R, dim] the residual stream
   Tensor normed = at::empty({s.rows, s.dim}, x.options().dtype(at::kBFloat16));  // [R, dim]
@@ -242,7 +232,7 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
         for (int64_t i = half; i < D; ++i) dst[i] = value[i] * c[i] + value[i - half] * sn[i];
       }
     }
-    attend_layer(s, queries, prefix_k[l], prefix_v[l], branch_k[l], branch_v[l], cols, mask, bf16_data(attn));
+    attend_layer(s, queries, prefix_k[l], prefix_v[l], branch_k[l], branch_v[l], cols, branch_mask, bf16_data(attn));
     add_bf16(xp, bf16_data(int4_mm(attn, o_packed[l], o_scales[l])), s.rows * s.dim);
     rms_norm_to_bf16(xp, post_norm[l].data_ptr<float>(), bf16_data(normed), s.rows, s.dim, static_cast<float>(eps));
     Tensor gate_up = int4_mm(normed, gate_up_packed[l], gate_up_scales[l]);  // [R, 2 I] bfloat16
@@ -265,7 +255,7 @@ TORCH_LIBRARY(kspec, m) {
       "branch_layers(Tensor x, Tensor cos, Tensor signed_sin, Tensor[] input_norm, Tensor[] qkv_packed, "
       "Tensor[] qkv_scales, Tensor[] qkv_bias, Tensor[] o_packed, Tensor[] o_scales, Tensor[] post_norm, "
       "Tensor[] gate_up_packed, Tensor[] gate_up_scales, Tensor[] down_packed, Tensor[] down_scales, "
-      "Tensor prefix_k, Tensor prefix_v, Tensor(a!) branch_k, Tensor(b!) branch_v, int[] lengths, int n_new, "
+      "Tensor prefix_k, Tensor prefix_v, Tensor(a!) branch_k, Tensor(b!) branch_v, Tensor? branch_mask, int[] lengths, int n_new, "
       "int heads, int kv_heads, float eps) -> Tensor");
 }
 
