@@ -1,10 +1,12 @@
-"""Every decoder layer of a branch step in one C++ call (``csrc/branch_layers.cpp``: what it
-computes and why), built for this machine at first use.
+"""kspec's C++ CPU ops, built for this machine at first use: every decoder layer of a branch step
+in one call (``csrc/branch_layers.cpp``: what it computes and why) and the 4-bit x 8-bit matmul
+it and the fast path's projections use on AVX2 CPUs (``csrc/q4_q8_matmul.cpp``).
 
-``load(cache_dir)`` compiles the source with ``torch.utils.cpp_extension`` and this machine's C++
+``load(cache_dir)`` compiles the sources with ``torch.utils.cpp_extension`` and this machine's C++
 compiler (``-O3 -march=native``; ~8 s once, then found in the cache folder, rebuilt when the
-source or PyTorch changes) and returns the op, or None where it cannot be built (no compiler,
-no int4 kernel in this PyTorch); ``unavailable_reason()`` says why. Callers fall back to
+sources or PyTorch change) and returns the layer loop, ``load_matmul(cache_dir)`` the matmul;
+None where they cannot be built (no compiler, no int4 kernel in this PyTorch);
+``unavailable_reason()`` says why. Callers fall back to
 PyTorch ops then. ``build_folder()`` is per CPU model and flag set, so a cache folder shared
 between machines never hands one CPU's instructions to another.
 """
@@ -19,9 +21,9 @@ from typing import Callable
 
 import torch
 
-__all__ = ["load", "unavailable_reason", "build_folder", "SOURCE"]
+__all__ = ["load", "load_matmul", "unavailable_reason", "build_folder", "SOURCES"]
 
-SOURCE = Path(__file__).with_name("csrc") / "branch_layers.cpp"
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("branch_layers.cpp", "q4_q8_matmul.cpp"))
 FLAGS = ["-O3", "-march=native", "-fopenmp"]  # -fopenmp: at::parallel_for runs on one thread without it
 
 
@@ -41,26 +43,32 @@ def _cpu_tag() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _built(cache_dir: Path) -> tuple[Callable[..., torch.Tensor] | None, str]:
+def _built(cache_dir: Path) -> tuple[bool, str]:
     if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
-        return None, "this PyTorch has no int4 CPU kernel"
+        return False, "this PyTorch has no int4 CPU kernel"
     try:
         from torch.utils.cpp_extension import load as build
 
         folder = build_folder(cache_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        build("kspec_branch_layers", [str(SOURCE)], extra_cflags=FLAGS, build_directory=str(folder),
-              is_python_module=False, verbose=False)  # fmt: skip
-        return torch.ops.kspec.branch_layers, ""
+        build("kspec_branch_layers", [str(source) for source in SOURCES], extra_cflags=FLAGS,
+              build_directory=str(folder), is_python_module=False, verbose=False)  # fmt: skip
+        return True, ""
     except Exception as exc:  # no compiler, headers or ninja: the PyTorch ops serve instead
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return None, f"the C++ layer loop could not be built ({first_line[:300]})"
+        return False, f"kspec's C++ CPU ops could not be built ({first_line[:300]})"
 
 
 def load(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
     """``torch.ops.kspec.branch_layers``, built under ``cache_dir`` if needed (kspec's cache
     folder: engine/models/resolve.py ``cache_root``); None where it cannot be."""
-    return _built(cache_dir)[0]
+    return torch.ops.kspec.branch_layers if _built(cache_dir)[0] else None
+
+
+def load_matmul(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
+    """``torch.ops.kspec.q4_q8_matmul`` (x [M, K] float32, codes, params -> [M, N] float32; the
+    layout: engine/models/quantized.py ``Q4Q8Term``), built as ``load``; None where it cannot be."""
+    return torch.ops.kspec.q4_q8_matmul if _built(cache_dir)[0] else None
 
 
 def unavailable_reason(cache_dir: Path, tried_only: bool = False) -> str:

@@ -1,9 +1,12 @@
-"""The CPU fast path (`--dtype auto` on an AVX-512 CPU): a Q4 GGUF's own 4-bit weights for
-steps with few rows, one matmul for q/k/v and one for gate/up; everything else stays float32.
+"""The CPU fast path (`--dtype auto` on an AVX-512 or AVX2 CPU): a Q4 GGUF's own 4-bit weights
+for steps with few rows, one matmul for q/k/v and one for gate/up; everything else stays float32.
 
 Why each piece (2 threads, SmolLM2-135M, a 512-token prompt; README "Measured"):
 - a decode step reads every weight once: 4-bit codes are ~8x fewer bytes than float32, and
-  PyTorch's int4 CPU kernel multiplies them without unpacking (bfloat16 in and out);
+  PyTorch's int4 CPU kernel multiplies them without unpacking (bfloat16 in and out) on AVX-512;
+  on AVX2, where that kernel is not vectorized well, kspec's own 4-bit x 8-bit kernel does
+  (`INT4_KERNELS`; float32 in and out, the activations quantized to 8 bits per block of 32 as
+  llama.cpp does: quantized.py `Q4Q8Term`);
 - with many rows (verifying k x (gamma+1) drafts, prefill) that kernel dequantizes the weights
   again for every few rows. Where the CPU computes bfloat16 natively (AVX-512-BF16 / AMX)
   `CpuLinear` also keeps a dense bfloat16 copy, in oneDNN's layout (no reorder per call), and
@@ -41,7 +44,11 @@ from kspec.engine.models.resolve import cache_root
 from kspec.engine.models.transformer import Transformer
 from kspec.kernels import cpu_layers
 
-FAST_CAPABILITIES = ("AVX512",)  # torch's CPU kernel levels the fast path was measured on
+# The 4-bit kernel per CPU level of torch (torch.backends.cpu.get_cpu_capability()), measured:
+# PyTorch's int4 kernel is vectorized for AVX-512; on AVX2 it is not (30 layers of the default
+# model's projections, weights streamed, 2 threads, Zen 2: 9.2 ms at one row vs 5.5 ms with
+# kspec's 4-bit x 8-bit kernel, csrc/q4_q8_matmul.cpp).
+INT4_KERNELS = {"AVX512": "torch", "AVX2": "kspec"}
 
 
 # The 4-bit kernel's rows per matmul, the dense copy above (measured, 30 layers of the default
@@ -57,12 +64,15 @@ class FastPath:
     keep_dense: bool | None = None  # a dense copy for many rows; None: where the CPU has native bfloat16
     dense_dtype: torch.dtype | None = None  # None: bfloat16 on a CPU with native bfloat16, else float32
     native_steps: bool = True  # few-row branch steps through the C++ layer loop where it builds
+    int4_kernel: str | None = None  # "torch" (PyTorch's int4 kernel) or "kspec" (4-bit x 8-bit); None: INT4_KERNELS
 
     def __post_init__(self) -> None:
         if self.int4_max_rows is not None and self.int4_max_rows < 0:
             raise ValueError(f"int4_max_rows must be >= 0, got {self.int4_max_rows}")
         if self.dense_dtype not in (None, torch.float32, torch.bfloat16):
             raise ValueError(f"dense_dtype must be float32 or bfloat16, got {self.dense_dtype}")
+        if self.int4_kernel not in (None, *set(INT4_KERNELS.values())):
+            raise ValueError(f"int4_kernel must be one of {', '.join(sorted(set(INT4_KERNELS.values())))}, got {self.int4_kernel!r}")
 
     @classmethod
     def for_weights(cls, cpu_weights: str, cpu_kernels: str = "auto") -> "FastPath":
@@ -83,6 +93,9 @@ class FastPath:
     def resolved_keep_dense(self) -> bool:
         return native_bf16_cpu() if self.keep_dense is None else self.keep_dense
 
+    def resolved_int4_kernel(self) -> str:
+        return self.int4_kernel or INT4_KERNELS.get(torch.backends.cpu.get_cpu_capability(), "torch")
+
 
 def native_bf16_cpu() -> bool:
     """Whether this CPU computes bfloat16 matmuls natively (AVX-512-BF16 or AMX)."""
@@ -90,9 +103,13 @@ def native_bf16_cpu() -> bool:
 
 
 def fast_path_available() -> bool:
-    """Whether this CPU runs the 4-bit kernel vectorized: PyTorch's int4 CPU kernel has an
-    AVX-512 path (bfloat16 activations); elsewhere auto stays float32."""
-    return torch.backends.cpu.get_cpu_capability() in FAST_CAPABILITIES and int4_kernel_available()
+    """Whether this CPU runs a 4-bit kernel vectorized: PyTorch's int4 CPU kernel on AVX-512
+    (bfloat16 activations), kspec's 4-bit x 8-bit one on AVX2 where it builds (a C++ compiler);
+    elsewhere auto stays float32."""
+    kernel = INT4_KERNELS.get(torch.backends.cpu.get_cpu_capability())
+    if kernel == "kspec" and cpu_layers.load_matmul(cache_root()) is None:
+        return False
+    return kernel is not None and int4_kernel_available()
 
 
 def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPath = FastPath()) -> Transformer:
@@ -100,13 +117,14 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     every projection and the head a CpuLinear, 4-bit where `codes` (HF weight names, see
     `weight_terms`) has every part. The head's dense form stays the model's own weight."""
     dense_dtype, keep_dense, int4_max_rows = path.resolved_dense_dtype(), path.resolved_keep_dense(), path.resolved_int4_max_rows()
+    q4q8 = cpu_layers.load_matmul(cache_root()) if path.resolved_int4_kernel() == "kspec" else None  # None: PyTorch's
     for index, block in enumerate(model.model.layers):
         prefix = f"model.layers.{index}."
 
         def linear(*names: str) -> CpuLinear:
             modules = [block.get_submodule(name) for name in names]
             terms = [weight_terms(codes, f"{prefix}{name}.weight") for name in names]
-            return fused_linear(modules, terms, int4_max_rows, dense_dtype, keep_dense)
+            return fused_linear(modules, terms, int4_max_rows, dense_dtype, keep_dense, q4q8)
 
         attention, mlp = block.self_attn, block.mlp
         attention.fuse(linear("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), linear("self_attn.o_proj"))
@@ -123,7 +141,7 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     # weight itself (tied: the embedding table), not a copy.
     head_dense = [head.weight] if keep_dense or not head_terms else []
     head_dtype = dense_dtype if head_terms else head.weight.dtype
-    model.lm_head = CpuLinear(head_dense, head_terms or [], head.bias, int4_max_rows, head_dtype)
+    model.lm_head = CpuLinear(head_dense, head_terms or [], head.bias, int4_max_rows, head_dtype, q4q8_matmul=q4q8)
     embed_terms = weight_terms(codes, embed_name)
     float_table_needed = bool(model.lm_head.dense_parts) and model.args.tie_embeddings
     float_weights_kept = keep_dense and dense_dtype == torch.float32  # loaded and kept anyway: the table stays float32

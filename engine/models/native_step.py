@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from kspec.engine.cache.kv import BranchKVCache, KVCache, StepContext
-from kspec.engine.models.quantized import CpuLinear
+from kspec.engine.models.quantized import Q4Q8_GROUP_ROWS, CpuLinear, Int4Term, Q4Q8Term
 from kspec.engine.models.transformer import RMSNorm, Transformer
 
 # Rows the loop takes with the 4-bit terms even where the PyTorch path switches to a dense copy
@@ -40,8 +40,8 @@ class LayerWeights:
     """What the C++ loop reads of every layer, in layer order (the model's own tensors)."""
 
     input_norm: list[Tensor]  # [dim] float32
-    qkv_packed: list[Tensor]  # the int4 kernel's layout of q|k|v
-    qkv_scales: list[Tensor]  # [dim/32, (H + 2 Hkv) D, 2]
+    qkv_packed: list[Tensor]  # the 4-bit kernel's layout of q|k|v (PyTorch's int4 one or kspec's)
+    qkv_scales: list[Tensor]  # its group parameters: [dim/32, (H + 2 Hkv) D, 2] bfloat16 or float16 params
     qkv_bias: list[Tensor]  # [(H + 2 Hkv) D] float32 per layer, or empty
     o_packed: list[Tensor]
     o_scales: list[Tensor]
@@ -84,18 +84,20 @@ class NativeSteps:
             if any(m.bias is not None for m in linears[1:]):
                 return None
             parts.append((norms, linears))
-        terms = [[m.terms[0] for m in linears] for _, linears in parts]
+        terms = [[_term_tensors(m.terms[0]) for m in linears] for _, linears in parts]
+        if len({t[0][1].dtype for t in terms}) != 1:  # the loop takes one kernel for every matmul
+            return None
         biases = [linears[0].bias for _, linears in parts]
         if any(b is None for b in biases) and not all(b is None for b in biases):
             return None
         weights = LayerWeights(
             input_norm=[norms[0].weight.detach() for norms, _ in parts],
-            qkv_packed=[t[0].packed for t in terms], qkv_scales=[t[0].scales_zeros for t in terms],
+            qkv_packed=[t[0][0] for t in terms], qkv_scales=[t[0][1] for t in terms],
             qkv_bias=[b for b in biases if b is not None],
-            o_packed=[t[1].packed for t in terms], o_scales=[t[1].scales_zeros for t in terms],
+            o_packed=[t[1][0] for t in terms], o_scales=[t[1][1] for t in terms],
             post_norm=[norms[1].weight.detach() for norms, _ in parts],
-            gate_up_packed=[t[2].packed for t in terms], gate_up_scales=[t[2].scales_zeros for t in terms],
-            down_packed=[t[3].packed for t in terms], down_scales=[t[3].scales_zeros for t in terms],
+            gate_up_packed=[t[2][0] for t in terms], gate_up_scales=[t[2][1] for t in terms],
+            down_packed=[t[3][0] for t in terms], down_scales=[t[3][1] for t in terms],
         )  # fmt: skip
         dense = [m for _, linears in parts for m in linears if m.has_dense]
         max_rows = min((m.int4_max_rows for m in dense), default=None)
@@ -143,4 +145,16 @@ class NativeSteps:
 
 
 def _one_int4_term(module: nn.Module | None) -> bool:
-    return isinstance(module, CpuLinear) and len(module.terms) == 1
+    if not isinstance(module, CpuLinear) or len(module.terms) != 1:
+        return False
+    term = module.terms[0]
+    return not isinstance(term, Q4Q8Term) or term.codes.shape[0] * Q4Q8_GROUP_ROWS == term.out_features  # unpadded
+
+
+def _term_tensors(term: nn.Module) -> tuple[Tensor, Tensor]:
+    """A 4-bit term's weights as its kernel takes them: (codes, float16 params) of kspec's
+    4-bit x 8-bit kernel or (packed, bfloat16 scales_zeros) of PyTorch's int4 one."""
+    if isinstance(term, Q4Q8Term):
+        return term.codes, term.params
+    assert isinstance(term, Int4Term)
+    return term.packed, term.scales_zeros

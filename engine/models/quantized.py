@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -207,6 +207,40 @@ def int4_kernel_available() -> bool:
     )
 
 
+Q4Q8Matmul = Callable[[Tensor, Tensor, Tensor], Tensor]  # kernels/cpu_layers.py load_matmul: x, codes, params -> y
+Q4Q8_GROUP_ROWS = 4  # weight rows the kernel stores interleaved (csrc/q4_q8_matmul.cpp)
+
+
+class Q4Q8Term(nn.Module):
+    """One 4-bit matrix for kspec's 4-bit x 8-bit kernel (csrc/q4_q8_matmul.cpp: x quantized to
+    8 bits per block of 32, as llama.cpp does, where PyTorch's int4 kernel is slow: AVX2):
+    x [M, K] -> x W^T [M, N] float32. The file's codes as they are; s = scale and
+    m = zero - 8 scale in float16 (a GGUF's own d and m). Rows are padded to a multiple of 4."""
+
+    def __init__(self, codes: Q4Codes, matmul: Q4Q8Matmul):
+        super().__init__()
+        self.matmul = matmul
+        n, k = codes.shape
+        self.out_features = n
+        padded = -n % Q4Q8_GROUP_ROWS
+        q, scale, zero = codes.codes, codes.scale.float(), codes.zero.float()
+        if padded:
+            q = torch.cat([q, q.new_zeros(padded, k)])
+            scale, zero = (torch.cat([t, t.new_zeros(padded, k // GROUP)]) for t in (scale, zero))
+        groups, blocks = (n + padded) // Q4Q8_GROUP_ROWS, k // GROUP
+        per_block = q.view(groups, Q4Q8_GROUP_ROWS, blocks, GROUP)  # [N/4, 4, K/32, 32]
+        nibbles = per_block[..., :16] | (per_block[..., 16:] << 4)  # weight j low, j + 16 high
+        params = torch.stack([scale, zero - 8 * scale], dim=1).to(torch.float16)  # [N, 2, K/32]
+        self.codes: Tensor
+        self.params: Tensor
+        self.register_buffer("codes", nibbles.transpose(1, 2).contiguous())  # [N/4, K/32, 4, 16] uint8
+        self.register_buffer("params", params.view(groups, Q4Q8_GROUP_ROWS, 2, blocks).permute(0, 2, 3, 1).contiguous())  # [N/4, 2, K/32, 4]
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.matmul(x.float(), self.codes, self.params)  # [M, N padded]
+        return y if y.shape[1] == self.out_features else y[:, : self.out_features]
+
+
 class Int4Term(nn.Module):
     """One 4-bit matrix in the kernel's layout: x [M, K] -> x W^T [M, N] in the kernel's dtype."""
 
@@ -223,8 +257,12 @@ class Int4Term(nn.Module):
 
 
 def packing_available() -> bool:
-    """Whether this PyTorch can keep bfloat16 weights in oneDNN's layout (`pack_bf16`)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    """Whether this PyTorch and CPU can keep bfloat16 weights in oneDNN's layout (`pack_bf16`):
+    oneDNN's bfloat16 path needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT."""
+    return (
+        torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )  # fmt: skip
 
 
 def pack_bf16(weight: Tensor) -> Tensor:
@@ -256,6 +294,7 @@ class CpuLinear(nn.Module):
         int4_max_rows: int,
         dense_dtype: torch.dtype = torch.float32,
         int4_dtype: torch.dtype = torch.bfloat16,
+        q4q8_matmul: Q4Q8Matmul | None = None,
     ):
         super().__init__()
         if not dense and not terms:
@@ -266,8 +305,12 @@ class CpuLinear(nn.Module):
             raise ValueError(f"4-bit terms and dense parts disagree on the shape: K {in_features}, N {out_features}")
         self.in_features, self.out_features = in_features.pop(), out_features.pop()
         self.int4_max_rows = int4_max_rows
-        self.int4_dtype = int4_dtype
-        self.terms = nn.ModuleList(Int4Term(t, int4_dtype) for t in terms)
+        # the 4-bit terms' kernel: kspec's 4-bit x 8-bit one where given (float32 in and out),
+        # else PyTorch's int4 kernel (in int4_dtype: bfloat16 is its vectorized path)
+        self.int4_dtype = torch.float32 if q4q8_matmul is not None else int4_dtype
+        self.terms = nn.ModuleList(
+            Q4Q8Term(t, q4q8_matmul) if q4q8_matmul is not None else Int4Term(t, self.int4_dtype) for t in terms
+        )
         # oneDNN's layout: not a buffer (state_dict and .to() know no such tensors); CPU only.
         self.packed: Tensor | None = None
         if dense and dense_dtype == torch.bfloat16 and packing_available():
@@ -397,6 +440,7 @@ def fused_linear(
     int4_max_rows: int,
     dense_dtype: torch.dtype,
     keep_dense: bool = True,
+    q4q8_matmul: Q4Q8Matmul | None = None,
 ) -> CpuLinear:
     """One CpuLinear for several linear layers over the same input (outputs concatenated), with
     each part's 4-bit terms (`weight_terms`). 4-bit only when every part has them (and, to fuse
@@ -413,4 +457,4 @@ def fused_linear(
         elif all(len(t) == 1 for t in parts):
             fused = [cat_rows([t[0] for t in parts])]
     dense = [linear.weight for linear in linears] if keep_dense or not fused else []
-    return CpuLinear(dense, fused, bias, int4_max_rows, dense_dtype)
+    return CpuLinear(dense, fused, bias, int4_max_rows, dense_dtype, q4q8_matmul=q4q8_matmul)

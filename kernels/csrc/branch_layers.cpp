@@ -2,14 +2,16 @@
 // between ops (kernels/cpu_layers.py builds and calls it; engine/models/native_step.py says when).
 //
 // A decode step of the default model runs ~35 ATen ops per layer at 2-5 us of Python and
-// dispatch each, more than the 4-bit matmuls themselves at one row. Here a layer is four calls
-// of PyTorch's int4 kernel (aten::_weight_int4pack_mm_for_cpu: q|k|v, o, gate|up, down) and
-// loops over the few rows of the step for the rest: RMSNorm into bfloat16, rotary, the KV
-// writes, bifurcated attention, SiLU-gated MLP, residual adds.
+// dispatch each, more than the 4-bit matmuls themselves at one row. Here a layer is four 4-bit
+// matmuls (q|k|v, o, gate|up, down) and loops over the few rows of the step for the rest:
+// RMSNorm, rotary, the KV writes, bifurcated attention, SiLU-gated MLP, residual adds. The
+// matmuls are the weights' own kernel: PyTorch's int4 one (aten::_weight_int4pack_mm_for_cpu,
+// AVX-512 CPUs) or kspec's 4-bit x 8-bit one (q4_q8_matmul.cpp, AVX2 CPUs).
 //
 // Numbers as in the PyTorch fast path: the residual stream, norms, rotary, attention and KV in
-// float32; the matmuls' inputs and outputs bfloat16. The gate's SiLU times up is rounded to
-// bfloat16 once (PyTorch rounds after the SiLU and after the product).
+// float32; the matmuls' inputs and outputs bfloat16 for PyTorch's kernel (the gate's SiLU times
+// up is rounded to bfloat16 once; PyTorch rounds after the SiLU and after the product), float32
+// for kspec's.
 //
 // Attention (the contract of kernels/contract.py, no sliding window): query t of branch b sees
 // every prefix key and its branch's entries j < len_b + t + 1 (len_b: entries before this
@@ -29,6 +31,9 @@
 #include <cstring>
 #include <optional>
 #include <tuple>
+#include <type_traits>
+
+at::Tensor q4_q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params);  // q4_q8_matmul.cpp
 
 namespace {
 
@@ -47,6 +52,17 @@ inline float from_bf16(bf16 b) {
 }
 
 bf16* bf16_data(const Tensor& t) { return reinterpret_cast<bf16*>(t.data_ptr<c10::BFloat16>()); }
+
+// The matmuls' inputs and outputs: bfloat16 bits for PyTorch's int4 kernel, float32 for kspec's
+// 4-bit x 8-bit one (q4_q8_matmul.cpp), which quantizes its float32 input itself.
+inline bf16 to_act(float f, bf16*) { return to_bf16(f); }
+inline float to_act(float f, float*) { return f; }
+inline float from_act(bf16 b) { return from_bf16(b); }
+inline float from_act(float f) { return f; }
+template <typename Act> Act* act_data(const Tensor& t);
+template <> bf16* act_data<bf16>(const Tensor& t) { return bf16_data(t); }
+template <> float* act_data<float>(const Tensor& t) { return t.data_ptr<float>(); }
+template <typename Act> constexpr at::ScalarType act_type = std::is_same_v<Act, float> ? at::kFloat : at::kBFloat16;
 
 constexpr int64_t kGroup = 32;         // weights per 4-bit group (GGUF Q4 blocks)
 constexpr int64_t kMaxHeadDim = 512;
@@ -76,29 +92,32 @@ inline float silu(float x) {
   return (x >= 0.f ? x : x * t) / (1.f + t);
 }
 
-// out = bf16(silu(gate) * up), rounded once
-void silu_times(const bf16* __restrict gate, const bf16* __restrict up, bf16* __restrict out, int64_t n) {
+// out = silu(gate) * up, rounded once (to bfloat16)
+template <typename Act>
+void silu_times(const Act* __restrict gate, const Act* __restrict up, Act* __restrict out, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(silu(from_bf16(gate[i])) * from_bf16(up[i]));
+  for (int64_t i = 0; i < n; ++i) out[i] = to_act(silu(from_act(gate[i])) * from_act(up[i]), out);
 }
 
-// out[r] = bf16(x[r] * rsqrt(mean(x[r]^2) + eps) * w), x [rows, n] float32
-void rms_norm_to_bf16(const float* x, const float* w, bf16* out, int64_t rows, int64_t n, float eps) {
+// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w, x [rows, n] float32, rounded once (to bfloat16)
+template <typename Act>
+void rms_norm_to(const float* x, const float* w, Act* out, int64_t rows, int64_t n, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
     float squares = 0.f;
 #pragma omp simd reduction(+ : squares)
     for (int64_t i = 0; i < n; ++i) squares += xr[i] * xr[i];
     const float inv = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
-    bf16* o = out + r * n;
+    Act* o = out + r * n;
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) o[i] = to_bf16(xr[i] * inv * w[i]);
+    for (int64_t i = 0; i < n; ++i) o[i] = to_act(xr[i] * inv * w[i], o);
   }
 }
 
-void add_bf16(float* x, const bf16* y, int64_t n) {
+template <typename Act>
+void add_to(float* x, const Act* y, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) x[i] += from_bf16(y[i]);
+  for (int64_t i = 0; i < n; ++i) x[i] += from_act(y[i]);
 }
 
 struct Dims {
@@ -108,10 +127,11 @@ struct Dims {
 // Bifurcated attention of one layer through PyTorch's CPU flash kernel, as
 // kernels/cpu_fused.py does it: queries [R, H, D] (float32) of every branch as the rows of ONE
 // batch against the single copy of the prefix [1, Hkv, P, D], each branch's queries against
-// its own entries [k, Hkv, cols, D], merged by their log-sum-exps into out [R, H * D] bfloat16.
+// its own entries [k, Hkv, cols, D], merged by their log-sum-exps into out [R, H * D].
+template <typename Act>
 void attend_layer(const Dims& s, const Tensor& queries, const Tensor& prefix_k, const Tensor& prefix_v,
                   const Tensor& branch_k, const Tensor& branch_v, int64_t cols, const std::optional<Tensor>& mask,
-                  bf16* out) {
+                  Act* out) {
   const int64_t H = s.heads, D = s.head_dim, T = s.n_new;
   Tensor branch_q = queries.view({s.branches, T, H, D}).transpose(1, 2);  // [k, H, T, D]
   auto [out_b, lse_b] = at::_scaled_dot_product_flash_attention_for_cpu(
@@ -132,22 +152,25 @@ void attend_layer(const Dims& s, const Tensor& queries, const Tensor& prefix_k, 
   for (int64_t r = 0; r < s.rows; ++r) {
     const int64_t b = r / T, t = r % T;
     for (int64_t h = 0; h < H; ++h) {
-      bf16* o = out + (r * H + h) * D;
+      Act* o = out + (r * H + h) * D;
       const float* own = &ob[b][h][t][0];
       if (!has_prefix) {
-        for (int64_t d = 0; d < D; ++d) o[d] = to_bf16(own[d]);
+        for (int64_t d = 0; d < D; ++d) o[d] = to_act(own[d], o);
         continue;
       }
       const float* shared = shared_base + h * out_p.stride(1) + r * out_p.stride(2);
       // e^lse_p / (e^lse_p + e^lse_b), from the difference so that nothing overflows
       const float share = 1.f / (1.f + std::exp(lb[b][h][t] - lse_shared[h * s.rows + r]));
-      for (int64_t d = 0; d < D; ++d) o[d] = to_bf16(own[d] + share * (shared[d] - own[d]));
+      for (int64_t d = 0; d < D; ++d) o[d] = to_act(own[d] + share * (shared[d] - own[d]), o);
     }
   }
 }
 
-Tensor int4_mm(const Tensor& x, const Tensor& packed, const Tensor& scales_zeros) {
-  return at::_weight_int4pack_mm_for_cpu(x, packed, kGroup, scales_zeros);
+// x [R, K] -> [R, N] through the weights' kernel: bfloat16 in and out of PyTorch's int4 one
+// (packed, scales_zeros in its layout), float32 of kspec's (codes, params of q4_q8_matmul.cpp)
+Tensor matmul(const Tensor& x, const Tensor& packed, const Tensor& scales) {
+  if (x.scalar_type() == at::kFloat) return q4_q8_matmul(x, packed, scales);
+  return at::_weight_int4pack_mm_for_cpu(x, packed, kGroup, scales);
 }
 
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "kspec branch_layers: ", what); }
@@ -176,6 +199,7 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
   check(prefix_k.dim() == 5 && prefix_k.stride(4) == 1 && prefix_v.strides() == prefix_k.strides(), "prefix KV must be [L, 1, Hkv, P, D] with unit last stride");
   check(branch_k.size(0) >= layers && prefix_k.size(0) >= layers, "fewer cache layers than weights");
   check(qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == layers, "one q|k|v bias per layer or none");
+  check(layers > 0, "no layers");
   Dims s{};
   s.rows = x_in.size(0);
   s.dim = x_in.size(1);
@@ -195,59 +219,65 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
                                      branch_mask->size(2) == n_new && branch_mask->size(3) == cols),
         "the branch mask must be [k, 1, T, max(lengths) + T]");
 
-  Tensor x = x_in.contiguous().clone();  // [R, dim] the residual stream
-  Tensor normed = at::empty({s.rows, s.dim}, x.options().dtype(at::kBFloat16));  // [R, dim]
-  Tensor attn = at::empty({s.rows, heads * D}, normed.options());  // [R, H * D]
-  Tensor queries = at::empty({s.rows, heads, D}, x.options());  // [R, H, D] rotated
-  Tensor cos_c = cos.contiguous(), sin_c = signed_sin.contiguous();
-  float* xp = x.data_ptr<float>();
-  float* qp = queries.data_ptr<float>();
-  const float* cp = cos_c.data_ptr<float>();
-  const float* sp = sin_c.data_ptr<float>();
-  const int64_t cache_layer = branch_k.stride(0);
-  for (int64_t l = 0; l < layers; ++l) {
-    rms_norm_to_bf16(xp, input_norm[l].data_ptr<float>(), bf16_data(normed), s.rows, s.dim, static_cast<float>(eps));
-    Tensor qkv = int4_mm(normed, qkv_packed[l], qkv_scales[l]);  // [R, (H + 2 Hkv) D] bfloat16
-    const bf16* proj = bf16_data(qkv);
-    const float* bias = qkv_bias.empty() ? nullptr : qkv_bias[l].data_ptr<float>();
-    float* bk = branch_k.data_ptr<float>() + l * cache_layer;
-    float* bv = branch_v.data_ptr<float>() + l * cache_layer;
-    for (int64_t r = 0; r < s.rows; ++r) {  // rotary on q and k, k and v into the branch buffers
-      const int64_t b = r / n_new, slot = lengths[b] + r % n_new;
-      const float* c = cp + r * D;
-      const float* sn = sp + r * D;
-      for (int64_t h = 0; h < heads + 2 * kv_heads; ++h) {
-        const bf16* src = proj + r * qkv_width + h * D;
-        const float* bias_h = bias ? bias + h * D : nullptr;
-        float value[kMaxHeadDim];
-        for (int64_t i = 0; i < D; ++i) value[i] = from_bf16(src[i]);
-        if (bias_h)
-          for (int64_t i = 0; i < D; ++i) value[i] += bias_h[i];
-        if (h >= heads + kv_heads) {
-          std::memcpy(bv + ((b * kv_heads + h - heads - kv_heads) * s.capacity + slot) * D, value, D * sizeof(float));
-          continue;
+  // The weights' kernel decides the matmuls' activations: float16 params are kspec's 4-bit x
+  // 8-bit kernel (float32 in and out), bfloat16 scales PyTorch's int4 one (bfloat16).
+  const bool float_matmul = qkv_scales[0].scalar_type() == at::kHalf;
+  auto run = [&]<typename Act>() {
+    Tensor x = x_in.contiguous().clone();  // [R, dim] the residual stream
+    Tensor normed = at::empty({s.rows, s.dim}, x.options().dtype(act_type<Act>));  // [R, dim]
+    Tensor attn = at::empty({s.rows, heads * D}, normed.options());  // [R, H * D]
+    Tensor queries = at::empty({s.rows, heads, D}, x.options());  // [R, H, D] rotated
+    Tensor cos_c = cos.contiguous(), sin_c = signed_sin.contiguous();
+    float* xp = x.data_ptr<float>();
+    float* qp = queries.data_ptr<float>();
+    const float* cp = cos_c.data_ptr<float>();
+    const float* sp = sin_c.data_ptr<float>();
+    const int64_t cache_layer = branch_k.stride(0);
+    for (int64_t l = 0; l < layers; ++l) {
+      rms_norm_to(xp, input_norm[l].data_ptr<float>(), act_data<Act>(normed), s.rows, s.dim, static_cast<float>(eps));
+      Tensor qkv = matmul(normed, qkv_packed[l], qkv_scales[l]);  // [R, (H + 2 Hkv) D]
+      const Act* proj = act_data<Act>(qkv);
+      const float* bias = qkv_bias.empty() ? nullptr : qkv_bias[l].data_ptr<float>();
+      float* bk = branch_k.data_ptr<float>() + l * cache_layer;
+      float* bv = branch_v.data_ptr<float>() + l * cache_layer;
+      for (int64_t r = 0; r < s.rows; ++r) {  // rotary on q and k, k and v into the branch buffers
+        const int64_t b = r / n_new, slot = lengths[b] + r % n_new;
+        const float* c = cp + r * D;
+        const float* sn = sp + r * D;
+        for (int64_t h = 0; h < heads + 2 * kv_heads; ++h) {
+          const Act* src = proj + r * qkv_width + h * D;
+          const float* bias_h = bias ? bias + h * D : nullptr;
+          float value[kMaxHeadDim];
+          for (int64_t i = 0; i < D; ++i) value[i] = from_act(src[i]);
+          if (bias_h)
+            for (int64_t i = 0; i < D; ++i) value[i] += bias_h[i];
+          if (h >= heads + kv_heads) {
+            std::memcpy(bv + ((b * kv_heads + h - heads - kv_heads) * s.capacity + slot) * D, value, D * sizeof(float));
+            continue;
+          }
+          float* dst = h < heads ? qp + (r * heads + h) * D : bk + ((b * kv_heads + h - heads) * s.capacity + slot) * D;
+          for (int64_t i = 0; i < half; ++i) dst[i] = value[i] * c[i] + value[i + half] * sn[i];  // roll by D/2
+          for (int64_t i = half; i < D; ++i) dst[i] = value[i] * c[i] + value[i - half] * sn[i];
         }
-        float* dst = h < heads ? qp + (r * heads + h) * D : bk + ((b * kv_heads + h - heads) * s.capacity + slot) * D;
-        for (int64_t i = 0; i < half; ++i) dst[i] = value[i] * c[i] + value[i + half] * sn[i];  // roll by D/2
-        for (int64_t i = half; i < D; ++i) dst[i] = value[i] * c[i] + value[i - half] * sn[i];
       }
+      attend_layer(s, queries, prefix_k[l], prefix_v[l], branch_k[l], branch_v[l], cols, branch_mask, act_data<Act>(attn));
+      add_to(xp, act_data<Act>(matmul(attn, o_packed[l], o_scales[l])), s.rows * s.dim);
+      rms_norm_to(xp, post_norm[l].data_ptr<float>(), act_data<Act>(normed), s.rows, s.dim, static_cast<float>(eps));
+      Tensor gate_up = matmul(normed, gate_up_packed[l], gate_up_scales[l]);  // [R, 2 I]
+      const int64_t inter = gate_up.size(1) / 2;
+      Tensor act = at::empty({s.rows, inter}, normed.options());  // [R, I]
+      const Act* gu = act_data<Act>(gate_up);
+      Act* ap = act_data<Act>(act);
+      for (int64_t r = 0; r < s.rows; ++r) {
+        const Act* gate = gu + r * 2 * inter;
+        const Act* up = gate + inter;
+        silu_times(gate, up, ap + r * inter, inter);
+      }
+      add_to(xp, act_data<Act>(matmul(act, down_packed[l], down_scales[l])), s.rows * s.dim);
     }
-    attend_layer(s, queries, prefix_k[l], prefix_v[l], branch_k[l], branch_v[l], cols, branch_mask, bf16_data(attn));
-    add_bf16(xp, bf16_data(int4_mm(attn, o_packed[l], o_scales[l])), s.rows * s.dim);
-    rms_norm_to_bf16(xp, post_norm[l].data_ptr<float>(), bf16_data(normed), s.rows, s.dim, static_cast<float>(eps));
-    Tensor gate_up = int4_mm(normed, gate_up_packed[l], gate_up_scales[l]);  // [R, 2 I] bfloat16
-    const int64_t inter = gate_up.size(1) / 2;
-    Tensor act = at::empty({s.rows, inter}, normed.options());  // [R, I]
-    const bf16* gu = bf16_data(gate_up);
-    bf16* ap = bf16_data(act);
-    for (int64_t r = 0; r < s.rows; ++r) {
-      const bf16* gate = gu + r * 2 * inter;
-      const bf16* up = gate + inter;
-      silu_times(gate, up, ap + r * inter, inter);
-    }
-    add_bf16(xp, bf16_data(int4_mm(act, down_packed[l], down_scales[l])), s.rows * s.dim);
-  }
-  return x;
+    return x;
+  };
+  return float_matmul ? run.template operator()<float>() : run.template operator()<bf16>();
 }
 
 TORCH_LIBRARY(kspec, m) {

@@ -7,7 +7,9 @@ Tolerances (README "Measured" states the same):
 - small random models (llama GQA, tied qwen2 with q/k/v bias, starcoder2 ungated + LayerNorm +
   biases), whose float32 weights ARE the 4-bit weights: fast-path logits of a prefill, decode
   steps and a verification within 3% of the logit range of the float32 model's (bfloat16
-  rounding at the projections; the 4-bit kernel, a dense bfloat16 copy and the row switch).
+  rounding at the projections; the 4-bit kernel, a dense bfloat16 copy and the row switch);
+  with kspec's 4-bit x 8-bit kernel (AVX2) the activations round to 8 bits per block of 32
+  instead: within LOGIT_SHARE["kspec"] of the range.
 - the default model, teacher-forced on float32 greedy continuations of real code: the fast
   path's argmax agrees at >= 90% of positions (measured: see README).
 """
@@ -15,6 +17,7 @@ Tolerances (README "Measured" states the same):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import json.decoder
 
@@ -31,6 +34,8 @@ from kspec.engine.models.quantized import (
     GROUP, CpuLinear, Int4Embedding, Q4Codes, int4_kernel_available, load_q4, q8_0_terms, save_q4, weight_terms,
 )
 from kspec.engine.models.transformer import Transformer
+from kspec.engine.models.resolve import cache_root
+from kspec.kernels import cpu_layers
 
 needs_int4 = pytest.mark.skipif(not int4_kernel_available(), reason="this PyTorch has no int4 CPU kernel")
 
@@ -143,7 +148,12 @@ def _logits_along(model: Transformer, prompt: list[int], k: int, verify: int) ->
     return out
 
 
+LOGIT_SHARE = {"torch": 0.03, "kspec": 0.08}  # of the logit range, per 4-bit kernel (measured: kspec up to 5.6 %)
+needs_kspec_kernel = pytest.mark.skipif(cpu_layers.load_matmul(cache_root()) is None, reason="kspec's C++ ops are not built here")
+
+
 @needs_int4
+@pytest.mark.parametrize("kernel", [pytest.param("torch"), pytest.param("kspec", marks=needs_kspec_kernel)])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "starcoder2"])
 @pytest.mark.parametrize(
     "path",
@@ -155,9 +165,9 @@ def _logits_along(model: Transformer, prompt: list[int], k: int, verify: int) ->
     ],
     ids=["int4", "dense-bf16", "int4-up-to-8-rows", "int4-only"],
 )
-def test_fast_path_logits_within_tolerance(family: str, path: FastPath) -> None:
+def test_fast_path_logits_within_tolerance(kernel: str, family: str, path: FastPath) -> None:
     reference, codes = quantized_model(family, seed=3)
-    fast = to_fast_path(copy.deepcopy(reference), codes, path)
+    fast = to_fast_path(copy.deepcopy(reference), codes, dataclasses.replace(path, int4_kernel=kernel))
     linears = [m for m in fast.modules() if isinstance(m, CpuLinear)]
     assert linears and all(m.has_int4 for m in linears if m is not fast.lm_head)  # every projection has its 4-bit form
     assert fast.dtype == torch.float32  # embeddings, norms, attention, KV cache, head
@@ -165,7 +175,7 @@ def test_fast_path_logits_within_tolerance(family: str, path: FastPath) -> None:
     for want, got in zip(_logits_along(reference, prompt, 3, 5), _logits_along(fast, prompt, 3, 5)):
         scale = float(want.max() - want.min())
         assert scale > 1.0  # peaked enough to mean something
-        assert float((got - want).abs().max()) <= 0.03 * scale
+        assert float((got - want).abs().max()) <= LOGIT_SHARE[kernel] * scale
 
 
 @needs_int4
@@ -183,7 +193,7 @@ def test_4bit_only_path_keeps_no_float_weights() -> None:
     prompt = [(7 * i + 3) % 500 for i in range(24)]
     for want, got in zip(_logits_along(reference, prompt, 3, 5), _logits_along(fast, prompt, 3, 5)):
         scale = float(want.max() - want.min())
-        assert float((got - want).abs().max()) <= 0.03 * scale
+        assert float((got - want).abs().max()) <= LOGIT_SHARE[FastPath().resolved_int4_kernel()] * scale
 
     def nbytes(model: torch.nn.Module) -> int:
         return sum(t.nbytes for t in [*model.parameters(), *model.buffers()])
@@ -264,7 +274,7 @@ def test_packed_bfloat16_head_frees_the_float_table() -> None:
     prompt = [(7 * i + 3) % 500 for i in range(24)]
     for want, got in zip(_logits_along(reference, prompt, 3, 5), _logits_along(fast, prompt, 3, 5)):
         scale = float(want.max() - want.min())
-        assert float((got - want).abs().max()) <= 0.03 * scale
+        assert float((got - want).abs().max()) <= LOGIT_SHARE[FastPath().resolved_int4_kernel()] * scale
 
 
 @needs_int4

@@ -1,0 +1,205 @@
+// y = x W^T with W in 4-bit blocks and x quantized to 8 bits per block of 32: kspec's own CPU
+// matmul for a decode step's few rows where PyTorch's int4 kernel is not vectorized well
+// (an AVX2 CPU: kernels/cpu_layers.py says where; engine/models/quantized.py Q4Q8Term holds
+// the weights). The same arithmetic as llama.cpp's Q4_1 x Q8_1 dot product:
+//
+//   weights, one output row n, block b of 32:   w[j] = s[n,b] * q[j] + m[n,b],  q in 0..15
+//   activations, one row r, block b:            x[j] ~ d[r,b] * a[j],  a in -127..127
+//                                               (d = max|x| / 127, a = round(x / d))
+//   y[r,n] = sum_b  s[n,b] d[r,b] (sum_j q[j] a[j])  +  m[n,b] (sum_j x[j])
+//
+// The integer sums are exact (AVX2: maddubs on unsigned codes x signed activations, no
+// saturation: 2 * 15 * 127 < 2^15); the block sums of x are float32 sums of the activations
+// themselves, so the only rounding beyond float32 is the activations' own to 8 bits (relative
+// error <= 1/254 of a block's largest value). s and m are float16, as a GGUF stores them.
+//
+// Layout, in groups of 4 weight rows (outputs) so that a group's blocks are one stream of 64-byte
+// lines: codes [N/4, K/32, 4, 16] uint8, a block's 16 bytes with weight j in the low nibble of
+// byte j and j + 16 in the high nibble (GGUF's order); params [N/4, 2, K/32, 4] float16 (every
+// s of the group, then every m).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+#define KSPEC_Q4Q8_AVX2 1
+#endif
+
+namespace {
+
+using at::Tensor;
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kGroupRows = 4;       // weight rows stored interleaved, multiplied together
+constexpr int64_t kPrefetchBlocks = 8;  // blocks (of 4 rows, 64 bytes) read ahead
+
+struct Quantized {  // x [M, K] as 8-bit blocks
+  std::vector<int8_t> a;       // [M, K]
+  std::vector<float> scale;    // [M, K/32] d
+  std::vector<float> sum;      // [M, K/32] float32 sum of the block's x
+};
+
+Quantized quantize_rows(const float* x, int64_t rows, int64_t k) {
+  const int64_t blocks = k / kBlock;
+  Quantized q{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<float>(rows * blocks)};
+  for (int64_t i = 0; i < rows * blocks; ++i) {
+    const float* xb = x + i * kBlock;
+    float amax = 0.f, total = 0.f;
+#pragma omp simd reduction(max : amax) reduction(+ : total)
+    for (int64_t j = 0; j < kBlock; ++j) {
+      amax = std::max(amax, std::fabs(xb[j]));
+      total += xb[j];
+    }
+    const float d = amax / 127.f;
+    const float inv = d > 0.f ? 1.f / d : 0.f;
+    int8_t* ab = q.a.data() + i * kBlock;
+#pragma omp simd
+    for (int64_t j = 0; j < kBlock; ++j) ab[j] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
+    q.scale[i] = d;
+    q.sum[i] = total;
+  }
+  return q;
+}
+
+// float16 -> float32 of n values (n even)
+inline void halves_to_floats(const c10::Half* h, float* f, int64_t n) {
+  int64_t i = 0;
+#if KSPEC_Q4Q8_AVX2
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+#endif
+  for (; i < n; ++i) f[i] = static_cast<float>(h[i]);
+}
+
+constexpr int64_t kMaxBlocks = 1024;  // K up to 32768
+
+// y[r, 4 g + c0 .. 4 g + c0 + C - 1] for rows r0 .. r0 + R - 1: C x R independent sums (at
+// most 8, in registers), so that no fused multiply-add waits on the one before it; the block
+// scales are multiplied inside the loop (computing them in a pass before cost as much as the
+// loop itself at K = 576: 18 blocks)
+template <int C, int R>
+void dot_group(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k,
+               int64_t g, int c0, float* y, int64_t ldy) {
+  static_assert(C * R <= 8 && C <= kGroupRows);
+  const int64_t blocks = k / kBlock;
+  float scales[kMaxBlocks * kGroupRows], mins[kMaxBlocks * kGroupRows];  // [blocks, 4]
+  const c10::Half* gp = params + g * 2 * blocks * kGroupRows;
+  halves_to_floats(gp, scales, blocks * kGroupRows);
+  halves_to_floats(gp + blocks * kGroupRows, mins, blocks * kGroupRows);
+  const uint8_t* gc = codes + g * blocks * kGroupRows * 16;  // [blocks, 4, 16]
+  const float* xd = q.scale.data() + r0 * blocks;  // [R, blocks]
+  float out[C][R] = {};
+#if KSPEC_Q4Q8_AVX2
+  __m256 acc[C][R];
+#pragma GCC unroll 4
+  for (int c = 0; c < C; ++c)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[c][r] = _mm256_setzero_ps();
+  const int8_t* a0 = q.a.data() + r0 * k;
+  for (int64_t b = 0; b < blocks; ++b) {
+    _mm_prefetch(reinterpret_cast<const char*>(gc + (b + kPrefetchBlocks) * kGroupRows * 16), _MM_HINT_T0);
+    __m256 row_scale[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) row_scale[r] = _mm256_broadcast_ss(xd + r * blocks + b);
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gc + (b * kGroupRows + c0 + c) * 16));
+      const __m128i low_mask = _mm_set1_epi8(0x0F);
+      const __m128i lo = _mm_and_si128(packed, low_mask);
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low_mask);
+      const __m256i w = _mm256_set_m128i(hi, lo);  // q[0..31] in order
+      const __m256 ws = _mm256_broadcast_ss(&scales[b * kGroupRows + c0 + c]);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a0 + r * k + b * kBlock));
+        const __m256i pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));  // [8] int32
+        acc[c][r] = _mm256_fmadd_ps(_mm256_mul_ps(ws, row_scale[r]), _mm256_cvtepi32_ps(pairs), acc[c][r]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c)
+    for (int r = 0; r < R; ++r) {
+      const __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc[c][r]), _mm256_extractf128_ps(acc[c][r], 1));
+      const __m128 quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
+      out[c][r] = _mm_cvtss_f32(_mm_add_ss(quarter, _mm_movehdup_ps(quarter)));
+    }
+#else
+  for (int c = 0; c < C; ++c)
+    for (int r = 0; r < R; ++r)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* wc = gc + (b * kGroupRows + c0 + c) * 16;
+        const int8_t* a = q.a.data() + (r0 + r) * k + b * kBlock;
+        int32_t dot = 0;
+        for (int64_t j = 0; j < 16; ++j) dot += (wc[j] & 0x0F) * a[j] + (wc[j] >> 4) * a[j + 16];
+        out[c][r] += scales[b * kGroupRows + c0 + c] * xd[r * blocks + b] * static_cast<float>(dot);
+      }
+#endif
+  for (int c = 0; c < C; ++c) {
+    float m[kMaxBlocks];  // this output's minimums, contiguous
+    for (int64_t b = 0; b < blocks; ++b) m[b] = mins[b * kGroupRows + c0 + c];
+    for (int r = 0; r < R; ++r) {
+      const float* xs = q.sum.data() + (r0 + r) * blocks;
+      float total = 0.f;  // sum_b m[n, b] * sum(x[r, b])
+#pragma omp simd reduction(+ : total)
+      for (int64_t b = 0; b < blocks; ++b) total += m[b] * xs[b];
+      y[(r0 + r) * ldy + g * kGroupRows + c0 + c] = out[c][r] + total;
+    }
+  }
+}
+
+// y[:, 4 g .. 4 g + 3]: rows 4 at a time over half the group's outputs, the rest 1 or 2 at a
+// time over all four (the unpacked weights serve more rows; 8 sums fit the registers)
+void dot_rows(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t g,
+              float* y, int64_t ldy) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4)
+    for (int c0 = 0; c0 < kGroupRows; c0 += 2) dot_group<2, 4>(q, r, codes, params, k, g, c0, y, ldy);
+  if (rows - r == 3) {
+    for (int c0 = 0; c0 < kGroupRows; c0 += 2) dot_group<2, 3>(q, r, codes, params, k, g, c0, y, ldy);
+  } else if (rows - r == 2) {
+    dot_group<4, 2>(q, r, codes, params, k, g, 0, y, ldy);
+  } else if (rows - r == 1) {
+    dot_group<4, 1>(q, r, codes, params, k, g, 0, y, ldy);
+  }
+}
+
+void check(bool ok, const char* what) { TORCH_CHECK(ok, "kspec q4_q8_matmul: ", what); }
+
+}  // namespace
+
+// x [M, K] float32, codes [N/4, K/32, 4, 16] uint8, params [N/4, 2, K/32, 4] float16 -> y [M, N] float32
+Tensor q4_q8_matmul(const Tensor& x_in, const Tensor& codes, const Tensor& params) {
+  check(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be [M, K] float32");
+  const Tensor x = x_in.contiguous();
+  const int64_t rows = x.size(0), k = x.size(1), n = codes.size(0) * kGroupRows;
+  check(k % kBlock == 0 && k / kBlock <= kMaxBlocks, "K must be a multiple of 32, at most 32768");
+  check(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 4 &&
+            codes.size(1) == k / kBlock && codes.size(2) == kGroupRows && codes.size(3) == 16,
+        "codes must be [N/4, K/32, 4, 16] uint8, contiguous");
+  check(params.scalar_type() == at::kHalf && params.is_contiguous() && params.dim() == 4 &&
+            params.size(0) == codes.size(0) && params.size(1) == 2 && params.size(2) == k / kBlock && params.size(3) == kGroupRows,
+        "params must be [N/4, 2, K/32, 4] float16, contiguous");
+  Tensor y = at::empty({rows, n}, x.options());
+  if (rows == 0 || n == 0) return y;
+  const Quantized q = quantize_rows(x.data_ptr<float>(), rows, k);
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const c10::Half* pp = params.data_ptr<c10::Half>();
+  float* yp = y.data_ptr<float>();
+  // groups of 4 outputs split between the threads
+  at::parallel_for(0, n / kGroupRows, 4, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) dot_rows(q, rows, cp, pp, k, g, yp, n);
+  });
+  return y;
+}
+
+TORCH_LIBRARY_FRAGMENT(kspec, m) { m.def("q4_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(kspec, CPU, m) { m.impl("q4_q8_matmul", q4_q8_matmul); }
