@@ -74,7 +74,7 @@ def weight_bytes_read(model: Transformer, rows: int, logit_rows: int) -> int:
 def _linear_bytes(module: nn.Module, rows: int) -> int:
     if isinstance(module, CpuLinear):
         if module.uses_int4(rows):
-            return sum(t.packed.nbytes + t.scales_zeros.nbytes for t in module.terms)
+            return sum(t.nbytes for t in module.terms)
         return module.dense_nbytes
     if isinstance(module, nn.Linear):
         return module.weight.nbytes

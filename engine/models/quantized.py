@@ -236,6 +236,11 @@ class Q4Q8Term(nn.Module):
         self.register_buffer("codes", nibbles.transpose(1, 2).contiguous())  # [N/4, K/32, 4, 16] uint8
         self.register_buffer("params", params.view(groups, Q4Q8_GROUP_ROWS, 2, blocks).permute(0, 2, 3, 1).contiguous())  # [N/4, 2, K/32, 4]
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes a matmul reads of the weights."""
+        return self.codes.nbytes + self.params.nbytes
+
     def forward(self, x: Tensor) -> Tensor:
         y = self.matmul(x.float(), self.codes, self.params)  # [M, N padded]
         return y if y.shape[1] == self.out_features else y[:, : self.out_features]
@@ -251,6 +256,11 @@ class Int4Term(nn.Module):
         packed, scales_zeros = _pack(codes, dtype)
         self.register_buffer("packed", packed)  # [N, K/2] uint8
         self.register_buffer("scales_zeros", scales_zeros)  # [K/32, N, 2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a matmul reads of the weights."""
+        return self.packed.nbytes + self.scales_zeros.nbytes
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_zeros)
