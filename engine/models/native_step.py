@@ -6,7 +6,8 @@ up to the projections' own 4-bit limit, ``CpuLinear.int4_max_rows``, or ``LOOP_I
 where that is larger and the dense copy bfloat16; the loop always multiplies the 4-bit terms)
 over a ``BranchKVCache`` (one shared prefix, each branch's own entries), for a llama-family
 model on the fast path:
-RMSNorm, q|k|v fused into one 4-bit matmul (a bias allowed), o, gate|up and down 4-bit,
+RMSNorm, q|k|v fused into one 4-bit matmul (a bias allowed), o, gate|up and down 4-bit (every
+one on the same kernel: PyTorch's int4 one or kspec's 4-bit x 8-bit one, quantized.py),
 a SiLU-gated MLP, no key hidden by a sliding window. Everything else (prefill, verification
 above the row limit, several requests batched, StarCoder2, float32) takes the PyTorch ops.
 
