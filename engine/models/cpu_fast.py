@@ -106,10 +106,9 @@ def fast_path_available() -> bool:
     """Whether this CPU runs a 4-bit kernel vectorized: PyTorch's int4 CPU kernel on AVX-512
     (bfloat16 activations), kspec's 4-bit x 8-bit one on AVX2 where it builds (a C++ compiler);
     elsewhere auto stays float32."""
-    kernel = INT4_KERNELS.get(torch.backends.cpu.get_cpu_capability())
-    if kernel == "kspec" and cpu_layers.load_matmul(cache_root()) is None:
+    if torch.backends.cpu.get_cpu_capability() not in INT4_KERNELS or not int4_kernel_available():
         return False
-    return kernel is not None and int4_kernel_available()
+    return FastPath().resolved_int4_kernel() != "kspec" or cpu_layers.load_matmul(cache_root()) is not None
 
 
 def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPath = FastPath()) -> Transformer:

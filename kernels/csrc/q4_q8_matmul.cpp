@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
@@ -81,20 +80,35 @@ inline void halves_to_floats(const c10::Half* h, float* f, int64_t n) {
 
 constexpr int64_t kMaxBlocks = 1024;  // K up to 32768
 
+// One group of 4 weight rows with its float16 parameters in float32, converted once for every
+// row tile that multiplies it
+struct GroupWeights {
+  const uint8_t* codes;                    // [blocks, 4, 16]
+  float scales[kMaxBlocks * kGroupRows];   // [blocks, 4]
+  float mins[kGroupRows * kMaxBlocks];     // [4, blocks]: one output's minimums contiguous
+};
+
+void load_group(const uint8_t* codes, const c10::Half* params, int64_t blocks, int64_t g, GroupWeights& w) {
+  w.codes = codes + g * blocks * kGroupRows * 16;
+  const c10::Half* gp = params + g * 2 * blocks * kGroupRows;
+  halves_to_floats(gp, w.scales, blocks * kGroupRows);
+  float mins[kMaxBlocks * kGroupRows];  // [blocks, 4]
+  halves_to_floats(gp + blocks * kGroupRows, mins, blocks * kGroupRows);
+  for (int c = 0; c < kGroupRows; ++c)
+    for (int64_t b = 0; b < blocks; ++b) w.mins[c * blocks + b] = mins[b * kGroupRows + c];
+}
+
 // y[r, 4 g + c0 .. 4 g + c0 + C - 1] for rows r0 .. r0 + R - 1: C x R independent sums (at
 // most 8, in registers), so that no fused multiply-add waits on the one before it; the block
 // scales are multiplied inside the loop (computing them in a pass before cost as much as the
 // loop itself at K = 576: 18 blocks)
 template <int C, int R>
-void dot_group(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k,
-               int64_t g, int c0, float* y, int64_t ldy) {
+void dot_group(const Quantized& q, int64_t r0, const GroupWeights& w, int64_t k, int64_t g, int c0, float* y,
+               int64_t ldy) {
   static_assert(C * R <= 8 && C <= kGroupRows);
   const int64_t blocks = k / kBlock;
-  float scales[kMaxBlocks * kGroupRows], mins[kMaxBlocks * kGroupRows];  // [blocks, 4]
-  const c10::Half* gp = params + g * 2 * blocks * kGroupRows;
-  halves_to_floats(gp, scales, blocks * kGroupRows);
-  halves_to_floats(gp + blocks * kGroupRows, mins, blocks * kGroupRows);
-  const uint8_t* gc = codes + g * blocks * kGroupRows * 16;  // [blocks, 4, 16]
+  const uint8_t* gc = w.codes;
+  const float* scales = w.scales;
   const float* xd = q.scale.data() + r0 * blocks;  // [R, blocks]
   float out[C][R] = {};
 #if KSPEC_Q4Q8_AVX2
@@ -143,8 +157,7 @@ void dot_group(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::
       }
 #endif
   for (int c = 0; c < C; ++c) {
-    float m[kMaxBlocks];  // this output's minimums, contiguous
-    for (int64_t b = 0; b < blocks; ++b) m[b] = mins[b * kGroupRows + c0 + c];
+    const float* m = w.mins + (c0 + c) * blocks;
     for (int r = 0; r < R; ++r) {
       const float* xs = q.sum.data() + (r0 + r) * blocks;
       float total = 0.f;  // sum_b m[n, b] * sum(x[r, b])
@@ -159,15 +172,17 @@ void dot_group(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::
 // time over all four (the unpacked weights serve more rows; 8 sums fit the registers)
 void dot_rows(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t g,
               float* y, int64_t ldy) {
+  GroupWeights w;
+  load_group(codes, params, k / kBlock, g, w);
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4)
-    for (int c0 = 0; c0 < kGroupRows; c0 += 2) dot_group<2, 4>(q, r, codes, params, k, g, c0, y, ldy);
+    for (int c0 = 0; c0 < kGroupRows; c0 += 2) dot_group<2, 4>(q, r, w, k, g, c0, y, ldy);
   if (rows - r == 3) {
-    for (int c0 = 0; c0 < kGroupRows; c0 += 2) dot_group<2, 3>(q, r, codes, params, k, g, c0, y, ldy);
+    for (int c0 = 0; c0 < kGroupRows; c0 += 2) dot_group<2, 3>(q, r, w, k, g, c0, y, ldy);
   } else if (rows - r == 2) {
-    dot_group<4, 2>(q, r, codes, params, k, g, 0, y, ldy);
+    dot_group<4, 2>(q, r, w, k, g, 0, y, ldy);
   } else if (rows - r == 1) {
-    dot_group<4, 1>(q, r, codes, params, k, g, 0, y, ldy);
+    dot_group<4, 1>(q, r, w, k, g, 0, y, ldy);
   }
 }
 
