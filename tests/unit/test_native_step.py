@@ -132,19 +132,36 @@ def test_one_layer_on_kspecs_kernel_is_the_pytorch_path_to_one_rounding_step(
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_greedy_steps_agree_and_an_early_exit_runs_its_layers(kernel: str) -> None:
+    """Eight greedy steps of three branches, the loop teacher-forced with the PyTorch ops' tokens.
+    With PyTorch's kernel every token is the same. With kspec's, a token may differ only where
+    the PyTorch ops' own logits put the two choices within the kernel's tolerance (SHARE of the
+    logit scale: an 8-bit rounding flip decides a near-tie; on a Zen 5 VM this random model has
+    one such step in 24 that the 8-bit path decides the other way)."""
     model = _fast("llama", seed=5, kernel=kernel)
     prompt = [(5 * i + 1) % 500 for i in range(16)]
-    runs = []
-    for native in (model.native_steps, None):
+    chosen: list[torch.Tensor] = []  # [k] per step, the PyTorch ops' greedy tokens
+    logits_of = []
+    for native in (None, model.native_steps):
         model.native_steps = native
         cache = _branches(model, prompt, [0, 0, 0], capacity=10)
-        tokens, out = torch.tensor([[3], [4], [5]]), []
+        tokens, steps = torch.tensor([[3], [4], [5]]), []
         with torch.inference_mode():
-            for _ in range(8):
-                tokens = model.step(tokens, cache).argmax(-1, keepdim=True)  # [k, 1]
-                out.append(tokens[:, 0].tolist())
-        runs.append(out)
-    assert runs[0] == runs[1]
+            for index in range(8):
+                step_logits = model.step(tokens, cache)  # [k, V]
+                steps.append(step_logits)
+                if native is None:
+                    chosen.append(step_logits.argmax(-1))
+                tokens = chosen[index][:, None]  # [k, 1]
+        logits_of.append(torch.stack(steps))  # [8, k, V]
+    ops, loop = logits_of
+    picked = loop.argmax(-1, keepdim=True)  # [8, k, 1]
+    differs = picked[..., 0] != ops.argmax(-1)
+    if kernel == "torch":
+        assert not differs.any()
+    # how far below the PyTorch ops' best each of the loop's picks is, in their own logits
+    shortfall = ops.max(-1).values - ops.gather(-1, picked)[..., 0]  # [8, k]
+    assert float(shortfall.max()) <= SHARE[kernel] * float(ops.abs().max()), (differs.nonzero().tolist(), shortfall.max())
+    assert float(differs.float().mean()) <= 0.1
     model.native_steps = NativeSteps.for_model(model, lambda: cpu_layers.load(cache_root()))  # type: ignore[arg-type]
     early = EarlyExit(model, 1)  # a layer-skip drafter: the loop runs the first layer only
     cache = _branches(early, prompt, [2, 2])  # type: ignore[arg-type]
