@@ -2,7 +2,8 @@
 
 For each path (`--dtype` values: float32 is today's exact path, auto the CPU fast path;
 `auto/4bit` and `auto/4bit+dense` pin the fast path's `--cpu-weights`, `auto/torch` its
-`--cpu-kernels`: PyTorch ops instead of the C++ layer loop) and each row count —
+`--cpu-kernels`: PyTorch ops instead of the C++ layer loop, `auto/int4=kspec` its `--cpu-int4`)
+and each row count —
 k branches x 1 new token for k in --ks, and the verification of k_max x (gamma + 1) drafted
 positions — one forward pass over a shared prompt prefix (the engine's BranchKVCache,
 bifurcated attention) plus the logits of every row; and the cold prefill of the whole prompt
@@ -109,17 +110,22 @@ def _step_runner(model: Transformer, cache: BranchKVCache, case: StepCase) -> Ca
 
 
 def path_config(config: EngineConfig, path: str) -> EngineConfig:
-    """A --paths entry: a --dtype value, then optionally /<--cpu-weights value> and/or
-    /<--cpu-kernels value> (auto/4bit, auto/torch, auto/4bit/torch)."""
+    """A --paths entry: a --dtype value, then optionally /<--cpu-weights value>,
+    /<--cpu-kernels value> and /int4=<--cpu-int4 value> (auto/4bit, auto/torch, auto/int4=kspec,
+    auto/4bit/int4=torch)."""
     dtype, *pins = path.split("/")
+    int4 = [pin.removeprefix(INT4_PIN) for pin in pins if pin.startswith(INT4_PIN)]
     kernels = [pin for pin in pins if pin in CPU_KERNELS]
-    weights = [pin for pin in pins if pin not in CPU_KERNELS]
-    if len(kernels) > 1 or len(weights) > 1:
-        raise ValueError(f"{path!r}: at most one --cpu-weights and one --cpu-kernels value")
+    weights = [pin for pin in pins if pin not in CPU_KERNELS and not pin.startswith(INT4_PIN)]
+    if len(kernels) > 1 or len(weights) > 1 or len(int4) > 1:
+        raise ValueError(f"{path!r}: at most one --cpu-weights, one --cpu-kernels and one int4= value")
     return replace(
         config, dtype=dtype, cpu_weights=weights[0] if weights else config.cpu_weights,
-        cpu_kernels=kernels[0] if kernels else config.cpu_kernels,
+        cpu_kernels=kernels[0] if kernels else config.cpu_kernels, cpu_int4=int4[0] if int4 else config.cpu_int4,
     )  # fmt: skip
+
+
+INT4_PIN = "int4="  # a --paths pin of --cpu-int4
 
 
 def _prefill_runner(model: Transformer, prompt: list[int]) -> Callable[[], int]:

@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--paths", default=None,
         help="step: comma-separated compute paths compared side by side: --dtype values, or auto/4bit and "
-        "auto/4bit+dense for the fast path's --cpu-weights, auto/torch for its --cpu-kernels (combined: "
-        "auto/4bit/torch; default float32,auto)",
+        "auto/4bit+dense for the fast path's --cpu-weights, auto/torch for its --cpu-kernels, auto/int4=kspec or "
+        "auto/int4=torch for its --cpu-int4 (combined: auto/4bit/int4=kspec; default float32,auto)",
     )  # fmt: skip
     bench.add_argument("--ks", default=None, help="comma-separated k values")
     bench.add_argument("--contexts", default=None, help="comma-separated context lengths (tokens)")

@@ -24,6 +24,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto, or torch dtype name
 DRAFTER_CHOICES = ("auto", "lookup", "model", "layerskip", "none")
 CPU_WEIGHTS = ("auto", "4bit", "4bit+dense")  # the CPU fast path's resident weights (engine/models/cpu_fast.py)
 CPU_KERNELS = ("auto", "torch")  # the CPU fast path's decode steps: the C++ layer loop where it builds, or PyTorch ops only
+CPU_INT4 = ("auto", "torch", "kspec")  # the CPU fast path's 4-bit matmul: by CPU (cpu_fast.INT4_KERNELS), PyTorch's int4 or kspec's 4-bit x 8-bit
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"  # the whole value
 
 
@@ -58,6 +59,11 @@ class EngineConfig:
         "built once with this machine's compiler, ~2x faster at one row; PyTorch ops where it cannot be built); "
         "torch: PyTorch ops only", choices=CPU_KERNELS,
     )  # fmt: skip
+    cpu_int4: str = option(
+        "auto", "the CPU fast path's 4-bit matmul: torch (PyTorch's int4 kernel, bfloat16 activations, with a dense "
+        "copy for many rows), kspec (kspec's 4-bit x 8-bit kernel, activations rounded to 8 bits per block of 32 as "
+        "llama.cpp does: AVX2, or AVX-512 VNNI); auto: the one measured faster on this CPU class", choices=CPU_INT4,
+    )  # fmt: skip
     device: str = option("cpu", "'cpu' or 'cuda[:N]'", pattern=DEVICE_PATTERN, setting=True)
     prompt_tokens: int = 1536  # token budget for prefix + suffix
     threads: int | None = option(None, "torch intra-op threads (default: torch's, one per core)")
@@ -87,6 +93,8 @@ class EngineConfig:
             raise ValueError(f"cpu_weights must be one of {', '.join(CPU_WEIGHTS)}, got {self.cpu_weights!r}")
         if self.cpu_kernels not in CPU_KERNELS:
             raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}, got {self.cpu_kernels!r}")
+        if self.cpu_int4 not in CPU_INT4:
+            raise ValueError(f"cpu_int4 must be one of {', '.join(CPU_INT4)}, got {self.cpu_int4!r}")
         if self.prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         if self.drafter not in DRAFTER_CHOICES:

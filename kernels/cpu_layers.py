@@ -1,6 +1,6 @@
 """kspec's C++ CPU ops, built for this machine at first use: every decoder layer of a branch step
 in one call (``csrc/branch_layers.cpp``: what it computes and why) and the 4-bit x 8-bit matmul
-it and the fast path's projections use on AVX2 CPUs (``csrc/q4_q8_matmul.cpp``).
+it and the fast path's projections use on AVX2 and AVX-512 VNNI CPUs (``csrc/q4_q8_matmul.cpp``).
 
 ``load(cache_dir)`` compiles the sources with ``torch.utils.cpp_extension`` and this machine's C++
 compiler (``-O3 -march=native``; ~8 s once, then found in the cache folder, rebuilt when the
@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["load", "load_matmul", "unavailable_reason", "build_folder", "SOURCES"]
+__all__ = ["load", "load_matmul", "matmul_isa", "unavailable_reason", "build_folder", "SOURCES"]
 
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("branch_layers.cpp", "q4_q8_matmul.cpp"))
 FLAGS = ["-O3", "-march=native", "-fopenmp"]  # -fopenmp: at::parallel_for runs on one thread without it
@@ -69,6 +69,12 @@ def load_matmul(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
     """``torch.ops.kspec.q4_q8_matmul`` (x [M, K] float32, codes, params -> [M, N] float32; the
     layout: engine/models/quantized.py ``Q4Q8Term``), built as ``load``; None where it cannot be."""
     return torch.ops.kspec.q4_q8_matmul if _built(cache_dir)[0] else None
+
+
+def matmul_isa(cache_dir: Path) -> str | None:
+    """The instructions ``load_matmul``'s kernel was built with for this CPU: "avx512-vnni",
+    "avx2" or "scalar"; None where it cannot be built."""
+    return str(torch.ops.kspec.q4_q8_isa()) if _built(cache_dir)[0] else None
 
 
 def unavailable_reason(cache_dir: Path, tried_only: bool = False) -> str:

@@ -4,7 +4,8 @@ for steps with few rows, one matmul for q/k/v and one for gate/up; everything el
 Why each piece (2 threads, SmolLM2-135M, a 512-token prompt; README "Measured"):
 - a decode step reads every weight once: 4-bit codes are ~8x fewer bytes than float32, and
   PyTorch's int4 CPU kernel multiplies them without unpacking (bfloat16 in and out) on AVX-512;
-  on AVX2, where that kernel is not vectorized well, kspec's own 4-bit x 8-bit kernel does
+  on AVX2, where that kernel is not vectorized well, and where kspec's own 4-bit x 8-bit kernel
+  is built with AVX-512 VNNI (faster than PyTorch's at every row count), that kernel does
   (`INT4_KERNELS`; float32 in and out, the activations quantized to 8 bits per block of 32 as
   llama.cpp does: quantized.py `Q4Q8Term`);
 - with many rows (verifying k x (gamma+1) drafts, prefill) that kernel dequantizes the weights
@@ -35,7 +36,7 @@ from typing import Mapping
 
 import torch
 
-from kspec.engine.config import CPU_KERNELS
+from kspec.engine.config import CPU_INT4, CPU_KERNELS
 from kspec.engine.models.quantized import (
     CpuLinear, Int4Embedding, Q4Codes, fused_linear, int4_kernel_available, weight_terms,
 )
@@ -44,18 +45,25 @@ from kspec.engine.models.resolve import cache_root
 from kspec.engine.models.transformer import Transformer
 from kspec.kernels import cpu_layers
 
-# The 4-bit kernel per CPU level of torch (torch.backends.cpu.get_cpu_capability()), measured:
-# PyTorch's int4 kernel is vectorized for AVX-512; on AVX2 it is not (30 layers of the default
-# model's projections, weights streamed, 2 threads, Zen 2: 9.2 ms at one row vs 5.5 ms with
-# kspec's 4-bit x 8-bit kernel, csrc/q4_q8_matmul.cpp).
+# The 4-bit kernel per CPU level of torch (torch.backends.cpu.get_cpu_capability()), measured
+# (30 layers of the default model's projections, weights streamed, 2 threads, README "Measured"):
+# PyTorch's int4 kernel is vectorized for AVX-512; on AVX2 it is not (Zen 2: 9.2 ms at one row
+# vs 5.5 ms with kspec's 4-bit x 8-bit kernel, csrc/q4_q8_matmul.cpp). Where kspec's kernel is
+# built with AVX-512 VNNI (Zen 5: 3.1 vs 3.8 ms at one row, 5.3 vs 10.4 at eight) it serves
+# AVX-512 too (`VNNI_ISA`).
 INT4_KERNELS = {"AVX512": "torch", "AVX2": "kspec"}
+VNNI_ISA = "avx512-vnni"  # cpu_layers.matmul_isa() of a build whose kernel beats PyTorch's on AVX-512
 
 
-# The 4-bit kernel's rows per matmul, the dense copy above (measured, 30 layers of the default
-# model's projections with weights streamed from memory, 2 threads): float32 dense weights
-# catch up at ~16 rows; bfloat16 ones in oneDNN's layout on an AMX CPU between 4 and 6 rows
-# (4 rows: 7.9 ms 4-bit vs 11.4 ms packed; 6 rows: 13.9 vs 11.3 ms).
-INT4_MAX_ROWS = {torch.float32: 16, torch.bfloat16: 4}
+# The 4-bit kernel's rows per matmul, the dense copy above, by kernel and dense dtype (measured,
+# 30 layers of the default model's projections with weights streamed from memory, 2 threads):
+# float32 dense weights catch up with PyTorch's kernel at ~16 rows; bfloat16 ones in oneDNN's
+# layout on an AMX CPU between 4 and 6 rows (4 rows: 7.9 ms 4-bit vs 11.4 ms packed; 6 rows:
+# 13.9 vs 11.3 ms); with kspec's VNNI kernel (Zen 5, AVX-512-BF16) at ~28 rows (16 rows: 9.0 vs
+# 11.7 ms; 32 rows: 16.8 vs 15.8 ms).
+INT4_MAX_ROWS = {
+    ("torch", torch.float32): 16, ("torch", torch.bfloat16): 4, ("kspec", torch.float32): 16, ("kspec", torch.bfloat16): 24,
+}
 
 
 @dataclass(frozen=True)
@@ -75,26 +83,36 @@ class FastPath:
             raise ValueError(f"int4_kernel must be one of {', '.join(sorted(set(INT4_KERNELS.values())))}, got {self.int4_kernel!r}")
 
     @classmethod
-    def for_weights(cls, cpu_weights: str, cpu_kernels: str = "auto") -> "FastPath":
-        """EngineConfig.cpu_weights (auto, 4bit or 4bit+dense) and cpu_kernels (auto or torch)."""
+    def for_weights(cls, cpu_weights: str, cpu_kernels: str = "auto", cpu_int4: str = "auto") -> "FastPath":
+        """EngineConfig.cpu_weights (auto, 4bit or 4bit+dense), cpu_kernels (auto or torch) and
+        cpu_int4 (auto, torch or kspec)."""
         choices = {"auto": None, "4bit": False, "4bit+dense": True}
         if cpu_weights not in choices:
             raise ValueError(f"cpu_weights must be one of {', '.join(choices)}, got {cpu_weights!r}")
         if cpu_kernels not in CPU_KERNELS:
             raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}, got {cpu_kernels!r}")
-        return cls(keep_dense=choices[cpu_weights], native_steps=cpu_kernels == "auto")
+        if cpu_int4 not in CPU_INT4:
+            raise ValueError(f"cpu_int4 must be one of {', '.join(CPU_INT4)}, got {cpu_int4!r}")
+        return cls(
+            keep_dense=choices[cpu_weights], native_steps=cpu_kernels == "auto", int4_kernel=None if cpu_int4 == "auto" else cpu_int4
+        )
 
     def resolved_dense_dtype(self) -> torch.dtype:
         return self.dense_dtype or (torch.bfloat16 if native_bf16_cpu() else torch.float32)
 
     def resolved_int4_max_rows(self) -> int:
-        return self.int4_max_rows if self.int4_max_rows is not None else INT4_MAX_ROWS[self.resolved_dense_dtype()]
+        if self.int4_max_rows is not None:
+            return self.int4_max_rows
+        return INT4_MAX_ROWS[(self.resolved_int4_kernel(), self.resolved_dense_dtype())]
 
     def resolved_keep_dense(self) -> bool:
         return native_bf16_cpu() if self.keep_dense is None else self.keep_dense
 
     def resolved_int4_kernel(self) -> str:
-        return self.int4_kernel or INT4_KERNELS.get(torch.backends.cpu.get_cpu_capability(), "torch")
+        if self.int4_kernel is not None:
+            return self.int4_kernel
+        chosen = INT4_KERNELS.get(torch.backends.cpu.get_cpu_capability(), "torch")
+        return "kspec" if chosen == "torch" and cpu_layers.matmul_isa(cache_root()) == VNNI_ISA else chosen
 
 
 def native_bf16_cpu() -> bool:

@@ -25,11 +25,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 #define KSPEC_Q4Q8_AVX2 1
+#endif
+#if KSPEC_Q4Q8_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define KSPEC_Q4Q8_VNNI 1
 #endif
 
 namespace {
@@ -97,6 +101,89 @@ void load_group(const uint8_t* codes, const c10::Half* params, int64_t blocks, i
   for (int c = 0; c < kGroupRows; ++c)
     for (int64_t b = 0; b < blocks; ++b) w.mins[c * blocks + b] = mins[b * kGroupRows + c];
 }
+
+#if KSPEC_Q4Q8_VNNI
+// AVX-512 VNNI: a block's 64 bytes (4 outputs x 16) are one register; its low nibbles are
+// weights 0..15 of each output, its high nibbles 16..31. Against the row's activations 0..15
+// and 16..31, each broadcast to the four 128-bit lanes, two vpdpbusd give 4 int32 partial sums
+// per output (exact: 4 * 15 * 127 per lane), scaled by s[n, b] d[r, b] into float32 sums; the
+// minimums' term m[n, b] sum(x[r, b]) goes into each output's first lane. The block's float16
+// parameters are converted in the loop (no pass over the group first). All 4 outputs x R rows
+// (R <= 8) at once: the unpacked block serves every row.
+template <int R>
+void dot_group_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k,
+                    int64_t g, float* y, int64_t ldy) {
+  static_assert(R >= 1 && R <= 8);
+  const int64_t blocks = k / kBlock;
+  const uint8_t* gc = codes + g * blocks * kGroupRows * 16;  // [blocks, 4, 16]
+  const c10::Half* gs = params + g * 2 * blocks * kGroupRows;  // [blocks, 4] scales
+  const c10::Half* gm = gs + blocks * kGroupRows;               // [blocks, 4] minimums
+  const float* xd = q.scale.data() + r0 * blocks;  // [R, blocks]
+  const float* xs = q.sum.data() + r0 * blocks;    // [R, blocks]
+  const int8_t* a0 = q.a.data() + r0 * k;
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  const __m512i output_of_lane = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  constexpr __mmask16 first_lanes = 0x1111;
+  // With few rows, two sums per row over alternate blocks: one sum's chain of two dependent
+  // fused multiply-adds per block would bound the loop.
+  constexpr int kChains = R <= 2 ? 2 : 1;
+  __m512 acc[kChains][R];
+#pragma GCC unroll 8
+  for (int c = 0; c < kChains; ++c)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[c][r] = _mm512_setzero_ps();
+  auto block = [&](int64_t b, __m512* sums) __attribute__((always_inline)) {
+    _mm_prefetch(reinterpret_cast<const char*>(gc + (b + kPrefetchBlocks) * kGroupRows * 16), _MM_HINT_T0);
+    const __m512i packed = _mm512_loadu_si512(gc + b * kGroupRows * 16);  // [4 outputs, 16 bytes]
+    const __m512i lo = _mm512_and_si512(packed, low_mask);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);
+    const __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gs + b * kGroupRows)));
+    const __m128 m4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gm + b * kGroupRows)));
+    const __m512 scales = _mm512_permutexvar_ps(output_of_lane, _mm512_castps128_ps512(s4));  // s[n, b] in n's 4 lanes
+    const __m512 mins = _mm512_maskz_permutexvar_ps(first_lanes, output_of_lane, _mm512_castps128_ps512(m4));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const int8_t* a = a0 + r * k + b * kBlock;
+      const __m512i a_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
+      const __m512i a_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
+      const __m512i dots = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, a_lo), hi, a_hi);
+      const __m512 with_mins = _mm512_fmadd_ps(mins, _mm512_set1_ps(xs[r * blocks + b]), sums[r]);
+      sums[r] = _mm512_fmadd_ps(_mm512_mul_ps(scales, _mm512_set1_ps(xd[r * blocks + b])), _mm512_cvtepi32_ps(dots), with_mins);
+    }
+  };
+  int64_t b = 0;
+  for (; b + kChains <= blocks; b += kChains)
+#pragma GCC unroll 2
+    for (int c = 0; c < kChains; ++c) block(b + c, acc[c]);
+  for (; b < blocks; ++b) block(b, acc[0]);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    if constexpr (kChains == 2) acc[0][r] = _mm512_add_ps(acc[0][r], acc[1][r]);
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, acc[0][r]);
+    float* out = y + (r0 + r) * ldy + g * kGroupRows;
+    for (int c = 0; c < kGroupRows; ++c) out[c] = (lanes[4 * c] + lanes[4 * c + 1]) + (lanes[4 * c + 2] + lanes[4 * c + 3]);
+  }
+}
+
+// y[:, 4 g .. 4 g + 3], 8 rows at a time
+void dot_rows_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t g,
+                   float* y, int64_t ldy) {
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) dot_group_vnni<8>(q, r, codes, params, k, g, y, ldy);
+  switch (rows - r) {
+    case 7: dot_group_vnni<7>(q, r, codes, params, k, g, y, ldy); break;
+    case 6: dot_group_vnni<6>(q, r, codes, params, k, g, y, ldy); break;
+    case 5: dot_group_vnni<5>(q, r, codes, params, k, g, y, ldy); break;
+    case 4: dot_group_vnni<4>(q, r, codes, params, k, g, y, ldy); break;
+    case 3: dot_group_vnni<3>(q, r, codes, params, k, g, y, ldy); break;
+    case 2: dot_group_vnni<2>(q, r, codes, params, k, g, y, ldy); break;
+    case 1: dot_group_vnni<1>(q, r, codes, params, k, g, y, ldy); break;
+    default: break;
+  }
+}
+#endif
 
 // y[r, 4 g + c0 .. 4 g + c0 + C - 1] for rows r0 .. r0 + R - 1: C x R independent sums (at
 // most 8, in registers), so that no fused multiply-add waits on the one before it; the block
@@ -210,11 +297,29 @@ Tensor q4_q8_matmul(const Tensor& x_in, const Tensor& codes, const Tensor& param
   float* yp = y.data_ptr<float>();
   // groups of 4 outputs split between the threads
   at::parallel_for(0, n / kGroupRows, 4, [&](int64_t g0, int64_t g1) {
+#if KSPEC_Q4Q8_VNNI
+    for (int64_t g = g0; g < g1; ++g) dot_rows_vnni(q, rows, cp, pp, k, g, yp, n);
+#else
     for (int64_t g = g0; g < g1; ++g) dot_rows(q, rows, cp, pp, k, g, yp, n);
+#endif
   });
   return y;
 }
 
-TORCH_LIBRARY_FRAGMENT(kspec, m) { m.def("q4_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor"); }
+// The instructions this build multiplies with (kernels/cpu_layers.py matmul_isa)
+std::string q4_q8_isa() {
+#if KSPEC_Q4Q8_VNNI
+  return "avx512-vnni";
+#elif KSPEC_Q4Q8_AVX2
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
+
+TORCH_LIBRARY_FRAGMENT(kspec, m) {
+  m.def("q4_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor");
+  m.def("q4_q8_isa() -> str", q4_q8_isa);
+}
 
 TORCH_LIBRARY_IMPL(kspec, CPU, m) { m.impl("q4_q8_matmul", q4_q8_matmul); }

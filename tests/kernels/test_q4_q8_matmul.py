@@ -5,6 +5,8 @@ y = sum_b s d (q . a) + m sum(x). Only the order of float32 sums differs: 1e-5 o
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -36,7 +38,7 @@ def _documented(x: torch.Tensor, codes: Q4Codes) -> torch.Tensor:
     return (torch.einsum("mnb,mb,nb->mn", dots, d.double(), s) + blocks.double().sum(-1) @ minimum.t()).float()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 11, 40])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 11, 17, 40])  # every row tile of both code paths
 @pytest.mark.parametrize(("n", "k"), [(96, 576), (36, 64), (8, 1536)])
 def test_matmul_is_the_documented_arithmetic(rows: int, n: int, k: int) -> None:
     codes = _codes(n, k, seed=rows + n)
@@ -46,6 +48,19 @@ def test_matmul_is_the_documented_arithmetic(rows: int, n: int, k: int) -> None:
     want = _documented(x, codes)
     assert got.shape == (rows, n) and got.dtype == torch.float32
     torch.testing.assert_close(got, want, atol=1e-5 * float(want.abs().max()), rtol=0)
+
+
+def test_the_build_names_the_instructions_this_cpu_has() -> None:
+    """The AVX-512 VNNI code path is built where the compiler targets it (-march=native), AVX2's
+    elsewhere; the tests above then check the one this machine runs."""
+    flags = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
+    isa = cpu_layers.matmul_isa(cache_root())
+    if {"avx512f", "avx512bw", "avx512_vnni"} <= flags:
+        assert isa == "avx512-vnni"
+    elif {"avx2", "fma", "f16c"} <= flags:
+        assert isa == "avx2"
+    else:
+        assert isa in ("avx512-vnni", "avx2", "scalar")
 
 
 def test_rows_not_a_multiple_of_four_are_padded_and_cut() -> None:

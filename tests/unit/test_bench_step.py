@@ -16,6 +16,9 @@ def test_paths_pin_dtype_cpu_weights_and_cpu_kernels() -> None:
     assert path_config(config, "auto/4bit+dense").cpu_weights == "4bit+dense"
     assert (path_config(config, "auto/torch").cpu_kernels, path_config(config, "auto/torch").cpu_weights) == ("torch", "auto")
     assert (path_config(config, "auto/4bit/torch").cpu_kernels, path_config(config, "auto/4bit/torch").cpu_weights) == ("torch", "4bit")
+    pinned = path_config(config, "auto/4bit/int4=kspec")
+    assert (pinned.cpu_weights, pinned.cpu_kernels, pinned.cpu_int4) == ("4bit", "auto", "kspec")
+    assert path_config(config, "auto/int4=torch").cpu_int4 == "torch"
     with pytest.raises(ValueError, match="cpu_weights"):
         path_config(config, "auto/int8")
     with pytest.raises(ValueError, match="at most one"):

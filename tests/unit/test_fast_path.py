@@ -252,13 +252,29 @@ def test_packed_bfloat16_weights_multiply_as_plain_bfloat16_ones() -> None:
     assert "oneDNN layout" in repr(linear)
 
 
-def test_4bit_rows_default_to_the_crossover_of_the_dense_dtype(monkeypatch) -> None:
-    for native, rows in ((True, cpu_fast.INT4_MAX_ROWS[torch.bfloat16]), (False, cpu_fast.INT4_MAX_ROWS[torch.float32])):
+@pytest.mark.parametrize("kernel", ["torch", "kspec"])
+def test_4bit_rows_default_to_the_crossover_of_the_kernel_and_dense_dtype(kernel: str, monkeypatch) -> None:
+    for native, dtype in ((True, torch.bfloat16), (False, torch.float32)):
         monkeypatch.setattr(cpu_fast, "native_bf16_cpu", lambda: native)
-        assert FastPath().resolved_int4_max_rows() == rows
-    assert FastPath(int4_max_rows=8).resolved_int4_max_rows() == 8  # a setting wins
-    assert FastPath(dense_dtype=torch.float32).resolved_int4_max_rows() == cpu_fast.INT4_MAX_ROWS[torch.float32]
-    assert cpu_fast.INT4_MAX_ROWS[torch.bfloat16] < cpu_fast.INT4_MAX_ROWS[torch.float32]
+        assert FastPath(int4_kernel=kernel).resolved_int4_max_rows() == cpu_fast.INT4_MAX_ROWS[(kernel, dtype)]
+    assert FastPath(int4_max_rows=8, int4_kernel=kernel).resolved_int4_max_rows() == 8  # a setting wins
+    assert FastPath(dense_dtype=torch.float32, int4_kernel=kernel).resolved_int4_max_rows() == cpu_fast.INT4_MAX_ROWS[(kernel, torch.float32)]
+    # PyTorch's int4 kernel loses to the bfloat16 copy sooner than to float32; kspec's VNNI one later than PyTorch's
+    assert cpu_fast.INT4_MAX_ROWS[("torch", torch.bfloat16)] < cpu_fast.INT4_MAX_ROWS[("torch", torch.float32)]
+    assert cpu_fast.INT4_MAX_ROWS[("kspec", torch.bfloat16)] > cpu_fast.INT4_MAX_ROWS[("torch", torch.bfloat16)]
+
+
+def test_the_int4_kernel_follows_the_setting_then_the_cpu(monkeypatch) -> None:
+    assert FastPath.for_weights("auto", "auto", "kspec").resolved_int4_kernel() == "kspec"
+    assert FastPath.for_weights("auto", "auto", "torch").resolved_int4_kernel() == "torch"
+    with pytest.raises(ValueError, match="cpu_int4"):
+        FastPath.for_weights("auto", "auto", "vnni")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    for isa, kernel in (("avx512-vnni", "kspec"), ("avx2", "torch"), (None, "torch")):
+        monkeypatch.setattr(cpu_fast.cpu_layers, "matmul_isa", lambda _cache, isa=isa: isa)
+        assert FastPath().resolved_int4_kernel() == kernel
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert FastPath().resolved_int4_kernel() == "kspec"
 
 
 @needs_int4
