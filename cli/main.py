@@ -189,9 +189,10 @@ def _bench_keystroke_lsp(config, args: argparse.Namespace) -> dict:
     from kspec.bench.keystroke import bench_keystroke_lsp
     from kspec.engine.serve.runner import default_engine_factory
 
-    def factory(engine_config, on_progress):  # --threads reaches the engines the servers load
+    def factory(engine_config, on_progress):  # --threads and the CPU fast path's flags reach the engines the servers load
         threads = config.threads if config.threads is not None else engine_config.threads
-        return default_engine_factory(dataclasses.replace(engine_config, threads=threads), on_progress)
+        fast_path = {"cpu_weights": config.cpu_weights, "cpu_kernels": config.cpu_kernels, "cpu_int4": config.cpu_int4}
+        return default_engine_factory(dataclasses.replace(engine_config, threads=threads, **fast_path), on_progress)
 
     return bench_keystroke_lsp(
         model=config.model, points=args.lsp_points, chars_per_point=args.lsp_chars, cps=args.lsp_cps, pause_ms=args.lsp_pause_ms, device=config.device,

@@ -8,8 +8,9 @@ Why each piece (2 threads, SmolLM2-135M, a 512-token prompt; README "Measured"):
   is built with AVX-512 VNNI (faster than PyTorch's at every row count), that kernel does
   (`INT4_KERNELS`; float32 in and out, the activations quantized to 8 bits per block of 32 as
   llama.cpp does: quantized.py `Q4Q8Term`);
-- with many rows (verifying k x (gamma+1) drafts, prefill) that kernel dequantizes the weights
-  again for every few rows. Where the CPU computes bfloat16 natively (AVX-512-BF16 / AMX)
+- with many rows (verifying k x (gamma+1) drafts, prefill) PyTorch's kernel dequantizes the
+  weights again for every few rows. Where the CPU computes bfloat16 natively (AVX-512-BF16 / AMX;
+  with kspec's kernel, which stays as fast as the copy up to ~28 rows, AMX only: `dense_pays`)
   `CpuLinear` also keeps a dense bfloat16 copy, in oneDNN's layout (no reorder per call), and
   picks by the row count (`FastPath.int4_max_rows`, the measured crossover: `INT4_MAX_ROWS`). On a plain AVX-512 CPU emulated bfloat16
   matmuls are slower than float32 ones, and a float32 copy costs 4x the 4-bit weights' memory
@@ -69,7 +70,7 @@ INT4_MAX_ROWS = {
 @dataclass(frozen=True)
 class FastPath:
     int4_max_rows: int | None = None  # 4-bit kernel up to this many rows per matmul, the dense copy above; None: INT4_MAX_ROWS
-    keep_dense: bool | None = None  # a dense copy for many rows; None: where the CPU has native bfloat16
+    keep_dense: bool | None = None  # a dense copy for many rows; None: `dense_pays`
     dense_dtype: torch.dtype | None = None  # None: bfloat16 on a CPU with native bfloat16, else float32
     native_steps: bool = True  # few-row branch steps through the C++ layer loop where it builds
     int4_kernel: str | None = None  # "torch" (PyTorch's int4 kernel) or "kspec" (4-bit x 8-bit); None: INT4_KERNELS
@@ -106,13 +107,25 @@ class FastPath:
         return INT4_MAX_ROWS[(self.resolved_int4_kernel(), self.resolved_dense_dtype())]
 
     def resolved_keep_dense(self) -> bool:
-        return native_bf16_cpu() if self.keep_dense is None else self.keep_dense
+        return dense_pays(self.resolved_int4_kernel()) if self.keep_dense is None else self.keep_dense
 
     def resolved_int4_kernel(self) -> str:
         if self.int4_kernel is not None:
             return self.int4_kernel
         chosen = INT4_KERNELS.get(torch.backends.cpu.get_cpu_capability(), "torch")
         return "kspec" if chosen == "torch" and cpu_layers.matmul_isa(cache_root()) == VNNI_ISA else chosen
+
+
+def dense_pays(int4_kernel: str) -> bool:
+    """Whether the dense bfloat16 copy is worth its memory (2.9x the 4-bit weights' for the
+    default model) by default: with PyTorch's int4 kernel wherever the CPU computes bfloat16
+    natively; with kspec's kernel only on an AMX CPU. Measured on Zen 5 (AVX-512-BF16, no AMX)
+    with kspec's VNNI kernel: 40 verification rows no slower on the 4-bit weights alone, typing
+    replay the same, the copy only speeds a cold 512-token prefill (1.37x) for 2.31x
+    llama-server's resident memory instead of 1.58x (README "Measured")."""
+    if int4_kernel == "kspec":
+        return torch.cpu._is_amx_tile_supported()
+    return native_bf16_cpu()
 
 
 def native_bf16_cpu() -> bool:

@@ -109,7 +109,11 @@ def test_cpu_weights_setting_chooses_the_dense_copy(monkeypatch) -> None:
     assert FastPath.for_weights("4bit+dense").resolved_keep_dense() is True
     for native in (True, False):
         monkeypatch.setattr(cpu_fast, "native_bf16_cpu", lambda: native)
-        assert FastPath.for_weights("auto").resolved_keep_dense() is native
+        assert FastPath.for_weights("auto", cpu_int4="torch").resolved_keep_dense() is native
+    for amx in (True, False):  # kspec's kernel keeps up with the copy for a verification's rows: AMX only
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        assert FastPath.for_weights("auto", cpu_int4="kspec").resolved_keep_dense() is amx
+        assert FastPath.for_weights("4bit+dense", cpu_int4="kspec").resolved_keep_dense() is True  # a setting wins
     with pytest.raises(ValueError, match="cpu_weights"):
         EngineConfig(cpu_weights="int8")
 
