@@ -50,8 +50,9 @@ from kspec.kernels import cpu_layers
 # (30 layers of the default model's projections, weights streamed, 2 threads, README "Measured"):
 # PyTorch's int4 kernel is vectorized for AVX-512; on AVX2 it is not (Zen 2: 9.2 ms at one row
 # vs 5.5 ms with kspec's 4-bit x 8-bit kernel, csrc/q4_q8_matmul.cpp). Where kspec's kernel is
-# built with AVX-512 VNNI (Zen 5: 3.1 vs 3.8 ms at one row, 5.3 vs 10.4 at eight) it serves
-# AVX-512 too (`VNNI_ISA`).
+# built with AVX-512 VNNI (Zen 5, two runs: 2.6-2.7 vs 3.3-3.4 ms at one row, 4.6-5.0 vs 6.8-7.4
+# at eight, 17.8-18.7 vs 28.3-29.0 at forty) it serves AVX-512 too (`VNNI_ISA`). Not measured on
+# other AVX-512 VNNI CPUs (Zen 4, Intel): `--cpu-int4 torch` gives PyTorch's kernel back.
 INT4_KERNELS = {"AVX512": "torch", "AVX2": "kspec"}
 VNNI_ISA = "avx512-vnni"  # cpu_layers.matmul_isa() of a build whose kernel beats PyTorch's on AVX-512
 
@@ -60,8 +61,8 @@ VNNI_ISA = "avx512-vnni"  # cpu_layers.matmul_isa() of a build whose kernel beat
 # 30 layers of the default model's projections with weights streamed from memory, 2 threads):
 # float32 dense weights catch up with PyTorch's kernel at ~16 rows; bfloat16 ones in oneDNN's
 # layout on an AMX CPU between 4 and 6 rows (4 rows: 7.9 ms 4-bit vs 11.4 ms packed; 6 rows:
-# 13.9 vs 11.3 ms); with kspec's VNNI kernel (Zen 5, AVX-512-BF16) at ~28 rows (16 rows: 9.0 vs
-# 11.7 ms; 32 rows: 16.8 vs 15.8 ms).
+# 13.9 vs 11.3 ms); with kspec's VNNI kernel (Zen 5, AVX-512-BF16) at ~24 rows (two runs: 24 rows
+# 11.8-12.7 vs 11.7-11.9 ms; 32 rows 15.0-15.8 vs 13.7-13.9 ms).
 INT4_MAX_ROWS = {
     ("torch", torch.float32): 16, ("torch", torch.bfloat16): 4, ("kspec", torch.float32): 16, ("kspec", torch.bfloat16): 24,
 }

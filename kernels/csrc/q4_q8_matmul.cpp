@@ -108,47 +108,59 @@ void load_group(const uint8_t* codes, const c10::Half* params, int64_t blocks, i
 // and 16..31, each broadcast to the four 128-bit lanes, two vpdpbusd give 4 int32 partial sums
 // per output (exact: 4 * 15 * 127 per lane), scaled by s[n, b] d[r, b] into float32 sums; the
 // minimums' term m[n, b] sum(x[r, b]) goes into each output's first lane. The block's float16
-// parameters are converted in the loop (no pass over the group first). All 4 outputs x R rows
-// (R <= 8) at once: the unpacked block serves every row.
-template <int R>
-void dot_group_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k,
-                    int64_t g, float* y, int64_t ldy) {
-  static_assert(R >= 1 && R <= 8);
+// parameters are converted in the loop (no pass over the group first). G groups (4 G outputs)
+// x R rows at once: the unpacked blocks serve every row, and a row's activation and scale loads
+// (the loop's bound with one group: four loads to six arithmetic operations) serve every group.
+template <int G, int R>
+void dot_groups_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k,
+                     int64_t g, float* y, int64_t ldy) {
+  static_assert(G >= 1 && G <= 2 && R >= 1 && R <= 8);
   const int64_t blocks = k / kBlock;
-  const uint8_t* gc = codes + g * blocks * kGroupRows * 16;  // [blocks, 4, 16]
-  const c10::Half* gs = params + g * 2 * blocks * kGroupRows;  // [blocks, 4] scales
-  const c10::Half* gm = gs + blocks * kGroupRows;               // [blocks, 4] minimums
   const float* xd = q.scale.data() + r0 * blocks;  // [R, blocks]
   const float* xs = q.sum.data() + r0 * blocks;    // [R, blocks]
   const int8_t* a0 = q.a.data() + r0 * k;
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
   const __m512i output_of_lane = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
   constexpr __mmask16 first_lanes = 0x1111;
-  // With few rows, two sums per row over alternate blocks: one sum's chain of two dependent
+  // With one row, two sums per group over alternate blocks: one sum's chain of two dependent
   // fused multiply-adds per block would bound the loop.
-  constexpr int kChains = R <= 2 ? 2 : 1;
-  __m512 acc[kChains][R];
-#pragma GCC unroll 8
+  constexpr int kChains = G * R <= 2 ? 2 : 1;
+  __m512 acc[kChains][G][R];
+#pragma GCC unroll 16
   for (int c = 0; c < kChains; ++c)
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[c][r] = _mm512_setzero_ps();
-  auto block = [&](int64_t b, __m512* sums) __attribute__((always_inline)) {
-    _mm_prefetch(reinterpret_cast<const char*>(gc + (b + kPrefetchBlocks) * kGroupRows * 16), _MM_HINT_T0);
-    const __m512i packed = _mm512_loadu_si512(gc + b * kGroupRows * 16);  // [4 outputs, 16 bytes]
-    const __m512i lo = _mm512_and_si512(packed, low_mask);
-    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);
-    const __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gs + b * kGroupRows)));
-    const __m128 m4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gm + b * kGroupRows)));
-    const __m512 scales = _mm512_permutexvar_ps(output_of_lane, _mm512_castps128_ps512(s4));  // s[n, b] in n's 4 lanes
-    const __m512 mins = _mm512_maskz_permutexvar_ps(first_lanes, output_of_lane, _mm512_castps128_ps512(m4));
+#pragma GCC unroll 16
+    for (int i = 0; i < G; ++i)
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[c][i][r] = _mm512_setzero_ps();
+  auto block = [&](int64_t b, __m512 (*sums)[R]) __attribute__((always_inline)) {
+    __m512i lo[G], hi[G];
+    __m512 scales[G], mins[G];
+#pragma GCC unroll 2
+    for (int i = 0; i < G; ++i) {
+      const uint8_t* gc = codes + (g + i) * blocks * kGroupRows * 16;  // [blocks, 4, 16]
+      const c10::Half* gs = params + (g + i) * 2 * blocks * kGroupRows;  // [blocks, 4] scales, then minimums
+      _mm_prefetch(reinterpret_cast<const char*>(gc + (b + kPrefetchBlocks) * kGroupRows * 16), _MM_HINT_T0);
+      const __m512i packed = _mm512_loadu_si512(gc + b * kGroupRows * 16);  // [4 outputs, 16 bytes]
+      lo[i] = _mm512_and_si512(packed, low_mask);
+      hi[i] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);
+      const __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gs + b * kGroupRows)));
+      const __m128 m4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gs + (blocks + b) * kGroupRows)));
+      scales[i] = _mm512_permutexvar_ps(output_of_lane, _mm512_castps128_ps512(s4));  // s[n, b] in n's 4 lanes
+      mins[i] = _mm512_maskz_permutexvar_ps(first_lanes, output_of_lane, _mm512_castps128_ps512(m4));
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const int8_t* a = a0 + r * k + b * kBlock;
       const __m512i a_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
       const __m512i a_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
-      const __m512i dots = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, a_lo), hi, a_hi);
-      const __m512 with_mins = _mm512_fmadd_ps(mins, _mm512_set1_ps(xs[r * blocks + b]), sums[r]);
-      sums[r] = _mm512_fmadd_ps(_mm512_mul_ps(scales, _mm512_set1_ps(xd[r * blocks + b])), _mm512_cvtepi32_ps(dots), with_mins);
+      const __m512 d = _mm512_set1_ps(xd[r * blocks + b]);
+      const __m512 sum_x = _mm512_set1_ps(xs[r * blocks + b]);
+#pragma GCC unroll 2
+      for (int i = 0; i < G; ++i) {
+        const __m512i dots = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], a_lo), hi[i], a_hi);
+        const __m512 with_mins = _mm512_fmadd_ps(mins[i], sum_x, sums[i][r]);
+        sums[i][r] = _mm512_fmadd_ps(_mm512_mul_ps(scales[i], d), _mm512_cvtepi32_ps(dots), with_mins);
+      }
     }
   };
   int64_t b = 0;
@@ -156,30 +168,35 @@ void dot_group_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
 #pragma GCC unroll 2
     for (int c = 0; c < kChains; ++c) block(b + c, acc[c]);
   for (; b < blocks; ++b) block(b, acc[0]);
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-    if constexpr (kChains == 2) acc[0][r] = _mm512_add_ps(acc[0][r], acc[1][r]);
-  for (int r = 0; r < R; ++r) {
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, acc[0][r]);
-    float* out = y + (r0 + r) * ldy + g * kGroupRows;
-    for (int c = 0; c < kGroupRows; ++c) out[c] = (lanes[4 * c] + lanes[4 * c + 1]) + (lanes[4 * c + 2] + lanes[4 * c + 3]);
-  }
+  for (int i = 0; i < G; ++i)
+    for (int r = 0; r < R; ++r) {
+      __m512 total = acc[0][i][r];
+      if constexpr (kChains == 2) total = _mm512_add_ps(total, acc[1][i][r]);
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, total);
+      float* out = y + (r0 + r) * ldy + (g + i) * kGroupRows;
+      for (int c = 0; c < kGroupRows; ++c) out[c] = (lanes[4 * c] + lanes[4 * c + 1]) + (lanes[4 * c + 2] + lanes[4 * c + 3]);
+    }
 }
 
-// y[:, 4 g .. 4 g + 3], 8 rows at a time
+// Two groups share each row's loads from this many rows on (below, one group's loop is not
+// bound by its loads; measured on Zen 5: 2 and 4 rows 1.1-1.2x slower paired, 8 rows on faster)
+constexpr int64_t kPairedRows = 8;
+
+// y[:, 4 g .. 4 (g + G) - 1], 8 rows at a time
+template <int G>
 void dot_rows_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t g,
                    float* y, int64_t ldy) {
   int64_t r = 0;
-  for (; r + 8 <= rows; r += 8) dot_group_vnni<8>(q, r, codes, params, k, g, y, ldy);
+  for (; r + 8 <= rows; r += 8) dot_groups_vnni<G, 8>(q, r, codes, params, k, g, y, ldy);
   switch (rows - r) {
-    case 7: dot_group_vnni<7>(q, r, codes, params, k, g, y, ldy); break;
-    case 6: dot_group_vnni<6>(q, r, codes, params, k, g, y, ldy); break;
-    case 5: dot_group_vnni<5>(q, r, codes, params, k, g, y, ldy); break;
-    case 4: dot_group_vnni<4>(q, r, codes, params, k, g, y, ldy); break;
-    case 3: dot_group_vnni<3>(q, r, codes, params, k, g, y, ldy); break;
-    case 2: dot_group_vnni<2>(q, r, codes, params, k, g, y, ldy); break;
-    case 1: dot_group_vnni<1>(q, r, codes, params, k, g, y, ldy); break;
+    case 7: dot_groups_vnni<G, 7>(q, r, codes, params, k, g, y, ldy); break;
+    case 6: dot_groups_vnni<G, 6>(q, r, codes, params, k, g, y, ldy); break;
+    case 5: dot_groups_vnni<G, 5>(q, r, codes, params, k, g, y, ldy); break;
+    case 4: dot_groups_vnni<G, 4>(q, r, codes, params, k, g, y, ldy); break;
+    case 3: dot_groups_vnni<G, 3>(q, r, codes, params, k, g, y, ldy); break;
+    case 2: dot_groups_vnni<G, 2>(q, r, codes, params, k, g, y, ldy); break;
+    case 1: dot_groups_vnni<G, 1>(q, r, codes, params, k, g, y, ldy); break;
     default: break;
   }
 }
@@ -298,7 +315,10 @@ Tensor q4_q8_matmul(const Tensor& x_in, const Tensor& codes, const Tensor& param
   // groups of 4 outputs split between the threads
   at::parallel_for(0, n / kGroupRows, 4, [&](int64_t g0, int64_t g1) {
 #if KSPEC_Q4Q8_VNNI
-    for (int64_t g = g0; g < g1; ++g) dot_rows_vnni(q, rows, cp, pp, k, g, yp, n);
+    int64_t g = g0;
+    if (rows >= kPairedRows)
+      for (; g + 2 <= g1; g += 2) dot_rows_vnni<2>(q, rows, cp, pp, k, g, yp, n);
+    for (; g < g1; ++g) dot_rows_vnni<1>(q, rows, cp, pp, k, g, yp, n);
 #else
     for (int64_t g = g0; g < g1; ++g) dot_rows(q, rows, cp, pp, k, g, yp, n);
 #endif
