@@ -39,7 +39,7 @@ import torch
 
 from kspec.engine.config import CPU_INT4, CPU_KERNELS
 from kspec.engine.models.quantized import (
-    CpuLinear, Int4Embedding, Q4Codes, fused_linear, int4_kernel_available, weight_terms,
+    CpuLinear, Int4Embedding, Q4Codes, Q4Q8Term, fused_linear, int4_kernel_available, weight_terms,
 )
 from kspec.engine.models.native_step import NativeSteps
 from kspec.engine.models.resolve import cache_root
@@ -194,7 +194,9 @@ def describe(model: Transformer) -> str:
     if not int4:
         return f"{base}, fused projections ({dense_text})"
     rows = "at every row count" if dense is None else f"up to {int4[0].int4_max_rows} rows, {dense_text} above"
-    notes = [f"{len(int4)}/{len(linears)} matmuls {rows}"]
+    q4q8 = isinstance(int4[0].terms[0], Q4Q8Term)
+    kernel = f"kspec's 4-bit x 8-bit kernel ({cpu_layers.matmul_isa(cache_root())})" if q4q8 else "PyTorch's int4 kernel"
+    notes = [f"{len(int4)}/{len(linears)} matmuls {rows}", kernel]
     if isinstance(model.model.embed_tokens, Int4Embedding):
         notes.append("4-bit embedding")
     if model.native_steps is not None:

@@ -191,7 +191,8 @@ def test_4bit_only_path_keeps_no_float_weights() -> None:
     linears = [m for m in fast.modules() if isinstance(m, CpuLinear)]
     assert linears and all(m.has_int4 and not m.dense_names for m in linears)
     assert isinstance(fast.model.embed_tokens, Int4Embedding) and fast.dtype == torch.float32
-    assert "matmuls at every row count, 4-bit embedding" in describe(fast)
+    kernel = "kspec's 4-bit x 8-bit kernel" if FastPath().resolved_int4_kernel() == "kspec" else "PyTorch's int4 kernel"
+    assert f"matmuls at every row count, {kernel}" in describe(fast) and "4-bit embedding" in describe(fast)
     tokens = torch.arange(40).view(2, 20) * 11 % 512
     torch.testing.assert_close(fast.model.embed_tokens(tokens), reference.model.embed_tokens(tokens), atol=0, rtol=0)
     prompt = [(7 * i + 3) % 500 for i in range(24)]
@@ -287,10 +288,12 @@ def test_packed_bfloat16_head_frees_the_float_table() -> None:
     """With a bfloat16 dense form the tied head keeps a packed copy for many rows, so the
     embedding is looked up from its 4-bit terms (exact) and no float32 table is kept."""
     reference, codes = _quantized_tied_model(seed=9)
-    fast = to_fast_path(copy.deepcopy(reference), codes, FastPath(int4_max_rows=2, keep_dense=True, dense_dtype=torch.bfloat16))
+    fast = to_fast_path(
+        copy.deepcopy(reference), codes, FastPath(int4_max_rows=2, keep_dense=True, dense_dtype=torch.bfloat16, int4_kernel="torch")
+    )
     assert fast.lm_head.packed is not None and fast.lm_head.has_int4
     assert isinstance(fast.model.embed_tokens, Int4Embedding)
-    assert "up to 2 rows, dense bfloat16 above, 4-bit embedding" in describe(fast)
+    assert "up to 2 rows, dense bfloat16 above, PyTorch's int4 kernel, 4-bit embedding" in describe(fast)
     prompt = [(7 * i + 3) % 500 for i in range(24)]
     for want, got in zip(_logits_along(reference, prompt, 3, 5), _logits_along(fast, prompt, 3, 5)):
         scale = float(want.max() - want.min())
