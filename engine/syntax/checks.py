@@ -78,6 +78,12 @@ class CheckResult:
     def static_errors(self) -> int:
         return len(self.undefined_names) + len(self.unused_variables)
 
+    @property
+    def binds_the_wrong_name(self) -> bool:
+        """It binds a name nothing reads while a name the code after the cursor needs stays
+        unbound (`j = 10` where the suffix reads `res`): the hole's assignment, to the wrong name."""
+        return bool(self.unused_variables) and bool(self.needs_missing)
+
 
 @lru_cache(maxsize=None)
 def _python2_query() -> tree_sitter.Query:

@@ -45,6 +45,10 @@ class PostprocessConfig:
     # Line ends tried, before and after the cut, when the trimmed text does not leave the
     # file whole (each costs one incremental reparse).
     max_fallbacks: int = 4
+    # Also drop those that bind a name nothing reads and leave a name the suffix needs unbound
+    # (`CheckResult.binds_the_wrong_name`; Python, where unused variables are checked): a wrong
+    # assignment misleads more than no suggestion.
+    drop_wrong_binding: bool = True
     check_names: bool = True  # undefined and needed names (Python, JavaScript/TypeScript); Python: unused variables
     rank: RankConfig = field(default_factory=RankConfig)
 
@@ -198,6 +202,8 @@ def rank_alternatives(
         )
         if config.drop_broken and (result.breaks_parse or unfilled):
             continue  # broken, or leaves the hole at the cursor unfilled
+        if config.drop_wrong_binding and result.binds_the_wrong_name:
+            continue
         groups.setdefault(dedupe_key(text), []).append((index, text, result))
 
     scored: list[Scored] = []
@@ -259,9 +265,10 @@ def postprocess(
     unchecked, one per `dedupe_key`, ordered by length-normalised log-probability (what the
     model alone would show). Ranking: rank.py's one score, which uses the k together.
     Left out (so the list may be shorter than k, or empty): alternatives that trim to
-    nothing or duplicate a better one, and unless `config.drop_broken` is off, those that
+    nothing or duplicate a better one, unless `config.drop_broken` is off, those that
     introduce a syntax error, those that leave the file broken at the cursor where it
     already was (`config.drop_unfilled`), and those that leave it broken elsewhere when
-    another alternative leaves it whole.
+    another alternative leaves it whole; and unless `config.drop_wrong_binding` is off, those
+    that assign a name nothing reads where the suffix needs another one bound.
     """
     return [r.completion for r in rank_alternatives(prefix, suffix, language, candidates, raw=raw, config=config)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kspec.engine.syntax import Candidate, rank_alternatives
+from kspec.engine.syntax.postprocess import PostprocessConfig
 from kspec.engine.syntax.checks import Checker
 from kspec.engine.syntax.pynames import module_names
 
@@ -89,6 +90,60 @@ def test_the_alternative_that_defines_what_the_suffix_needs_ranks_first(name: st
     ]
     ranked = rank_alternatives(prefix, suffix, "python", candidates)
     assert [r.completion.text for r in ranked] == ['    msg = "empty"\n', "    print(data)\n"]
+
+
+ROMAN = '''def check(number):
+    """Raise when `number` is out of range (the window may start in here)."""
+    if not 1 <= number <= 1000:
+        raise ValueError(
+            f"{number} is out of range"
+        )
+
+
+def to_roman(number):
+    num = [1, 4, 5, 9, 10]
+    sym = ["I", "IV", "V", "IX", "X"]
+    i = 4
+    while number:
+        div = number // num[i]
+        number %= num[i]
+        while div:
+            res += sym[i]
+            div -= 1
+        i -= 1
+    return res.lower()
+'''
+ROMAN_CURSOR = ROMAN.index("    while number:")
+ROMAN_WINDOWS = {  # window starts: the whole file, inside the docstring, inside brackets, mid-statement
+    "whole": 0,
+    "docstring": ROMAN.index("the window may"),
+    "brackets": ROMAN.index("is out of range"),
+    "statement": ROMAN.index("<= number <="),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROMAN_WINDOWS))
+def test_an_assignment_to_a_name_nothing_reads_where_the_suffix_needs_another_is_not_shown(name: str) -> None:
+    """HumanEval/156: `j = 10` where the suffix reads `res`, the only alternative left, was shown
+    (pyflakes: unused `j`). A wrong assignment is dropped, even alone; the one the suffix reads,
+    and a statement that binds nothing, stay."""
+    prefix, suffix = ROMAN[ROMAN_WINDOWS[name] : ROMAN_CURSOR], ROMAN[ROMAN_CURSOR:]
+    assert rank_alternatives(prefix, suffix, "python", [Candidate("    j = 10\n", -0.2, 4)]) == []
+    candidates = [
+        Candidate("    j = 10\n", -0.2, 4),  # unused, and `res` still unbound
+        Candidate("    print(number)\n", -1.0, 5),  # binds nothing: `res` unbound, but nothing invented
+        Candidate("    res = ''\n", -1.3, 5),
+    ]
+    shown = [r.completion.text for r in rank_alternatives(prefix, suffix, "python", candidates)]
+    assert shown == ["    res = ''\n", "    print(number)\n"]
+    kept = rank_alternatives(prefix, suffix, "python", candidates[:1], config=PostprocessConfig(drop_wrong_binding=False))
+    assert [(r.check.unused_variables, r.check.needs_missing) for r in kept] == [(("j",), ("res",))]
+
+
+def test_an_unused_assignment_is_kept_when_the_suffix_needs_nothing() -> None:
+    prefix = FILE[: FILE.index("    return data")]
+    ranked = rank_alternatives(prefix, FILE[FILE.index("    return data") :], "python", [Candidate("    count = 10\n", -0.2, 4)])
+    assert [(r.completion.text, r.check.unused_variables, r.check.needs_missing) for r in ranked] == [("    count = 10\n", ("count",), ())]
 
 
 def test_a_mid_word_completion_that_invents_a_name_ranks_below_one_that_does_not() -> None:
