@@ -55,6 +55,9 @@ class CheckResult:
     syntax_errors: int = 0  # error nodes the completion introduces
     undefined_names: tuple[str, ...] = ()
     unused_variables: tuple[str, ...] = ()
+    # Python: of undefined_names, those the window binds only inside other functions (no
+    # module-level name above the window can explain them: pynames.certainly_undefined)
+    certainly_undefined: tuple[str, ...] = ()
     # Errors the file had before and still has; not the completion's fault, but not a fix
     # either. At the cursor: the hole is left unfilled (a header with no body, an unclosed
     # bracket, a statement cut short).
@@ -365,19 +368,23 @@ class Checker:
         root, end = tree.root_node, self.cursor + inserted
         if names and self.language in jsnames.LANGUAGES:
             undefined, defined, missing = self._js_names.judge(root, start, self.cursor, end)
-            return CheckResult(errors, undefined, (), unfixed, at_cursor, defined, missing)
+            return CheckResult(
+                errors, undefined, unfixed_errors=unfixed, unfixed_at_cursor=at_cursor, needs_defined=defined, needs_missing=missing
+            )
         if not names or self.names is None:
             return CheckResult(errors, unfixed_errors=unfixed, unfixed_at_cursor=at_cursor)
         inner = pyscope.collect_bindings(root, start, end)
         defined, missing = pynames.needs_met(self.names, inner)
+        undefined = pynames.undefined_names(root, start, end, self.names, inner)
         return CheckResult(
             errors,
-            tuple(pynames.undefined_names(root, start, end, self.names, inner)),
+            tuple(undefined),
             tuple(pyscope.unused_variables(root, start, end)),
-            unfixed,
-            at_cursor,
-            defined,
-            missing,
+            certainly_undefined=tuple(pynames.certainly_undefined(self.names, undefined)),
+            unfixed_errors=unfixed,
+            unfixed_at_cursor=at_cursor,
+            needs_defined=defined,
+            needs_missing=missing,
         )
 
 

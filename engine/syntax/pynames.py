@@ -20,6 +20,9 @@ scope enclosing the read (in the window or the alternative itself; when the wind
 has errors, its scopes are guesses, and a binding anywhere but in another function or
 lambda counts), a builtin, free in the window (but `self` or `cls` inside a function the
 window shows, whose parameters are then known); `needs_met` splits the needed names into those it binds and those it leaves undefined.
+Of the undefined names, `certainly_undefined` are those no file above the window can
+define: the window binds them only inside functions (another function's parameter or local,
+`self` of the methods above a module-level function), never at module level.
 """
 
 from __future__ import annotations
@@ -246,6 +249,16 @@ def undefined_names(
     # `self` and `cls` are parameters by convention: read elsewhere in the window they say
     # nothing about the function around the cursor when the window shows its header.
     return [name for name in missing if name not in names.free or (names.in_function and name in _PARAMETER_NAMES)]
+
+
+def certainly_undefined(names: WindowNames, undefined: list[str]) -> list[str]:
+    """Those of `undefined` (an alternative's) that the window binds only inside functions: a
+    local of another function read here, which no module-level name above the window explains."""
+    return [
+        name for name in undefined
+        if (name in names.bound or name in names.outside.bound) and name not in names.above
+        and name not in names.bound_outside_functions
+    ]  # fmt: skip
 
 
 def needs_met(names: WindowNames, inner: pyscope.Bindings) -> tuple[tuple[str, ...], tuple[str, ...]]:

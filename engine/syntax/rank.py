@@ -8,7 +8,10 @@ score = logprob / n_tokens                          the model's confidence, mean
                                                      (names the code after the cursor reads and
                                                      nothing before defines; Python: pynames.py,
                                                      JavaScript/TypeScript: jsnames.py)
-        - undefined_name_penalty * #undefined names  (names it reads that nothing defines)
+        - undefined_name_penalty * (#undefined names  (names it reads that nothing defines)
+                                    + #certainly undefined)  (of those, the ones the window binds
+                                                     only inside other functions: no name above
+                                                     the window explains them; Python)
         - unused_variable_penalty * #unused variables
         - unfixed_error_penalty * [leaves an error the file had at the cursor]
         - beyond_window_penalty * [its brackets reach past the window's open end]
@@ -88,7 +91,7 @@ def score(signals: Signals, config: RankConfig) -> float:
     value += config.agreement_weight * math.log(max(signals.agreeing, 1))
     value += config.length_weight * math.log1p(sum(1 for c in signals.text if not c.isspace()))
     value += config.needed_name_weight * (len(check.needs_defined) - len(check.needs_missing))
-    value -= config.undefined_name_penalty * len(check.undefined_names)
+    value -= config.undefined_name_penalty * (len(check.undefined_names) + len(check.certainly_undefined))
     value -= config.unused_variable_penalty * len(check.unused_variables)
     value -= config.unfixed_error_penalty * (1 if check.unfixed_errors else 0)
     value -= config.beyond_window_penalty * (1 if check.beyond_window else 0)

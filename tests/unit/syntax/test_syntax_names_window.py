@@ -267,3 +267,48 @@ def test_outside_names_read_lexically() -> None:
     guarded = "try:\n    import json\nexcept ImportError:\n    json = None\nif True:\n    def helper():\n        inner = 1\n"
     found = OutsideNames.of(guarded, lex(guarded, SPECS["python"]).tokens, 0, len(guarded))
     assert {"json", "helper"} <= found.binds and "inner" not in found.binds
+
+
+WRITERS = '''class Reader:
+    """Reads a file (the docstring window starts in here)."""
+
+    def __init__(self, f):
+        self._f = f
+
+
+class Writer:
+    def __init__(self, f):
+        self._f = f
+        self._length = (
+            0
+        )
+
+    def close(self):
+        self._f.write(str(self._length))
+
+
+def open_file(f, mode):
+    if mode == "r":
+        return Reader(f)
+    '''
+WRITER_WINDOWS = {  # window starts: the whole file, inside a docstring, inside brackets, mid-statement
+    "whole": 0,
+    "docstring": WRITERS.index("the docstring window"),
+    "brackets": WRITERS.index("0\n        )"),
+    "statement": WRITERS.index("._length = ("),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITER_WINDOWS))
+def test_a_name_the_window_binds_only_inside_other_functions_is_certainly_undefined(name: str) -> None:
+    """wave.py's `open()`: `self` (the methods' parameter) read in a module-level function cannot
+    come from above the window, `Writer` can (its class is above the cut windows): the first costs
+    the undefined-name penalty twice, so the model's likelier `self...` ranks below."""
+    prefix = WRITERS[WRITER_WINDOWS[name] :]
+    candidates = [Candidate("self._f.write(mode)", -1.5, 5), Candidate("return Writer(f)", -2.0, 4)]
+    ranked = rank_alternatives(prefix, "\n", "python", candidates)
+    assert [r.completion.text for r in ranked] == ["return Writer(f)", "self._f.write(mode)"]
+    assert ranked[1].check.undefined_names == ranked[1].check.certainly_undefined == ("self",)
+    cut_above_writer = name in ("brackets", "statement")
+    assert ranked[0].check.undefined_names == (("Writer",) if cut_above_writer else ())
+    assert ranked[0].check.certainly_undefined == ()

@@ -135,6 +135,7 @@ def test_score_terms() -> None:
     assert base == pytest.approx(-0.5 + config.length_weight * math.log(2))
     assert value(check=CheckResult(syntax_errors=1)) == pytest.approx(base - 10.0)
     assert value(check=CheckResult(undefined_names=("a", "b"))) == pytest.approx(base - 4.0)
+    assert value(check=CheckResult(undefined_names=("a", "b"), certainly_undefined=("a",))) == pytest.approx(base - 6.0)
     assert value(check=CheckResult(unused_variables=("a",))) == pytest.approx(base - 1.0)
     assert value(check=CheckResult(unfixed_errors=2)) == pytest.approx(base - 5.0)
     assert value(check=CheckResult(needs_defined=("msg",))) == pytest.approx(base + config.needed_name_weight)
