@@ -50,11 +50,14 @@ from kspec.kernels import cpu_layers
 # (30 layers of the default model's projections, weights streamed, 2 threads, README "Measured"):
 # PyTorch's int4 kernel is vectorized for AVX-512; on AVX2 it is not (Zen 2: 9.2 ms at one row
 # vs 5.5 ms with kspec's 4-bit x 8-bit kernel, csrc/q4_q8_matmul.cpp). Where kspec's kernel is
-# built with AVX-512 VNNI (Zen 5, two runs: 2.6-2.7 vs 3.3-3.4 ms at one row, 4.6-5.0 vs 6.8-7.4
-# at eight, 17.8-18.7 vs 28.3-29.0 at forty) it serves AVX-512 too (`VNNI_ISA`). Not measured on
-# other AVX-512 VNNI CPUs (Zen 4, Intel): `--cpu-int4 torch` gives PyTorch's kernel back.
+# built with AVX-512 VNNI on a CPU where that was measured faster (Zen 5, two runs: 2.6-2.7 vs
+# 3.3-3.4 ms at one row, 4.6-5.0 vs 6.8-7.4 at eight, 17.8-18.7 vs 28.3-29.0 at forty) it serves
+# AVX-512 too (`vnni_kernel_measured`). Not measured on other AVX-512 VNNI CPUs (Zen 4, whose
+# 512-bit operations take two passes, and Intel's): PyTorch's kernel stays theirs unless
+# `--cpu-int4 kspec` asks.
 INT4_KERNELS = {"AVX512": "torch", "AVX2": "kspec"}
-VNNI_ISA = "avx512-vnni"  # cpu_layers.matmul_isa() of a build whose kernel beats PyTorch's on AVX-512
+VNNI_ISA = "avx512-vnni"  # cpu_layers.matmul_isa() of a build with the AVX-512 VNNI path
+VNNI_MEASURED_AMD_FAMILY = 0x1A  # Zen 5 and later: AMD CPU families where that path was measured faster
 
 
 # The 4-bit kernel's rows per matmul, the dense copy above, by kernel and dense dtype (measured,
@@ -114,7 +117,33 @@ class FastPath:
         if self.int4_kernel is not None:
             return self.int4_kernel
         chosen = INT4_KERNELS.get(torch.backends.cpu.get_cpu_capability(), "torch")
-        return "kspec" if chosen == "torch" and cpu_layers.matmul_isa(cache_root()) == VNNI_ISA else chosen
+        return "kspec" if chosen == "torch" and vnni_kernel_measured() else chosen
+
+
+def vnni_kernel_measured() -> bool:
+    """Whether kspec's kernel is built with AVX-512 VNNI here and this CPU is of a class where
+    that was measured faster than PyTorch's int4 kernel (`VNNI_MEASURED_AMD_FAMILY`)."""
+    if cpu_layers.matmul_isa(cache_root()) != VNNI_ISA:
+        return False
+    vendor, family = cpu_vendor_family()
+    return vendor == "AuthenticAMD" and family >= VNNI_MEASURED_AMD_FAMILY
+
+
+def cpu_vendor_family() -> tuple[str, int]:
+    """('AuthenticAMD' / 'GenuineIntel' / ..., CPU family) from /proc/cpuinfo; ('', 0) where unknown."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() in ("vendor_id", "cpu family"):
+                    fields.setdefault(key.strip(), value.strip())
+                if len(fields) == 2 or not line.strip():
+                    break
+    except OSError:
+        return "", 0
+    family = fields.get("cpu family", "")
+    return fields.get("vendor_id", ""), int(family) if family.isdigit() else 0
 
 
 def dense_pays(int4_kernel: str) -> bool:

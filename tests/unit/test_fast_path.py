@@ -16,6 +16,9 @@ Tolerances (README "Measured" states the same):
 
 from __future__ import annotations
 
+import os
+import platform
+
 import copy
 import dataclasses
 import inspect
@@ -269,15 +272,28 @@ def test_4bit_rows_default_to_the_crossover_of_the_kernel_and_dense_dtype(kernel
     assert cpu_fast.INT4_MAX_ROWS[("kspec", torch.bfloat16)] > cpu_fast.INT4_MAX_ROWS[("torch", torch.bfloat16)]
 
 
+def test_cpu_vendor_family_reads_this_machine() -> None:
+    vendor, family = cpu_fast.cpu_vendor_family()
+    if os.path.exists("/proc/cpuinfo") and platform.machine() == "x86_64":
+        assert vendor in ("AuthenticAMD", "GenuineIntel") and family > 0
+    else:
+        assert (vendor, family) == ("", 0) or family >= 0
+
+
 def test_the_int4_kernel_follows_the_setting_then_the_cpu(monkeypatch) -> None:
     assert FastPath.for_weights("auto", "auto", "kspec").resolved_int4_kernel() == "kspec"
     assert FastPath.for_weights("auto", "auto", "torch").resolved_int4_kernel() == "torch"
     with pytest.raises(ValueError, match="cpu_int4"):
         FastPath.for_weights("auto", "auto", "vnni")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    for isa, kernel in (("avx512-vnni", "kspec"), ("avx2", "torch"), (None, "torch")):
+    measured = [  # the build's instructions, the CPU: kspec's kernel only where measured faster (Zen 5)
+        ("avx512-vnni", ("AuthenticAMD", 0x1A), "kspec"), ("avx512-vnni", ("AuthenticAMD", 0x19), "torch"),
+        ("avx512-vnni", ("GenuineIntel", 6), "torch"), ("avx2", ("AuthenticAMD", 0x1A), "torch"), (None, ("AuthenticAMD", 0x1A), "torch"),
+    ]
+    for isa, cpu, kernel in measured:
         monkeypatch.setattr(cpu_fast.cpu_layers, "matmul_isa", lambda _cache, isa=isa: isa)
-        assert FastPath().resolved_int4_kernel() == kernel
+        monkeypatch.setattr(cpu_fast, "cpu_vendor_family", lambda cpu=cpu: cpu)
+        assert FastPath().resolved_int4_kernel() == kernel, (isa, cpu)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     assert FastPath().resolved_int4_kernel() == "kspec"
 
