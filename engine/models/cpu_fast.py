@@ -4,8 +4,8 @@ for steps with few rows, one matmul for q/k/v and one for gate/up; everything el
 Why each piece (2 threads, SmolLM2-135M, a 512-token prompt; README "Measured"):
 - a decode step reads every weight once: 4-bit codes are ~8x fewer bytes than float32, and
   PyTorch's int4 CPU kernel multiplies them without unpacking (bfloat16 in and out) on AVX-512;
-  on AVX2, where that kernel is not vectorized well, and where kspec's own 4-bit x 8-bit kernel
-  is built with AVX-512 VNNI (faster than PyTorch's at every row count), that kernel does
+  on AVX2, where that kernel is not vectorized well, and on Zen 5 where kspec's own 4-bit x 8-bit
+  kernel is built with AVX-512 VNNI (measured faster than PyTorch's at every row count), that kernel does
   (`INT4_KERNELS`; float32 in and out, the activations quantized to 8 bits per block of 32 as
   llama.cpp does: quantized.py `Q4Q8Term`);
 - with many rows (verifying k x (gamma+1) drafts, prefill) PyTorch's kernel dequantizes the
