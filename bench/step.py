@@ -109,6 +109,9 @@ def _step_runner(model: Transformer, cache: BranchKVCache, case: StepCase) -> Ca
     return run
 
 
+INT4_PIN = "int4="  # a --paths pin of --cpu-int4
+
+
 def path_config(config: EngineConfig, path: str) -> EngineConfig:
     """A --paths entry: a --dtype value, then optionally /<--cpu-weights value>,
     /<--cpu-kernels value> and /int4=<--cpu-int4 value> (auto/4bit, auto/torch, auto/int4=kspec,
@@ -123,9 +126,6 @@ def path_config(config: EngineConfig, path: str) -> EngineConfig:
         config, dtype=dtype, cpu_weights=weights[0] if weights else config.cpu_weights,
         cpu_kernels=kernels[0] if kernels else config.cpu_kernels, cpu_int4=int4[0] if int4 else config.cpu_int4,
     )  # fmt: skip
-
-
-INT4_PIN = "int4="  # a --paths pin of --cpu-int4
 
 
 def _prefill_runner(model: Transformer, prompt: list[int]) -> Callable[[], int]:

@@ -24,6 +24,7 @@ from kspec.engine.models.loading import LoadedModel, check_draft_compatible, loa
 from kspec.engine.models.resolve import cache_root
 from kspec.engine.request import ActiveCompletion
 from kspec.engine.version import version
+from kspec.kernels import cpu_layers
 
 KEYSTROKE_INDENT, KEYSTROKE_WORD = "    ", "print"  # a line typed after CALIBRATION_CODE, the word a character a keystroke
 CALIBRATION_CODE = """import os
@@ -177,11 +178,4 @@ class CompletionEngine:
 
 def _cpu_name() -> str:
     """The CPU's model name where the system says it (Linux), else the platform's word for it."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    return cpu_layers.cpu_info().get("model name") or platform.processor()

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["load", "load_matmul", "matmul_isa", "unavailable_reason", "build_folder", "SOURCES"]
+__all__ = ["load", "load_matmul", "matmul_isa", "unavailable_reason", "build_folder", "cpu_info", "SOURCES"]
 
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("branch_layers.cpp", "q4_q8_matmul.cpp"))
 FLAGS = ["-O3", "-march=native", "-fopenmp"]  # -fopenmp: at::parallel_for runs on one thread without it
@@ -30,6 +30,23 @@ FLAGS = ["-O3", "-march=native", "-fopenmp"]  # -fopenmp: at::parallel_for runs 
 def build_folder(cache_dir: Path) -> Path:
     """Where the built library lives under kspec's cache folder: per torch version and CPU."""
     return cache_dir / "native" / f"torch-{torch.__version__}-{_cpu_tag()}"
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ("vendor_id", "cpu family", "model name",
+    ...); empty where the system has no such file."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if not line.strip():
+                    break  # the end of the first processor's block
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
 
 
 def _cpu_tag() -> str:

@@ -130,20 +130,10 @@ def vnni_kernel_measured() -> bool:
 
 
 def cpu_vendor_family() -> tuple[str, int]:
-    """('AuthenticAMD' / 'GenuineIntel' / ..., CPU family) from /proc/cpuinfo; ('', 0) where unknown."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                if key.strip() in ("vendor_id", "cpu family"):
-                    fields.setdefault(key.strip(), value.strip())
-                if len(fields) == 2 or not line.strip():
-                    break
-    except OSError:
-        return "", 0
-    family = fields.get("cpu family", "")
-    return fields.get("vendor_id", ""), int(family) if family.isdigit() else 0
+    """('AuthenticAMD' / 'GenuineIntel' / ..., CPU family) of this CPU; ('', 0) where unknown."""
+    info = cpu_layers.cpu_info()
+    family = info.get("cpu family", "")
+    return info.get("vendor_id", ""), int(family) if family.isdigit() else 0
 
 
 def dense_pays(int4_kernel: str) -> bool:

@@ -114,12 +114,15 @@ def to_roman(number):
     return res.lower()
 '''
 ROMAN_CURSOR = ROMAN.index("    while number:")
-ROMAN_WINDOWS = {  # window starts: the whole file, inside the docstring, inside brackets, mid-statement
-    "whole": 0,
-    "docstring": ROMAN.index("the window may"),
-    "brackets": ROMAN.index("is out of range"),
-    "statement": ROMAN.index("<= number <="),
-}
+
+
+def window_starts(text: str, docstring: str, brackets: str, statement: str) -> dict[str, int]:
+    """Where windows of `text` start: the whole file, and at each marker (inside a docstring,
+    inside brackets, mid-statement)."""
+    return {"whole": 0, "docstring": text.index(docstring), "brackets": text.index(brackets), "statement": text.index(statement)}
+
+
+ROMAN_WINDOWS = window_starts(ROMAN, docstring="the window may", brackets="is out of range", statement="<= number <=")
 
 
 @pytest.mark.parametrize("name", sorted(ROMAN_WINDOWS))
@@ -291,12 +294,7 @@ def open_file(f, mode):
     if mode == "r":
         return Reader(f)
     '''
-WRITER_WINDOWS = {  # window starts: the whole file, inside a docstring, inside brackets, mid-statement
-    "whole": 0,
-    "docstring": WRITERS.index("the docstring window"),
-    "brackets": WRITERS.index("0\n        )"),
-    "statement": WRITERS.index("._length = ("),
-}
+WRITER_WINDOWS = window_starts(WRITERS, docstring="the docstring window", brackets="0\n        )", statement="._length = (")
 
 
 @pytest.mark.parametrize("name", sorted(WRITER_WINDOWS))
