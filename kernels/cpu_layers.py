@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["load", "load_matmul", "matmul_isa", "unavailable_reason", "build_folder", "cpu_info", "SOURCES"]
+__all__ = ["load", "load_matmul", "load_q8_matmul", "matmul_isa", "unavailable_reason", "build_folder", "cpu_info", "SOURCES"]
 
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("branch_layers.cpp", "q4_q8_matmul.cpp"))
 FLAGS = ["-O3", "-march=native", "-fopenmp"]  # -fopenmp: at::parallel_for runs on one thread without it
@@ -86,6 +86,13 @@ def load_matmul(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
     """``torch.ops.kspec.q4_q8_matmul`` (x [M, K] float32, codes, params -> [M, N] float32; the
     layout: engine/models/quantized.py ``Q4Q8Term``), built as ``load``; None where it cannot be."""
     return torch.ops.kspec.q4_q8_matmul if _built(cache_dir)[0] else None
+
+
+def load_q8_matmul(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
+    """``torch.ops.kspec.q8_q8_matmul``: the same kernel over 8-bit codes (a GGUF Q8_0 weight, the
+    layout: engine/models/quantized.py ``Q8Q8Term``), vectorized on an AVX-512 VNNI build only
+    (``matmul_isa``); built as ``load``; None where it cannot be."""
+    return torch.ops.kspec.q8_q8_matmul if _built(cache_dir)[0] else None
 
 
 def matmul_isa(cache_dir: Path) -> str | None:

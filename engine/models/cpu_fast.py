@@ -4,7 +4,7 @@ for steps with few rows, one matmul for q/k/v and one for gate/up; everything el
 Why each piece (2 threads, SmolLM2-135M, a 512-token prompt; README "Measured"):
 - a decode step reads every weight once: 4-bit codes are ~8x fewer bytes than float32, and
   PyTorch's int4 CPU kernel multiplies them without unpacking (bfloat16 in and out) on AVX-512;
-  on AVX2, where that kernel is not vectorized well, and on Zen 5 where kspec's own 4-bit x 8-bit
+  on AVX2, where that kernel is not vectorized well, and on Zen 4 and 5 where kspec's own 4-bit x 8-bit
   kernel is built with AVX-512 VNNI (measured faster than PyTorch's at every row count), that kernel does
   (`INT4_KERNELS`; float32 in and out, the activations quantized to 8 bits per block of 32 as
   llama.cpp does: quantized.py `Q4Q8Term`);
@@ -39,7 +39,7 @@ import torch
 
 from kspec.engine.config import CPU_INT4, CPU_KERNELS
 from kspec.engine.models.quantized import (
-    CpuLinear, Int4Embedding, Q4Codes, Q4Q8Term, fused_linear, int4_kernel_available, weight_terms,
+    CpuLinear, Int4Embedding, Q4Codes, Q4Q8Term, Q8Q8Term, fused_linear, int4_kernel_available, weight_terms,
 )
 from kspec.engine.models.native_step import NativeSteps
 from kspec.engine.models.resolve import cache_root
@@ -50,14 +50,17 @@ from kspec.kernels import cpu_layers
 # (30 layers of the default model's projections, weights streamed, 2 threads, README "Measured"):
 # PyTorch's int4 kernel is vectorized for AVX-512; on AVX2 it is not (Zen 2: 9.2 ms at one row
 # vs 5.5 ms with kspec's 4-bit x 8-bit kernel, csrc/q4_q8_matmul.cpp). Where kspec's kernel is
-# built with AVX-512 VNNI on a CPU where that was measured faster (Zen 5, two runs: 2.6-2.7 vs
-# 3.3-3.4 ms at one row, 4.6-5.0 vs 6.8-7.4 at eight, 17.8-18.7 vs 28.3-29.0 at forty) it serves
-# AVX-512 too (`vnni_kernel_measured`). Not measured on other AVX-512 VNNI CPUs (Zen 4, whose
-# 512-bit operations take two passes, and Intel's): PyTorch's kernel stays theirs unless
-# `--cpu-int4 kspec` asks.
+# built with AVX-512 VNNI on a CPU where that was measured faster it serves AVX-512 too
+# (`vnni_kernel_measured`): Zen 5 (two runs: 2.6-2.7 vs 3.3-3.4 ms at one row, 4.6-5.0 vs 6.8-7.4
+# at eight, 17.8-18.7 vs 28.3-29.0 at forty) and Zen 4 (whole steps, `kspec bench step`, README
+# "Measured": 1.14x at one row, 1.26x at four, 1.06x at eight, 1.07x at forty against PyTorch's
+# kernel with its bfloat16 copy). Not measured on Intel's AVX-512 VNNI CPUs: PyTorch's kernel
+# stays theirs unless `--cpu-int4 kspec` asks.
 INT4_KERNELS = {"AVX512": "torch", "AVX2": "kspec"}
 VNNI_ISA = "avx512-vnni"  # cpu_layers.matmul_isa() of a build with the AVX-512 VNNI path
-VNNI_MEASURED_AMD_FAMILY = 0x1A  # Zen 5 and later: AMD CPU families where that path was measured faster
+# AMD CPU families where that path was measured faster: 0x19 with AVX-512 is Zen 4 (Zen 3, also
+# 0x19, has no AVX-512, so no VNNI build), 0x1A Zen 5
+VNNI_MEASURED_AMD_FAMILY = 0x19
 
 
 # The 4-bit kernel's rows per matmul, the dense copy above, by kernel and dense dtype (measured,
@@ -168,6 +171,7 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     `weight_terms`) has every part. The head's dense form stays the model's own weight."""
     dense_dtype, keep_dense, int4_max_rows = path.resolved_dense_dtype(), path.resolved_keep_dense(), path.resolved_int4_max_rows()
     q4q8 = cpu_layers.load_matmul(cache_root()) if path.resolved_int4_kernel() == "kspec" else None  # None: PyTorch's
+    q8q8 = cpu_layers.load_q8_matmul(cache_root()) if q4q8 is not None and cpu_layers.matmul_isa(cache_root()) == VNNI_ISA else None
     for index, block in enumerate(model.model.layers):
         prefix = f"model.layers.{index}."
 
@@ -191,7 +195,7 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     # weight itself (tied: the embedding table), not a copy.
     head_dense = [head.weight] if keep_dense or not head_terms else []
     head_dtype = dense_dtype if head_terms else head.weight.dtype
-    model.lm_head = CpuLinear(head_dense, head_terms or [], head.bias, int4_max_rows, head_dtype, q4q8_matmul=q4q8)
+    model.lm_head = CpuLinear(head_dense, head_terms or [], head.bias, int4_max_rows, head_dtype, q4q8_matmul=q4q8, q8q8_matmul=q8q8)
     embed_terms = weight_terms(codes, embed_name)
     float_table_needed = bool(model.lm_head.dense_parts) and model.args.tie_embeddings
     float_weights_kept = keep_dense and dense_dtype == torch.float32  # loaded and kept anyway: the table stays float32
@@ -216,6 +220,8 @@ def describe(model: Transformer) -> str:
     q4q8 = isinstance(int4[0].terms[0], Q4Q8Term)
     kernel = f"kspec's 4-bit x 8-bit kernel ({cpu_layers.matmul_isa(cache_root())})" if q4q8 else "PyTorch's int4 kernel"
     notes = [f"{len(int4)}/{len(linears)} matmuls {rows}", kernel]
+    if isinstance(model.lm_head, CpuLinear) and any(isinstance(t, Q8Q8Term) for t in model.lm_head.terms):
+        notes.append("8-bit head")
     if isinstance(model.model.embed_tokens, Int4Embedding):
         notes.append("4-bit embedding")
     if model.native_steps is not None:

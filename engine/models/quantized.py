@@ -246,6 +246,53 @@ class Q4Q8Term(nn.Module):
         return y if y.shape[1] == self.out_features else y[:, : self.out_features]
 
 
+def q8_0_codes(terms: Sequence[Q4Codes]) -> tuple[Tensor, Tensor] | None:
+    """A Q8_0 weight's two 4-bit terms (`q8_0_terms`) joined back into its bytes: (u [N, K]
+    uint8 = q + 128, d [N, K/32] float32) with w = d (u - 128); None for any other terms."""
+    if len(terms) != 2 or terms[0].shape != terms[1].shape:
+        return None
+    high, low = terms
+    d = low.scale
+    if not (torch.equal(high.zero, torch.zeros_like(d)) and torch.equal(high.scale, 16 * d) and torch.equal(low.zero, 8 * d)):
+        return None
+    return high.codes * 16 + low.codes, d
+
+
+class Q8Q8Term(nn.Module):
+    """One 8-bit matrix (a GGUF Q8_0 weight: w = d q, q in -127..127) for the kernel's 8-bit form
+    (csrc/q4_q8_matmul.cpp q8_q8_matmul: llama.cpp's Q8_0 x Q8_0 dot, x quantized as for
+    Q4Q8Term): x [M, K] -> x W^T [M, N] float32, one integer dot per block where the two 4-bit
+    terms of the same weight take two. Codes u = q + 128; s = d and m = -128 d in float16 (the
+    file's d, exact). Rows are padded to a multiple of 4."""
+
+    def __init__(self, codes: Tensor, scale: Tensor, matmul: Q4Q8Matmul):
+        super().__init__()
+        self.matmul = matmul
+        n, k = codes.shape
+        self.out_features = n
+        padded = -n % Q4Q8_GROUP_ROWS
+        scale = scale.float()
+        if padded:  # u = 128 with d = 0: zero weights
+            codes = torch.cat([codes, codes.new_full((padded, k), 128)])
+            scale = torch.cat([scale, scale.new_zeros(padded, k // GROUP)])
+        groups, blocks = (n + padded) // Q4Q8_GROUP_ROWS, k // GROUP
+        per_block = codes.view(groups, Q4Q8_GROUP_ROWS, blocks, 2, GROUP // 2)  # [N/4, 4, K/32, 2, 16]
+        params = torch.stack([scale, -128 * scale], dim=1).to(torch.float16)  # [N, 2, K/32]
+        self.codes: Tensor
+        self.params: Tensor
+        self.register_buffer("codes", per_block.permute(0, 2, 3, 1, 4).contiguous())  # [N/4, K/32, 2, 4, 16] uint8
+        self.register_buffer("params", params.view(groups, Q4Q8_GROUP_ROWS, 2, blocks).permute(0, 2, 3, 1).contiguous())  # [N/4, 2, K/32, 4]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a matmul reads of the weights."""
+        return self.codes.nbytes + self.params.nbytes
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.matmul(x.float(), self.codes, self.params)  # [M, N padded]
+        return y if y.shape[1] == self.out_features else y[:, : self.out_features]
+
+
 class Int4Term(nn.Module):
     """One 4-bit matrix in the kernel's layout: x [M, K] -> x W^T [M, N] in the kernel's dtype."""
 
@@ -294,7 +341,9 @@ class CpuLinear(nn.Module):
     native bfloat16: emulated bfloat16 matmuls are slower than float32 ones there). In bfloat16
     the parts are one weight in oneDNN's layout instead (`pack_bf16`, where available): one
     matmul, no reorder per call. Either form may be absent: without terms the dense form serves
-    every call; without it the 4-bit kernel does (slower for many rows, smaller in memory)."""
+    every call; without it the 4-bit kernel does (slower for many rows, smaller in memory).
+    With `q8q8_matmul` (kspec's kernel's 8-bit form) a Q8_0 weight's two 4-bit terms are one
+    8-bit term (`Q8Q8Term`): the same bytes, one integer dot per block instead of two."""
 
     def __init__(
         self,
@@ -305,6 +354,7 @@ class CpuLinear(nn.Module):
         dense_dtype: torch.dtype = torch.float32,
         int4_dtype: torch.dtype = torch.bfloat16,
         q4q8_matmul: Q4Q8Matmul | None = None,
+        q8q8_matmul: Q4Q8Matmul | None = None,
     ):
         super().__init__()
         if not dense and not terms:
@@ -318,9 +368,11 @@ class CpuLinear(nn.Module):
         # the 4-bit terms' kernel: kspec's 4-bit x 8-bit one where given (float32 in and out),
         # else PyTorch's int4 kernel (in int4_dtype: bfloat16 is its vectorized path)
         self.int4_dtype = torch.float32 if q4q8_matmul is not None else int4_dtype
+        eight_bit = q8_0_codes(terms) if q4q8_matmul is not None and q8q8_matmul is not None else None
         self.terms = nn.ModuleList(
-            Q4Q8Term(t, q4q8_matmul) if q4q8_matmul is not None else Int4Term(t, self.int4_dtype) for t in terms
-        )
+            [Q8Q8Term(*eight_bit, q8q8_matmul)] if eight_bit is not None
+            else (Q4Q8Term(t, q4q8_matmul) if q4q8_matmul is not None else Int4Term(t, self.int4_dtype) for t in terms)
+        )  # fmt: skip
         # oneDNN's layout: not a buffer (state_dict and .to() know no such tensors); CPU only.
         self.packed: Tensor | None = None
         if dense and dense_dtype == torch.bfloat16 and packing_available():

@@ -17,6 +17,18 @@
 // lines: codes [N/4, K/32, 4, 16] uint8, a block's 16 bytes with weight j in the low nibble of
 // byte j and j + 16 in the high nibble (GGUF's order); params [N/4, 2, K/32, 4] float16 (every
 // s of the group, then every m).
+//
+// The 8-bit form (q8_q8_matmul: a GGUF Q8_0 weight, w = d q with q in -127..127, the default
+// model's tied head) is the same loop over whole-byte codes u = q + 128 in 0..255:
+//
+//   y[r,n] = sum_b  s[n,b] d[r,b] (sum_j u[j] a[j])  +  m[n,b] d[r,b] (sum_j a[j])
+//
+// with s = d and m = -128 d, i.e. sum_b d[n,b] d[r,b] (q . a): llama.cpp's Q8_0 x Q8_0 dot, one
+// integer dot per block where two 4-bit terms (high and low nibbles of u) took two. Codes
+// [N/4, K/32, 2, 4, 16] uint8: weights 0..15 of the 4 outputs, then 16..31 (each half one
+// 64-byte line, as the 4-bit form's low and high nibbles); params as above. The AVX-512 VNNI
+// build runs it vectorized; other builds run a scalar loop (correct, slow: kspec picks the
+// 8-bit form only on a VNNI build, engine/models/cpu_fast.py).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -26,6 +38,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
@@ -47,12 +60,14 @@ constexpr int64_t kPrefetchBlocks = 8;  // blocks (of 4 rows, 64 bytes) read ahe
 struct Quantized {  // x [M, K] as 8-bit blocks
   std::vector<int8_t> a;       // [M, K]
   std::vector<float> scale;    // [M, K/32] d
-  std::vector<float> sum;      // [M, K/32] float32 sum of the block's x
+  std::vector<float> sum;      // [M, K/32] float32 sum of the block's x (the 4-bit form's minimums)
+  std::vector<float> code_sum; // [M, K/32] d * sum of the block's a (the 8-bit form's -128 d)
 };
 
 Quantized quantize_rows(const float* x, int64_t rows, int64_t k) {
   const int64_t blocks = k / kBlock;
-  Quantized q{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<float>(rows * blocks)};
+  Quantized q{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<float>(rows * blocks),
+              std::vector<float>(rows * blocks)};
   for (int64_t i = 0; i < rows * blocks; ++i) {
     const float* xb = x + i * kBlock;
     float amax = 0.f, total = 0.f;
@@ -64,10 +79,15 @@ Quantized quantize_rows(const float* x, int64_t rows, int64_t k) {
     const float d = amax / 127.f;
     const float inv = d > 0.f ? 1.f / d : 0.f;
     int8_t* ab = q.a.data() + i * kBlock;
-#pragma omp simd
-    for (int64_t j = 0; j < kBlock; ++j) ab[j] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
+    int32_t codes = 0;
+#pragma omp simd reduction(+ : codes)
+    for (int64_t j = 0; j < kBlock; ++j) {
+      ab[j] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
+      codes += ab[j];
+    }
     q.scale[i] = d;
     q.sum[i] = total;
+    q.code_sum[i] = d * static_cast<float>(codes);
   }
   return q;
 }
@@ -83,6 +103,16 @@ inline void halves_to_floats(const c10::Half* h, float* f, int64_t n) {
 }
 
 constexpr int64_t kMaxBlocks = 1024;  // K up to 32768
+
+// Bytes of one output's codes per block: 4-bit codes two a byte, 8-bit ones a byte each
+template <int Bits>
+constexpr int64_t kCodeBytes = Bits * kBlock / 8;
+
+// The per-block sums of x each form's m multiplies: sum(x) for 4 bits, d sum(a) for 8
+template <int Bits>
+const std::vector<float>& minimum_sums(const Quantized& q) {
+  return Bits == 4 ? q.sum : q.code_sum;
+}
 
 // One group of 4 weight rows with its float16 parameters in float32, converted once for every
 // row tile that multiplies it
@@ -111,13 +141,15 @@ void load_group(const uint8_t* codes, const c10::Half* params, int64_t blocks, i
 // parameters are converted in the loop (no pass over the group first). G groups (4 G outputs)
 // x R rows at once: the unpacked blocks serve every row, and a row's activation and scale loads
 // (the loop's bound with one group: four loads to six arithmetic operations) serve every group.
-template <int G, int R>
+// 8-bit codes (Bits = 8) are two 64-byte registers a block instead of one register's nibbles.
+template <int Bits, int G, int R>
 void dot_groups_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k,
                      int64_t g, float* y, int64_t ldy) {
-  static_assert(G >= 1 && G <= 2 && R >= 1 && R <= 8);
+  static_assert(G >= 1 && G <= 2 && R >= 1 && R <= 8 && (Bits == 4 || Bits == 8));
+  constexpr int64_t block_bytes = kGroupRows * kCodeBytes<Bits>;  // 64 or 128
   const int64_t blocks = k / kBlock;
-  const float* xd = q.scale.data() + r0 * blocks;  // [R, blocks]
-  const float* xs = q.sum.data() + r0 * blocks;    // [R, blocks]
+  const float* xd = q.scale.data() + r0 * blocks;                  // [R, blocks]
+  const float* xs = minimum_sums<Bits>(q).data() + r0 * blocks;    // [R, blocks]
   const int8_t* a0 = q.a.data() + r0 * k;
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
   const __m512i output_of_lane = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
@@ -137,12 +169,19 @@ void dot_groups_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const
     __m512 scales[G], mins[G];
 #pragma GCC unroll 2
     for (int i = 0; i < G; ++i) {
-      const uint8_t* gc = codes + (g + i) * blocks * kGroupRows * 16;  // [blocks, 4, 16]
+      const uint8_t* gc = codes + (g + i) * blocks * block_bytes;  // [blocks, 4, 16] or [blocks, 2, 4, 16]
       const c10::Half* gs = params + (g + i) * 2 * blocks * kGroupRows;  // [blocks, 4] scales, then minimums
-      _mm_prefetch(reinterpret_cast<const char*>(gc + (b + kPrefetchBlocks) * kGroupRows * 16), _MM_HINT_T0);
-      const __m512i packed = _mm512_loadu_si512(gc + b * kGroupRows * 16);  // [4 outputs, 16 bytes]
-      lo[i] = _mm512_and_si512(packed, low_mask);
-      hi[i] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);
+      const uint8_t* ahead = gc + (b + kPrefetchBlocks) * block_bytes;
+      _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+      if constexpr (Bits == 4) {
+        const __m512i packed = _mm512_loadu_si512(gc + b * block_bytes);  // [4 outputs, 16 bytes]
+        lo[i] = _mm512_and_si512(packed, low_mask);
+        hi[i] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);
+      } else {
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + 64), _MM_HINT_T0);
+        lo[i] = _mm512_loadu_si512(gc + b * block_bytes);       // [4 outputs, weights 0..15]
+        hi[i] = _mm512_loadu_si512(gc + b * block_bytes + 64);  // [4 outputs, weights 16..31]
+      }
       const __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gs + b * kGroupRows)));
       const __m128 m4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gs + (blocks + b) * kGroupRows)));
       scales[i] = _mm512_permutexvar_ps(output_of_lane, _mm512_castps128_ps512(s4));  // s[n, b] in n's 4 lanes
@@ -184,23 +223,56 @@ void dot_groups_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const
 constexpr int64_t kPairedRows = 8;
 
 // y[:, 4 g .. 4 (g + G) - 1], 8 rows at a time
-template <int G>
+template <int Bits, int G>
 void dot_rows_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t g,
                    float* y, int64_t ldy) {
   int64_t r = 0;
-  for (; r + 8 <= rows; r += 8) dot_groups_vnni<G, 8>(q, r, codes, params, k, g, y, ldy);
+  for (; r + 8 <= rows; r += 8) dot_groups_vnni<Bits, G, 8>(q, r, codes, params, k, g, y, ldy);
   switch (rows - r) {
-    case 7: dot_groups_vnni<G, 7>(q, r, codes, params, k, g, y, ldy); break;
-    case 6: dot_groups_vnni<G, 6>(q, r, codes, params, k, g, y, ldy); break;
-    case 5: dot_groups_vnni<G, 5>(q, r, codes, params, k, g, y, ldy); break;
-    case 4: dot_groups_vnni<G, 4>(q, r, codes, params, k, g, y, ldy); break;
-    case 3: dot_groups_vnni<G, 3>(q, r, codes, params, k, g, y, ldy); break;
-    case 2: dot_groups_vnni<G, 2>(q, r, codes, params, k, g, y, ldy); break;
-    case 1: dot_groups_vnni<G, 1>(q, r, codes, params, k, g, y, ldy); break;
+    case 7: dot_groups_vnni<Bits, G, 7>(q, r, codes, params, k, g, y, ldy); break;
+    case 6: dot_groups_vnni<Bits, G, 6>(q, r, codes, params, k, g, y, ldy); break;
+    case 5: dot_groups_vnni<Bits, G, 5>(q, r, codes, params, k, g, y, ldy); break;
+    case 4: dot_groups_vnni<Bits, G, 4>(q, r, codes, params, k, g, y, ldy); break;
+    case 3: dot_groups_vnni<Bits, G, 3>(q, r, codes, params, k, g, y, ldy); break;
+    case 2: dot_groups_vnni<Bits, G, 2>(q, r, codes, params, k, g, y, ldy); break;
+    case 1: dot_groups_vnni<Bits, G, 1>(q, r, codes, params, k, g, y, ldy); break;
     default: break;
   }
 }
+
+// y[:, 4 g .. 4 g + 3] of G groups at a time where rows pair them (see kPairedRows)
+template <int Bits>
+void dot_range_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
+                    int64_t g0, int64_t g1, float* y, int64_t ldy) {
+  int64_t g = g0;
+  if (rows >= kPairedRows)
+    for (; g + 2 <= g1; g += 2) dot_rows_vnni<Bits, 2>(q, rows, codes, params, k, g, y, ldy);
+  for (; g < g1; ++g) dot_rows_vnni<Bits, 1>(q, rows, codes, params, k, g, y, ldy);
+}
 #endif
+
+// y[:, 4 g .. 4 g + 3] from 8-bit codes, one sum at a time: the 8-bit form off a VNNI build
+void dot_rows_q8_scalar(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
+                        int64_t g, float* y, int64_t ldy) {
+  const int64_t blocks = k / kBlock;
+  const uint8_t* gc = codes + g * blocks * kGroupRows * kCodeBytes<8>;  // [blocks, 2, 4, 16]
+  const c10::Half* gs = params + g * 2 * blocks * kGroupRows;           // [blocks, 4] scales, then minimums
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < kGroupRows; ++c) {
+      float total = 0.f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int8_t* a = q.a.data() + r * k + b * kBlock;
+        int32_t dot = 0;
+        for (int64_t half = 0; half < 2; ++half) {
+          const uint8_t* u = gc + ((b * 2 + half) * kGroupRows + c) * 16;
+          for (int64_t j = 0; j < 16; ++j) dot += u[j] * a[half * 16 + j];
+        }
+        const float s = static_cast<float>(gs[b * kGroupRows + c]), m = static_cast<float>(gs[(blocks + b) * kGroupRows + c]);
+        total += s * q.scale[r * blocks + b] * static_cast<float>(dot) + m * q.code_sum[r * blocks + b];
+      }
+      y[r * ldy + g * kGroupRows + c] = total;
+    }
+}
 
 // y[r, 4 g + c0 .. 4 g + c0 + C - 1] for rows r0 .. r0 + R - 1: C x R independent sums (at
 // most 8, in registers), so that no fused multiply-add waits on the one before it; the block
@@ -292,35 +364,61 @@ void dot_rows(const Quantized& q, int64_t rows, const uint8_t* codes, const c10:
 
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "kspec q4_q8_matmul: ", what); }
 
-}  // namespace
-
-// x [M, K] float32, codes [N/4, K/32, 4, 16] uint8, params [N/4, 2, K/32, 4] float16 -> y [M, N] float32
-Tensor q4_q8_matmul(const Tensor& x_in, const Tensor& codes, const Tensor& params) {
-  check(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be [M, K] float32");
-  const Tensor x = x_in.contiguous();
+// Checks shared by both forms; y [M, N] and x quantized, or y empty when there is nothing to do
+template <int Bits>
+std::tuple<Tensor, Quantized> prepare(const Tensor& x, const Tensor& codes, const Tensor& params) {
+  check(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be [M, K] float32");
   const int64_t rows = x.size(0), k = x.size(1), n = codes.size(0) * kGroupRows;
   check(k % kBlock == 0 && k / kBlock <= kMaxBlocks, "K must be a multiple of 32, at most 32768");
-  check(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 4 &&
-            codes.size(1) == k / kBlock && codes.size(2) == kGroupRows && codes.size(3) == 16,
-        "codes must be [N/4, K/32, 4, 16] uint8, contiguous");
+  const bool codes_fit = Bits == 4 ? codes.dim() == 4 && codes.size(1) == k / kBlock && codes.size(2) == kGroupRows && codes.size(3) == 16
+                                   : codes.dim() == 5 && codes.size(1) == k / kBlock && codes.size(2) == 2 &&
+                                         codes.size(3) == kGroupRows && codes.size(4) == 16;
+  check(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes_fit,
+        Bits == 4 ? "codes must be [N/4, K/32, 4, 16] uint8, contiguous" : "codes must be [N/4, K/32, 2, 4, 16] uint8, contiguous");
   check(params.scalar_type() == at::kHalf && params.is_contiguous() && params.dim() == 4 &&
             params.size(0) == codes.size(0) && params.size(1) == 2 && params.size(2) == k / kBlock && params.size(3) == kGroupRows,
         "params must be [N/4, 2, K/32, 4] float16, contiguous");
   Tensor y = at::empty({rows, n}, x.options());
+  if (rows == 0 || n == 0) return {y, Quantized{}};
+  return {y, quantize_rows(x.data_ptr<float>(), rows, k)};
+}
+
+}  // namespace
+
+// x [M, K] float32, codes [N/4, K/32, 4, 16] uint8, params [N/4, 2, K/32, 4] float16 -> y [M, N] float32
+Tensor q4_q8_matmul(const Tensor& x_in, const Tensor& codes, const Tensor& params) {
+  const Tensor x = x_in.contiguous();
+  auto [y, q] = prepare<4>(x, codes, params);
+  const int64_t rows = y.size(0), k = x.size(1), n = y.size(1);
   if (rows == 0 || n == 0) return y;
-  const Quantized q = quantize_rows(x.data_ptr<float>(), rows, k);
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const c10::Half* pp = params.data_ptr<c10::Half>();
   float* yp = y.data_ptr<float>();
   // groups of 4 outputs split between the threads
   at::parallel_for(0, n / kGroupRows, 4, [&](int64_t g0, int64_t g1) {
 #if KSPEC_Q4Q8_VNNI
-    int64_t g = g0;
-    if (rows >= kPairedRows)
-      for (; g + 2 <= g1; g += 2) dot_rows_vnni<2>(q, rows, cp, pp, k, g, yp, n);
-    for (; g < g1; ++g) dot_rows_vnni<1>(q, rows, cp, pp, k, g, yp, n);
+    dot_range_vnni<4>(q, rows, cp, pp, k, g0, g1, yp, n);
 #else
     for (int64_t g = g0; g < g1; ++g) dot_rows(q, rows, cp, pp, k, g, yp, n);
+#endif
+  });
+  return y;
+}
+
+// x [M, K] float32, codes [N/4, K/32, 2, 4, 16] uint8 (q + 128), params [N/4, 2, K/32, 4] float16 -> y [M, N] float32
+Tensor q8_q8_matmul(const Tensor& x_in, const Tensor& codes, const Tensor& params) {
+  const Tensor x = x_in.contiguous();
+  auto [y, q] = prepare<8>(x, codes, params);
+  const int64_t rows = y.size(0), k = x.size(1), n = y.size(1);
+  if (rows == 0 || n == 0) return y;
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const c10::Half* pp = params.data_ptr<c10::Half>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, n / kGroupRows, 4, [&](int64_t g0, int64_t g1) {
+#if KSPEC_Q4Q8_VNNI
+    dot_range_vnni<8>(q, rows, cp, pp, k, g0, g1, yp, n);
+#else
+    for (int64_t g = g0; g < g1; ++g) dot_rows_q8_scalar(q, rows, cp, pp, k, g, yp, n);
 #endif
   });
   return y;
@@ -339,7 +437,11 @@ std::string q4_q8_isa() {
 
 TORCH_LIBRARY_FRAGMENT(kspec, m) {
   m.def("q4_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor");
+  m.def("q8_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor");
   m.def("q4_q8_isa() -> str", q4_q8_isa);
 }
 
-TORCH_LIBRARY_IMPL(kspec, CPU, m) { m.impl("q4_q8_matmul", q4_q8_matmul); }
+TORCH_LIBRARY_IMPL(kspec, CPU, m) {
+  m.impl("q4_q8_matmul", q4_q8_matmul);
+  m.impl("q8_q8_matmul", q8_q8_matmul);
+}

@@ -1,7 +1,8 @@
 """kspec's 4-bit x 8-bit CPU matmul (kernels/csrc/q4_q8_matmul.cpp, engine/models/quantized.py
 Q4Q8Term) against the arithmetic it documents, computed here in float64 from the same codes:
 x quantized to 8 bits per block of 32 (d = max|x| / 127, a = round(x / d)), then
-y = sum_b s d (q . a) + m sum(x). Only the order of float32 sums differs: 1e-5 of the scale."""
+y = sum_b s d (q . a) + m sum(x). Only the order of float32 sums differs: 1e-5 of the scale.
+Its 8-bit form (q8_q8_matmul, Q8Q8Term: a GGUF Q8_0 weight) likewise: y = sum_b s d (q . a)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import os
 import pytest
 import torch
 
-from kspec.engine.models.quantized import GROUP, CpuLinear, Q4Codes, Q4Q8Term
+import numpy as np
+
+from kspec.engine.models.quantized import GROUP, CpuLinear, Q4Codes, Q4Q8Term, Q8Q8Term, q8_0_codes, q8_0_terms
 from kspec.engine.models.resolve import cache_root
 from kspec.kernels import cpu_layers
 
 matmul = cpu_layers.load_matmul(cache_root())
+matmul8 = cpu_layers.load_q8_matmul(cache_root())
 pytestmark = pytest.mark.skipif(matmul is None, reason=cpu_layers.unavailable_reason(cache_root()) or "not built")
 
 
@@ -26,12 +30,18 @@ def _codes(n: int, k: int, seed: int) -> Q4Codes:
     return Q4Codes(codes, scale, minimum + 8 * scale)
 
 
-def _documented(x: torch.Tensor, codes: Q4Codes) -> torch.Tensor:
+def _quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] -> its blocks [M, K/32, 32], a [M, K/32, 32] (float64 integers), d [M, K/32]."""
     m, k = x.shape
     blocks = x.view(m, k // GROUP, GROUP)  # [M, K/32, 32]
     d = blocks.abs().amax(-1) / 127  # [M, K/32] float32, as the kernel computes it
     inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    a = torch.round(blocks * inverse[..., None]).double()  # [M, K/32, 32]
+    return blocks, torch.round(blocks * inverse[..., None]).double(), d
+
+
+def _documented(x: torch.Tensor, codes: Q4Codes) -> torch.Tensor:
+    k = x.shape[1]
+    blocks, a, d = _quantized(x)
     q = codes.codes.view(-1, k // GROUP, GROUP).double()  # [N, K/32, 32]
     s, minimum = codes.scale.double(), (codes.zero - 8 * codes.scale).double()  # [N, K/32]
     dots = torch.einsum("mbj,nbj->mnb", a, q)  # [M, N, K/32] exact integers
@@ -84,3 +94,62 @@ def test_a_linear_on_the_kernel_is_within_8bit_rounding_of_the_float_weights() -
     assert bool(((got - want).abs() <= bound + 1e-5).all())
     with pytest.raises(RuntimeError, match="x must be"):
         matmul(x.double(), linear.terms[0].codes, linear.terms[0].params)  # type: ignore[misc]
+
+
+def _q8_0_blocks(n: int, k: int, seed: int) -> np.ndarray:
+    """A GGUF Q8_0 tensor's bytes [N, K/32 * 34]: float16 d, then 32 int8 q in -127..127."""
+    generator = np.random.default_rng(seed)
+    d = (generator.random((n, k // GROUP, 1)) * 0.02 + 0.001).astype(np.float16)
+    q = generator.integers(-127, 128, (n, k // GROUP, GROUP)).astype(np.int8)
+    return np.concatenate([d.view(np.uint8), q.view(np.uint8)], axis=-1).reshape(n, -1)
+
+
+def _documented_q8(x: torch.Tensor, blocks: np.ndarray) -> torch.Tensor:
+    n, k = blocks.shape[0], x.shape[1]
+    per_block = blocks.reshape(n, k // GROUP, 34)
+    d_w = torch.from_numpy(per_block[..., :2].copy().view(np.float16)[..., 0].astype(np.float64))  # [N, K/32]
+    q = torch.from_numpy(per_block[..., 2:].copy().view(np.int8).astype(np.float64))  # [N, K/32, 32]
+    _, a, d = _quantized(x)
+    dots = torch.einsum("mbj,nbj->mnb", a, q)  # [M, N, K/32] exact integers
+    return torch.einsum("mnb,mb,nb->mn", dots, d.double(), d_w).float()
+
+
+needs_matmul8 = pytest.mark.skipif(matmul8 is None, reason="kspec's C++ ops not built")
+
+
+@needs_matmul8
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 17, 40])  # one and two groups per row tile
+@pytest.mark.parametrize(("n", "k"), [(96, 576), (7, 64)])
+def test_the_8bit_form_is_llama_cpps_q8_0_dot(rows: int, n: int, k: int) -> None:
+    """A Q8_0 weight, split into two 4-bit terms as a GGUF loads it and joined back into one
+    8-bit term: y = sum_b d_w d_x (q . a), with q the file's own int8 codes."""
+    blocks = _q8_0_blocks(n, k, seed=rows + n)
+    joined = q8_0_codes(q8_0_terms(blocks))
+    assert joined is not None
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(k + rows)) * 3
+    x[0, :GROUP] = 0.0  # an all-zero block: d = 0
+    term = Q8Q8Term(*joined, matmul8)  # type: ignore[arg-type]
+    got, want = term(x), _documented_q8(x, blocks)
+    assert got.shape == (rows, n) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-5 * float(want.abs().max()), rtol=0)
+
+
+@needs_matmul8
+def test_a_q8_0_linear_takes_one_8bit_term_and_other_terms_stay_4bit() -> None:
+    q8_terms = q8_0_terms(_q8_0_blocks(12, 64, seed=3))
+    joined = CpuLinear([], q8_terms, None, int4_max_rows=1 << 20, q4q8_matmul=matmul, q8q8_matmul=matmul8)
+    split = CpuLinear([], q8_terms, None, int4_max_rows=1 << 20, q4q8_matmul=matmul)
+    assert [type(t) for t in joined.terms] == [Q8Q8Term] and [type(t) for t in split.terms] == [Q4Q8Term, Q4Q8Term]
+    x = torch.randn(4, 64)
+    weights = sum(t.dequantize() for t in q8_terms).double()  # [12, 64] the file's d q
+    want = x.double() @ weights.t()
+    # within the activations' 8-bit rounding (max|x| / 254 per weight), and closer than the two
+    # 4-bit terms, whose minimum term multiplies the unrounded block sums by -128 d
+    bound = (x.abs().view(4, -1, GROUP).amax(-1) / 254).repeat_interleave(GROUP, -1).double() @ weights.abs().t()  # [4, 12]
+    joined_error, split_error = (joined(x) - want).abs(), (split(x) - want).abs()
+    assert bool((joined_error <= bound + 1e-5).all())
+    assert float(joined_error.max()) < float(split_error.max())
+    q4 = CpuLinear([], [_codes(12, 64, seed=4)], None, int4_max_rows=1 << 20, q4q8_matmul=matmul, q8q8_matmul=matmul8)
+    assert [type(t) for t in q4.terms] == [Q4Q8Term]
+    not_q8 = [q8_terms[0], _codes(12, 64, seed=5)]  # two terms that are not one Q8_0 weight
+    assert q8_0_codes(not_q8) is None
