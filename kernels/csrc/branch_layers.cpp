@@ -6,7 +6,7 @@
 // matmuls (q|k|v, o, gate|up, down) and loops over the few rows of the step for the rest:
 // RMSNorm, rotary, the KV writes, bifurcated attention, SiLU-gated MLP, residual adds. The
 // matmuls are the weights' own kernel: PyTorch's int4 one (aten::_weight_int4pack_mm_for_cpu,
-// AVX-512 CPUs) or kspec's 4-bit x 8-bit one (q4_q8_matmul.cpp, AVX2 and Zen 5 CPUs: cpu_fast.py).
+// AVX-512 CPUs) or kspec's 4-bit x 8-bit one (q4_q8_matmul.cpp, AVX2, Zen 4 and Zen 5 CPUs: cpu_fast.py).
 //
 // Numbers as in the PyTorch fast path: the residual stream, norms, rotary, attention and KV in
 // float32; the matmuls' inputs and outputs bfloat16 for PyTorch's kernel (the gate's SiLU times
