@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["load", "load_matmul", "load_q8_matmul", "matmul_isa", "unavailable_reason", "build_folder", "cpu_info", "SOURCES"]
+__all__ = ["load", "load_attention", "load_matmul", "load_q8_matmul", "matmul_isa", "unavailable_reason", "build_folder", "cpu_info", "SOURCES"]
 
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("branch_layers.cpp", "q4_q8_matmul.cpp"))
 FLAGS = ["-O3", "-march=native", "-fopenmp"]  # -fopenmp: at::parallel_for runs on one thread without it
@@ -80,6 +80,13 @@ def load(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
     """``torch.ops.kspec.branch_layers``, built under ``cache_dir`` if needed (kspec's cache
     folder: engine/models/resolve.py ``cache_root``); None where it cannot be."""
     return torch.ops.kspec.branch_layers if _built(cache_dir)[0] else None
+
+
+def load_attention(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
+    """``torch.ops.kspec.branch_attention``: one layer's bifurcated attention as the layer loop
+    computes it (queries [R, H, D], the prefix and branch KV, the branch mask, lengths before
+    the step, T -> [R, H * D]), for tests against the contract's reference; built as ``load``."""
+    return torch.ops.kspec.branch_attention if _built(cache_dir)[0] else None
 
 
 def load_matmul(cache_dir: Path) -> Callable[..., torch.Tensor] | None:

@@ -1,0 +1,48 @@
+"""The layer loop's attention (kernels/csrc/branch_layers.cpp, op ``kspec::branch_attention``)
+against the contract's reference (kernels/reference.py) in float32: written out on an AVX-512
+build for heads of 64 and 128 (one query at a time for a step of one or two rows, a kv head's
+queries in a register's lanes from there), PyTorch's flash kernel and a merge elsewhere. Every
+way is the same softmax over the same scores: 1e-5 of the output's scale."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kspec.engine.models.resolve import cache_root
+from kspec.kernels import cpu_layers
+from kspec.kernels.contract import BranchLayout
+from kspec.kernels.reference import reference_bifurcated_attention
+
+attention = cpu_layers.load_attention(cache_root())
+pytestmark = pytest.mark.skipif(attention is None, reason=cpu_layers.unavailable_reason(cache_root()) or "not built")
+
+CASES = {  # heads, kv heads, head size, prefix, entries before the step per branch, new tokens T
+    "k1-decode": (9, 3, 64, 512, [16], 1),
+    "k2-ragged": (9, 3, 64, 100, [5, 2], 1),
+    "k4-decode-lanes": (9, 3, 64, 300, [7, 7, 7, 7], 1),
+    "k8-verify-tiles": (9, 3, 64, 257, [3, 9, 0, 4, 11, 1, 6, 2], 5),
+    "no-prefix": (4, 2, 64, 0, [0, 3, 1], 2),
+    "head-128": (4, 1, 128, 70, [2, 6, 4], 3),
+    "head-128-one-row": (4, 4, 128, 33, [5], 1),
+    "head-16-flash": (4, 2, 16, 40, [3, 1], 2),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_the_loops_attention_is_the_reference(case: str) -> None:
+    heads, kv_heads, dim, prefix, before, new = CASES[case]
+    generator = torch.Generator().manual_seed(len(case))
+    k, capacity = len(before), max(before) + new + 5
+    q = torch.randn(k, heads, new, dim, generator=generator)  # [k, H, T, D]
+    # the prefix as a view into cache buffers longer than it (a head's keys not adjacent to the next head's)
+    prefix_k, prefix_v = (torch.randn(1, kv_heads, prefix + 7, dim, generator=generator)[:, :, :prefix] for _ in range(2))
+    branch_k = torch.randn(k, kv_heads, capacity, dim, generator=generator)  # [k, Hkv, S, D]
+    branch_v = torch.randn(k, kv_heads, capacity, dim, generator=generator)
+    after = [n + new for n in before]
+    layout = BranchLayout.build(after, new, torch.float32, "cpu")
+    want = reference_bifurcated_attention(q, prefix_k, prefix_v, branch_k, branch_v, torch.tensor(after))  # [k, H, T, D]
+    queries = q.transpose(1, 2).reshape(k * new, heads, dim)  # [R, H, D]: row b T + t
+    got = attention(queries, prefix_k, prefix_v, branch_k, branch_v, layout.branch_mask, before, new)  # [R, H * D]
+    want_rows = want.transpose(1, 2).reshape(k * new, heads * dim)
+    torch.testing.assert_close(got, want_rows, atol=1e-5 * float(want_rows.abs().max()), rtol=0)
