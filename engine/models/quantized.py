@@ -211,30 +211,23 @@ Q4Q8Matmul = Callable[[Tensor, Tensor, Tensor], Tensor]  # kernels/cpu_layers.py
 Q4Q8_GROUP_ROWS = 4  # weight rows the kernel stores interleaved (csrc/q4_q8_matmul.cpp)
 
 
-class Q4Q8Term(nn.Module):
-    """One 4-bit matrix for kspec's 4-bit x 8-bit kernel (csrc/q4_q8_matmul.cpp: x quantized to
-    8 bits per block of 32, as llama.cpp does, where PyTorch's int4 kernel is slow: AVX2):
-    x [M, K] -> x W^T [M, N] float32. The file's codes as they are; s = scale and
-    m = zero - 8 scale in float16 (a GGUF's own d and m). Rows are padded to a multiple of 4."""
+class GroupedTerm(nn.Module):
+    """A matrix for kspec's kernel (csrc/q4_q8_matmul.cpp), in groups of 4 weight rows:
+    x [M, K] -> x W^T [M, N] float32, the activations quantized to 8 bits per block of 32 by the
+    kernel. Holds the form's codes and its float16 parameters [N/4, 2, K/32, 4] (every s of a
+    group, then every m); the subclasses lay out the codes."""
 
-    def __init__(self, codes: Q4Codes, matmul: Q4Q8Matmul):
+    def __init__(self, codes: Tensor, scale: Tensor, minimum: Tensor, out_features: int, matmul: Q4Q8Matmul):
+        """codes in the form's layout; scale, minimum [N padded, K/32] float32."""
         super().__init__()
         self.matmul = matmul
-        n, k = codes.shape
-        self.out_features = n
-        padded = -n % Q4Q8_GROUP_ROWS
-        q, scale, zero = codes.codes, codes.scale.float(), codes.zero.float()
-        if padded:
-            q = torch.cat([q, q.new_zeros(padded, k)])
-            scale, zero = (torch.cat([t, t.new_zeros(padded, k // GROUP)]) for t in (scale, zero))
-        groups, blocks = (n + padded) // Q4Q8_GROUP_ROWS, k // GROUP
-        per_block = q.view(groups, Q4Q8_GROUP_ROWS, blocks, GROUP)  # [N/4, 4, K/32, 32]
-        nibbles = per_block[..., :16] | (per_block[..., 16:] << 4)  # weight j low, j + 16 high
-        params = torch.stack([scale, zero - 8 * scale], dim=1).to(torch.float16)  # [N, 2, K/32]
+        self.out_features = out_features
+        rows, blocks = scale.shape
+        params = torch.stack([scale, minimum], dim=1).to(torch.float16)  # [N, 2, K/32]
         self.codes: Tensor
         self.params: Tensor
-        self.register_buffer("codes", nibbles.transpose(1, 2).contiguous())  # [N/4, K/32, 4, 16] uint8
-        self.register_buffer("params", params.view(groups, Q4Q8_GROUP_ROWS, 2, blocks).permute(0, 2, 3, 1).contiguous())  # [N/4, 2, K/32, 4]
+        self.register_buffer("codes", codes)
+        self.register_buffer("params", params.view(rows // Q4Q8_GROUP_ROWS, Q4Q8_GROUP_ROWS, 2, blocks).permute(0, 2, 3, 1).contiguous())
 
     @property
     def nbytes(self) -> int:
@@ -244,6 +237,26 @@ class Q4Q8Term(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         y = self.matmul(x.float(), self.codes, self.params)  # [M, N padded]
         return y if y.shape[1] == self.out_features else y[:, : self.out_features]
+
+
+class Q4Q8Term(GroupedTerm):
+    """One 4-bit matrix for kspec's 4-bit x 8-bit kernel (x quantized to 8 bits per block of 32,
+    as llama.cpp does, where PyTorch's int4 kernel is slow: AVX2). The file's codes as they are;
+    s = scale and m = zero - 8 scale in float16 (a GGUF's own d and m). Rows are padded to a
+    multiple of 4."""
+
+    def __init__(self, codes: Q4Codes, matmul: Q4Q8Matmul):
+        n, k = codes.shape
+        padded = -n % Q4Q8_GROUP_ROWS
+        q, scale, zero = codes.codes, codes.scale.float(), codes.zero.float()
+        if padded:
+            q = torch.cat([q, q.new_zeros(padded, k)])
+            scale, zero = (torch.cat([t, t.new_zeros(padded, k // GROUP)]) for t in (scale, zero))
+        groups, blocks = (n + padded) // Q4Q8_GROUP_ROWS, k // GROUP
+        per_block = q.view(groups, Q4Q8_GROUP_ROWS, blocks, GROUP)  # [N/4, 4, K/32, 32]
+        nibbles = per_block[..., :16] | (per_block[..., 16:] << 4)  # weight j low, j + 16 high
+        layout = nibbles.transpose(1, 2).contiguous()  # [N/4, K/32, 4, 16] uint8
+        super().__init__(layout, scale, zero - 8 * scale, n, matmul)
 
 
 def q8_0_codes(terms: Sequence[Q4Codes]) -> tuple[Tensor, Tensor] | None:
@@ -258,18 +271,14 @@ def q8_0_codes(terms: Sequence[Q4Codes]) -> tuple[Tensor, Tensor] | None:
     return high.codes * 16 + low.codes, d
 
 
-class Q8Q8Term(nn.Module):
+class Q8Q8Term(GroupedTerm):
     """One 8-bit matrix (a GGUF Q8_0 weight: w = d q, q in -127..127) for the kernel's 8-bit form
-    (csrc/q4_q8_matmul.cpp q8_q8_matmul: llama.cpp's Q8_0 x Q8_0 dot, x quantized as for
-    Q4Q8Term): x [M, K] -> x W^T [M, N] float32, one integer dot per block where the two 4-bit
+    (q8_q8_matmul: llama.cpp's Q8_0 x Q8_0 dot), one integer dot per block where the two 4-bit
     terms of the same weight take two. Codes u = q + 128; s = d and m = -128 d in float16 (the
     file's d, exact). Rows are padded to a multiple of 4."""
 
     def __init__(self, codes: Tensor, scale: Tensor, matmul: Q4Q8Matmul):
-        super().__init__()
-        self.matmul = matmul
         n, k = codes.shape
-        self.out_features = n
         padded = -n % Q4Q8_GROUP_ROWS
         scale = scale.float()
         if padded:  # u = 128 with d = 0: zero weights
@@ -277,20 +286,8 @@ class Q8Q8Term(nn.Module):
             scale = torch.cat([scale, scale.new_zeros(padded, k // GROUP)])
         groups, blocks = (n + padded) // Q4Q8_GROUP_ROWS, k // GROUP
         per_block = codes.view(groups, Q4Q8_GROUP_ROWS, blocks, 2, GROUP // 2)  # [N/4, 4, K/32, 2, 16]
-        params = torch.stack([scale, -128 * scale], dim=1).to(torch.float16)  # [N, 2, K/32]
-        self.codes: Tensor
-        self.params: Tensor
-        self.register_buffer("codes", per_block.permute(0, 2, 3, 1, 4).contiguous())  # [N/4, K/32, 2, 4, 16] uint8
-        self.register_buffer("params", params.view(groups, Q4Q8_GROUP_ROWS, 2, blocks).permute(0, 2, 3, 1).contiguous())  # [N/4, 2, K/32, 4]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes a matmul reads of the weights."""
-        return self.codes.nbytes + self.params.nbytes
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = self.matmul(x.float(), self.codes, self.params)  # [M, N padded]
-        return y if y.shape[1] == self.out_features else y[:, : self.out_features]
+        layout = per_block.permute(0, 2, 3, 1, 4).contiguous()  # [N/4, K/32, 2, 4, 16] uint8
+        super().__init__(layout, scale, -128 * scale, n, matmul)
 
 
 class Int4Term(nn.Module):

@@ -385,44 +385,36 @@ std::tuple<Tensor, Quantized> prepare(const Tensor& x, const Tensor& codes, cons
 
 }  // namespace
 
-// x [M, K] float32, codes [N/4, K/32, 4, 16] uint8, params [N/4, 2, K/32, 4] float16 -> y [M, N] float32
-Tensor q4_q8_matmul(const Tensor& x_in, const Tensor& codes, const Tensor& params) {
+namespace {
+
+// Either form: y [M, N] from x and the weights in the form's layout, groups of 4 outputs split
+// between the threads (the VNNI loop where built, else the form's portable one)
+template <int Bits>
+Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params) {
   const Tensor x = x_in.contiguous();
-  auto [y, q] = prepare<4>(x, codes, params);
+  auto [y, q] = prepare<Bits>(x, codes, params);
   const int64_t rows = y.size(0), k = x.size(1), n = y.size(1);
   if (rows == 0 || n == 0) return y;
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const c10::Half* pp = params.data_ptr<c10::Half>();
-  float* yp = y.data_ptr<float>();
-  // groups of 4 outputs split between the threads
+  float* yp = y.template data_ptr<float>();
   at::parallel_for(0, n / kGroupRows, 4, [&](int64_t g0, int64_t g1) {
 #if KSPEC_Q4Q8_VNNI
-    dot_range_vnni<4>(q, rows, cp, pp, k, g0, g1, yp, n);
+    dot_range_vnni<Bits>(q, rows, cp, pp, k, g0, g1, yp, n);
 #else
-    for (int64_t g = g0; g < g1; ++g) dot_rows(q, rows, cp, pp, k, g, yp, n);
+    for (int64_t g = g0; g < g1; ++g) (Bits == 4 ? dot_rows : dot_rows_q8_scalar)(q, rows, cp, pp, k, g, yp, n);
 #endif
   });
   return y;
 }
 
+}  // namespace
+
+// x [M, K] float32, codes [N/4, K/32, 4, 16] uint8, params [N/4, 2, K/32, 4] float16 -> y [M, N] float32
+Tensor q4_q8_matmul(const Tensor& x, const Tensor& codes, const Tensor& params) { return matmul_form<4>(x, codes, params); }
+
 // x [M, K] float32, codes [N/4, K/32, 2, 4, 16] uint8 (q + 128), params [N/4, 2, K/32, 4] float16 -> y [M, N] float32
-Tensor q8_q8_matmul(const Tensor& x_in, const Tensor& codes, const Tensor& params) {
-  const Tensor x = x_in.contiguous();
-  auto [y, q] = prepare<8>(x, codes, params);
-  const int64_t rows = y.size(0), k = x.size(1), n = y.size(1);
-  if (rows == 0 || n == 0) return y;
-  const uint8_t* cp = codes.data_ptr<uint8_t>();
-  const c10::Half* pp = params.data_ptr<c10::Half>();
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, n / kGroupRows, 4, [&](int64_t g0, int64_t g1) {
-#if KSPEC_Q4Q8_VNNI
-    dot_range_vnni<8>(q, rows, cp, pp, k, g0, g1, yp, n);
-#else
-    for (int64_t g = g0; g < g1; ++g) dot_rows_q8_scalar(q, rows, cp, pp, k, g, yp, n);
-#endif
-  });
-  return y;
-}
+Tensor q8_q8_matmul(const Tensor& x, const Tensor& codes, const Tensor& params) { return matmul_form<8>(x, codes, params); }
 
 // The instructions this build multiplies with (kernels/cpu_layers.py matmul_isa)
 std::string q4_q8_isa() {
