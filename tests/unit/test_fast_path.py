@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 
 import copy
 import dataclasses
@@ -156,6 +157,16 @@ def _logits_along(model: Transformer, prompt: list[int], k: int, verify: int) ->
 
 
 LOGIT_SHARE = {"torch": 0.03, "kspec": 0.08}  # of the logit range, per 4-bit kernel (measured: kspec up to 5.6 %)
+@pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "c++")) is None or not quantized.int4_kernel_available(),
+    reason="no C++ compiler or no int4 CPU kernel in this PyTorch: the PyTorch ops serve",
+)
+def test_kspecs_cpp_ops_build_where_a_compiler_is_present() -> None:
+    """Every test of the C++ ops skips where they are not built; here a source that stops
+    compiling fails the suite instead of skipping those tests."""
+    assert cpu_layers.load(cache_root()) is not None, cpu_layers.unavailable_reason(cache_root())
+
+
 needs_kspec_kernel = pytest.mark.skipif(cpu_layers.load_matmul(cache_root()) is None, reason="kspec's C++ ops are not built here")
 
 
