@@ -208,14 +208,14 @@ def int4_kernel_available() -> bool:
 
 
 Q4Q8Matmul = Callable[[Tensor, Tensor, Tensor], Tensor]  # kernels/cpu_layers.py load_matmul: x, codes, params -> y
-Q4Q8_GROUP_ROWS = 4  # weight rows the kernel stores interleaved (csrc/q4_q8_matmul.cpp)
+Q4Q8_TILE = 16  # weight rows (outputs) the kernel stores interleaved, one per lane (csrc/q4_q8_matmul.cpp)
 
 
 class GroupedTerm(nn.Module):
-    """A matrix for kspec's kernel (csrc/q4_q8_matmul.cpp), in groups of 4 weight rows:
+    """A matrix for kspec's kernel (csrc/q4_q8_matmul.cpp), in tiles of 16 weight rows:
     x [M, K] -> x W^T [M, N] float32, the activations quantized to 8 bits per block of 32 by the
-    kernel. Holds the form's codes and its float16 parameters [N/4, 2, K/32, 4] (every s of a
-    group, then every m); the subclasses lay out the codes."""
+    kernel. Holds the form's codes and its float16 parameters [N/16, K/32, 2, 16] (a block's s
+    of the tile's outputs, then their m); the subclasses lay out the codes."""
 
     def __init__(self, codes: Tensor, scale: Tensor, minimum: Tensor, out_features: int, matmul: Q4Q8Matmul):
         """codes in the form's layout; scale, minimum [N padded, K/32] float32."""
@@ -227,7 +227,7 @@ class GroupedTerm(nn.Module):
         self.codes: Tensor
         self.params: Tensor
         self.register_buffer("codes", codes)
-        self.register_buffer("params", params.view(rows // Q4Q8_GROUP_ROWS, Q4Q8_GROUP_ROWS, 2, blocks).permute(0, 2, 3, 1).contiguous())
+        self.register_buffer("params", params.view(rows // Q4Q8_TILE, Q4Q8_TILE, 2, blocks).permute(0, 3, 2, 1).contiguous())
 
     @property
     def nbytes(self) -> int:
@@ -243,19 +243,20 @@ class Q4Q8Term(GroupedTerm):
     """One 4-bit matrix for kspec's 4-bit x 8-bit kernel (x quantized to 8 bits per block of 32,
     as llama.cpp does, where PyTorch's int4 kernel is slow: AVX2). The file's codes as they are;
     s = scale and m = zero - 8 scale in float16 (a GGUF's own d and m). Rows are padded to a
-    multiple of 4."""
+    multiple of 16."""
 
     def __init__(self, codes: Q4Codes, matmul: Q4Q8Matmul):
         n, k = codes.shape
-        padded = -n % Q4Q8_GROUP_ROWS
+        padded = -n % Q4Q8_TILE
         q, scale, zero = codes.codes, codes.scale.float(), codes.zero.float()
         if padded:
             q = torch.cat([q, q.new_zeros(padded, k)])
             scale, zero = (torch.cat([t, t.new_zeros(padded, k // GROUP)]) for t in (scale, zero))
-        groups, blocks = (n + padded) // Q4Q8_GROUP_ROWS, k // GROUP
-        per_block = q.view(groups, Q4Q8_GROUP_ROWS, blocks, GROUP)  # [N/4, 4, K/32, 32]
-        nibbles = per_block[..., :16] | (per_block[..., 16:] << 4)  # weight j low, j + 16 high
-        layout = nibbles.transpose(1, 2).contiguous()  # [N/4, K/32, 4, 16] uint8
+        tiles, blocks = (n + padded) // Q4Q8_TILE, k // GROUP
+        per_block = q.view(tiles, Q4Q8_TILE, blocks, GROUP)  # [N/16, 16, K/32, 32]
+        nibbles = per_block[..., :16] | (per_block[..., 16:] << 4)  # weight j low, j + 16 high (GGUF's bytes)
+        fours = nibbles.view(tiles, Q4Q8_TILE, blocks, 4, 4)  # [N/16, 16, K/32, 4, 4]: bytes 4p .. 4p + 3
+        layout = fours.permute(0, 2, 3, 1, 4).contiguous()  # [N/16, K/32, 4, 16, 4] uint8
         super().__init__(layout, scale, zero - 8 * scale, n, matmul)
 
 
@@ -275,18 +276,18 @@ class Q8Q8Term(GroupedTerm):
     """One 8-bit matrix (a GGUF Q8_0 weight: w = d q, q in -127..127) for the kernel's 8-bit form
     (q8_q8_matmul: llama.cpp's Q8_0 x Q8_0 dot), one integer dot per block where the two 4-bit
     terms of the same weight take two. Codes u = q + 128; s = d and m = -128 d in float16 (the
-    file's d, exact). Rows are padded to a multiple of 4."""
+    file's d, exact). Rows are padded to a multiple of 16."""
 
     def __init__(self, codes: Tensor, scale: Tensor, matmul: Q4Q8Matmul):
         n, k = codes.shape
-        padded = -n % Q4Q8_GROUP_ROWS
+        padded = -n % Q4Q8_TILE
         scale = scale.float()
         if padded:  # u = 128 with d = 0: zero weights
             codes = torch.cat([codes, codes.new_full((padded, k), 128)])
             scale = torch.cat([scale, scale.new_zeros(padded, k // GROUP)])
-        groups, blocks = (n + padded) // Q4Q8_GROUP_ROWS, k // GROUP
-        per_block = codes.view(groups, Q4Q8_GROUP_ROWS, blocks, 2, GROUP // 2)  # [N/4, 4, K/32, 2, 16]
-        layout = per_block.permute(0, 2, 3, 1, 4).contiguous()  # [N/4, K/32, 2, 4, 16] uint8
+        tiles, blocks = (n + padded) // Q4Q8_TILE, k // GROUP
+        per_block = codes.view(tiles, Q4Q8_TILE, blocks, GROUP // 4, 4)  # [N/16, 16, K/32, 8, 4]
+        layout = per_block.permute(0, 2, 3, 1, 4).contiguous()  # [N/16, K/32, 8, 16, 4] uint8
         super().__init__(layout, scale, -128 * scale, n, matmul)
 
 

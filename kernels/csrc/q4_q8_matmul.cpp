@@ -13,10 +13,15 @@
 // themselves, so the only rounding beyond float32 is the activations' own to 8 bits (relative
 // error <= 1/254 of a block's largest value). s and m are float16, as a GGUF stores them.
 //
-// Layout, in groups of 4 weight rows (outputs) so that a group's blocks are one stream of 64-byte
-// lines: codes [N/4, K/32, 4, 16] uint8, a block's 16 bytes with weight j in the low nibble of
-// byte j and j + 16 in the high nibble (GGUF's order); params [N/4, 2, K/32, 4] float16 (every
-// s of the group, then every m).
+// Layout, in tiles of 16 weight rows (outputs), one output per 32-bit lane of a 64-byte register:
+// codes [N/16, K/32, 4, 16, 4] uint8, register p (0..3) of a block holding each output's GGUF
+// bytes 4p .. 4p + 3, i.e. weights 4p .. 4p + 3 in the low nibbles and 16 + 4p .. 16 + 4p + 3 in
+// the high ones; params [N/16, K/32, 2, 16] float16 (the 16 outputs' s of the block, then their
+// m: one 64-byte line). Against four activations broadcast to every lane, one vpdpbusd (AVX-512
+// VNNI) or maddubs (AVX2) gives each output's dot of four weights, so a block is 8 integer
+// instructions for 16 outputs and its float scaling one multiply-add per 16 outputs; the 4-output
+// groups this replaced spent as many float instructions as integer ones (measured on Zen 4:
+// README "The 4-bit matmul in tiles of 16 outputs").
 //
 // The 8-bit form (q8_q8_matmul: a GGUF Q8_0 weight, w = d q with q in -127..127, the default
 // model's tied head) is the same loop over whole-byte codes u = q + 128 in 0..255:
@@ -25,10 +30,10 @@
 //
 // with s = d and m = -128 d, i.e. sum_b d[n,b] d[r,b] (q . a): llama.cpp's Q8_0 x Q8_0 dot, one
 // integer dot per block where two 4-bit terms (high and low nibbles of u) took two. Codes
-// [N/4, K/32, 2, 4, 16] uint8: weights 0..15 of the 4 outputs, then 16..31 (each half one
-// 64-byte line, as the 4-bit form's low and high nibbles); params as above. The AVX-512 VNNI
-// build runs it vectorized; other builds run a scalar loop (correct, slow: kspec picks the
-// 8-bit form only on a VNNI build, engine/models/cpu_fast.py).
+// [N/16, K/32, 8, 16, 4] uint8: register j (0..7) of a block holding each output's weights
+// 4j .. 4j + 3; params as above. The AVX-512 VNNI build runs it vectorized; other builds run a
+// scalar loop (correct, slow: kspec picks the 8-bit form only on a VNNI build,
+// engine/models/cpu_fast.py; AVX2's maddubs would saturate on 255 x 127 pairs).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -37,6 +42,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -54,8 +60,13 @@ namespace {
 using at::Tensor;
 
 constexpr int64_t kBlock = 32;
-constexpr int64_t kGroupRows = 4;       // weight rows stored interleaved, multiplied together
-constexpr int64_t kPrefetchBlocks = 8;  // blocks (of 4 rows, 64 bytes) read ahead
+constexpr int64_t kTile = 16;                 // outputs stored interleaved, one per 32-bit lane
+constexpr int64_t kParamsPerBlock = 2 * kTile;  // float16 s of the tile's outputs, then m
+constexpr int64_t kPrefetchBlocks = 4;        // blocks of a tile read ahead
+
+// Bytes of one tile's codes per block: 16 outputs x 32 weights, 4-bit codes two a byte
+template <int Bits>
+constexpr int64_t kTileBytes = kTile * Bits * kBlock / 8;  // 256 or 512
 
 struct Quantized {  // x [M, K] as 8-bit blocks
   std::vector<int8_t> a;       // [M, K]
@@ -92,274 +103,216 @@ Quantized quantize_rows(const float* x, int64_t rows, int64_t k) {
   return q;
 }
 
-// float16 -> float32 of n values (n even)
-inline void halves_to_floats(const c10::Half* h, float* f, int64_t n) {
-  int64_t i = 0;
-#if KSPEC_Q4Q8_AVX2
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
-#endif
-  for (; i < n; ++i) f[i] = static_cast<float>(h[i]);
-}
-
-constexpr int64_t kMaxBlocks = 1024;  // K up to 32768
-
-// Bytes of one output's codes per block: 4-bit codes two a byte, 8-bit ones a byte each
-template <int Bits>
-constexpr int64_t kCodeBytes = Bits * kBlock / 8;
-
 // The per-block sums of x each form's m multiplies: sum(x) for 4 bits, d sum(a) for 8
 template <int Bits>
 const std::vector<float>& minimum_sums(const Quantized& q) {
   return Bits == 4 ? q.sum : q.code_sum;
 }
 
-// One group of 4 weight rows with its float16 parameters in float32, converted once for every
-// row tile that multiplies it
-struct GroupWeights {
-  const uint8_t* codes;                    // [blocks, 4, 16]
-  float scales[kMaxBlocks * kGroupRows];   // [blocks, 4]
-  float mins[kGroupRows * kMaxBlocks];     // [4, blocks]: one output's minimums contiguous
-};
-
-void load_group(const uint8_t* codes, const c10::Half* params, int64_t blocks, int64_t g, GroupWeights& w) {
-  w.codes = codes + g * blocks * kGroupRows * 16;
-  const c10::Half* gp = params + g * 2 * blocks * kGroupRows;
-  halves_to_floats(gp, w.scales, blocks * kGroupRows);
-  float mins[kMaxBlocks * kGroupRows];  // [blocks, 4]
-  halves_to_floats(gp + blocks * kGroupRows, mins, blocks * kGroupRows);
-  for (int c = 0; c < kGroupRows; ++c)
-    for (int64_t b = 0; b < blocks; ++b) w.mins[c * blocks + b] = mins[b * kGroupRows + c];
+// Four activations a[4j .. 4j + 3] as one 32-bit value (unaligned load)
+inline int32_t four_bytes(const int8_t* a) {
+  int32_t v;
+  std::memcpy(&v, a, sizeof v);
+  return v;
 }
 
 #if KSPEC_Q4Q8_VNNI
-// AVX-512 VNNI: a block's 64 bytes (4 outputs x 16) are one register; its low nibbles are
-// weights 0..15 of each output, its high nibbles 16..31. Against the row's activations 0..15
-// and 16..31, each broadcast to the four 128-bit lanes, two vpdpbusd give 4 int32 partial sums
-// per output (exact: 4 * 15 * 127 per lane), scaled by s[n, b] d[r, b] into float32 sums; the
-// minimums' term m[n, b] sum(x[r, b]) goes into each output's first lane. The block's float16
-// parameters are converted in the loop (no pass over the group first). G groups (4 G outputs)
-// x R rows at once: the unpacked blocks serve every row, and a row's activation and scale loads
-// (the loop's bound with one group: four loads to six arithmetic operations) serve every group.
-// 8-bit codes (Bits = 8) are two 64-byte registers a block instead of one register's nibbles.
-template <int Bits, int G, int R>
-void dot_groups_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k,
-                     int64_t g, float* y, int64_t ldy) {
-  static_assert(G >= 1 && G <= 2 && R >= 1 && R <= 8 && (Bits == 4 || Bits == 8));
-  constexpr int64_t block_bytes = kGroupRows * kCodeBytes<Bits>;  // 64 or 128
+// AVX-512 VNNI: T tiles (16 T outputs) x R rows. A block's codes unpack into 8 registers per
+// tile (weights 4j .. 4j + 3 of each output in its lane), used by every row; a row's 8 broadcast
+// groups of four activations serve every tile. Per row, tile and block: 8 vpdpbusd into a fresh
+// int32 sum (exact: 32 * 255 * 127 < 2^31), then y += s d float(sum) + m sum_x. With few sums
+// (T R <= 2) each block's integer sum is split in two chains so that the loop is not bound by one
+// chain of 8 dependent vpdpbusd.
+template <int Bits, int T, int R>
+void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k,
+                    int64_t t0, float* y, int64_t ldy) {
+  static_assert(T >= 1 && T <= 4 && R >= 1 && R <= 8 && (Bits == 4 || Bits == 8));
+  constexpr int kChains = T * R <= 2 ? 2 : 1;
   const int64_t blocks = k / kBlock;
-  const float* xd = q.scale.data() + r0 * blocks;                  // [R, blocks]
-  const float* xs = minimum_sums<Bits>(q).data() + r0 * blocks;    // [R, blocks]
+  const float* xd = q.scale.data() + r0 * blocks;                // [R, blocks]
+  const float* xs = minimum_sums<Bits>(q).data() + r0 * blocks;  // [R, blocks]
   const int8_t* a0 = q.a.data() + r0 * k;
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
-  const __m512i output_of_lane = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  constexpr __mmask16 first_lanes = 0x1111;
-  // With one row, two sums per group over alternate blocks: one sum's chain of two dependent
-  // fused multiply-adds per block would bound the loop.
-  constexpr int kChains = G * R <= 2 ? 2 : 1;
-  __m512 acc[kChains][G][R];
-#pragma GCC unroll 16
-  for (int c = 0; c < kChains; ++c)
-#pragma GCC unroll 16
-    for (int i = 0; i < G; ++i)
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) acc[c][i][r] = _mm512_setzero_ps();
-  auto block = [&](int64_t b, __m512 (*sums)[R]) __attribute__((always_inline)) {
-    __m512i lo[G], hi[G];
-    __m512 scales[G], mins[G];
-#pragma GCC unroll 2
-    for (int i = 0; i < G; ++i) {
-      const uint8_t* gc = codes + (g + i) * blocks * block_bytes;  // [blocks, 4, 16] or [blocks, 2, 4, 16]
-      const c10::Half* gs = params + (g + i) * 2 * blocks * kGroupRows;  // [blocks, 4] scales, then minimums
-      const uint8_t* ahead = gc + (b + kPrefetchBlocks) * block_bytes;
-      _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+  __m512 acc[T][R];
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512i w[T][8];
+    __m512 scales[T], mins[T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* tc = codes + ((t0 + t) * blocks + b) * kTileBytes<Bits>;  // [4, 16, 4] or [8, 16, 4]
+      const c10::Half* tp = params + ((t0 + t) * blocks + b) * kParamsPerBlock;  // [2, 16]
+#pragma GCC unroll 8
+      for (int line = 0; line < kTileBytes<Bits> / 64; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(tc + kPrefetchBlocks * kTileBytes<Bits> + 64 * line), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(tp + kPrefetchBlocks * kParamsPerBlock), _MM_HINT_T0);
       if constexpr (Bits == 4) {
-        const __m512i packed = _mm512_loadu_si512(gc + b * block_bytes);  // [4 outputs, 16 bytes]
-        lo[i] = _mm512_and_si512(packed, low_mask);
-        hi[i] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; ++p) {
+          const __m512i packed = _mm512_loadu_si512(tc + 64 * p);
+          w[t][p] = _mm512_and_si512(packed, low_mask);                           // weights 4p ..
+          w[t][p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);  // weights 16 + 4p ..
+        }
       } else {
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + 64), _MM_HINT_T0);
-        lo[i] = _mm512_loadu_si512(gc + b * block_bytes);       // [4 outputs, weights 0..15]
-        hi[i] = _mm512_loadu_si512(gc + b * block_bytes + 64);  // [4 outputs, weights 16..31]
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) w[t][j] = _mm512_loadu_si512(tc + 64 * j);
       }
-      const __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gs + b * kGroupRows)));
-      const __m128 m4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gs + (blocks + b) * kGroupRows)));
-      scales[i] = _mm512_permutexvar_ps(output_of_lane, _mm512_castps128_ps512(s4));  // s[n, b] in n's 4 lanes
-      mins[i] = _mm512_maskz_permutexvar_ps(first_lanes, output_of_lane, _mm512_castps128_ps512(m4));
+      scales[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp)));
+      mins[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + kTile)));
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const int8_t* a = a0 + r * k + b * kBlock;
-      const __m512i a_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
-      const __m512i a_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
+      __m512i dots[kChains][T];
+#pragma GCC unroll 2
+      for (int c = 0; c < kChains; ++c)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) dots[c][t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m512i four = _mm512_set1_epi32(four_bytes(a + 4 * j));
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) dots[j % kChains][t] = _mm512_dpbusd_epi32(dots[j % kChains][t], w[t][j], four);
+      }
       const __m512 d = _mm512_set1_ps(xd[r * blocks + b]);
       const __m512 sum_x = _mm512_set1_ps(xs[r * blocks + b]);
-#pragma GCC unroll 2
-      for (int i = 0; i < G; ++i) {
-        const __m512i dots = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], a_lo), hi[i], a_hi);
-        const __m512 with_mins = _mm512_fmadd_ps(mins[i], sum_x, sums[i][r]);
-        sums[i][r] = _mm512_fmadd_ps(_mm512_mul_ps(scales[i], d), _mm512_cvtepi32_ps(dots), with_mins);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        const __m512i dot = kChains == 2 ? _mm512_add_epi32(dots[0][t], dots[kChains - 1][t]) : dots[0][t];
+        const __m512 with_mins = _mm512_fmadd_ps(mins[t], sum_x, acc[t][r]);
+        acc[t][r] = _mm512_fmadd_ps(_mm512_mul_ps(scales[t], d), _mm512_cvtepi32_ps(dot), with_mins);
       }
     }
-  };
-  int64_t b = 0;
-  for (; b + kChains <= blocks; b += kChains)
-#pragma GCC unroll 2
-    for (int c = 0; c < kChains; ++c) block(b + c, acc[c]);
-  for (; b < blocks; ++b) block(b, acc[0]);
-  for (int i = 0; i < G; ++i)
-    for (int r = 0; r < R; ++r) {
-      __m512 total = acc[0][i][r];
-      if constexpr (kChains == 2) total = _mm512_add_ps(total, acc[1][i][r]);
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, total);
-      float* out = y + (r0 + r) * ldy + (g + i) * kGroupRows;
-      for (int c = 0; c < kGroupRows; ++c) out[c] = (lanes[4 * c] + lanes[4 * c + 1]) + (lanes[4 * c + 2] + lanes[4 * c + 3]);
-    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (r0 + r) * ldy + (t0 + t) * kTile, acc[t][r]);
 }
 
-// Two groups share each row's loads from this many rows on (below, one group's loop is not
-// bound by its loads; measured on Zen 5: 2 and 4 rows 1.1-1.2x slower paired, 8 rows on faster)
-constexpr int64_t kPairedRows = 8;
-
-// y[:, 4 g .. 4 (g + G) - 1], 8 rows at a time
-template <int Bits, int G>
-void dot_rows_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t g,
-                   float* y, int64_t ldy) {
+// Every row of tiles t0 .. t0 + T - 1, R_MAX rows at a time
+template <int Bits, int T, int RMax>
+void dot_rows_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
+                   int64_t t0, float* y, int64_t ldy) {
   int64_t r = 0;
-  for (; r + 8 <= rows; r += 8) dot_groups_vnni<Bits, G, 8>(q, r, codes, params, k, g, y, ldy);
+  for (; r + RMax <= rows; r += RMax) dot_tiles_vnni<Bits, T, RMax>(q, r, codes, params, k, t0, y, ldy);
   switch (rows - r) {
-    case 7: dot_groups_vnni<Bits, G, 7>(q, r, codes, params, k, g, y, ldy); break;
-    case 6: dot_groups_vnni<Bits, G, 6>(q, r, codes, params, k, g, y, ldy); break;
-    case 5: dot_groups_vnni<Bits, G, 5>(q, r, codes, params, k, g, y, ldy); break;
-    case 4: dot_groups_vnni<Bits, G, 4>(q, r, codes, params, k, g, y, ldy); break;
-    case 3: dot_groups_vnni<Bits, G, 3>(q, r, codes, params, k, g, y, ldy); break;
-    case 2: dot_groups_vnni<Bits, G, 2>(q, r, codes, params, k, g, y, ldy); break;
-    case 1: dot_groups_vnni<Bits, G, 1>(q, r, codes, params, k, g, y, ldy); break;
+    case 7: if constexpr (RMax > 7) dot_tiles_vnni<Bits, T, 7>(q, r, codes, params, k, t0, y, ldy); break;
+    case 6: if constexpr (RMax > 6) dot_tiles_vnni<Bits, T, 6>(q, r, codes, params, k, t0, y, ldy); break;
+    case 5: if constexpr (RMax > 5) dot_tiles_vnni<Bits, T, 5>(q, r, codes, params, k, t0, y, ldy); break;
+    case 4: if constexpr (RMax > 4) dot_tiles_vnni<Bits, T, 4>(q, r, codes, params, k, t0, y, ldy); break;
+    case 3: if constexpr (RMax > 3) dot_tiles_vnni<Bits, T, 3>(q, r, codes, params, k, t0, y, ldy); break;
+    case 2: if constexpr (RMax > 2) dot_tiles_vnni<Bits, T, 2>(q, r, codes, params, k, t0, y, ldy); break;
+    case 1: if constexpr (RMax > 1) dot_tiles_vnni<Bits, T, 1>(q, r, codes, params, k, t0, y, ldy); break;
     default: break;
   }
 }
 
-// y[:, 4 g .. 4 g + 3] of G groups at a time where rows pair them (see kPairedRows)
+// Tiles t0 .. t1 - 1, one at a time over 8 rows (its unpacked codes and 8 sums in registers;
+// measured: two tiles at a time at one or two rows 1.1-1.3x slower)
 template <int Bits>
 void dot_range_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
-                    int64_t g0, int64_t g1, float* y, int64_t ldy) {
-  int64_t g = g0;
-  if (rows >= kPairedRows)
-    for (; g + 2 <= g1; g += 2) dot_rows_vnni<Bits, 2>(q, rows, codes, params, k, g, y, ldy);
-  for (; g < g1; ++g) dot_rows_vnni<Bits, 1>(q, rows, codes, params, k, g, y, ldy);
+                    int64_t t0, int64_t t1, float* y, int64_t ldy) {
+  for (int64_t t = t0; t < t1; ++t) dot_rows_vnni<Bits, 1, 8>(q, rows, codes, params, k, t, y, ldy);
 }
 #endif
 
-// y[:, 4 g .. 4 g + 3] from 8-bit codes, one sum at a time: the 8-bit form off a VNNI build
-void dot_rows_q8_scalar(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
-                        int64_t g, float* y, int64_t ldy) {
+#if KSPEC_Q4Q8_AVX2 && !KSPEC_Q4Q8_VNNI
+// AVX2, 4-bit codes: half a tile (8 outputs, the low or high 32 bytes of each of the block's
+// four 64-byte registers) x R rows. maddubs of the unsigned codes and 4 broadcast signed
+// activations gives two int16 pair sums per lane (2 * 15 * 127); the block's 8 of them add in
+// int16 without saturating (8 * 3810 < 2^15), then one madd with ones makes each output's int32 dot.
+template <int R>
+void dot_half_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
+                   int half, float* y, int64_t ldy) {
   const int64_t blocks = k / kBlock;
-  const uint8_t* gc = codes + g * blocks * kGroupRows * kCodeBytes<8>;  // [blocks, 2, 4, 16]
-  const c10::Half* gs = params + g * 2 * blocks * kGroupRows;           // [blocks, 4] scales, then minimums
+  const float* xd = q.scale.data() + r0 * blocks;  // [R, blocks]
+  const float* xs = q.sum.data() + r0 * blocks;    // [R, blocks]
+  const int8_t* a0 = q.a.data() + r0 * k;
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* tc = codes + (t * blocks + b) * kTileBytes<4> + 32 * half;    // 4 x 32 bytes, 64 apart
+    const c10::Half* tp = params + (t * blocks + b) * kParamsPerBlock + 8 * half;  // s at 0, m at 16
+    _mm_prefetch(reinterpret_cast<const char*>(tc + kPrefetchBlocks * kTileBytes<4>), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(tc + kPrefetchBlocks * kTileBytes<4> + 128), _MM_HINT_T0);
+    __m256i packed[4];
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) packed[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tc + 64 * p));
+    const __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp)));
+    const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + kTile)));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int8_t* a = a0 + r * k + b * kBlock;
+      __m256i pairs = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const __m256i lo = _mm256_and_si256(packed[p], low_mask);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed[p], 4), low_mask);
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(four_bytes(a + 4 * p))));
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(four_bytes(a + 16 + 4 * p))));
+      }
+      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+      const __m256 with_mins = _mm256_fmadd_ps(mins, _mm256_set1_ps(xs[r * blocks + b]), acc[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(scales, _mm256_set1_ps(xd[r * blocks + b])), dot, with_mins);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * ldy + t * kTile + 8 * half, acc[r]);
+}
+
+// Tile t, every row: 4 rows at a time per half tile, then the rest
+void dot_tile_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
+                   float* y, int64_t ldy) {
+  for (int half = 0; half < 2; ++half) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) dot_half_avx2<4>(q, r, codes, params, k, t, half, y, ldy);
+    switch (rows - r) {
+      case 3: dot_half_avx2<3>(q, r, codes, params, k, t, half, y, ldy); break;
+      case 2: dot_half_avx2<2>(q, r, codes, params, k, t, half, y, ldy); break;
+      case 1: dot_half_avx2<1>(q, r, codes, params, k, t, half, y, ldy); break;
+      default: break;
+    }
+  }
+}
+#endif
+
+// Tile t, every row, one sum at a time: either form where no vector loop is built (and the
+// 8-bit form off a VNNI build)
+template <int Bits>
+void dot_tile_scalar(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
+                     int64_t t, float* y, int64_t ldy) {
+  const int64_t blocks = k / kBlock;
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < kGroupRows; ++c) {
+    for (int64_t n = 0; n < kTile; ++n) {
       float total = 0.f;
       for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* tc = codes + (t * blocks + b) * kTileBytes<Bits>;
+        const c10::Half* tp = params + (t * blocks + b) * kParamsPerBlock;
         const int8_t* a = q.a.data() + r * k + b * kBlock;
         int32_t dot = 0;
-        for (int64_t half = 0; half < 2; ++half) {
-          const uint8_t* u = gc + ((b * 2 + half) * kGroupRows + c) * 16;
-          for (int64_t j = 0; j < 16; ++j) dot += u[j] * a[half * 16 + j];
-        }
-        const float s = static_cast<float>(gs[b * kGroupRows + c]), m = static_cast<float>(gs[(blocks + b) * kGroupRows + c]);
-        total += s * q.scale[r * blocks + b] * static_cast<float>(dot) + m * q.code_sum[r * blocks + b];
+        for (int64_t j = 0; j < kBlock / 4; ++j)
+          for (int64_t i = 0; i < 4; ++i) {
+            if constexpr (Bits == 4) {
+              if (j < 4) {
+                const uint8_t packed = tc[(j * kTile + n) * 4 + i];
+                dot += (packed & 0x0F) * a[4 * j + i] + (packed >> 4) * a[16 + 4 * j + i];
+              }
+            } else {
+              dot += tc[(j * kTile + n) * 4 + i] * a[4 * j + i];
+            }
+          }
+        const float s = static_cast<float>(tp[n]), m = static_cast<float>(tp[kTile + n]);
+        total += s * q.scale[r * blocks + b] * static_cast<float>(dot) + m * minimum_sums<Bits>(q)[r * blocks + b];
       }
-      y[r * ldy + g * kGroupRows + c] = total;
+      y[r * ldy + t * kTile + n] = total;
     }
-}
-
-// y[r, 4 g + c0 .. 4 g + c0 + C - 1] for rows r0 .. r0 + R - 1: C x R independent sums (at
-// most 8, in registers), so that no fused multiply-add waits on the one before it; the block
-// scales are multiplied inside the loop (computing them in a pass before cost as much as the
-// loop itself at K = 576: 18 blocks)
-template <int C, int R>
-void dot_group(const Quantized& q, int64_t r0, const GroupWeights& w, int64_t k, int64_t g, int c0, float* y,
-               int64_t ldy) {
-  static_assert(C * R <= 8 && C <= kGroupRows);
-  const int64_t blocks = k / kBlock;
-  const uint8_t* gc = w.codes;
-  const float* scales = w.scales;
-  const float* xd = q.scale.data() + r0 * blocks;  // [R, blocks]
-  float out[C][R] = {};
-#if KSPEC_Q4Q8_AVX2
-  __m256 acc[C][R];
-#pragma GCC unroll 4
-  for (int c = 0; c < C; ++c)
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[c][r] = _mm256_setzero_ps();
-  const int8_t* a0 = q.a.data() + r0 * k;
-  for (int64_t b = 0; b < blocks; ++b) {
-    _mm_prefetch(reinterpret_cast<const char*>(gc + (b + kPrefetchBlocks) * kGroupRows * 16), _MM_HINT_T0);
-    __m256 row_scale[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) row_scale[r] = _mm256_broadcast_ss(xd + r * blocks + b);
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
-      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gc + (b * kGroupRows + c0 + c) * 16));
-      const __m128i low_mask = _mm_set1_epi8(0x0F);
-      const __m128i lo = _mm_and_si128(packed, low_mask);
-      const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low_mask);
-      const __m256i w = _mm256_set_m128i(hi, lo);  // q[0..31] in order
-      const __m256 ws = _mm256_broadcast_ss(&scales[b * kGroupRows + c0 + c]);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a0 + r * k + b * kBlock));
-        const __m256i pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));  // [8] int32
-        acc[c][r] = _mm256_fmadd_ps(_mm256_mul_ps(ws, row_scale[r]), _mm256_cvtepi32_ps(pairs), acc[c][r]);
-      }
-    }
-  }
-  for (int c = 0; c < C; ++c)
-    for (int r = 0; r < R; ++r) {
-      const __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc[c][r]), _mm256_extractf128_ps(acc[c][r], 1));
-      const __m128 quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
-      out[c][r] = _mm_cvtss_f32(_mm_add_ss(quarter, _mm_movehdup_ps(quarter)));
-    }
-#else
-  for (int c = 0; c < C; ++c)
-    for (int r = 0; r < R; ++r)
-      for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* wc = gc + (b * kGroupRows + c0 + c) * 16;
-        const int8_t* a = q.a.data() + (r0 + r) * k + b * kBlock;
-        int32_t dot = 0;
-        for (int64_t j = 0; j < 16; ++j) dot += (wc[j] & 0x0F) * a[j] + (wc[j] >> 4) * a[j + 16];
-        out[c][r] += scales[b * kGroupRows + c0 + c] * xd[r * blocks + b] * static_cast<float>(dot);
-      }
-#endif
-  for (int c = 0; c < C; ++c) {
-    const float* m = w.mins + (c0 + c) * blocks;
-    for (int r = 0; r < R; ++r) {
-      const float* xs = q.sum.data() + (r0 + r) * blocks;
-      float total = 0.f;  // sum_b m[n, b] * sum(x[r, b])
-#pragma omp simd reduction(+ : total)
-      for (int64_t b = 0; b < blocks; ++b) total += m[b] * xs[b];
-      y[(r0 + r) * ldy + g * kGroupRows + c0 + c] = out[c][r] + total;
-    }
-  }
-}
-
-// y[:, 4 g .. 4 g + 3]: rows 4 at a time over half the group's outputs, the rest 1 or 2 at a
-// time over all four (the unpacked weights serve more rows; 8 sums fit the registers)
-void dot_rows(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t g,
-              float* y, int64_t ldy) {
-  GroupWeights w;
-  load_group(codes, params, k / kBlock, g, w);
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4)
-    for (int c0 = 0; c0 < kGroupRows; c0 += 2) dot_group<2, 4>(q, r, w, k, g, c0, y, ldy);
-  if (rows - r == 3) {
-    for (int c0 = 0; c0 < kGroupRows; c0 += 2) dot_group<2, 3>(q, r, w, k, g, c0, y, ldy);
-  } else if (rows - r == 2) {
-    dot_group<4, 2>(q, r, w, k, g, 0, y, ldy);
-  } else if (rows - r == 1) {
-    dot_group<4, 1>(q, r, w, k, g, 0, y, ldy);
-  }
 }
 
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "kspec q4_q8_matmul: ", what); }
@@ -368,27 +321,22 @@ void check(bool ok, const char* what) { TORCH_CHECK(ok, "kspec q4_q8_matmul: ", 
 template <int Bits>
 std::tuple<Tensor, Quantized> prepare(const Tensor& x, const Tensor& codes, const Tensor& params) {
   check(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be [M, K] float32");
-  const int64_t rows = x.size(0), k = x.size(1), n = codes.size(0) * kGroupRows;
-  check(k % kBlock == 0 && k / kBlock <= kMaxBlocks, "K must be a multiple of 32, at most 32768");
-  const bool codes_fit = Bits == 4 ? codes.dim() == 4 && codes.size(1) == k / kBlock && codes.size(2) == kGroupRows && codes.size(3) == 16
-                                   : codes.dim() == 5 && codes.size(1) == k / kBlock && codes.size(2) == 2 &&
-                                         codes.size(3) == kGroupRows && codes.size(4) == 16;
-  check(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes_fit,
-        Bits == 4 ? "codes must be [N/4, K/32, 4, 16] uint8, contiguous" : "codes must be [N/4, K/32, 2, 4, 16] uint8, contiguous");
+  const int64_t rows = x.size(0), k = x.size(1), n = codes.size(0) * kTile;
+  check(k % kBlock == 0, "K must be a multiple of 32");
+  const int64_t registers = kTileBytes<Bits> / 64;  // 4 or 8
+  check(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 5 && codes.size(1) == k / kBlock &&
+            codes.size(2) == registers && codes.size(3) == kTile && codes.size(4) == 4,
+        Bits == 4 ? "codes must be [N/16, K/32, 4, 16, 4] uint8, contiguous" : "codes must be [N/16, K/32, 8, 16, 4] uint8, contiguous");
   check(params.scalar_type() == at::kHalf && params.is_contiguous() && params.dim() == 4 &&
-            params.size(0) == codes.size(0) && params.size(1) == 2 && params.size(2) == k / kBlock && params.size(3) == kGroupRows,
-        "params must be [N/4, 2, K/32, 4] float16, contiguous");
+            params.size(0) == codes.size(0) && params.size(1) == k / kBlock && params.size(2) == 2 && params.size(3) == kTile,
+        "params must be [N/16, K/32, 2, 16] float16, contiguous");
   Tensor y = at::empty({rows, n}, x.options());
   if (rows == 0 || n == 0) return {y, Quantized{}};
   return {y, quantize_rows(x.data_ptr<float>(), rows, k)};
 }
 
-}  // namespace
-
-namespace {
-
-// Either form: y [M, N] from x and the weights in the form's layout, groups of 4 outputs split
-// between the threads (the VNNI loop where built, else the form's portable one)
+// Either form: y [M, N] from x and the weights in the form's layout, tiles of 16 outputs split
+// between the threads (the VNNI loop where built, the AVX2 one for 4 bits, else the scalar one)
 template <int Bits>
 Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params) {
   const Tensor x = x_in.contiguous();
@@ -398,11 +346,16 @@ Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const c10::Half* pp = params.data_ptr<c10::Half>();
   float* yp = y.template data_ptr<float>();
-  at::parallel_for(0, n / kGroupRows, 4, [&](int64_t g0, int64_t g1) {
+  at::parallel_for(0, n / kTile, 2, [&](int64_t t0, int64_t t1) {
 #if KSPEC_Q4Q8_VNNI
-    dot_range_vnni<Bits>(q, rows, cp, pp, k, g0, g1, yp, n);
+    dot_range_vnni<Bits>(q, rows, cp, pp, k, t0, t1, yp, n);
+#elif KSPEC_Q4Q8_AVX2
+    for (int64_t t = t0; t < t1; ++t) {
+      if constexpr (Bits == 4) dot_tile_avx2(q, rows, cp, pp, k, t, yp, n);
+      else dot_tile_scalar<Bits>(q, rows, cp, pp, k, t, yp, n);
+    }
 #else
-    for (int64_t g = g0; g < g1; ++g) (Bits == 4 ? dot_rows : dot_rows_q8_scalar)(q, rows, cp, pp, k, g, yp, n);
+    for (int64_t t = t0; t < t1; ++t) dot_tile_scalar<Bits>(q, rows, cp, pp, k, t, yp, n);
 #endif
   });
   return y;
@@ -410,10 +363,10 @@ Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params
 
 }  // namespace
 
-// x [M, K] float32, codes [N/4, K/32, 4, 16] uint8, params [N/4, 2, K/32, 4] float16 -> y [M, N] float32
+// x [M, K] float32, codes [N/16, K/32, 4, 16, 4] uint8, params [N/16, K/32, 2, 16] float16 -> y [M, N] float32
 Tensor q4_q8_matmul(const Tensor& x, const Tensor& codes, const Tensor& params) { return matmul_form<4>(x, codes, params); }
 
-// x [M, K] float32, codes [N/4, K/32, 2, 4, 16] uint8 (q + 128), params [N/4, 2, K/32, 4] float16 -> y [M, N] float32
+// x [M, K] float32, codes [N/16, K/32, 8, 16, 4] uint8 (q + 128), params [N/16, K/32, 2, 16] float16 -> y [M, N] float32
 Tensor q8_q8_matmul(const Tensor& x, const Tensor& codes, const Tensor& params) { return matmul_form<8>(x, codes, params); }
 
 // The instructions this build multiplies with (kernels/cpu_layers.py matmul_isa)

@@ -73,10 +73,10 @@ def test_the_build_names_the_instructions_this_cpu_has() -> None:
         assert isa in ("avx512-vnni", "avx2", "scalar")
 
 
-def test_rows_not_a_multiple_of_four_are_padded_and_cut() -> None:
-    codes = _codes(7, 64, seed=1)
+def test_rows_not_a_multiple_of_sixteen_are_padded_and_cut() -> None:
+    codes = _codes(23, 64, seed=1)
     term = Q4Q8Term(codes, matmul)  # type: ignore[arg-type]
-    assert term.codes.shape == (2, 2, 4, 16) and term.params.shape == (2, 2, 2, 4)
+    assert term.codes.shape == (2, 2, 4, 16, 4) and term.params.shape == (2, 2, 2, 16)
     x = torch.randn(3, 64)
     torch.testing.assert_close(term(x), _documented(x, codes), atol=1e-4, rtol=0)
 
