@@ -152,6 +152,24 @@ struct AttentionInputs {
 
 constexpr int64_t kMaxGroup = 16;  // query heads per kv head the written-out attention takes
 
+// The prefix keys cut into `count` pieces so that the attention's work items (kv heads x query
+// tiles x pieces) split evenly between the threads: at one or four rows of the default model
+// there are 3 kv heads' items for 2 threads (one thread did two, the other one; measured on Zen 4)
+struct PrefixPieces {
+  int64_t count, keys;
+  static constexpr int64_t kMaxPieces = 4;
+  static constexpr int64_t kMinKeys = 64;  // per piece: below, the join costs more than the balance saves
+
+  static PrefixPieces balancing(int64_t items, int64_t keys, int64_t threads) {
+    for (int64_t count = 1; count <= kMaxPieces && keys >= count * kMinKeys; ++count)
+      if ((items * count) % threads == 0) return {count, keys};
+    return {1, keys};
+  }
+  int64_t start(int64_t piece) const { return piece * keys / count; }
+  int64_t longest() const { return (keys + count - 1) / count; }
+  bool last(int64_t piece) const { return piece == count - 1; }
+};
+
 // A query's scores over `cols` own entries plus the mask, into scores; returns their maximum
 template <int64_t D>
 float own_scores(const float* q, const float* keys, const float* mask, int64_t cols, float* scores, float top) {
@@ -188,19 +206,24 @@ void weigh_values(const float* p, const float* values, int64_t stride, int64_t n
 
 // One row at a time: its group of query heads against the prefix keys, key by key (each key
 // read once for the group), then its own entries; for a step of one or two rows, where the
-// flash kernel's fixed cost dominates. store(r, h, o, 1 / sum) takes the unnormalized output o [D].
-template <int64_t D, typename Store>
-void attend_direct(const AttentionInputs& in, Store store) {
-  const int64_t G = in.group(), P = in.prefix, n = P + in.cols;
+// flash kernel's fixed cost dominates. Items are (row, kv head, piece of the prefix); the last
+// piece also takes the row's own entries. emit(r, h, piece, o, top, sum) takes the piece's
+// output o [D] unnormalized (weights e^(score - top)) and its sum of weights.
+template <int64_t D, typename Emit>
+void attend_direct(const AttentionInputs& in, const PrefixPieces& pieces, Emit emit) {
+  const int64_t G = in.group(), n = pieces.longest() + in.cols;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  at::parallel_for(0, in.rows * in.kv_heads, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores(G * n);  // [G, P + cols]
+  at::parallel_for(0, in.rows * in.kv_heads * pieces.count, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores(G * n);  // [G, piece + cols]
     float q[kMaxGroup * D], o[D];
     for (int64_t item = i0; item < i1; ++item) {
-      const int64_t r = item / in.kv_heads, hk = item % in.kv_heads, h0 = hk * G;
+      const int64_t piece = item % pieces.count, base = item / pieces.count;
+      const int64_t r = base / in.kv_heads, hk = base % in.kv_heads, h0 = hk * G;
+      const int64_t p0 = pieces.start(piece), P = pieces.start(piece + 1) - p0;
+      const int64_t cols = pieces.last(piece) ? in.cols : 0;
       for (int64_t g = 0; g < G; ++g)
         for (int64_t d = 0; d < D; ++d) q[g * D + d] = in.queries[(r * in.heads + h0 + g) * D + d] * scale;
-      const float* keys = in.prefix_k + hk * in.p_head;
+      const float* keys = in.prefix_k + hk * in.p_head + p0 * in.p_key;
       const int64_t p_key = in.p_key;
       for (int64_t j = 0; j < P; ++j) {
         const float* key = keys + j * p_key;
@@ -217,12 +240,12 @@ void attend_direct(const AttentionInputs& in, Store store) {
         float top = -INFINITY;
 #pragma omp simd reduction(max : top)
         for (int64_t j = 0; j < P; ++j) top = std::max(top, row[j]);
-        top = own_scores<D>(q + g * D, in.own_keys(r, hk, D), in.mask_row(r), in.cols, row + P, top);
-        const float sum = exponentiate(row, n, top);
+        top = own_scores<D>(q + g * D, in.own_keys(r, hk, D), in.mask_row(r), cols, row + P, top);
+        const float sum = exponentiate(row, P + cols, top);
         std::fill(o, o + D, 0.f);
-        weigh_values<D>(row, in.prefix_v + hk * in.p_head, p_key, P, o);
-        weigh_values<D>(row + P, in.own_values(r, hk, D), D, in.cols, o);
-        store(r, h0 + g, o, 1.f / sum);
+        weigh_values<D>(row, in.prefix_v + hk * in.p_head + p0 * p_key, p_key, P, o);
+        weigh_values<D>(row + P, in.own_values(r, hk, D), D, cols, o);
+        emit(r, h0 + g, piece, o, top, sum);
       }
     }
   });
@@ -235,28 +258,31 @@ constexpr int64_t kLanes = 16;  // queries per tile: one float32 lane each
 // time, against the shared prefix: each key's elements broadcast against the tile's queries in
 // one fused multiply-add (no transposition of the keys, no horizontal sums), the queries' 16
 // dimensions at a time held in registers; the values weighed the same way. Each query's own
-// branch entries (few) one dot at a time. store as attend_direct.
-template <int64_t D, typename Store>
-void attend_lanes(const AttentionInputs& in, Store store) {
+// branch entries (few) one dot at a time. Items and emit as attend_direct.
+template <int64_t D, typename Emit>
+void attend_lanes(const AttentionInputs& in, const PrefixPieces& pieces, Emit emit) {
   static_assert(D % kLanes == 0);
-  const int64_t G = in.group(), P = in.prefix, M = in.rows * G, tiles = (M + kLanes - 1) / kLanes;
+  const int64_t G = in.group(), M = in.rows * G, tiles = (M + kLanes - 1) / kLanes;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  at::parallel_for(0, in.kv_heads * tiles, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> prefix_scores(std::max<int64_t>(P, 1) * kLanes);  // [P, 16]
+  at::parallel_for(0, in.kv_heads * tiles * pieces.count, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> prefix_scores(std::max<int64_t>(pieces.longest(), 1) * kLanes);  // [piece, 16]
     std::vector<float> branch_scores(kLanes * std::max<int64_t>(in.cols, 1));  // [16, cols]
     alignas(64) float qt[D * kLanes];  // [D, 16] the tile's queries, scaled
     alignas(64) float ot[D * kLanes];  // [D, 16] their prefix values' weighted sums
     alignas(64) float top[kLanes];
     alignas(64) float total[kLanes];
     for (int64_t item = i0; item < i1; ++item) {
-      const int64_t hk = item / tiles, m0 = (item % tiles) * kLanes, lanes = std::min(kLanes, M - m0);
+      const int64_t piece = item % pieces.count, base = item / pieces.count;
+      const int64_t hk = base / tiles, m0 = (base % tiles) * kLanes, lanes = std::min(kLanes, M - m0);
+      const int64_t p0 = pieces.start(piece), P = pieces.start(piece + 1) - p0;
+      const int64_t cols = pieces.last(piece) ? in.cols : 0;
       std::fill(qt, qt + D * kLanes, 0.f);
       for (int64_t l = 0; l < lanes; ++l) {
         const int64_t r = (m0 + l) / G, h = hk * G + (m0 + l) % G;
         for (int64_t d = 0; d < D; ++d) qt[d * kLanes + l] = in.queries[(r * in.heads + h) * D + d] * scale;
       }
       float* st = prefix_scores.data();
-      const float* keys = in.prefix_k + hk * in.p_head;
+      const float* keys = in.prefix_k + hk * in.p_head + p0 * in.p_key;
       for (int64_t c = 0; c < D; c += kLanes) {
         __m512 q[kLanes];
         for (int64_t i = 0; i < kLanes; ++i) q[i] = _mm512_load_ps(qt + (c + i) * kLanes);
@@ -277,7 +303,7 @@ void attend_lanes(const AttentionInputs& in, Store store) {
         const int64_t r = (m0 + l) / G;
         float q[D];
         for (int64_t d = 0; d < D; ++d) q[d] = qt[d * kLanes + l];
-        top[l] = own_scores<D>(q, in.own_keys(r, hk, D), in.mask_row(r), in.cols, branch_scores.data() + l * in.cols, top[l]);
+        top[l] = own_scores<D>(q, in.own_keys(r, hk, D), in.mask_row(r), cols, branch_scores.data() + l * in.cols, top[l]);
       }
       std::fill(total, total + kLanes, 0.f);
       for (int64_t j = 0; j < P; ++j) {
@@ -292,7 +318,7 @@ void attend_lanes(const AttentionInputs& in, Store store) {
       for (int64_t c = 0; c < D; c += kLanes) {
         __m512 acc[kLanes];
         for (int64_t i = 0; i < kLanes; ++i) acc[i] = _mm512_setzero_ps();
-        const float* values = in.prefix_v + hk * in.p_head + c;
+        const float* values = in.prefix_v + hk * in.p_head + p0 * in.p_key + c;
         for (int64_t j = 0; j < P; ++j) {
           const __m512 p = _mm512_loadu_ps(st + j * kLanes);
           const float* value = values + j * in.p_key;
@@ -305,9 +331,9 @@ void attend_lanes(const AttentionInputs& in, Store store) {
         float* sb = branch_scores.data() + l * in.cols;
         float o[D];
         for (int64_t d = 0; d < D; ++d) o[d] = ot[d * kLanes + l];
-        const float sum = total[l] + exponentiate(sb, in.cols, top[l]);
-        weigh_values<D>(sb, in.own_values(r, hk, D), D, in.cols, o);
-        store(r, h, o, 1.f / sum);
+        const float sum = total[l] + exponentiate(sb, cols, top[l]);
+        weigh_values<D>(sb, in.own_values(r, hk, D), D, cols, o);
+        emit(r, h, piece, o, top[l], sum);
       }
     }
   });
@@ -318,18 +344,47 @@ void attend_lanes(const AttentionInputs& in, Store store) {
 // rather than go one at a time (attend_direct): measured, 3 (one row) one at a time, 12 lanes
 constexpr int64_t kLanesFromQueries = 8;
 
-// The written-out attention where this build and these inputs have it (true), else false
+// The written-out attention where this build and these inputs have it (true), else false. With
+// the prefix in several pieces, each piece's output is kept with its maximum score and sum of
+// weights, then the pieces are joined: o = sum_p e^(top_p - top) o_p over sum_p e^(top_p - top) sum_p.
 template <typename Act>
 bool attend_written_out(const AttentionInputs& in, int64_t D, Act* out) {
 #if KSPEC_LANES_ATTENTION
   if ((D != 64 && D != 128) || in.group() > kMaxGroup) return false;
-  auto store = [&](int64_t r, int64_t h, const float* o, float inv) {
-    Act* dst = out + (r * in.heads + h) * D;
-    for (int64_t d = 0; d < D; ++d) dst[d] = to_act(o[d] * inv, dst);
-  };
   const bool lanes = in.rows * in.group() >= kLanesFromQueries;
-  if (D == 64) lanes ? attend_lanes<64>(in, store) : attend_direct<64>(in, store);
-  else lanes ? attend_lanes<128>(in, store) : attend_direct<128>(in, store);
+  const int64_t items = in.kv_heads * (lanes ? (in.rows * in.group() + kLanes - 1) / kLanes : in.rows);
+  const PrefixPieces pieces = PrefixPieces::balancing(items, in.prefix, at::get_num_threads());
+  const int64_t queries = in.rows * in.heads;
+  std::vector<float> part_o(pieces.count > 1 ? queries * pieces.count * D : 0);  // [R H, pieces, D]
+  std::vector<float> part_top(pieces.count > 1 ? queries * pieces.count : 0);  // [R H, pieces]
+  std::vector<float> part_sum(part_top.size());
+  auto emit = [&](int64_t r, int64_t h, int64_t piece, const float* o, float top, float sum) {
+    if (pieces.count == 1) {
+      Act* dst = out + (r * in.heads + h) * D;
+      const float inv = 1.f / sum;
+      for (int64_t d = 0; d < D; ++d) dst[d] = to_act(o[d] * inv, dst);
+      return;
+    }
+    const int64_t at = (r * in.heads + h) * pieces.count + piece;
+    std::copy(o, o + D, part_o.data() + at * D);
+    part_top[at] = top;
+    part_sum[at] = sum;
+  };
+  if (D == 64) lanes ? attend_lanes<64>(in, pieces, emit) : attend_direct<64>(in, pieces, emit);
+  else lanes ? attend_lanes<128>(in, pieces, emit) : attend_direct<128>(in, pieces, emit);
+  for (int64_t i = 0; i < (pieces.count > 1 ? queries : 0); ++i) {
+    const float* tops = part_top.data() + i * pieces.count;
+    const float top = *std::max_element(tops, tops + pieces.count);  // finite: the last piece holds the query's own entry
+    float o[kMaxHeadDim] = {}, sum = 0.f;
+    for (int64_t p = 0; p < pieces.count; ++p) {
+      const float weight = std::exp(tops[p] - top);  // 0 for a piece that saw no key (top -inf)
+      sum += weight * part_sum[i * pieces.count + p];
+      const float* po = part_o.data() + (i * pieces.count + p) * D;
+      for (int64_t d = 0; d < D; ++d) o[d] += weight * po[d];
+    }
+    Act* dst = out + i * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] = to_act(o[d] / sum, dst);
+  }
   return true;
 #else
   (void)in, (void)D, (void)out;

@@ -31,6 +31,23 @@ CASES = {  # heads, kv heads, head size, prefix, entries before the step per bra
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_the_loops_attention_is_the_reference(case: str) -> None:
+    _check(case)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("case", ["k1-decode", "k4-decode-lanes"])
+def test_a_prefix_cut_into_pieces_for_the_threads_is_the_same_softmax(case: str, threads: int) -> None:
+    """Where kv heads x query tiles do not split evenly between the threads (3 kv heads, 2 or 4
+    threads), the prefix is cut into 2-4 pieces whose outputs are joined by their maxima and sums."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check(case)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _check(case: str) -> None:
     heads, kv_heads, dim, prefix, before, new = CASES[case]
     generator = torch.Generator().manual_seed(len(case))
     k, capacity = len(before), max(before) + new + 5
