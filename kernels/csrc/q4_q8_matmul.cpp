@@ -43,9 +43,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <tuple>
-#include <vector>
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
@@ -68,44 +68,68 @@ constexpr int64_t kPrefetchBlocks = 4;        // blocks of a tile read ahead
 template <int Bits>
 constexpr int64_t kTileBytes = kTile * Bits * kBlock / 8;  // 256 or 512
 
+// An array of n values left uninitialized (every element is written before it is read)
+template <typename T>
+std::unique_ptr<T[]> uninitialized(int64_t n) {
+  return std::unique_ptr<T[]>(new T[n]);
+}
+
 struct Quantized {  // x [M, K] as 8-bit blocks
-  std::vector<int8_t> a;       // [M, K]
-  std::vector<float> scale;    // [M, K/32] d
-  std::vector<float> sum;      // [M, K/32] float32 sum of the block's x (the 4-bit form's minimums)
-  std::vector<float> code_sum; // [M, K/32] d * sum of the block's a (the 8-bit form's -128 d)
+  std::unique_ptr<int8_t[]> a;       // [M, K]
+  std::unique_ptr<float[]> scale;    // [M, K/32] d
+  std::unique_ptr<float[]> sum;      // [M, K/32] float32 sum of the block's x (the 4-bit form's minimums)
+  std::unique_ptr<float[]> code_sum; // [M, K/32] d * sum of the block's a (the 8-bit form's -128 d)
 };
 
-Quantized quantize_rows(const float* x, int64_t rows, int64_t k) {
-  const int64_t blocks = k / kBlock;
-  Quantized q{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<float>(rows * blocks),
-              std::vector<float>(rows * blocks)};
-  for (int64_t i = 0; i < rows * blocks; ++i) {
-    const float* xb = x + i * kBlock;
-    float amax = 0.f, total = 0.f;
+// One block of 32 activations: a = round(x / d) (to nearest even, as std::nearbyint), d = max|x| / 127
+inline void quantize_block(const float* xb, int8_t* ab, float& d, float& total, float& code_sum) {
+#if KSPEC_Q4Q8_VNNI
+  const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+  total = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
+  d = amax / 127.f;
+  const __m512 inv = _mm512_set1_ps(d > 0.f ? 1.f / d : 0.f);
+  const __m512i a0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x0, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512i a1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x1, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(ab), _mm512_cvtepi32_epi8(a0));  // |a| <= 127: no saturation
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(ab + 16), _mm512_cvtepi32_epi8(a1));
+  code_sum = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(a0, a1)));
+#else
+  float amax = 0.f;
+  total = 0.f;
 #pragma omp simd reduction(max : amax) reduction(+ : total)
-    for (int64_t j = 0; j < kBlock; ++j) {
-      amax = std::max(amax, std::fabs(xb[j]));
-      total += xb[j];
-    }
-    const float d = amax / 127.f;
-    const float inv = d > 0.f ? 1.f / d : 0.f;
-    int8_t* ab = q.a.data() + i * kBlock;
-    int32_t codes = 0;
-#pragma omp simd reduction(+ : codes)
-    for (int64_t j = 0; j < kBlock; ++j) {
-      ab[j] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
-      codes += ab[j];
-    }
-    q.scale[i] = d;
-    q.sum[i] = total;
-    q.code_sum[i] = d * static_cast<float>(codes);
+  for (int64_t j = 0; j < kBlock; ++j) {
+    amax = std::max(amax, std::fabs(xb[j]));
+    total += xb[j];
   }
+  d = amax / 127.f;
+  const float inv = d > 0.f ? 1.f / d : 0.f;
+  int32_t codes = 0;
+#pragma omp simd reduction(+ : codes)
+  for (int64_t j = 0; j < kBlock; ++j) {
+    ab[j] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
+    codes += ab[j];
+  }
+  code_sum = d * static_cast<float>(codes);
+#endif
+}
+
+constexpr int64_t kQuantizeGrain = 256;  // blocks per thread's share: below, one thread quantizes
+
+Quantized quantize_rows(const float* x, int64_t rows, int64_t k) {
+  const int64_t blocks = rows * (k / kBlock);
+  Quantized q{uninitialized<int8_t>(rows * k), uninitialized<float>(blocks), uninitialized<float>(blocks),
+              uninitialized<float>(blocks)};
+  at::parallel_for(0, blocks, kQuantizeGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      quantize_block(x + i * kBlock, q.a.get() + i * kBlock, q.scale[i], q.sum[i], q.code_sum[i]);
+  });
   return q;
 }
 
 // The per-block sums of x each form's m multiplies: sum(x) for 4 bits, d sum(a) for 8
 template <int Bits>
-const std::vector<float>& minimum_sums(const Quantized& q) {
+const std::unique_ptr<float[]>& minimum_sums(const Quantized& q) {
   return Bits == 4 ? q.sum : q.code_sum;
 }
 
@@ -129,9 +153,9 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
   static_assert(T >= 1 && T <= 4 && R >= 1 && R <= 8 && (Bits == 4 || Bits == 8));
   constexpr int kChains = T * R <= 2 ? 2 : 1;
   const int64_t blocks = k / kBlock;
-  const float* xd = q.scale.data() + r0 * blocks;                // [R, blocks]
-  const float* xs = minimum_sums<Bits>(q).data() + r0 * blocks;  // [R, blocks]
-  const int8_t* a0 = q.a.data() + r0 * k;
+  const float* xd = q.scale.get() + r0 * blocks;                // [R, blocks]
+  const float* xs = minimum_sums<Bits>(q).get() + r0 * blocks;  // [R, blocks]
+  const int8_t* a0 = q.a.get() + r0 * k;
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
   __m512 acc[T][R];
 #pragma GCC unroll 4
@@ -229,9 +253,9 @@ template <int R>
 void dot_half_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
                    int half, float* y, int64_t ldy) {
   const int64_t blocks = k / kBlock;
-  const float* xd = q.scale.data() + r0 * blocks;  // [R, blocks]
-  const float* xs = q.sum.data() + r0 * blocks;    // [R, blocks]
-  const int8_t* a0 = q.a.data() + r0 * k;
+  const float* xd = q.scale.get() + r0 * blocks;  // [R, blocks]
+  const float* xs = q.sum.get() + r0 * blocks;    // [R, blocks]
+  const int8_t* a0 = q.a.get() + r0 * k;
   const __m256i low_mask = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
@@ -295,7 +319,7 @@ void dot_tile_scalar(const Quantized& q, int64_t rows, const uint8_t* codes, con
       for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* tc = codes + (t * blocks + b) * kTileBytes<Bits>;
         const c10::Half* tp = params + (t * blocks + b) * kParamsPerBlock;
-        const int8_t* a = q.a.data() + r * k + b * kBlock;
+        const int8_t* a = q.a.get() + r * k + b * kBlock;
         int32_t dot = 0;
         for (int64_t j = 0; j < kBlock / 4; ++j)
           for (int64_t i = 0; i < 4; ++i) {
