@@ -97,7 +97,9 @@ async def test_typeahead_serves_the_rest_without_the_engine(editor: Editor) -> N
     position = (1, 0) if typed == "\n" else (0, 8 + utf16_len(typed))
     items = await editor.inline(uri, *position)
     after = await editor.stats()
-    assert text[1:] in [item.insert_text for item in items]
+    # the rest of the suggestion, or more of it: the engine keeps decoding the branches after an
+    # answer into the typeahead cache, so by now the cache may hold a longer version
+    assert any(item.insert_text.startswith(text[1:]) for item in items), (text, items)
     assert after["typeahead_hits"] == before["typeahead_hits"] + 1
     assert after["engine_calls"] == before["engine_calls"]
 
