@@ -211,7 +211,7 @@ Q4Q8Matmul = Callable[[Tensor, Tensor, Tensor], Tensor]  # kernels/cpu_layers.py
 Q4Q8_TILE = 16  # weight rows (outputs) the kernel stores interleaved, one per lane (csrc/q4_q8_matmul.cpp)
 
 
-class GroupedTerm(nn.Module):
+class TiledTerm(nn.Module):
     """A matrix for kspec's kernel (csrc/q4_q8_matmul.cpp), in tiles of 16 weight rows:
     x [M, K] -> x W^T [M, N] float32, the activations quantized to 8 bits per block of 32 by the
     kernel. Holds the form's codes and its float16 parameters [N/16, K/32, 2, 16] (a block's s
@@ -239,7 +239,7 @@ class GroupedTerm(nn.Module):
         return y if y.shape[1] == self.out_features else y[:, : self.out_features]
 
 
-class Q4Q8Term(GroupedTerm):
+class Q4Q8Term(TiledTerm):
     """One 4-bit matrix for kspec's 4-bit x 8-bit kernel (x quantized to 8 bits per block of 32,
     as llama.cpp does, where PyTorch's int4 kernel is slow: AVX2). The file's codes as they are;
     s = scale and m = zero - 8 scale in float16 (a GGUF's own d and m). Rows are padded to a
@@ -272,7 +272,7 @@ def q8_0_codes(terms: Sequence[Q4Codes]) -> tuple[Tensor, Tensor] | None:
     return high.codes * 16 + low.codes, d
 
 
-class Q8Q8Term(GroupedTerm):
+class Q8Q8Term(TiledTerm):
     """One 8-bit matrix (a GGUF Q8_0 weight: w = d q, q in -127..127) for the kernel's 8-bit form
     (q8_q8_matmul: llama.cpp's Q8_0 x Q8_0 dot), one integer dot per block where the two 4-bit
     terms of the same weight take two. Codes u = q + 128; s = d and m = -128 d in float16 (the

@@ -254,6 +254,9 @@ void attend_direct(const AttentionInputs& in, const PrefixPieces& pieces, Emit e
 #if KSPEC_LANES_ATTENTION
 constexpr int64_t kLanes = 16;  // queries per tile: one float32 lane each
 
+// Tiles of a kv head's queries (rows x its group of query heads), 16 to a tile
+inline int64_t query_tiles(const AttentionInputs& in) { return (in.rows * in.group() + kLanes - 1) / kLanes; }
+
 // A kv head's queries (rows x its group of query heads) in the lanes of one register, 16 at a
 // time, against the shared prefix: each key's elements broadcast against the tile's queries in
 // one fused multiply-add (no transposition of the keys, no horizontal sums), the queries' 16
@@ -262,7 +265,7 @@ constexpr int64_t kLanes = 16;  // queries per tile: one float32 lane each
 template <int64_t D, typename Emit>
 void attend_lanes(const AttentionInputs& in, const PrefixPieces& pieces, Emit emit) {
   static_assert(D % kLanes == 0);
-  const int64_t G = in.group(), M = in.rows * G, tiles = (M + kLanes - 1) / kLanes;
+  const int64_t G = in.group(), M = in.rows * G, tiles = query_tiles(in);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   at::parallel_for(0, in.kv_heads * tiles * pieces.count, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> prefix_scores(std::max<int64_t>(pieces.longest(), 1) * kLanes);  // [piece, 16]
@@ -352,7 +355,7 @@ bool attend_written_out(const AttentionInputs& in, int64_t D, Act* out) {
 #if KSPEC_LANES_ATTENTION
   if ((D != 64 && D != 128) || in.group() > kMaxGroup) return false;
   const bool lanes = in.rows * in.group() >= kLanesFromQueries;
-  const int64_t items = in.kv_heads * (lanes ? (in.rows * in.group() + kLanes - 1) / kLanes : in.rows);
+  const int64_t items = in.kv_heads * (lanes ? query_tiles(in) : in.rows);  // before cutting the prefix
   const PrefixPieces pieces = PrefixPieces::balancing(items, in.prefix, at::get_num_threads());
   const int64_t queries = in.rows * in.heads;
   std::vector<float> part_o(pieces.count > 1 ? queries * pieces.count * D : 0);  // [R H, pieces, D]

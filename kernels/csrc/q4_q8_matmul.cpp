@@ -68,6 +68,10 @@ constexpr int64_t kPrefetchBlocks = 4;        // blocks of a tile read ahead
 template <int Bits>
 constexpr int64_t kTileBytes = kTile * Bits * kBlock / 8;  // 256 or 512
 
+// 64-byte registers of one tile's codes per block, each holding 4 bytes of every one of its 16 outputs
+template <int Bits>
+constexpr int64_t kTileRegisters = kTileBytes<Bits> / 64;  // 4 or 8
+
 // An array of n values left uninitialized (every element is written before it is read)
 template <typename T>
 std::unique_ptr<T[]> uninitialized(int64_t n) {
@@ -170,7 +174,7 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
       const uint8_t* tc = codes + ((t0 + t) * blocks + b) * kTileBytes<Bits>;  // [4, 16, 4] or [8, 16, 4]
       const c10::Half* tp = params + ((t0 + t) * blocks + b) * kParamsPerBlock;  // [2, 16]
 #pragma GCC unroll 8
-      for (int line = 0; line < kTileBytes<Bits> / 64; ++line)
+      for (int line = 0; line < kTileRegisters<Bits>; ++line)
         _mm_prefetch(reinterpret_cast<const char*>(tc + kPrefetchBlocks * kTileBytes<Bits> + 64 * line), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(tp + kPrefetchBlocks * kParamsPerBlock), _MM_HINT_T0);
       if constexpr (Bits == 4) {
@@ -321,16 +325,13 @@ void dot_tile_scalar(const Quantized& q, int64_t rows, const uint8_t* codes, con
         const c10::Half* tp = params + (t * blocks + b) * kParamsPerBlock;
         const int8_t* a = q.a.get() + r * k + b * kBlock;
         int32_t dot = 0;
-        for (int64_t j = 0; j < kBlock / 4; ++j)
+        for (int64_t j = 0; j < kTileRegisters<Bits>; ++j)
           for (int64_t i = 0; i < 4; ++i) {
-            if constexpr (Bits == 4) {
-              if (j < 4) {
-                const uint8_t packed = tc[(j * kTile + n) * 4 + i];
-                dot += (packed & 0x0F) * a[4 * j + i] + (packed >> 4) * a[16 + 4 * j + i];
-              }
-            } else {
-              dot += tc[(j * kTile + n) * 4 + i] * a[4 * j + i];
-            }
+            const uint8_t code = tc[(j * kTile + n) * 4 + i];
+            if constexpr (Bits == 4)
+              dot += (code & 0x0F) * a[4 * j + i] + (code >> 4) * a[16 + 4 * j + i];
+            else
+              dot += code * a[4 * j + i];
           }
         const float s = static_cast<float>(tp[n]), m = static_cast<float>(tp[kTile + n]);
         total += s * q.scale[r * blocks + b] * static_cast<float>(dot) + m * minimum_sums<Bits>(q)[r * blocks + b];
@@ -347,9 +348,8 @@ std::tuple<Tensor, Quantized> prepare(const Tensor& x, const Tensor& codes, cons
   check(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be [M, K] float32");
   const int64_t rows = x.size(0), k = x.size(1), n = codes.size(0) * kTile;
   check(k % kBlock == 0, "K must be a multiple of 32");
-  const int64_t registers = kTileBytes<Bits> / 64;  // 4 or 8
   check(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 5 && codes.size(1) == k / kBlock &&
-            codes.size(2) == registers && codes.size(3) == kTile && codes.size(4) == 4,
+            codes.size(2) == kTileRegisters<Bits> && codes.size(3) == kTile && codes.size(4) == 4,
         Bits == 4 ? "codes must be [N/16, K/32, 4, 16, 4] uint8, contiguous" : "codes must be [N/16, K/32, 8, 16, 4] uint8, contiguous");
   check(params.scalar_type() == at::kHalf && params.is_contiguous() && params.dim() == 4 &&
             params.size(0) == codes.size(0) && params.size(1) == k / kBlock && params.size(2) == 2 && params.size(3) == kTile,

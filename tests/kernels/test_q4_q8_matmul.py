@@ -118,7 +118,7 @@ needs_matmul8 = pytest.mark.skipif(matmul8 is None, reason="kspec's C++ ops not 
 
 
 @needs_matmul8
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 17, 40])  # one and two groups per row tile
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 17, 40])  # row tiles of 1-8 rows and their remainders
 @pytest.mark.parametrize(("n", "k"), [(96, 576), (7, 64)])
 def test_the_8bit_form_is_llama_cpps_q8_0_dot(rows: int, n: int, k: int) -> None:
     """A Q8_0 weight, split into two 4-bit terms as a GGUF loads it and joined back into one
