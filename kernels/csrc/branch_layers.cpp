@@ -15,14 +15,15 @@
 //
 // Attention (the contract of kernels/contract.py, no sliding window): query t of branch b sees
 // every prefix key and its branch's entries j < len_b + t + 1 (len_b: entries before this
-// step). On an AVX-512 build with heads of 64 or 128 it is written out here (`attend_direct`,
+// step). On an AVX-512 or AVX2 build with heads of 64 or 128 it is written out here (`attend_direct`,
 // `attend_lanes`: one softmax over a query's prefix and branch scores, nothing to merge);
 // elsewhere two calls of PyTorch's CPU flash kernel and a log-sum-exp merge, as
 // kernels/cpu_fused.py. Measured (Zen 4, one layer of the default model, 512 prefix keys, the
 // three ways interleaved): the flash calls cost ~45-90 us at one query row, mostly fixed cost;
 // one query's dots key by key (`attend_direct`) 2.05x faster there but 0.63-0.90x from 4 rows;
 // a kv head's queries in the lanes of a register (`attend_lanes`) 1.55x at 4 rows, 1.57x at 8,
-// 1.30x at 40.
+// 1.30x at 40. On Zen 3 (AVX2, 8 lanes a register), 30 layers at 512 prefix keys against the
+// flash calls: 2.6x at one row, 2.3x at two, 1.7x at four, 1.6x at eight, 1.06x at forty.
 //
 // bfloat16 is handled as its bits (uint16_t) so that the loops vectorize: c10::BFloat16's
 // conversions keep them scalar.
@@ -40,7 +41,7 @@
 #include <tuple>
 #include <type_traits>
 #include <vector>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #define KSPEC_LANES_ATTENTION 1
 #endif
@@ -252,14 +253,43 @@ void attend_direct(const AttentionInputs& in, const PrefixPieces& pieces, Emit e
 }
 
 #if KSPEC_LANES_ATTENTION
-constexpr int64_t kLanes = 16;  // queries per tile: one float32 lane each
+// One register of float32 lanes and the few operations the attention's tiles use: 16 lanes on
+// AVX-512, 8 on AVX2 (Zen 3: PyTorch's flash calls were a fifth of a one-row step)
+struct Lanes {
+#if defined(__AVX512F__)
+  using V = __m512;
+  static constexpr int64_t kCount = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V load(const float* p) { return _mm512_load_ps(p); }  // 64-byte aligned
+  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_store_ps(p, v); }
+  static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+#else
+  using V = __m256;
+  static constexpr int64_t kCount = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V load(const float* p) { return _mm256_load_ps(p); }  // 32-byte aligned
+  static V loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_store_ps(p, v); }
+  static void storeu(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+#endif
+};
+constexpr int64_t kLanes = Lanes::kCount;  // queries per tile: one float32 lane each
 
-// Tiles of a kv head's queries (rows x its group of query heads), 16 to a tile
+// Tiles of a kv head's queries (rows x its group of query heads), kLanes to a tile
 inline int64_t query_tiles(const AttentionInputs& in) { return (in.rows * in.group() + kLanes - 1) / kLanes; }
 
-// A kv head's queries (rows x its group of query heads) in the lanes of one register, 16 at a
+// A kv head's queries (rows x its group of query heads) in the lanes of one register, kLanes at a
 // time, against the shared prefix: each key's elements broadcast against the tile's queries in
-// one fused multiply-add (no transposition of the keys, no horizontal sums), the queries' 16
+// one fused multiply-add (no transposition of the keys, no horizontal sums), the queries' kLanes
 // dimensions at a time held in registers; the values weighed the same way. Each query's own
 // branch entries (few) one dot at a time. Items and emit as attend_direct.
 template <int64_t D, typename Emit>
@@ -268,10 +298,10 @@ void attend_lanes(const AttentionInputs& in, const PrefixPieces& pieces, Emit em
   const int64_t G = in.group(), M = in.rows * G, tiles = query_tiles(in);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   at::parallel_for(0, in.kv_heads * tiles * pieces.count, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> prefix_scores(std::max<int64_t>(pieces.longest(), 1) * kLanes);  // [piece, 16]
-    std::vector<float> branch_scores(kLanes * std::max<int64_t>(in.cols, 1));  // [16, cols]
-    alignas(64) float qt[D * kLanes];  // [D, 16] the tile's queries, scaled
-    alignas(64) float ot[D * kLanes];  // [D, 16] their prefix values' weighted sums
+    std::vector<float> prefix_scores(std::max<int64_t>(pieces.longest(), 1) * kLanes);  // [piece, lanes]
+    std::vector<float> branch_scores(kLanes * std::max<int64_t>(in.cols, 1));  // [lanes, cols]
+    alignas(64) float qt[D * kLanes];  // [D, lanes] the tile's queries, scaled
+    alignas(64) float ot[D * kLanes];  // [D, lanes] their prefix values' weighted sums
     alignas(64) float top[kLanes];
     alignas(64) float total[kLanes];
     for (int64_t item = i0; item < i1; ++item) {
@@ -287,21 +317,21 @@ void attend_lanes(const AttentionInputs& in, const PrefixPieces& pieces, Emit em
       float* st = prefix_scores.data();
       const float* keys = in.prefix_k + hk * in.p_head + p0 * in.p_key;
       for (int64_t c = 0; c < D; c += kLanes) {
-        __m512 q[kLanes];
-        for (int64_t i = 0; i < kLanes; ++i) q[i] = _mm512_load_ps(qt + (c + i) * kLanes);
+        Lanes::V q[kLanes];
+        for (int64_t i = 0; i < kLanes; ++i) q[i] = Lanes::load(qt + (c + i) * kLanes);
         for (int64_t j = 0; j < P; ++j) {
           const float* key = keys + j * in.p_key + c;
-          __m512 a0 = c == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(st + j * kLanes), a1 = _mm512_setzero_ps();
+          Lanes::V a0 = c == 0 ? Lanes::zero() : Lanes::loadu(st + j * kLanes), a1 = Lanes::zero();
           for (int64_t i = 0; i < kLanes; i += 2) {
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(key[i]), q[i], a0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(key[i + 1]), q[i + 1], a1);
+            a0 = Lanes::fmadd(Lanes::set1(key[i]), q[i], a0);
+            a1 = Lanes::fmadd(Lanes::set1(key[i + 1]), q[i + 1], a1);
           }
-          _mm512_storeu_ps(st + j * kLanes, _mm512_add_ps(a0, a1));
+          Lanes::storeu(st + j * kLanes, Lanes::add(a0, a1));
         }
       }
-      __m512 best = _mm512_set1_ps(-INFINITY);
-      for (int64_t j = 0; j < P; ++j) best = _mm512_max_ps(best, _mm512_loadu_ps(st + j * kLanes));
-      _mm512_store_ps(top, best);
+      Lanes::V best = Lanes::set1(-INFINITY);
+      for (int64_t j = 0; j < P; ++j) best = Lanes::max(best, Lanes::loadu(st + j * kLanes));
+      Lanes::store(top, best);
       for (int64_t l = 0; l < lanes; ++l) {
         const int64_t r = (m0 + l) / G;
         float q[D];
@@ -319,15 +349,15 @@ void attend_lanes(const AttentionInputs& in, const PrefixPieces& pieces, Emit em
         }
       }
       for (int64_t c = 0; c < D; c += kLanes) {
-        __m512 acc[kLanes];
-        for (int64_t i = 0; i < kLanes; ++i) acc[i] = _mm512_setzero_ps();
+        Lanes::V acc[kLanes];
+        for (int64_t i = 0; i < kLanes; ++i) acc[i] = Lanes::zero();
         const float* values = in.prefix_v + hk * in.p_head + p0 * in.p_key + c;
         for (int64_t j = 0; j < P; ++j) {
-          const __m512 p = _mm512_loadu_ps(st + j * kLanes);
+          const Lanes::V p = Lanes::loadu(st + j * kLanes);
           const float* value = values + j * in.p_key;
-          for (int64_t i = 0; i < kLanes; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(value[i]), p, acc[i]);
+          for (int64_t i = 0; i < kLanes; ++i) acc[i] = Lanes::fmadd(Lanes::set1(value[i]), p, acc[i]);
         }
-        for (int64_t i = 0; i < kLanes; ++i) _mm512_store_ps(ot + (c + i) * kLanes, acc[i]);
+        for (int64_t i = 0; i < kLanes; ++i) Lanes::store(ot + (c + i) * kLanes, acc[i]);
       }
       for (int64_t l = 0; l < lanes; ++l) {
         const int64_t r = (m0 + l) / G, h = hk * G + (m0 + l) % G;
