@@ -31,9 +31,9 @@
 // with s = d and m = -128 d, i.e. sum_b d[n,b] d[r,b] (q . a): llama.cpp's Q8_0 x Q8_0 dot, one
 // integer dot per block where two 4-bit terms (high and low nibbles of u) took two. Codes
 // [N/16, K/32, 8, 16, 4] uint8: register j (0..7) of a block holding each output's weights
-// 4j .. 4j + 3; params as above. The AVX-512 VNNI build runs it vectorized; other builds run a
-// scalar loop (correct, slow: kspec picks the 8-bit form only on a VNNI build,
-// engine/models/cpu_fast.py; AVX2's maddubs would saturate on 255 x 127 pairs).
+// 4j .. 4j + 3; params as above. The AVX-512 VNNI and AVX2 builds run it vectorized (AVX2 on
+// the signed codes: dot_half_q8_avx2); a build without either runs a scalar loop (correct, slow:
+// kspec picks the 8-bit form only on a vectorized build, engine/models/cpu_fast.py).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -363,29 +363,83 @@ void dot_full_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(y + (r0 + r) * ldy + t * kTile + 8 * h, acc[r][h]);
 }
 
-// Tile t, every row: a whole tile for one or two rows, else 4 rows at a time per half tile, then the rest
+// AVX2, 8-bit codes: half a tile (8 outputs, the low or high 32 bytes of each of the block's
+// eight 64-byte registers) x R rows. maddubs would saturate on the codes u = q + 128 (255 x 127
+// pairs), so the codes flip back to the file's signed q (u xor 0x80) and maddubs takes |q|
+// against the activations with q's sign (llama.cpp's AVX2 Q8_0 dot): each int16 pair sum is at
+// most 2 * 127 * 127 < 2^15, and a madd with ones makes each output's int32 dot of four weights.
+// So y = sum_b s d (q . a), the 8-bit form's sum without its m term (s (u . a) + m (a sum) with
+// m = -128 s is the same integer sum, q . a). Zen 3, the default model's head against its two
+// 4-bit terms (README "Measured").
+template <int R>
+void dot_half_q8_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
+                      int half, float* y, int64_t ldy) {
+  const int64_t blocks = k / kBlock;
+  const float* xd = q.scale.get() + r0 * blocks;  // [R, blocks]
+  const int8_t* a0 = q.a.get() + r0 * k;
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block_codes = codes + (t * blocks + b) * kTileBytes<8>;    // [8, 16, 4]
+    const c10::Half* block_params = params + (t * blocks + b) * kParamsPerBlock;  // [2, 16]
+    if (half == 0) prefetch_block<8>(block_codes, block_params, kPrefetchBlocksAvx2);  // half 1 finds them cached
+    __m256i signed_codes[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j)
+      signed_codes[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block_codes + 64 * j + 32 * half)), flip);
+    const __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block_params + 8 * half)));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int8_t* a = a0 + r * k + b * kBlock;
+      __m256i dot = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m256i magnitudes = _mm256_sign_epi8(signed_codes[j], signed_codes[j]);  // |q| <= 127
+        const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(four_bytes(a + 4 * j)), signed_codes[j]);
+        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, signed_x), ones));
+      }
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(scales, _mm256_set1_ps(xd[r * blocks + b])), _mm256_cvtepi32_ps(dot), acc[r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * ldy + t * kTile + 8 * half, acc[r]);
+}
+
+// Half a tile of either form, R rows
+template <int Bits, int R>
+void dot_half_form_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
+                        int half, float* y, int64_t ldy) {
+  if constexpr (Bits == 4) dot_half_avx2<R>(q, r0, codes, params, k, t, half, y, ldy);
+  else dot_half_q8_avx2<R>(q, r0, codes, params, k, t, half, y, ldy);
+}
+
+// Tile t, every row: for 4-bit codes a whole tile at one or two rows, else 4 rows at a time per
+// half tile, then the rest
+template <int Bits>
 void dot_tile_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
                    float* y, int64_t ldy) {
-  if (rows <= 2) {
+  if (Bits == 4 && rows <= 2) {
     if (rows == 2) dot_full_avx2<2>(q, 0, codes, params, k, t, y, ldy);
     else dot_full_avx2<1>(q, 0, codes, params, k, t, y, ldy);
     return;
   }
   for (int half = 0; half < 2; ++half) {
     int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) dot_half_avx2<4>(q, r, codes, params, k, t, half, y, ldy);
+    for (; r + 4 <= rows; r += 4) dot_half_form_avx2<Bits, 4>(q, r, codes, params, k, t, half, y, ldy);
     switch (rows - r) {
-      case 3: dot_half_avx2<3>(q, r, codes, params, k, t, half, y, ldy); break;
-      case 2: dot_half_avx2<2>(q, r, codes, params, k, t, half, y, ldy); break;
-      case 1: dot_half_avx2<1>(q, r, codes, params, k, t, half, y, ldy); break;
+      case 3: dot_half_form_avx2<Bits, 3>(q, r, codes, params, k, t, half, y, ldy); break;
+      case 2: dot_half_form_avx2<Bits, 2>(q, r, codes, params, k, t, half, y, ldy); break;
+      case 1: dot_half_form_avx2<Bits, 1>(q, r, codes, params, k, t, half, y, ldy); break;
       default: break;
     }
   }
 }
 #endif
 
-// Tile t, every row, one sum at a time: either form where no vector loop is built (and the
-// 8-bit form off a VNNI build)
+// Tile t, every row, one sum at a time: either form where no vector loop is built
 template <int Bits>
 void dot_tile_scalar(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
                      int64_t t, float* y, int64_t ldy) {
@@ -433,7 +487,7 @@ std::tuple<Tensor, Quantized> prepare(const Tensor& x, const Tensor& codes, cons
 }
 
 // Either form: y [M, N] from x and the weights in the form's layout, tiles of 16 outputs split
-// between the threads (the VNNI loop where built, the AVX2 one for 4 bits, else the scalar one)
+// between the threads (the VNNI loop where built, else the AVX2 one, else the scalar one)
 template <int Bits>
 Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params) {
   const Tensor x = x_in.contiguous();
@@ -447,10 +501,7 @@ Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params
 #if KSPEC_Q4Q8_VNNI
     dot_range_vnni<Bits>(q, rows, cp, pp, k, t0, t1, yp, n);
 #elif KSPEC_Q4Q8_AVX2
-    for (int64_t t = t0; t < t1; ++t) {
-      if constexpr (Bits == 4) dot_tile_avx2(q, rows, cp, pp, k, t, yp, n);
-      else dot_tile_scalar<Bits>(q, rows, cp, pp, k, t, yp, n);
-    }
+    for (int64_t t = t0; t < t1; ++t) dot_tile_avx2<Bits>(q, rows, cp, pp, k, t, yp, n);
 #else
     for (int64_t t = t0; t < t1; ++t) dot_tile_scalar<Bits>(q, rows, cp, pp, k, t, yp, n);
 #endif
