@@ -261,6 +261,13 @@ void dot_range_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, cons
 #endif
 
 #if KSPEC_Q4Q8_AVX2 && !KSPEC_Q4Q8_VNNI
+// One 4-bit block's share of 8 outputs for one row: the block's int16 pair sums (maddubs) to
+// int32 dots, then acc + s d dot + m sum_x
+inline __m256 add_block_avx2(__m256 acc, __m256i pairs, __m256 scales, __m256 mins, float d, float sum_x) {
+  const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  return _mm256_fmadd_ps(_mm256_mul_ps(scales, _mm256_set1_ps(d)), dot, _mm256_fmadd_ps(mins, _mm256_set1_ps(sum_x), acc));
+}
+
 // AVX2, 4-bit codes: half a tile (8 outputs, the low or high 32 bytes of each of the block's
 // four 64-byte registers) x R rows. maddubs of the unsigned codes and 4 broadcast signed
 // activations gives two int16 pair sums per lane (2 * 15 * 127); the block's 8 of them add in
@@ -273,14 +280,15 @@ void dot_half_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c
   const float* xs = q.sum.get() + r0 * blocks;    // [R, blocks]
   const int8_t* a0 = q.a.get() + r0 * k;
   const __m256i low_mask = _mm256_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* tc = codes + (t * blocks + b) * kTileBytes<4> + 32 * half;    // 4 x 32 bytes, 64 apart
-    const c10::Half* tp = params + (t * blocks + b) * kParamsPerBlock + 8 * half;  // s at 0, m at 16
-    if (half == 0) prefetch_block<4>(codes + (t * blocks + b) * kTileBytes<4>, tp, kPrefetchBlocksAvx2);  // half 1 finds them cached
+    const uint8_t* block_codes = codes + (t * blocks + b) * kTileBytes<4>;    // [4, 16, 4]
+    const c10::Half* block_params = params + (t * blocks + b) * kParamsPerBlock;  // [2, 16]
+    if (half == 0) prefetch_block<4>(block_codes, block_params, kPrefetchBlocksAvx2);  // half 1 finds them cached
+    const uint8_t* tc = block_codes + 32 * half;    // 4 x 32 bytes, 64 apart
+    const c10::Half* tp = block_params + 8 * half;  // s at 0, m at 16
     __m256i packed[4];
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) packed[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tc + 64 * p));
@@ -297,9 +305,7 @@ void dot_half_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c
         pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(four_bytes(a + 4 * p))));
         pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(four_bytes(a + 16 + 4 * p))));
       }
-      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-      const __m256 with_mins = _mm256_fmadd_ps(mins, _mm256_set1_ps(xs[r * blocks + b]), acc[r]);
-      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(scales, _mm256_set1_ps(xd[r * blocks + b])), dot, with_mins);
+      acc[r] = add_block_avx2(acc[r], pairs, scales, mins, xd[r * blocks + b], xs[r * blocks + b]);
     }
   }
 #pragma GCC unroll 4
@@ -319,7 +325,6 @@ void dot_full_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c
   const float* xs = q.sum.get() + r0 * blocks;    // [R, blocks]
   const int8_t* a0 = q.a.get() + r0 * k;
   const __m256i low_mask = _mm256_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R][2];
 #pragma GCC unroll 2
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -349,13 +354,8 @@ void dot_full_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c
           pairs[h] = _mm256_add_epi16(pairs[h], _mm256_maddubs_epi16(hi, high_x));
         }
       }
-      const __m256 d = _mm256_set1_ps(xd[r * blocks + b]), sum_x = _mm256_set1_ps(xs[r * blocks + b]);
 #pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs[h], ones));
-        const __m256 with_mins = _mm256_fmadd_ps(mins[h], sum_x, acc[r][h]);
-        acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(scales[h], d), dot, with_mins);
-      }
+      for (int h = 0; h < 2; ++h) acc[r][h] = add_block_avx2(acc[r][h], pairs[h], scales[h], mins[h], xd[r * blocks + b], xs[r * blocks + b]);
     }
   }
 #pragma GCC unroll 2
