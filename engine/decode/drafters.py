@@ -5,7 +5,9 @@ verified) and returns one `Draft` per branch. `keep(rows)` follows the target wh
 finished branches leave the batch.
 
 * `PromptLookupDrafter` — no model: the branch's last n tokens are looked up in the
-  prompt and the branch's own text; the tokens that followed the latest match are the draft.
+  prompt and the branch's own text, then in its sibling branches' text (the k branches part at
+  their first token and often write the same line after it); the tokens that followed the
+  latest match are the draft, the longest n-gram first.
 * `ModelDrafter` — a small model with the target's tokenizer, with its own shared-prefix
   KV for the same k branches. It keeps, per branch, the tokens whose KV it holds and
   rolls back to the longest common prefix with the branch's history, so rejected drafts
@@ -80,21 +82,37 @@ class PromptLookupDrafter:
         self._prompt = list(prompt_ids)
 
     def propose(self, histories: list[list[int]], gamma: int) -> list[Draft]:
-        return [Draft(self._lookup(self._prompt + history, gamma)) for history in histories]
+        drafts = []
+        for row, history in enumerate(histories):
+            siblings = [other for other_row, other in enumerate(histories) if other_row != row]
+            drafts.append(Draft(self._lookup(self._prompt + history, siblings, gamma)))
+        return drafts
 
-    def _lookup(self, sequence: list[int], gamma: int) -> list[int]:
-        """The γ tokens after the latest earlier occurrence of the sequence's last n-gram."""
+    def _lookup(self, sequence: list[int], siblings: list[list[int]], gamma: int) -> list[int]:
+        """The γ tokens after the latest earlier occurrence of the sequence's last n-gram in the
+        sequence itself, else in a sibling's generated tokens; the longest n with a match wins."""
         for n in range(self.config.max_ngram, self.config.min_ngram - 1, -1):
             if len(sequence) <= n:
                 continue
             tail = sequence[-n:]
-            for start in range(len(sequence) - n - 1, -1, -1):
-                if sequence[start : start + n] == tail:
-                    return sequence[start + n : start + n + gamma]
+            for text in [sequence, *siblings]:
+                found = _latest_match(text, tail)
+                if found is not None:
+                    return text[found + n : found + n + gamma]
         return []
 
     def keep(self, rows: list[int]) -> None:
         pass
+
+
+def _latest_match(text: list[int], tail: list[int]) -> int | None:
+    """The start of the latest occurrence of tail in text that a token follows (so not a text's
+    own last n-gram), or None."""
+    n = len(tail)
+    for start in range(len(text) - n - 1, -1, -1):
+        if text[start : start + n] == tail:
+            return start
+    return None
 
 
 class ModelDrafter:

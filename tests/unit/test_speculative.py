@@ -143,6 +143,25 @@ def test_cancel_in_the_middle(random_engine):
     assert output.stats.rounds == 3
 
 
+def test_prompt_lookup_drafts_from_the_prompt_the_branch_and_its_siblings():
+    drafter = PromptLookupDrafter()
+    drafter.begin([1, 2, 3, 4, 5], k=3, max_new_tokens=16)
+    histories = [
+        [9, 2, 3],  # the prompt's 2 3 -> 4 5
+        [7, 8, 6, 7],  # only a 1-gram, in its own text: 7 -> 8 6
+        [6, 9, 7, 8],  # 7 8 only in the second branch's text -> 6 7
+    ]
+    drafts = drafter.propose(histories, gamma=2)
+    assert [d.tokens for d in drafts] == [[4, 5], [8, 6], [6, 7]]
+    # a longer n-gram in a sibling wins over a shorter one in the branch's own text
+    drafter.begin([], k=2, max_new_tokens=16)
+    own_unigram, sibling_trigram = [5, 1, 0, 2, 3, 5], [0, 2, 3, 5, 4, 4]
+    assert drafter.propose([own_unigram, sibling_trigram], gamma=3)[0].tokens == [4, 4]
+    assert drafter.propose([[1, 2], [3, 4]], gamma=3)[0].tokens == []  # nothing anywhere
+    # a sibling's own last n-gram has nothing after it
+    assert drafter.propose([[1, 2], [2]], gamma=3)[0].tokens == []
+
+
 def test_adapt_gamma_rules():
     paper = SpeculationConfig(gamma=4, gamma_min=1, gamma_max=6, rule="max")
     assert adapt_gamma(4, [4, 4], [4, 1], paper) == 5  # someone accepted a full draft
