@@ -180,6 +180,6 @@ def decode_speculative(
         while not run.finished():
             inputs = pad_rows(run.propose(), model.device)  # [k', T]
             verify_started = time.perf_counter()
-            logits = model.logits(model(inputs, run.cache))  # [k', T, V]
-            run.accept(logits, (time.perf_counter() - verify_started) * 1000)
+            hidden = model(inputs, run.cache)  # [k', T, dim]
+            run.accept(hidden, (time.perf_counter() - verify_started) * 1000)
     return run.output()

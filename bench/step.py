@@ -6,8 +6,11 @@ For each path (`--dtype` values: float32 is today's exact path, auto the CPU fas
 and each row count —
 k branches x 1 new token for k in --ks, and the verification of k_max x (gamma + 1) drafted
 positions — one forward pass over a shared prompt prefix (the engine's BranchKVCache,
-bifurcated attention) plus the logits of every row; and the cold prefill of the whole prompt
-(the prefix cache's chunks, the last row's logits), what a new document or place costs.
+bifurcated attention) plus the logits of every row; the same verification with its logits as
+the serving path takes them when every draft is rejected (greedy acceptance on the CPU scores a
+position only after the draft before it matched: the first position's k rows); and the cold
+prefill of the whole prompt (the prefix cache's chunks, the last row's logits), what a new
+document or place costs.
 Runs of all paths alternate (A B A B), medians per cell, ratios against the first path.
 
 Also the floor: the bytes a step must read (the weights each matmul reads at that row count
@@ -30,6 +33,7 @@ from kspec.bench.stats import median, time_interleaved
 from kspec.engine.cache.kv import BranchKVCache
 from kspec.engine.cache.prefix_cache import prefill_uncached
 from kspec.engine.config import CPU_KERNELS, EngineConfig
+from kspec.engine.decode.acceptance import accept_greedy_by_position
 from kspec.engine.models.loading import LoadedModel, load_model
 from kspec.engine.models.quantized import CpuLinear
 from kspec.engine.models.transformer import Transformer
@@ -42,14 +46,23 @@ BANDWIDTH_BYTES = 256 << 20  # the copy that measures memory bandwidth: far beyo
 class StepCase:
     k: int  # branches
     new: int  # T, positions per branch (1: a decode step; gamma + 1: a verification)
+    rejected: bool = False  # a verification whose every draft is rejected, its logits as the serving path takes them
 
     @property
     def rows(self) -> int:
         return self.k * self.new
 
     @property
+    def logit_rows(self) -> int:
+        """Rows the head takes: all of them, or the first position's where every draft is rejected
+        (greedy acceptance on the CPU scores position j + 1 only after draft j matched)."""
+        return self.k if self.rejected else self.rows
+
+    @property
     def label(self) -> str:
-        return f"k={self.k}" if self.new == 1 else f"verify {self.k}x{self.new}"
+        if self.new == 1:
+            return f"k={self.k}"
+        return f"verify {self.k}x{self.new}" + (", drafts rejected" if self.rejected else "")
 
 
 def memory_bandwidth(repeats: int = 5) -> float:
@@ -100,10 +113,15 @@ def _kv_bytes_read(cache: BranchKVCache, new: int) -> int:
 def _step_runner(model: Transformer, cache: BranchKVCache, case: StepCase) -> Callable[[], int]:
     tokens = torch.full((case.k, case.new), 7, dtype=torch.long)  # [k, T]
 
+    never = [[-1] * (case.new - 1)] * case.k  # drafts no argmax equals
+
     def run() -> int:
         with torch.inference_mode():
             hidden = model(tokens, cache)  # [k, T, dim]; not advanced: each run writes the same slots
-            model.logits(hidden if case.new > 1 else hidden[:, -1])  # [k, T, V] or [k, V]
+            if case.rejected:  # the serving path's acceptance (engine/decode/speculative.py): the head at position 0
+                accept_greedy_by_position(never, hidden, model.logits, lambda first: first)
+            else:
+                model.logits(hidden if case.new > 1 else hidden[:, -1])  # [k, T, V] or [k, V]
         return 1
 
     return run
@@ -159,7 +177,7 @@ def bench_step(
     """The report of `kspec bench step --json` (see the module docstring)."""
     if not paths:
         raise ValueError("bench step needs at least one path (a --dtype value)")
-    cases = [StepCase(k, 1) for k in ks] + [StepCase(max(ks), config.gamma + 1)]
+    cases = [StepCase(k, 1) for k in ks] + [StepCase(max(ks), config.gamma + 1, rejected) for rejected in (False, True)]
     try:
         configs = {path: path_config(config, path) for path in paths}
     except ValueError as exc:
@@ -177,7 +195,7 @@ def bench_step(
         rates = time_interleaved(runs, repeats)
         ms = {path: 1000 / float(median(rate)) for path, rate in rates.items()}
         floor = {
-            path: 1000 * (weight_bytes_read(loaded[path].model, case.rows, case.rows)
+            path: 1000 * (weight_bytes_read(loaded[path].model, case.rows, case.logit_rows)
                           + _kv_bytes_read(caches[path][case], case.new)) / bandwidth
             for path in paths
         }  # fmt: skip

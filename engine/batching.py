@@ -113,8 +113,8 @@ class ContinuousBatcher:
     def run_round(self) -> None:
         with self.engine.lock:
             plan = self._schedule()
-            logits = self._run(plan)
-            self._update(plan, logits)
+            hidden = self._run(plan)
+            self._update(plan, hidden)
 
     # -- schedule: who joins, who prefills a chunk, who decodes, who leaves ------------
 
@@ -167,7 +167,7 @@ class ContinuousBatcher:
                 caches = [self._run_of(m).cache for m in plan.decode]
                 # one request: its own cache, which the CPU fast path's C++ layer loop serves
                 cache = caches[0] if len(caches) == 1 else BranchCacheGroup(caches)
-                logits = model.logits(model(inputs, cache))  # [B, T, V]
+                hidden = model(inputs, cache)  # [B, T, dim]: each request's run takes the logits it needs
         except Exception as exc:  # a failed shared pass fails every request in it
             for member in plan.decode:
                 self._fail(member, exc)
@@ -176,7 +176,7 @@ class ContinuousBatcher:
         plan.verify_ms = (time.perf_counter() - started) * 1000
         self.rounds += 1
         self.largest_batch = max(self.largest_batch, len(plan.decode))
-        return logits
+        return hidden
 
     def _draft(self, plan: _Round) -> None:
         """Every decoding request proposes its rows (its drafter's tokens per branch)."""
@@ -194,9 +194,9 @@ class ContinuousBatcher:
 
     # -- update: each request accepts its part; finished requests leave -----------------
 
-    def _update(self, plan: _Round, logits: torch.Tensor | None) -> None:
-        if logits is not None:
-            for member, part in zip(plan.decode, logits.split([len(r) for r in plan.rows])):
+    def _update(self, plan: _Round, hidden: torch.Tensor | None) -> None:
+        if hidden is not None:
+            for member, part in zip(plan.decode, hidden.split([len(r) for r in plan.rows])):
                 try:
                     self._run_of(member).accept(part, plan.verify_ms)
                     member.active.after_round(batch_requests=len(plan.decode))

@@ -9,6 +9,9 @@ the device; here the whole round is tensor ops over [k', T, V] and one `.tolist(
 
 - ``accept_greedy_rows``: the longest run of drafts equal to the target's argmax; the same
   numbers as ``speculative.accept_greedy`` row by row (argmax keeps the first maximum).
+- ``accept_greedy_by_position``: the same acceptance on the CPU, where the head's many rows
+  are compute and a read into Python costs microseconds: the logits position by position, only
+  for the rows whose drafts all matched so far; one read per position.
 - ``accept_sampling_rows``: exact speculative sampling (accept d_j with probability
   min(1, p(d_j) / q(d_j)), on the first rejection draw from the normalised max(0, p - q), after
   the last draft draw the bonus from p), vectorised; the uniforms come from the request's CPU
@@ -20,7 +23,7 @@ the device; here the whole round is tensor ops over [k', T, V] and one `.tolist(
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +31,7 @@ from torch import Tensor
 
 from kspec.kernels.transfer import tensor_to_device, to_device
 
-__all__ = ["RoundAcceptance", "pack_drafts", "accept_greedy_rows", "accept_sampling_rows", "read_round"]
+__all__ = ["RoundAcceptance", "pack_drafts", "accept_greedy_rows", "accept_greedy_by_position", "accept_sampling_rows", "read_round"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,42 @@ def accept_greedy_rows(drafts: Tensor, lengths: Tensor, logits: Tensor) -> tuple
     accepted = match.long().cumprod(dim=1).sum(dim=1)  # [k]: the leading run of matches
     own = choices.gather(1, accepted[:, None]).squeeze(1)  # [k]
     return accepted, _taken(drafts, accepted, own, logits.shape[1])
+
+
+def accept_greedy_by_position(
+    drafts: Sequence[Sequence[int]], hidden: Tensor, head: Callable[[Tensor], Tensor], first: Callable[[Tensor], Tensor]
+) -> RoundAcceptance:
+    """Greedy acceptance with the head computed only where it decides something: position 0 of
+    every row, then position j + 1 of the rows whose drafts 0..j all equalled the target's argmax
+    (a row leaves at its first rejection, or after its last draft with the bonus token). A
+    verification of k x (γ + 1) rows where few drafts are accepted takes the head for about k.
+    hidden [k, T, dim] the target's final hidden states; head: [n, dim] -> logits [n, V];
+    first: position 0's logits of every row [k, V] -> the same, constrained (token healing).
+    The tokens of accept_greedy_rows over the whole logits (argmax keeps the first maximum)."""
+    k = len(drafts)
+    rows = list(range(k))  # the rows whose drafts matched so far
+    accepted = [0] * k
+    tokens: list[list[int]] = [[] for _ in range(k)]
+    logprobs: list[list[float]] = [[] for _ in range(k)]
+    for position in range(hidden.shape[1]):
+        logits = head(hidden[rows, position])  # [n, V]
+        if position == 0:
+            logits = first(logits)
+        choices = logits.argmax(dim=-1)  # [n]
+        chosen = torch.log_softmax(logits, dim=-1).gather(-1, choices[:, None]).squeeze(-1)  # [n]
+        read = torch.stack([choices.double(), chosen.double()]).tolist()  # this position's one read; ids < 2^53
+        still = []
+        for row, token, logprob in zip(rows, read[0], read[1]):
+            tokens[row].append(int(token))
+            logprobs[row].append(logprob)
+            draft = drafts[row]
+            if position < len(draft) and draft[position] == int(token):
+                accepted[row] += 1
+                still.append(row)
+        rows = still
+        if not rows:
+            break
+    return RoundAcceptance(accepted, tokens, logprobs)
 
 
 def _inverse_cdf(dist: Tensor, u: Tensor) -> Tensor:

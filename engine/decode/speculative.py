@@ -26,7 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kspec.engine.api import CancelToken
-from kspec.engine.decode.acceptance import RoundAcceptance, accept_greedy_rows, accept_sampling_rows, pack_drafts, read_round
+from kspec.engine.decode.acceptance import (
+    RoundAcceptance, accept_greedy_by_position, accept_greedy_rows, accept_sampling_rows, pack_drafts, read_round,
+)  # fmt: skip
 from kspec.engine.decode.drafters import GAMMA_LIMIT, Draft, Drafter
 from kspec.engine.decode.branches import Branch, BranchTracker, DecodeOutput, interrupted
 from kspec.engine.decode.healing import HealingBias
@@ -153,8 +155,8 @@ class SpeculationStats:
     drafting_branch_rounds: int = 0  # ... over the rounds that asked for drafts (not paused by DraftPayoff)
     gammas: list[int] = field(default_factory=list)
     draft_ms: float = 0.0  # where a round's time goes: drafting,
-    verify_ms: float = 0.0  # the target's forward pass,
-    accept_ms: float = 0.0  # acceptance, detokenization, stop checks and cache bookkeeping
+    verify_ms: float = 0.0  # the target's forward pass, its head and the acceptance that head decides,
+    accept_ms: float = 0.0  # detokenization, stop checks and cache bookkeeping
 
     @property
     def mean_accepted_per_round(self) -> float:
@@ -291,22 +293,32 @@ class SpeculativeRun:
         return [[b.token_ids[-1], *d.tokens] for b, d in zip(live_branches, drafts)]
 
     @torch.inference_mode()
-    def accept(self, logits: Tensor, verify_ms: float) -> None:
-        """logits [k', T, V] of this request's rows (T >= each row's length; padding ignored)."""
+    def accept(self, hidden: Tensor, verify_ms: float) -> None:
+        """hidden [k', T, dim]: the target's final hidden states of this request's rows (T >= each
+        row's length; padding ignored); the run computes the logits its acceptance needs."""
         verified_at = time.perf_counter()
         live_branches, drafts = self.live_branches, self._drafts
-        logits[:, 0] = self.tracker.constrain(logits[:, 0], live_branches, self.healing)
-        log_probs = torch.log_softmax(logits, dim=-1)  # [k', T, V]
-        if self.params.greedy or logits.device.type != "cpu":
-            taken = self._accept_rows(logits, log_probs)  # every row on the device, one transfer
-        else:  # sampling on CPU: per branch (a seed keeps its tokens)
-            taken = RoundAcceptance([], [], [])
-            for row, draft in enumerate(drafts):
-                accepted, next_token = accept_sampling(draft, logits[row, : len(draft.tokens) + 1], self.params, self.generator)
-                tokens = draft.tokens[:accepted] + [next_token]
-                taken.accepted.append(accepted)
-                taken.tokens.append(tokens)
-                taken.logprobs.append([float(log_probs[row, position, token]) for position, token in enumerate(tokens)])
+
+        def constrain(first: Tensor) -> Tensor:  # [k', V] -> [k', V]
+            return self.tracker.constrain(first, live_branches, self.healing)
+
+        if self.params.greedy and hidden.device.type == "cpu":  # the head only where it decides
+            taken = accept_greedy_by_position([d.tokens for d in drafts], hidden, self.model.logits, constrain)
+        else:
+            logits = self.model.logits(hidden)  # [k', T, V]
+            logits[:, 0] = constrain(logits[:, 0])
+            log_probs = torch.log_softmax(logits, dim=-1)  # [k', T, V]
+            if self.params.greedy or logits.device.type != "cpu":
+                taken = self._accept_rows(logits, log_probs)  # every row on the device, one transfer
+            else:  # sampling on CPU: per branch (a seed keeps its tokens)
+                taken = RoundAcceptance([], [], [])
+                for row, draft in enumerate(drafts):
+                    accepted, next_token = accept_sampling(draft, logits[row, : len(draft.tokens) + 1], self.params, self.generator)
+                    tokens = draft.tokens[:accepted] + [next_token]
+                    taken.accepted.append(accepted)
+                    taken.tokens.append(tokens)
+                    taken.logprobs.append([float(log_probs[row, position, token]) for position, token in enumerate(tokens)])
+        head_ms = (time.perf_counter() - verified_at) * 1000  # the head and the acceptance
         accepted_counts = taken.accepted
         for row, branch in enumerate(live_branches):
             detok = self.detoks[self.live[row]]
@@ -324,10 +336,10 @@ class SpeculativeRun:
         stats.gammas.append(self.gamma)
         draft_ms = (self._drafted_at - self._round_started) * 1000
         stats.draft_ms += draft_ms
-        stats.verify_ms += verify_ms
-        stats.accept_ms += (time.perf_counter() - verified_at) * 1000
+        stats.verify_ms += verify_ms + head_ms
+        stats.accept_ms += (time.perf_counter() - verified_at) * 1000 - head_ms
         if self.payoff is not None:
-            self.payoff.record(any(d.tokens for d in drafts), sum(len(t) for t in taken.tokens), draft_ms + verify_ms)
+            self.payoff.record(any(d.tokens for d in drafts), sum(len(t) for t in taken.tokens), draft_ms + verify_ms + head_ms)
         if self._drafting:
             self.gamma = adapt_gamma(self.gamma, [len(d.tokens) for d in drafts], accepted_counts, self.config)
 

@@ -29,7 +29,8 @@ def test_step_report_has_every_case_for_every_path(tmp_path) -> None:
     model = write_random_model(tmp_path / "m")
     report = bench_step(EngineConfig(model=str(model), progress=False), ks=[1, 2], paths=["float32", "auto/4bit"], prompt_tokens=48, repeats=1)
     cases = [row["case"] for row in report["cases"]]
-    assert cases == ["k=1", "k=2", f"verify 2x{EngineConfig().gamma + 1}", f"cold prefill {report['prompt_tokens']}"]
+    verify = f"verify 2x{EngineConfig().gamma + 1}"
+    assert cases == ["k=1", "k=2", verify, f"{verify}, drafts rejected", f"cold prefill {report['prompt_tokens']}"]
     for row in report["cases"]:
         assert set(row["ms"]) == {"float32", "auto/4bit"} and all(ms > 0 for ms in row["ms"].values())
         assert row["speedup"]["float32"] == 1.0

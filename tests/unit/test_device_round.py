@@ -1,11 +1,13 @@
 """A decode round without host round-trips (engine/decode/acceptance.py and its callers).
 
   * always (CPU): the batched acceptance equals the per-branch host acceptance (greedy) or
-    follows the target's distribution (sampling); a whole round (finished, propose, the
-    target's pass, accept) reads device numbers on the host once (twice with a model drafter:
-    its drafts, then the acceptance), counted by patching every Tensor method that reads a
-    tensor's values into Python;
-  * CUDA: the same round under torch's sync debug mode, which also sees synchronising copies.
+    follows the target's distribution (sampling), and so does the CPU's greedy acceptance
+    position by position; a whole greedy round on the CPU (finished, propose, the target's pass,
+    accept) reads values into Python once per position whose logits it takes (once more with a
+    model drafter: its drafts), counted by patching every Tensor method that reads a tensor's
+    values into Python;
+  * CUDA: a whole round synchronises once, under torch's sync debug mode, which also sees
+    synchronising copies.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from kspec.engine.decode.acceptance import accept_greedy_rows, accept_sampling_rows, pack_drafts, read_round
+from kspec.engine.decode.acceptance import accept_greedy_by_position, accept_greedy_rows, accept_sampling_rows, pack_drafts, read_round
 from kspec.engine.decode.branches import BranchTracker, DecodeLimits
 from kspec.engine.decode.drafters import ModelDrafter, NoDrafter, PromptLookupDrafter
 from kspec.engine.decode.sampling import SamplingParams
@@ -79,11 +81,18 @@ def test_greedy_rows_equal_the_per_branch_acceptance() -> None:
         accepted, taken = accept_greedy_rows(tokens, lens, logits[:, : width + 1])
         log_probs = torch.log_softmax(logits, -1)
         result = read_round(accepted, taken, log_probs[:, : width + 1])
+        scored: list[int] = []  # rows the head took per position
+        by_position = accept_greedy_by_position(
+            drafts, logits, lambda rows: scored.append(len(rows)) or rows, lambda first: first
+        )  # fmt: skip  # hidden states that are the logits: the head is the identity
         for row, draft in enumerate(drafts):
             n_ok, own = accept_greedy(draft, logits[row, : len(draft) + 1])
             assert result.accepted[row] == n_ok, trial
             assert result.tokens[row] == draft[:n_ok] + [own]
             assert result.logprobs[row] == [float(log_probs[row, j, t]) for j, t in enumerate(result.tokens[row])]
+        assert by_position.accepted == result.accepted and by_position.tokens == result.tokens, trial
+        assert by_position.logprobs == result.logprobs
+        assert sum(scored) == sum(n + 1 for n in result.accepted) and scored[0] == k  # the head only where it decides
 
 
 def _chi_square_limit(df: int) -> float:
@@ -148,26 +157,34 @@ def _round(run: SpeculativeRun, model) -> bool:
         if run.finished():
             return False
         inputs = pad_rows(run.propose(), model.device)  # [k', T]
-        logits = model.logits(model(inputs, run.cache))  # [k', T, V]
-        run.accept(logits, 0.0)
+        run.accept(model(inputs, run.cache), 0.0)  # hidden [k', T, dim]
     return True
 
 
-@pytest.mark.parametrize("drafter, reads", [("none", 1), ("lookup", 1), ("model", 2)])
-def test_a_round_reads_the_device_once(tiny, drafter: str, reads: int) -> None:
+@pytest.mark.parametrize("drafter, draft_reads", [("none", 0), ("lookup", 0), ("model", 1)])
+def test_a_greedy_round_on_the_cpu_reads_the_host_once_per_position_it_scores(tiny, drafter: str, draft_reads: int) -> None:
+    """The head's positions one at a time (1 + the round's longest accepted run), one read each,
+    plus one of a model drafter's drafts; a round without drafts reads once."""
     model, tokenizer = tiny
     make = {"none": NoDrafter, "lookup": PromptLookupDrafter, "model": lambda: ModelDrafter(model, SamplingParams())}[drafter]
     run = _run(model, tokenizer, make())
-    rounds = 0
+    scored = []
     while True:
-        with host_reads() as calls:
-            going = _round(run, model)
-        if not going:
-            break
-        rounds += 1
-        assert len(calls) == reads, calls  # one .tolist() of the acceptance (and one of the drafts)
-    assert rounds >= 3
+        with host_reads() as calls, torch.inference_mode():
+            if run.finished():
+                break
+            before = list(run.cache.lengths)
+            rows = run.propose()
+            run.accept(model(pad_rows(rows, model.device), run.cache), 0.0)
+            scored.append(max(after - length for after, length in zip(run.cache.lengths, before)))  # 1 + accepted
+        assert len(calls) == scored[-1] + draft_reads, calls
+        assert scored[-1] <= max(len(row) for row in rows)
+    assert len(scored) >= 3
     assert all(len(branch.token_ids) == 12 for branch in run.branches)
+    if drafter == "none":
+        assert set(scored) == {1}
+    if drafter == "model":  # the target drafting for itself: every draft accepted, every position scored
+        assert max(scored) == 4
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch's sync debug mode)")

@@ -207,8 +207,7 @@ def _rounds(run: SpeculativeRun, model, verify_ms) -> list[int]:
         while not run.finished():
             rows = run.propose()
             widths.append(max(len(row) for row in rows))
-            logits = model.logits(model(pad_rows(rows, model.device), run.cache))
-            run.accept(logits, verify_ms(widths[-1]))
+            run.accept(model(pad_rows(rows, model.device), run.cache), verify_ms(widths[-1]))
     return widths
 
 
