@@ -1,7 +1,7 @@
 """The layer loop's attention (kernels/csrc/branch_layers.cpp, op ``kspec::branch_attention``)
 against the contract's reference (kernels/reference.py) in float32: written out on an AVX-512 or AVX2
-build for heads of 64 and 128 (one query at a time for a step of one or two rows, a kv head's
-queries in a register's lanes from there), PyTorch's flash kernel and a merge elsewhere. Every
+build for heads of 64 and 128 (one query at a time below three quarters of a register's lanes
+of queries per kv head, a kv head's queries in a register's lanes from there), PyTorch's flash kernel and a merge elsewhere. Every
 way is the same softmax over the same scores: 1e-5 of the output's scale."""
 
 from __future__ import annotations
