@@ -23,9 +23,12 @@
 // one query's dots key by key (`attend_direct`) 2.05x faster there but 0.63-0.90x from 4 rows;
 // a kv head's queries in the lanes of a register (`attend_lanes`) 1.55x at 4 rows, 1.57x at 8,
 // 1.30x at 40. On Zen 3 (AVX2, 8 lanes a register), 30 layers at 512 prefix keys against the
-// flash calls: 2.6x at one row, 2.3x at two, 1.7x at four, 1.6x at eight, 1.06x at forty; then
-// two rows in lanes (`kLanesFromQueries`) 1.2x, and the lanes' first pass over the keys and
-// values prefetching whole rows (`kPrefetchRows`) 1.05-1.18x at four rows, 1.11-1.13x at eight.
+// flash calls: 2.6x at one row, 2.3x at two, 1.7x at four, 1.6x at eight, 1.06x at forty. Then
+// (Zen 3, the same 30 layers, against that code): two rows in lanes (`kLanesFromQueries`), each
+// key's rows prefetched, a block of keys scored at a time over a tile of two registers of
+// queries (`QueryTile`: no partial scores stored and reloaded per 8 dimensions, a broadcast
+// serving 16 queries) and the values weighed 4 queries x 16 dimensions at a time: 1.46x at
+// two rows, 1.72-1.73x at four, 1.44-1.45x at eight, 1.35x at 24, 1.40-1.42x at 40 (two runs).
 //
 // bfloat16 is handled as its bits (uint16_t) so that the loops vectorize: c10::BFloat16's
 // conversions keep them scalar.
@@ -265,11 +268,8 @@ struct Lanes {
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V load(const float* p) { return _mm512_load_ps(p); }  // 64-byte aligned
   static V loadu(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, V v) { _mm512_store_ps(p, v); }
   static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm512_add_ps(a, b); }
-  static V max(V a, V b) { return _mm512_max_ps(a, b); }
 #else
   using V = __m256;
   static constexpr int64_t kCount = 8;
@@ -277,19 +277,17 @@ struct Lanes {
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V load(const float* p) { return _mm256_load_ps(p); }  // 32-byte aligned
   static V loadu(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, V v) { _mm256_store_ps(p, v); }
   static void storeu(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm256_add_ps(a, b); }
-  static V max(V a, V b) { return _mm256_max_ps(a, b); }
 #endif
 };
-constexpr int64_t kLanes = Lanes::kCount;  // queries per tile: one float32 lane each
+constexpr int64_t kLanes = Lanes::kCount;  // float32 lanes of a register
+constexpr int64_t kRegisters = kLanes == 16 ? 32 : 16;  // vector registers of the build
 
-// The first pass over the keys (or values) reads kLanes floats of each row: a row's whole D
-// floats are asked for this many rows ahead, so that the later passes find them cached and the
-// first one does not wait on memory a few lines at a time (the KV cache is never cached at a
-// step's start: the weights streamed through since the layer's last step)
+// The first pass over the keys (or values) reads part of each row: a row's whole D floats are
+// asked for this many rows ahead, so that the later passes find them cached and the first one
+// does not wait on memory a few lines at a time (the KV cache is never cached at a layer's
+// turn: the weights streamed through since the layer's last step)
 constexpr int64_t kPrefetchRows = 8;
 
 template <int64_t D>
@@ -297,88 +295,142 @@ inline void prefetch_row(const float* row) {
   for (int64_t line = 0; line < D * 4; line += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + line, _MM_HINT_T0);
 }
 
-// Tiles of a kv head's queries (rows x its group of query heads), kLanes to a tile
-inline int64_t query_tiles(const AttentionInputs& in) { return (in.rows * in.group() + kLanes - 1) / kLanes; }
+// A query tile: Regs registers of lanes, one query per lane (AVX2 takes 2 registers from more
+// than one register's queries: each key element broadcast serves 16 queries). KeyBlock keys are
+// scored together, KeyBlock x Regs accumulators held in registers.
+template <int64_t Regs>
+struct QueryTile {
+  static constexpr int64_t kWidth = Regs * kLanes;  // queries
+  static constexpr int64_t kKeyBlock = std::min<int64_t>(8, (kRegisters - 2 - Regs) / Regs);
+};
+constexpr int64_t kWideTileRegs = kLanes == 8 ? 2 : 1;
 
-// A kv head's queries (rows x its group of query heads) in the lanes of one register, kLanes at a
-// time, against the shared prefix: each key's elements broadcast against the tile's queries in
-// one fused multiply-add (no transposition of the keys, no horizontal sums), the queries' kLanes
-// dimensions at a time held in registers; the values weighed the same way. Each query's own
-// branch entries (few) one dot at a time. Items and emit as attend_direct.
-template <int64_t D, typename Emit>
+// Values are weighed kValueRegs registers of dimensions at a time, for kValueQueries queries:
+// a loaded piece of a value row serves kValueQueries queries (Zen 3, 30 layers: 2 x 4 against
+// 4 x 2 1.0-1.1x, against 1 x 8 equal but at 4 rows, whose 12 queries a tile 8 wide wastes)
+constexpr int64_t kValueRegs = 2;
+constexpr int64_t kValueQueries = 4;
+
+// st [KB, W] = the tile's scaled queries qt [D, W] against KB key rows (stride p_key)
+template <int64_t D, int64_t Regs, int64_t KB>
+inline void score_keys(const float* qt, const float* keys, int64_t p_key, float* st) {
+  constexpr int64_t W = QueryTile<Regs>::kWidth;
+  Lanes::V acc[KB][Regs];
+#pragma GCC unroll 16
+  for (int64_t b = 0; b < KB; ++b)
+#pragma GCC unroll 4
+    for (int64_t r = 0; r < Regs; ++r) acc[b][r] = Lanes::zero();
+  for (int64_t d = 0; d < D; ++d) {
+    Lanes::V q[Regs];
+#pragma GCC unroll 4
+    for (int64_t r = 0; r < Regs; ++r) q[r] = Lanes::load(qt + d * W + r * kLanes);
+#pragma GCC unroll 16
+    for (int64_t b = 0; b < KB; ++b) {
+      const Lanes::V key = Lanes::set1(keys[b * p_key + d]);
+#pragma GCC unroll 4
+      for (int64_t r = 0; r < Regs; ++r) acc[b][r] = Lanes::fmadd(key, q[r], acc[b][r]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int64_t b = 0; b < KB; ++b)
+#pragma GCC unroll 4
+    for (int64_t r = 0; r < Regs; ++r) Lanes::storeu(st + b * W + r * kLanes, acc[b][r]);
+}
+
+// ot[m + i] [D] = sum_j p[j][m + i] values[j] for kValueQueries queries m + i of the tile,
+// p [n, W] (the tile's weights per key), values n rows of stride p_key
+template <int64_t D, int64_t W>
+inline void weigh_value_rows(const float* p, const float* values, int64_t p_key, int64_t n, int64_t m, bool prefetch, float* ot) {
+  for (int64_t c = 0; c < D; c += kValueRegs * kLanes) {
+    Lanes::V acc[kValueQueries][kValueRegs];
+#pragma GCC unroll 8
+    for (int64_t i = 0; i < kValueQueries; ++i)
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kValueRegs; ++v) acc[i][v] = Lanes::zero();
+    for (int64_t j = 0; j < n; ++j) {
+      const float* value = values + j * p_key;
+      if (prefetch && c == 0 && j + kPrefetchRows < n) prefetch_row<D>(value + kPrefetchRows * p_key);
+      Lanes::V row[kValueRegs];
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kValueRegs; ++v) row[v] = Lanes::loadu(value + c + v * kLanes);
+#pragma GCC unroll 8
+      for (int64_t i = 0; i < kValueQueries; ++i) {
+        const Lanes::V weight = Lanes::set1(p[j * W + m + i]);
+#pragma GCC unroll 4
+        for (int64_t v = 0; v < kValueRegs; ++v) acc[i][v] = Lanes::fmadd(weight, row[v], acc[i][v]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int64_t i = 0; i < kValueQueries; ++i)
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kValueRegs; ++v) Lanes::storeu(ot + (m + i) * D + c + v * kLanes, acc[i][v]);
+  }
+}
+
+// A kv head's queries (rows x its group of query heads) in the lanes of Regs registers, a tile
+// of QueryTile<Regs>::kWidth at a time, against the shared prefix: a block of keys at a time,
+// each key element broadcast against the tile's queries in one fused multiply-add per register
+// (no transposition of the keys, no horizontal sums); the values weighed a few queries at a
+// time, each loaded piece of a value row against their weights. Each query's own branch entries
+// (few) one dot at a time. Items and emit as attend_direct.
+template <int64_t D, int64_t Regs, typename Emit>
 void attend_lanes(const AttentionInputs& in, const PrefixPieces& pieces, Emit emit) {
-  static_assert(D % kLanes == 0);
-  const int64_t G = in.group(), M = in.rows * G, tiles = query_tiles(in);
+  constexpr int64_t W = QueryTile<Regs>::kWidth, KB = QueryTile<Regs>::kKeyBlock;
+  static_assert(D % (kValueRegs * kLanes) == 0 && W % kValueQueries == 0);
+  const int64_t G = in.group(), M = in.rows * G, tiles = (M + W - 1) / W;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   at::parallel_for(0, in.kv_heads * tiles * pieces.count, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> prefix_scores(std::max<int64_t>(pieces.longest(), 1) * kLanes);  // [piece, lanes]
-    std::vector<float> branch_scores(kLanes * std::max<int64_t>(in.cols, 1));  // [lanes, cols]
-    alignas(64) float qt[D * kLanes];  // [D, lanes] the tile's queries, scaled
-    alignas(64) float ot[D * kLanes];  // [D, lanes] their prefix values' weighted sums
-    alignas(64) float top[kLanes];
-    alignas(64) float total[kLanes];
+    std::vector<float> prefix_scores(std::max<int64_t>(pieces.longest(), 1) * W);  // [piece, W]
+    std::vector<float> branch_scores(W * std::max<int64_t>(in.cols, 1));  // [W, cols]
+    alignas(64) float qt[D * W];  // [D, W] the tile's queries, scaled
+    alignas(64) float ot[W * D];  // [W, D] their prefix values' weighted sums
+    alignas(64) float top[W];
+    alignas(64) float total[W];
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t piece = item % pieces.count, base = item / pieces.count;
-      const int64_t hk = base / tiles, m0 = (base % tiles) * kLanes, lanes = std::min(kLanes, M - m0);
+      const int64_t hk = base / tiles, m0 = (base % tiles) * W, lanes = std::min(W, M - m0);
       const int64_t p0 = pieces.start(piece), P = pieces.start(piece + 1) - p0;
       const int64_t cols = pieces.last(piece) ? in.cols : 0;
-      std::fill(qt, qt + D * kLanes, 0.f);
+      std::fill(qt, qt + D * W, 0.f);
       for (int64_t l = 0; l < lanes; ++l) {
         const int64_t r = (m0 + l) / G, h = hk * G + (m0 + l) % G;
-        for (int64_t d = 0; d < D; ++d) qt[d * kLanes + l] = in.queries[(r * in.heads + h) * D + d] * scale;
+        for (int64_t d = 0; d < D; ++d) qt[d * W + l] = in.queries[(r * in.heads + h) * D + d] * scale;
       }
       float* st = prefix_scores.data();
       const float* keys = in.prefix_k + hk * in.p_head + p0 * in.p_key;
-      for (int64_t c = 0; c < D; c += kLanes) {
-        Lanes::V q[kLanes];
-        for (int64_t i = 0; i < kLanes; ++i) q[i] = Lanes::load(qt + (c + i) * kLanes);
-        for (int64_t j = 0; j < P; ++j) {
-          const float* key = keys + j * in.p_key + c;
-          if (c == 0 && j + kPrefetchRows < P) prefetch_row<D>(key + kPrefetchRows * in.p_key);
-          Lanes::V a0 = c == 0 ? Lanes::zero() : Lanes::loadu(st + j * kLanes), a1 = Lanes::zero();
-          for (int64_t i = 0; i < kLanes; i += 2) {
-            a0 = Lanes::fmadd(Lanes::set1(key[i]), q[i], a0);
-            a1 = Lanes::fmadd(Lanes::set1(key[i + 1]), q[i + 1], a1);
-          }
-          Lanes::storeu(st + j * kLanes, Lanes::add(a0, a1));
-        }
+      int64_t j = 0;
+      for (; j + KB <= P; j += KB) {
+        for (int64_t b = 0; b < KB && j + kPrefetchRows + b < P; ++b) prefetch_row<D>(keys + (j + kPrefetchRows + b) * in.p_key);
+        score_keys<D, Regs, KB>(qt, keys + j * in.p_key, in.p_key, st + j * W);
       }
-      Lanes::V best = Lanes::set1(-INFINITY);
-      for (int64_t j = 0; j < P; ++j) best = Lanes::max(best, Lanes::loadu(st + j * kLanes));
-      Lanes::store(top, best);
+      for (; j < P; ++j) score_keys<D, Regs, 1>(qt, keys + j * in.p_key, in.p_key, st + j * W);
+      std::fill(top, top + W, -INFINITY);
+      for (int64_t k = 0; k < P; ++k) {
+#pragma omp simd
+        for (int64_t l = 0; l < W; ++l) top[l] = std::max(top[l], st[k * W + l]);
+      }
       for (int64_t l = 0; l < lanes; ++l) {
         const int64_t r = (m0 + l) / G;
         float q[D];
-        for (int64_t d = 0; d < D; ++d) q[d] = qt[d * kLanes + l];
+        for (int64_t d = 0; d < D; ++d) q[d] = qt[d * W + l];
         top[l] = own_scores<D>(q, in.own_keys(r, hk, D), in.mask_row(r), cols, branch_scores.data() + l * in.cols, top[l]);
       }
-      std::fill(total, total + kLanes, 0.f);
-      for (int64_t j = 0; j < P; ++j) {
-        float* row = st + j * kLanes;
+      std::fill(total, total + W, 0.f);
+      for (int64_t k = 0; k < P; ++k) {
+        float* row = st + k * W;
 #pragma omp simd
-        for (int64_t l = 0; l < kLanes; ++l) {
+        for (int64_t l = 0; l < W; ++l) {
           const float e = exp_nonpositive(row[l] - top[l]);
           row[l] = e;
           total[l] += e;
         }
       }
-      for (int64_t c = 0; c < D; c += kLanes) {
-        Lanes::V acc[kLanes];
-        for (int64_t i = 0; i < kLanes; ++i) acc[i] = Lanes::zero();
-        const float* values = in.prefix_v + hk * in.p_head + p0 * in.p_key + c;
-        for (int64_t j = 0; j < P; ++j) {
-          const Lanes::V p = Lanes::loadu(st + j * kLanes);
-          const float* value = values + j * in.p_key;
-          if (c == 0 && j + kPrefetchRows < P) prefetch_row<D>(value + kPrefetchRows * in.p_key);
-          for (int64_t i = 0; i < kLanes; ++i) acc[i] = Lanes::fmadd(Lanes::set1(value[i]), p, acc[i]);
-        }
-        for (int64_t i = 0; i < kLanes; ++i) Lanes::store(ot + (c + i) * kLanes, acc[i]);
-      }
+      const float* values = in.prefix_v + hk * in.p_head + p0 * in.p_key;
+      for (int64_t m = 0; m < lanes; m += kValueQueries) weigh_value_rows<D, W>(st, values, in.p_key, P, m, m == 0, ot);
       for (int64_t l = 0; l < lanes; ++l) {
         const int64_t r = (m0 + l) / G, h = hk * G + (m0 + l) % G;
         float* sb = branch_scores.data() + l * in.cols;
-        float o[D];
-        for (int64_t d = 0; d < D; ++d) o[d] = ot[d * kLanes + l];
+        float* o = ot + l * D;
         const float sum = total[l] + exponentiate(sb, cols, top[l]);
         weigh_values<D>(sb, in.own_values(r, hk, D), D, cols, o);
         emit(r, h, piece, o, top[l], sum);
@@ -386,6 +438,11 @@ void attend_lanes(const AttentionInputs& in, const PrefixPieces& pieces, Emit em
     }
   });
 }
+
+// Tiles of a kv head's queries and their registers: one register where the queries fit in one
+template <int64_t Regs>
+inline int64_t query_tiles(const AttentionInputs& in) { return (in.rows * in.group() + QueryTile<Regs>::kWidth - 1) / QueryTile<Regs>::kWidth; }
+inline bool wide_tiles(const AttentionInputs& in) { return in.rows * in.group() > kLanes; }
 
 // Query vectors per kv head from which a kv head's queries share registers (attend_lanes)
 // rather than go one at a time (attend_direct): three quarters of a register's lanes. The
@@ -403,8 +460,9 @@ template <typename Act>
 bool attend_written_out(const AttentionInputs& in, int64_t D, Act* out) {
 #if KSPEC_LANES_ATTENTION
   if ((D != 64 && D != 128) || in.group() > kMaxGroup) return false;
-  const bool lanes = in.rows * in.group() >= kLanesFromQueries;
-  const int64_t items = in.kv_heads * (lanes ? query_tiles(in) : in.rows);  // before cutting the prefix
+  const bool lanes = in.rows * in.group() >= kLanesFromQueries, wide = wide_tiles(in);
+  const int64_t tiles = wide ? query_tiles<kWideTileRegs>(in) : query_tiles<1>(in);
+  const int64_t items = in.kv_heads * (lanes ? tiles : in.rows);  // before cutting the prefix
   const PrefixPieces pieces = PrefixPieces::balancing(items, in.prefix, at::get_num_threads());
   const int64_t queries = in.rows * in.heads;
   std::vector<float> part_o(pieces.count > 1 ? queries * pieces.count * D : 0);  // [R H, pieces, D]
@@ -422,8 +480,9 @@ bool attend_written_out(const AttentionInputs& in, int64_t D, Act* out) {
     part_top[at] = top;
     part_sum[at] = sum;
   };
-  if (D == 64) lanes ? attend_lanes<64>(in, pieces, emit) : attend_direct<64>(in, pieces, emit);
-  else lanes ? attend_lanes<128>(in, pieces, emit) : attend_direct<128>(in, pieces, emit);
+  if (!lanes) D == 64 ? attend_direct<64>(in, pieces, emit) : attend_direct<128>(in, pieces, emit);
+  else if (wide) D == 64 ? attend_lanes<64, kWideTileRegs>(in, pieces, emit) : attend_lanes<128, kWideTileRegs>(in, pieces, emit);
+  else D == 64 ? attend_lanes<64, 1>(in, pieces, emit) : attend_lanes<128, 1>(in, pieces, emit);
   for (int64_t i = 0; i < (pieces.count > 1 ? queries : 0); ++i) {
     const float* tops = part_top.data() + i * pieces.count;
     const float top = *std::max_element(tops, tops + pieces.count);  // finite: the last piece holds the query's own entry
