@@ -18,7 +18,7 @@ import torch
 
 from kspec.engine.api import CancelToken
 from kspec.engine.errors import CancelledError
-from kspec.engine.cache.kv import RaggedKVCache
+from kspec.engine.cache.kv import BranchKVCache, RaggedKVCache
 from kspec.engine.models.transformer import Transformer
 
 
@@ -51,6 +51,27 @@ def common_prefix_length(a: tuple[int, ...], b: list[int]) -> int:
     while index < limit and a[index] == b[index]:
         index += 1
     return index
+
+
+# New tokens after a cached part up to which they run as one branch over it (`extend`): a
+# keystroke's prompt differs from its cached match in a token or two
+BRANCH_EXTEND_TOKENS = 16
+
+
+def extend(model: Transformer, cache: RaggedKVCache, chunk: list[int]) -> torch.Tensor:
+    """The hidden states [1, T, dim] of `chunk` after row 0 of a batch-1 cache, its K/V written
+    into the cache (not yet counted: the caller advances). A few tokens after a cached part run
+    as one branch over that part (BranchKVCache: the CPU fast path's C++ layer loop serves it,
+    where the plain cache takes PyTorch's ops, ~35 a layer), then their K/V are copied in."""
+    tokens = torch.tensor([chunk], device=model.device)  # [1, T]
+    done = cache.lengths[0]
+    if done == 0 or len(chunk) > BRANCH_EXTEND_TOKENS:
+        return model(tokens, cache)
+    branch = BranchKVCache.from_prompt(cache, 1, len(chunk))  # the cached part is its prefix (a view)
+    hidden = model(tokens, branch)
+    cache.keys[:, :1, :, done : done + len(chunk)] = branch.keys  # [L, 1, Hkv, T, D]
+    cache.values[:, :1, :, done : done + len(chunk)] = branch.values
+    return hidden
 
 
 class PrefixCache:
@@ -110,7 +131,7 @@ class PrefixCache:
         while True:
             chunk = ids[done : done + self.config.chunk_tokens]
             with torch.inference_mode():
-                hidden = model(torch.tensor([chunk], device=model.device), cache)  # [1, T, dim]
+                hidden = extend(model, cache, chunk)  # [1, T, dim]
             cache.advance(len(chunk))
             done += len(chunk)
             if done == len(ids):

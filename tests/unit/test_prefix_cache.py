@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig, prefill_uncached
+from kspec.engine.cache import prefix_cache
+from kspec.engine.cache.kv import RaggedKVCache
+from kspec.engine.cache.prefix_cache import BRANCH_EXTEND_TOKENS, PrefixCache, PrefixCacheConfig, extend, prefill_uncached
 
 SOURCE = "import json\n\n\ndef load(path):\n    with open(path) as handle:\n        return json.load(handle)\n\n\ndef save(path, data):\n    with open(path, 'w') as handle:\n        json.dump(data, handle)\n"
 
@@ -21,6 +23,31 @@ def test_hit_gives_the_same_logits_as_a_cold_prefill(random_engine):
     assert cold.reused_tokens == 0
     assert torch.allclose(warm.last_logits, cold.last_logits, atol=1e-4)
     assert torch.allclose(warm.cache.keys[:, :, :, : len(second)], cold.cache.keys[:, :, :, : len(second)], atol=1e-5)
+
+
+def test_a_few_tokens_after_a_cached_part_run_as_one_branch_over_it(random_engine, monkeypatch):
+    """`extend`: the same hidden states and K/V as the plain cache's forward, through a branch
+    over the cached part for a few tokens, the plain cache for many."""
+    model, tokenizer = random_engine.target.model, random_engine.target.tokenizer
+    ids = tokenizer.encode(SOURCE)
+    cached, few, many = ids[:30], ids[30:33], ids[30 : 31 + BRANCH_EXTEND_TOKENS]
+    assert len(many) > BRANCH_EXTEND_TOKENS
+    branches = []
+    real_from_prompt = prefix_cache.BranchKVCache.from_prompt
+    monkeypatch.setattr(prefix_cache.BranchKVCache, "from_prompt", lambda *a: branches.append(a) or real_from_prompt(*a))
+    for new in (few, many):
+        caches = [RaggedKVCache(model.cache_shape, 1, len(ids), model.dtype) for _ in range(2)]
+        with torch.inference_mode():
+            for cache in caches:
+                model(torch.tensor([cached]), cache)
+                cache.advance(len(cached))
+            want = model(torch.tensor([new]), caches[0])  # [1, T, dim]
+            got = extend(model, caches[1], new)
+        end = len(cached) + len(new)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(caches[1].keys[:, :, :, :end], caches[0].keys[:, :, :, :end], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(caches[1].values[:, :, :, :end], caches[0].values[:, :, :, :end], atol=1e-5, rtol=1e-5)
+    assert len(branches) == 1  # the few tokens only
 
 
 def test_resegmented_last_word_reuses_everything_before_it(random_engine):
