@@ -113,7 +113,7 @@ class PrefixCache:
         chunks of a newcomer's prompt with the others' decode rounds)."""
         if not ids:
             raise ValueError("cannot prefill an empty prompt")
-        cache = RaggedKVCache(model.cache_shape, 1, len(ids), model.dtype, model.device)
+        cache = RaggedKVCache(model.cache_shape, 1, len(ids), model.dtype, model.device, zero=False)  # every slot written: reused, then chunks
         match = self.longest_match(ids)
         reused = 0
         superseded: tuple[int, ...] | None = None
