@@ -18,7 +18,8 @@ Why each piece (2 threads, SmolLM2-135M, a 512-token prompt; README "Measured"):
   (`kspec bench step`, README "Measured"): there the 4-bit weights serve every row count
   unless `--cpu-weights 4bit+dense` asks for the float32 copy (the loaded weights, no copy);
 - without a dense copy the embedding table is kept as its 4-bit terms too (`Int4Embedding`,
-  exact), and a tied head multiplies those terms at every row count;
+  exact), and a tied head multiplies those terms at every row count; a table tied to an 8-bit
+  head is looked up in the head's own codes (`Q8HeadEmbedding`, exact: no table of its own);
 - fusing projections halves the number of small matmuls a step launches;
 - a step of few rows over the branch cache runs every layer in one C++ call
   (`native_step.NativeSteps`, kernels/cpu_layers.py) where this machine can build it: a
@@ -41,7 +42,7 @@ import torch
 
 from kspec.engine.config import CPU_INT4, CPU_KERNELS
 from kspec.engine.models.quantized import (
-    CpuLinear, Int4Embedding, Q4Codes, Q4Q8Term, Q8Q8Term, fused_linear, int4_kernel_available, weight_terms,
+    CpuLinear, Int4Embedding, Q4Codes, Q4Q8Term, Q8HeadEmbedding, Q8Q8Term, fused_linear, int4_kernel_available, weight_terms,
 )
 from kspec.engine.models.native_step import NativeSteps
 from kspec.engine.models.resolve import cache_root
@@ -206,7 +207,10 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     embed_terms = weight_terms(codes, embed_name)
     float_table_needed = bool(model.lm_head.dense_parts) and model.args.tie_embeddings
     float_weights_kept = keep_dense and dense_dtype == torch.float32  # loaded and kept anyway: the table stays float32
-    if embed_terms and not float_table_needed and not float_weights_kept:
+    head_terms_kept = list(model.lm_head.terms)
+    if model.args.tie_embeddings and not float_table_needed and len(head_terms_kept) == 1 and isinstance(head_terms_kept[0], Q8Q8Term):
+        model.model.embed_tokens = Q8HeadEmbedding(head_terms_kept[0], model.dtype)  # the head's codes: no table of its own
+    elif embed_terms and not float_table_needed and not float_weights_kept:
         model.model.embed_tokens = Int4Embedding(embed_terms, model.dtype)
     model.native_steps = NativeSteps.for_model(model, lambda: cpu_layers.load(cache_root())) if path.native_steps else None
     return model
@@ -231,6 +235,8 @@ def describe(model: Transformer) -> str:
         notes.append("8-bit head")
     if isinstance(model.model.embed_tokens, Int4Embedding):
         notes.append("4-bit embedding")
+    elif isinstance(model.model.embed_tokens, Q8HeadEmbedding):
+        notes.append("embedding from the head's 8-bit codes")
     if model.native_steps is not None:
         limit = model.native_steps.max_rows
         notes.append("C++ layer loop" + (f" up to {limit} rows" if limit is not None else ""))

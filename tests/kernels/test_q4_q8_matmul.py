@@ -13,7 +13,7 @@ import torch
 
 import numpy as np
 
-from kspec.engine.models.quantized import GROUP, CpuLinear, Q4Codes, Q4Q8Term, Q8Q8Term, q8_0_codes, q8_0_terms
+from kspec.engine.models.quantized import GROUP, CpuLinear, Q4Codes, Q4Q8Term, Q8HeadEmbedding, Q8Q8Term, q8_0_codes, q8_0_terms
 from kspec.engine.models.resolve import cache_root
 from kspec.kernels import cpu_layers
 
@@ -132,6 +132,22 @@ def test_the_8bit_form_is_llama_cpps_q8_0_dot(rows: int, n: int, k: int) -> None
     got, want = term(x), _documented_q8(x, blocks)
     assert got.shape == (rows, n) and got.dtype == torch.float32
     torch.testing.assert_close(got, want, atol=1e-5 * float(want.abs().max()), rtol=0)
+
+
+@needs_matmul8
+def test_an_embedding_tied_to_the_8bit_head_looks_rows_up_in_its_codes() -> None:
+    """Rows of a Q8_0 table read from the head's tiles (19 rows: the last tile padded) equal the
+    file's float32 weights d q bit for bit."""
+    blocks = _q8_0_blocks(19, 64, seed=8)
+    terms = q8_0_terms(blocks)
+    table = sum(t.dequantize() for t in terms)  # [V, D] float32, the file's d q
+    head = Q8Q8Term(*q8_0_codes(terms), matmul8)  # type: ignore[misc]
+    embedding = Q8HeadEmbedding(head)
+    tokens = torch.tensor([[3, 18, 0], [16, 7, 15]])  # [B, T]: both tiles, first and last lanes
+    got = embedding(tokens)  # [B, T, D]
+    assert got.shape == (2, 3, 64) and got.dtype == torch.float32 and embedding.num_embeddings == 19
+    torch.testing.assert_close(got, table[tokens], atol=0, rtol=0)
+    assert list(embedding.buffers()) == [head.codes, head.params]  # the head's, no copy
 
 
 @needs_matmul8

@@ -35,7 +35,8 @@ from kspec.engine.config import EngineConfig
 from kspec.engine.models import cpu_fast, loading, quantized
 from kspec.engine.models.cpu_fast import FastPath, describe, to_fast_path
 from kspec.engine.models.quantized import (
-    GROUP, CpuLinear, Int4Embedding, Q4Codes, int4_kernel_available, load_q4, q8_0_terms, save_q4, weight_terms,
+    GROUP, TERM_SEPARATOR, CpuLinear, Int4Embedding, Q4Codes, Q8HeadEmbedding, Q8Q8Term, int4_kernel_available, load_q4,
+    q8_0_terms, save_q4, weight_terms,
 )
 from kspec.engine.models.transformer import Transformer
 from kspec.engine.models.resolve import cache_root
@@ -308,6 +309,40 @@ def test_the_int4_kernel_follows_the_setting_then_the_cpu(monkeypatch) -> None:
         assert FastPath().resolved_int4_kernel() == kernel, (isa, cpu)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     assert FastPath().resolved_int4_kernel() == "kspec"
+
+
+needs_q8_head = pytest.mark.skipif(
+    cpu_layers.load_q8_matmul(cache_root()) is None or cpu_layers.matmul_isa(cache_root()) not in cpu_fast.Q8Q8_ISAS,
+    reason="kspec's 8-bit kernel is not built vectorized here",
+)
+
+
+@needs_q8_head
+def test_a_table_tied_to_an_8bit_head_is_looked_up_in_the_heads_codes() -> None:
+    """A Q8_0 table (as the default GGUF's) tied to the head: with kspec's kernel the head is one
+    8-bit term and the embedding reads its codes, the file's weights exactly, no table of its own."""
+    reference, codes = quantized_model("qwen2", seed=11)
+    assert reference.args.tie_embeddings
+    with torch.no_grad():
+        table = reference.model.embed_tokens.weight  # [V, D]
+        blocks = table.view(table.shape[0], -1, GROUP)  # [V, D/32, 32]
+        d = (blocks.abs().amax(-1) / 127).half()  # [V, D/32], as a GGUF stores it
+        q = torch.round(blocks / d.float().clamp_min(1e-8)[..., None]).clamp(-127, 127).to(torch.int8)
+        raw = np.concatenate([d.numpy()[..., None].view(np.uint8), q.numpy().view(np.uint8)], axis=-1)  # [V, D/32, 34]
+        high, low = q8_0_terms(raw.reshape(table.shape[0], -1))
+        table.copy_(high.dequantize() + low.dequantize())  # the file's d q
+    name = "model.embed_tokens.weight"
+    codes = {**codes, f"{name}{TERM_SEPARATOR}hi": high, f"{name}{TERM_SEPARATOR}lo": low}
+    fast = to_fast_path(copy.deepcopy(reference), codes, FastPath(keep_dense=False, int4_kernel="kspec"))
+    assert [type(t) for t in fast.lm_head.terms] == [Q8Q8Term]
+    assert isinstance(fast.model.embed_tokens, Q8HeadEmbedding) and "embedding from the head's 8-bit codes" in describe(fast)
+    tokens = torch.arange(60).view(3, 20) * 13 % table.shape[0]
+    with torch.inference_mode():
+        torch.testing.assert_close(fast.model.embed_tokens(tokens), table[tokens], atol=0, rtol=0)
+    prompt = [(7 * i + 3) % 500 for i in range(24)]
+    for want, got in zip(_logits_along(reference, prompt, 3, 5), _logits_along(fast, prompt, 3, 5)):
+        scale = float(want.max() - want.min())
+        assert float((got - want).abs().max()) <= LOGIT_SHARE["kspec"] * scale
 
 
 @needs_int4
