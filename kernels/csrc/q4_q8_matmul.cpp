@@ -87,6 +87,14 @@ inline void prefetch_block(const uint8_t* block_codes, const c10::Half* block_pa
 }
 #endif
 
+#if KSPEC_Q4Q8_AVX2
+// An empty instruction that "changes" two sums: the compiler must hold them, as summed so far, in
+// registers here, so it neither reorders a chain of integer adds into a tree nor computes a block's
+// products ahead of their adds (which spilled them all to the stack: GCC 12 at -O3)
+inline void keep_in_registers(__m256i& a, __m256i& b) { asm volatile("" : "+x"(a), "+x"(b)); }
+inline void keep_in_register(__m256i& a) { asm volatile("" : "+x"(a)); }
+#endif
+
 // An array of n values left uninitialized (every element is written before it is read)
 template <typename T>
 std::unique_ptr<T[]> uninitialized(int64_t n) {
@@ -304,6 +312,7 @@ void dot_half_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed[p], 4), low_mask);
         pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(four_bytes(a + 4 * p))));
         pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(four_bytes(a + 16 + 4 * p))));
+        keep_in_register(pairs);
       }
       acc[r] = add_block_avx2(acc[r], pairs, scales, mins, xd[r * blocks + b], xs[r * blocks + b]);
     }
@@ -353,6 +362,7 @@ void dot_full_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c
           pairs[h] = _mm256_add_epi16(pairs[h], _mm256_maddubs_epi16(lo, low_x));
           pairs[h] = _mm256_add_epi16(pairs[h], _mm256_maddubs_epi16(hi, high_x));
         }
+        keep_in_registers(pairs[0], pairs[1]);
       }
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) acc[r][h] = add_block_avx2(acc[r][h], pairs[h], scales[h], mins[h], xd[r * blocks + b], xs[r * blocks + b]);
@@ -361,6 +371,126 @@ void dot_full_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c
 #pragma GCC unroll 2
   for (int r = 0; r < R; ++r)
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(y + (r0 + r) * ldy + t * kTile + 8 * h, acc[r][h]);
+}
+
+// AVX2, 4-bit codes, many rows: a tile's codes for a run of blocks unpacked once into 8-bit
+// codes (and its float16 s and m into float32) in a scratch that stays in L1, then every row
+// reads them from there. The unpacking (3 instructions per 32 codes) and the registers that held
+// unpacked codes across rows were what bounded the half tiles at 4 and more rows; from the
+// scratch a code register is a plain load, so R rows x both halves of the tile take their
+// maddubs back to back: per block and row 16 maddubs and 16 adds for 16 outputs, then the float
+// fold of each half (madd, cvt, mul, 2 fma).
+constexpr int64_t kUnpackedChunk = 8;  // blocks unpacked at a time: 8 x 640 bytes of scratch
+constexpr int64_t kUnpackedRows = 6;   // rows at a time: 12 int16 sums, 2 codes and a broadcast in 16 registers
+constexpr int64_t kUnpackedFromRows = 5;  // fewer rows keep the half tiles (Zen 3: equal at 3 and 4 rows, 1.03x slower at 5)
+
+struct UnpackedBlock {  // one block of a tile, 8-bit codes [8, 16, 4] (weights 4j .. 4j + 3 in register j) and its params
+  alignas(64) uint8_t codes[8][kTile * 4];
+  alignas(64) float scales[kTile];
+  alignas(64) float mins[kTile];
+};
+
+// Blocks b0 .. b0 + n - 1 of tile t into scratch: register p's low nibbles become register p,
+// its high nibbles register p + 4 (weights 16 + 4p .. 16 + 4p + 3, which meet activations 4 (p + 4))
+inline void unpack_tile_avx2(const uint8_t* codes, const c10::Half* params, int64_t blocks, int64_t t, int64_t b0,
+                             int64_t n, UnpackedBlock* scratch) {
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* tc = codes + (t * blocks + b0 + i) * kTileBytes<4>;      // [4, 16, 4]
+    const c10::Half* tp = params + (t * blocks + b0 + i) * kParamsPerBlock;  // [2, 16]
+    prefetch_block<4>(tc, tp, kPrefetchBlocksAvx2);
+    UnpackedBlock& u = scratch[i];
+#pragma GCC unroll 8
+    for (int h = 0; h < 8; ++h) {  // 32-byte pieces: register h / 2, half h % 2
+      const int p = h / 2, half = h % 2;
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tc + 64 * p + 32 * half));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[p] + 32 * half), _mm256_and_si256(packed, low_mask));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[p + 4] + 32 * half),
+                         _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask));
+    }
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; ++half) {
+      _mm256_store_ps(u.scales + 8 * half, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + 8 * half))));
+      _mm256_store_ps(u.mins + 8 * half, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + kTile + 8 * half))));
+    }
+  }
+}
+
+// R rows from r0 of tile t over the n unpacked blocks from b0, added to y's 16 outputs of each
+// row (zeroed before the first chunk). Only the R x 2 int16 sums live in registers through a
+// block, so that two loaded code registers serve all R rows; the float fold goes to y (in L1).
+template <int R>
+void dot_unpacked_avx2(const Quantized& q, int64_t r0, const UnpackedBlock* scratch, int64_t b0, int64_t n, int64_t k,
+                       int64_t t, float* y, int64_t ldy) {
+  const int64_t blocks = k / kBlock;
+  const float* xd = q.scale.get() + r0 * blocks;  // [R, blocks]
+  const float* xs = q.sum.get() + r0 * blocks;    // [R, blocks]
+  const int8_t* a0 = q.a.get() + r0 * k;
+  float* y0 = y + r0 * ldy + t * kTile;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < n; ++i) {
+    const UnpackedBlock& u = scratch[i];
+    const int64_t b = b0 + i;
+    __m256i pairs[R][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j]));
+      const __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j] + 32));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        __m256i x = _mm256_set1_epi32(four_bytes(a0 + r * k + b * kBlock + 4 * j));
+        keep_in_register(x);
+        pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_maddubs_epi16(c0, x));
+        pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_maddubs_epi16(c1, x));
+        keep_in_registers(pairs[r][0], pairs[r][1]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 d = _mm256_set1_ps(xd[r * blocks + b]), sum_x = _mm256_set1_ps(xs[r * blocks + b]);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        float* out = y0 + r * ldy + 8 * h;
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs[r][h], ones));
+        const __m256 with_mins = _mm256_fmadd_ps(_mm256_load_ps(u.mins + 8 * h), sum_x, _mm256_loadu_ps(out));
+        _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(u.scales + 8 * h), d), dot, with_mins));
+      }
+    }
+  }
+}
+
+// A group of 3 .. kUnpackedRows rows from r0 (kUnpackedFromRows or more rows split evenly into
+// groups of at most 6 leave at least 3 in each)
+inline void dot_unpacked_rows_avx2(int64_t rows, const Quantized& q, int64_t r0, const UnpackedBlock* scratch, int64_t b0,
+                                   int64_t n, int64_t k, int64_t t, float* y, int64_t ldy) {
+  switch (rows) {
+    case 6: dot_unpacked_avx2<6>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+    case 5: dot_unpacked_avx2<5>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+    case 4: dot_unpacked_avx2<4>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+    default: dot_unpacked_avx2<3>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+  }
+}
+
+// Tile t, every row: its codes kUnpackedChunk blocks at a time into the scratch, then the rows
+// in as few groups of at most kUnpackedRows as cover them, their sizes differing by at most one
+// (8 rows as 4 + 4, not 6 + 2: a group of few rows loads the codes for few maddubs)
+void dot_tile_unpacked_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
+                            int64_t t, float* y, int64_t ldy) {
+  const int64_t blocks = k / kBlock;
+  const int64_t groups = (rows + kUnpackedRows - 1) / kUnpackedRows, base = rows / groups, larger = rows % groups;
+  UnpackedBlock scratch[kUnpackedChunk];
+  for (int64_t r = 0; r < rows; ++r) std::memset(y + r * ldy + t * kTile, 0, kTile * sizeof(float));
+  for (int64_t b0 = 0; b0 < blocks; b0 += kUnpackedChunk) {
+    const int64_t n = std::min(kUnpackedChunk, blocks - b0);
+    unpack_tile_avx2(codes, params, blocks, t, b0, n, scratch);
+    for (int64_t g = 0, r = 0; g < groups; ++g) {
+      const int64_t group_rows = base + (g < larger ? 1 : 0);
+      dot_unpacked_rows_avx2(group_rows, q, r, scratch, b0, n, k, t, y, ldy);
+      r += group_rows;
+    }
+  }
 }
 
 // AVX2, 8-bit codes: half a tile (8 outputs, the low or high 32 bytes of each of the block's
@@ -400,6 +530,7 @@ void dot_half_q8_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, cons
         const __m256i magnitudes = _mm256_sign_epi8(signed_codes[j], signed_codes[j]);  // |q| <= 127
         const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(four_bytes(a + 4 * j)), signed_codes[j]);
         dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, signed_x), ones));
+        keep_in_register(dot);
       }
       acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(scales, _mm256_set1_ps(xd[r * blocks + b])), _mm256_cvtepi32_ps(dot), acc[r]);
     }
@@ -416,11 +547,15 @@ void dot_half_form_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, co
   else dot_half_q8_avx2<R>(q, r0, codes, params, k, t, half, y, ldy);
 }
 
-// Tile t, every row: for 4-bit codes a whole tile at one or two rows, else 4 rows at a time per
-// half tile, then the rest
+// Tile t, every row: for 4-bit codes a whole tile at one or two rows, the unpacked scratch from
+// kUnpackedFromRows rows, else 4 rows at a time per half tile, then the rest
 template <int Bits>
 void dot_tile_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
                    float* y, int64_t ldy) {
+  if (Bits == 4 && rows >= kUnpackedFromRows) {
+    dot_tile_unpacked_avx2(q, rows, codes, params, k, t, y, ldy);
+    return;
+  }
   if (Bits == 4 && rows <= 2) {
     if (rows == 2) dot_full_avx2<2>(q, 0, codes, params, k, t, y, ldy);
     else dot_full_avx2<1>(q, 0, codes, params, k, t, y, ldy);
