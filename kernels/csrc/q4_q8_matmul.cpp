@@ -427,7 +427,6 @@ void dot_unpacked_avx2(const Quantized& q, int64_t r0, const UnpackedBlock* scra
   const float* xs = q.sum.get() + r0 * blocks;    // [R, blocks]
   const int8_t* a0 = q.a.get() + r0 * k;
   float* y0 = y + r0 * ldy + t * kTile;
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t i = 0; i < n; ++i) {
     const UnpackedBlock& u = scratch[i];
     const int64_t b = b0 + i;
@@ -448,16 +447,13 @@ void dot_unpacked_avx2(const Quantized& q, int64_t r0, const UnpackedBlock* scra
       }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256 d = _mm256_set1_ps(xd[r * blocks + b]), sum_x = _mm256_set1_ps(xs[r * blocks + b]);
+    for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         float* out = y0 + r * ldy + 8 * h;
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs[r][h], ones));
-        const __m256 with_mins = _mm256_fmadd_ps(_mm256_load_ps(u.mins + 8 * h), sum_x, _mm256_loadu_ps(out));
-        _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(u.scales + 8 * h), d), dot, with_mins));
+        _mm256_storeu_ps(out, add_block_avx2(_mm256_loadu_ps(out), pairs[r][h], _mm256_load_ps(u.scales + 8 * h),
+                                             _mm256_load_ps(u.mins + 8 * h), xd[r * blocks + b], xs[r * blocks + b]));
       }
-    }
   }
 }
 
