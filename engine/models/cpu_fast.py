@@ -204,14 +204,13 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     head_dense = [head.weight] if keep_dense or not head_terms else []
     head_dtype = dense_dtype if head_terms else head.weight.dtype
     model.lm_head = CpuLinear(head_dense, head_terms or [], head.bias, int4_max_rows, head_dtype, q4q8_matmul=q4q8, q8q8_matmul=q8q8)
-    embed_terms = weight_terms(codes, embed_name)
     float_table_needed = bool(model.lm_head.dense_parts) and model.args.tie_embeddings
     float_weights_kept = keep_dense and dense_dtype == torch.float32  # loaded and kept anyway: the table stays float32
-    head_terms_kept = list(model.lm_head.terms)
+    head_terms_kept = model.lm_head.terms
     if model.args.tie_embeddings and not float_table_needed and len(head_terms_kept) == 1 and isinstance(head_terms_kept[0], Q8Q8Term):
         model.model.embed_tokens = Q8HeadEmbedding(head_terms_kept[0], model.dtype)  # the head's codes: no table of its own
-    elif embed_terms and not float_table_needed and not float_weights_kept:
-        model.model.embed_tokens = Int4Embedding(embed_terms, model.dtype)
+    elif not float_table_needed and not float_weights_kept and (embed_terms := weight_terms(codes, embed_name)):
+        model.model.embed_tokens = Int4Embedding(embed_terms, model.dtype)  # the table's codes read only when kept
     model.native_steps = NativeSteps.for_model(model, lambda: cpu_layers.load(cache_root())) if path.native_steps else None
     return model
 
