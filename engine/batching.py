@@ -163,11 +163,13 @@ class ContinuousBatcher:
         started = time.perf_counter()
         try:
             with torch.inference_mode():
-                inputs = pad_rows([row for request_rows in plan.rows for row in request_rows], model.device)  # [B, T]
+                rows = [row for request_rows in plan.rows for row in request_rows]
+                inputs = pad_rows(rows, model.device)  # [B, T]
                 caches = [self._run_of(m).cache for m in plan.decode]
                 # one request: its own cache, which the CPU fast path's C++ layer loop serves
                 cache = caches[0] if len(caches) == 1 else BranchCacheGroup(caches)
-                hidden = model(inputs, cache)  # [B, T, dim]: each request's run takes the logits it needs
+                # the C++ layer loop skips the padding of drafts shorter than the longest
+                hidden = model(inputs, cache, row_lengths=[len(row) for row in rows])  # [B, T, dim]: each request's run takes the logits it needs
         except Exception as exc:  # a failed shared pass fails every request in it
             for member in plan.decode:
                 self._fail(member, exc)

@@ -20,7 +20,7 @@ Numbers: within bfloat16 rounding of the PyTorch fast path (tests/unit/test_nati
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, TypeGuard
+from typing import Callable, Sequence, TypeGuard
 
 import torch
 from torch import Tensor, nn
@@ -111,11 +111,12 @@ class NativeSteps:
             return None
         return cls(weights, op, args.n_heads, args.n_kv_heads, args.norm_eps, max_rows, args.sliding_window)
 
-    def serves(self, cache: KVCache, rows: int) -> TypeGuard[BranchKVCache]:
-        """Whether a forward pass of this many rows over this cache runs here."""
+    def serves(self, cache: KVCache, rows: int, computed_rows: int | None = None) -> TypeGuard[BranchKVCache]:
+        """Whether a forward pass of this many rows (padded: k x T) over this cache runs here,
+        computing `computed_rows` of them (default: all)."""
         if not isinstance(cache, BranchKVCache) or rows < 1 or rows % cache.batch:
             return False
-        if self.max_rows is not None and rows > self.max_rows:
+        if self.max_rows is not None and (computed_rows or rows) > self.max_rows:
             return False
         if self.sliding_window is not None and cache.prefix_len + max(cache.lengths) + rows // cache.batch > self.sliding_window:
             return False
@@ -126,22 +127,34 @@ class NativeSteps:
         )  # fmt: skip
 
     def __call__(
-        self, x: Tensor, cos: Tensor, sin: Tensor, cache: BranchKVCache, step: StepContext, n_layers: int | None
-    ) -> Tensor:
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: BranchKVCache, step: StepContext, n_layers: int | None,
+        row_lengths: Sequence[int] | None = None,
+    ) -> Tensor:  # fmt: skip
         """x [k, T, dim] (embeddings), cos/sin [k, T, 1, D], `step` from cache.prepare -> the
         residual stream after the layers [k, T, dim]; writes each layer's new keys and values
-        into the branch buffers."""
+        into the branch buffers. row_lengths: only each branch's first row_lengths[b] tokens are
+        computed and written (their states are the same as in the padded pass: no query sees a
+        later one); the other rows of the output are zeros."""
         k, new, dim = x.shape
         rows = k * new
         weights = self.weights if n_layers is None else self.weights.first(n_layers)
+        padded_rows: list[int] = []  # all k T rows
+        if row_lengths is not None and sum(row_lengths) < rows:
+            padded_rows = [b * new + t for b, length in enumerate(row_lengths) for t in range(length)]
+        x, cos, sin = (part.reshape(rows, -1) for part in (x, cos, sin))  # [k T, ...]
+        if padded_rows:
+            places = torch.tensor(padded_rows)  # [N]
+            x, cos, sin = x[places], cos[places], sin[places]  # [N, ...]
         out = self.op(
-            x.reshape(rows, dim), cos.reshape(rows, -1), sin.reshape(rows, -1),
+            x, cos, sin,
             weights.input_norm, weights.qkv_packed, weights.qkv_scales, weights.qkv_bias,
             weights.o_packed, weights.o_scales, weights.post_norm,
             weights.gate_up_packed, weights.gate_up_scales, weights.down_packed, weights.down_scales,
-            cache.prefix_keys, cache.prefix_values, cache.keys, cache.values, cache.branch_mask(step), cache.lengths, new,
-            self.heads, self.kv_heads, self.eps,
-        )  # fmt: skip
+            cache.prefix_keys, cache.prefix_values, cache.keys, cache.values, cache.branch_mask(step), cache.lengths,
+            padded_rows, new, self.heads, self.kv_heads, self.eps,
+        )  # fmt: skip  # [N, dim]
+        if padded_rows:
+            out = out.new_zeros(rows, dim).index_copy_(0, places, out)  # [k T, dim]
         return out.view(k, new, dim)  # [k, T, dim]
 
 

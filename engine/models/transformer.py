@@ -8,7 +8,7 @@ owns the buffers, the positions and the masks; the model never copies KV.
 from __future__ import annotations
 
 from itertools import islice
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -22,11 +22,15 @@ from kspec.engine.models.rope import apply_rotary, inverse_frequencies, rotary_c
 class LayerLoop(Protocol):
     """Runs every block of some forward passes another way (engine/models/native_step.py)."""
 
-    def serves(self, cache: KVCache, rows: int) -> bool: ...
+    def serves(self, cache: KVCache, rows: int, computed_rows: int | None = None) -> bool: ...
 
-    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Any, step: StepContext, n_layers: int | None) -> Tensor:
+    def __call__(
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: Any, step: StepContext, n_layers: int | None,
+        row_lengths: Sequence[int] | None = None,
+    ) -> Tensor:  # fmt: skip
         """x [B, T, dim] -> the residual stream after the blocks [B, T, dim], over a cache `serves`
-        took and the step it prepared."""
+        took and the step it prepared; with row_lengths, only each row's first tokens are
+        computed (the rest of the output is zeros)."""
         ...
 
 
@@ -167,15 +171,20 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.model.norm.weight.device
 
-    def forward(self, tokens: Tensor, cache: KVCache, n_layers: int | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, cache: KVCache, n_layers: int | None = None, row_lengths: Sequence[int] | None = None
+    ) -> Tensor:
         """tokens [B, T] -> final hidden states [B, T, dim]. The caller advances the cache.
-        n_layers: run only the first n blocks (early exit, for a layer-skip drafter)."""
+        n_layers: run only the first n blocks (early exit, for a layer-skip drafter).
+        row_lengths: each row's real tokens, the rest padding whose states nobody reads (a
+        verification's drafts shorter than the longest); a pass the C++ layer loop serves
+        computes only the real ones."""
         step = cache.prepare(tokens.shape[1])
         cos, sin = rotary_cos_sin(step.positions, self.inv_freq, self.dtype)  # [B, T, 1, D]
         x = self.model.embed_tokens(tokens)  # [B, T, dim]
         native = self.native_steps
-        if native is not None and native.serves(cache, tokens.numel()):
-            return self.model.norm(native(x, cos, sin, cache, step, n_layers))
+        if native is not None and native.serves(cache, tokens.numel(), _real_rows(row_lengths)):
+            return self.model.norm(native(x, cos, sin, cache, step, n_layers, row_lengths))
         for index, block in enumerate(islice(self.model.layers, n_layers)):  # a slice would build a new ModuleList per call
             x = block(x, cos, sin, cache, index, step)
         return self.model.norm(x)
@@ -189,6 +198,10 @@ class Transformer(nn.Module):
         hidden = self(tokens, cache)
         cache.advance(tokens.shape[1])
         return self.logits(hidden[:, -1])
+
+
+def _real_rows(row_lengths: Sequence[int] | None) -> int | None:
+    return sum(row_lengths) if row_lengths is not None else None
 
 
 class EarlyExit(nn.Module):

@@ -140,20 +140,24 @@ void add_to(float* x, const Act* y, int64_t n) {
 
 struct Dims {
   int64_t rows, dim, heads, kv_heads, head_dim, n_new, branches, capacity;
+  const int64_t* padded_rows = nullptr;  // AttentionInputs::padded_rows: rows computed of the k T padded ones
 };
 
-// Where a layer's attention reads its inputs: queries [R, H, D] float32 (row r: branch r / T, new
-// token r % T), pre-softmax scale 1 / sqrt(D); the prefix [Hkv, P, D] (key stride p_key, head
-// stride p_head, unit last stride, values alike); each branch's entries [k, Hkv, S, D]
-// contiguous, `cols` of them visible under the additive mask [k, 1, T, cols] (or all of them)
+// Where a layer's attention reads its inputs: queries [R, H, D] float32 (row r: the padded row
+// p = padded(r) of branch p / T, new token p % T), pre-softmax scale 1 / sqrt(D); the prefix
+// [Hkv, P, D] (key stride p_key, head stride p_head, unit last stride, values alike); each
+// branch's entries [k, Hkv, S, D] contiguous, `cols` of them visible under the additive mask
+// [k, 1, T, cols] (or all of them)
 struct AttentionInputs {
   int64_t rows, heads, kv_heads, n_new, prefix, capacity, cols, p_head, p_key;
   const float *queries, *prefix_k, *prefix_v, *branch_k, *branch_v, *mask;
+  const int64_t* padded_rows;  // [R] each row's place among the k T padded rows; nullptr: row r is r
 
   int64_t group() const { return heads / kv_heads; }
-  const float* own_keys(int64_t r, int64_t hk, int64_t D) const { return branch_k + ((r / n_new) * kv_heads + hk) * capacity * D; }
-  const float* own_values(int64_t r, int64_t hk, int64_t D) const { return branch_v + ((r / n_new) * kv_heads + hk) * capacity * D; }
-  const float* mask_row(int64_t r) const { return mask ? mask + r * cols : nullptr; }  // [k, 1, T, cols]: row r = b T + t
+  int64_t padded(int64_t r) const { return padded_rows ? padded_rows[r] : r; }
+  const float* own_keys(int64_t r, int64_t hk, int64_t D) const { return branch_k + ((padded(r) / n_new) * kv_heads + hk) * capacity * D; }
+  const float* own_values(int64_t r, int64_t hk, int64_t D) const { return branch_v + ((padded(r) / n_new) * kv_heads + hk) * capacity * D; }
+  const float* mask_row(int64_t r) const { return mask ? mask + padded(r) * cols : nullptr; }  // [k, 1, T, cols]: row b T + t
 };
 
 constexpr int64_t kMaxGroup = 16;  // query heads per kv head the written-out attention takes
@@ -516,10 +520,16 @@ void attend_layer(const Dims& s, const Tensor& queries, const Tensor& prefix_k, 
   if (float_mask) {
     const AttentionInputs in{s.rows, H, s.kv_heads, T, prefix_k.size(2), s.capacity, cols, prefix_k.stride(1), prefix_k.stride(2),
                              queries.data_ptr<float>(), prefix_k.data_ptr<float>(), prefix_v.data_ptr<float>(),
-                             branch_k.data_ptr<float>(), branch_v.data_ptr<float>(), mask.has_value() ? mask->data_ptr<float>() : nullptr};
+                             branch_k.data_ptr<float>(), branch_v.data_ptr<float>(), mask.has_value() ? mask->data_ptr<float>() : nullptr,
+                             s.padded_rows};
     if (attend_written_out(in, D, out)) return;
   }
-  Tensor branch_q = queries.view({s.branches, T, H, D}).transpose(1, 2);  // [k, H, T, D]
+  Tensor padded_q = queries;  // [k T, H, D]: the computed rows in their places, zeros elsewhere
+  if (s.padded_rows) {
+    const Tensor places = at::from_blob(const_cast<int64_t*>(s.padded_rows), {s.rows}, at::kLong);
+    padded_q = at::zeros({s.branches * T, H, D}, queries.options()).index_copy_(0, places, queries);
+  }
+  Tensor branch_q = padded_q.view({s.branches, T, H, D}).transpose(1, 2);  // [k, H, T, D]
   auto [out_b, lse_b] = at::_scaled_dot_product_flash_attention_for_cpu(
       branch_q, branch_k.narrow(2, 0, cols), branch_v.narrow(2, 0, cols), 0.0, false, mask);
   // out_b [k, H, T, D], lse_b [k, H, T]
@@ -536,7 +546,7 @@ void attend_layer(const Dims& s, const Tensor& queries, const Tensor& prefix_k, 
   const Tensor lse_rows = has_prefix ? lse_p.contiguous() : lse_p;  // [1, H, R]
   const float* lse_shared = has_prefix ? lse_rows.data_ptr<float>() : nullptr;
   for (int64_t r = 0; r < s.rows; ++r) {
-    const int64_t b = r / T, t = r % T;
+    const int64_t p = s.padded_rows ? s.padded_rows[r] : r, b = p / T, t = p % T;
     for (int64_t h = 0; h < H; ++h) {
       Act* o = out + (r * H + h) * D;
       const float* own = &ob[b][h][t][0];
@@ -561,10 +571,35 @@ Tensor matmul(const Tensor& x, const Tensor& packed, const Tensor& scales) {
 
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "kspec branch_layers: ", what); }
 
+// The rows a step computes: all k T (padded_rows empty) or, in order, the places among them of
+// each branch's first few new tokens (a verification's rows without the padding of drafts
+// shorter than the longest, which no query attends to); sets s.padded_rows, checks s.rows, the
+// branch buffers' room and the mask's shape; returns the branch keys any query sees (cols)
+int64_t check_rows(Dims& s, at::IntArrayRef padded_rows, at::IntArrayRef lengths, const std::optional<Tensor>& mask) {
+  const int64_t T = s.n_new;
+  check(s.branches > 0 && T > 0, "no branches or no new tokens");
+  if (padded_rows.empty()) {
+    check(s.rows == s.branches * T, "rows must be k * T without padded_rows");
+  } else {
+    check(static_cast<int64_t>(padded_rows.size()) == s.rows && s.rows > 0, "one padded row per row");
+    for (int64_t r = 0; r < s.rows; ++r) {
+      const int64_t p = padded_rows[r];
+      check(p >= 0 && p < s.branches * T && (r == 0 || p > padded_rows[r - 1]), "padded rows must increase within k * T");
+      check(p % T == 0 || (r > 0 && padded_rows[r - 1] == p - 1), "each branch's rows must be its first new tokens");
+    }
+    s.padded_rows = padded_rows.data();
+  }
+  for (int64_t b = 0; b < s.branches; ++b) check(lengths[b] >= 0 && lengths[b] + T <= s.capacity, "a branch outgrows its buffer");
+  const int64_t cols = *std::max_element(lengths.begin(), lengths.end()) + T;
+  check(!mask.has_value() || (mask->dim() == 4 && mask->size(0) == s.branches && mask->size(2) == T && mask->size(3) == cols),
+        "the branch mask must be [k, 1, T, max(lengths) + T]");
+  return cols;
+}
+
 }  // namespace
 
-// x [R, dim] float32 (R = k * T rows, row r: branch r / T, new token r % T); cos, signed sin
-// [R, D] float32 (engine/models/rope.py: rotate_half folded into a roll and a signed sin).
+// x [R, dim] float32 (R = k * T rows, row r: branch r / T, new token r % T; or the rows at
+// padded_rows of those, see check_rows); cos, signed sin [R, D] float32 (engine/models/rope.py: rotate_half folded into a roll and a signed sin).
 // Per layer l: input and post-attention norm weights [dim]; the int4 kernel's packed weights
 // and scales/zeros of q|k|v, o, gate|up and down; the q|k|v bias [(H + 2 Hkv) D] or none.
 // prefix_k/v [L, 1, Hkv, P, D] (unit last stride), branch_k/v [L, k, Hkv, S, D] contiguous,
@@ -577,7 +612,7 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
                      at::TensorList gate_up_packed, at::TensorList gate_up_scales, at::TensorList down_packed,
                      at::TensorList down_scales, const Tensor& prefix_k, const Tensor& prefix_v, const Tensor& branch_k,
                      const Tensor& branch_v, const std::optional<Tensor>& branch_mask, at::IntArrayRef lengths,
-                     int64_t n_new, int64_t heads, int64_t kv_heads, double eps) {
+                     at::IntArrayRef padded_rows, int64_t n_new, int64_t heads, int64_t kv_heads, double eps) {
   const int64_t layers = input_norm.size();
   check(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be [R, dim] float32");
   check(branch_k.dim() == 5 && branch_k.is_contiguous() && branch_v.is_contiguous(), "branch buffers must be contiguous [L, k, Hkv, S, D]");
@@ -595,15 +630,11 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
   s.n_new = n_new;
   s.branches = static_cast<int64_t>(lengths.size());
   s.capacity = branch_k.size(3);
-  check(s.rows == s.branches * n_new && heads % kv_heads == 0 && s.head_dim % 2 == 0, "rows, heads or head size do not fit");
+  check(heads % kv_heads == 0 && s.head_dim % 2 == 0, "heads or head size do not fit");
   check(s.head_dim <= kMaxHeadDim, "head size above 512");
   check(cos.sizes() == signed_sin.sizes() && cos.size(0) == s.rows && cos.size(1) == s.head_dim, "cos/sin must be [R, D]");
-  for (int64_t b = 0; b < s.branches; ++b) check(lengths[b] >= 0 && lengths[b] + n_new <= s.capacity, "a branch outgrows its buffer");
+  const int64_t cols = check_rows(s, padded_rows, lengths, branch_mask);  // branch keys any query sees
   const int64_t D = s.head_dim, half = D / 2, qkv_width = (heads + 2 * kv_heads) * D;
-  const int64_t cols = *std::max_element(lengths.begin(), lengths.end()) + n_new;  // branch keys any query sees
-  check(!branch_mask.has_value() || (branch_mask->dim() == 4 && branch_mask->size(0) == s.branches &&
-                                     branch_mask->size(2) == n_new && branch_mask->size(3) == cols),
-        "the branch mask must be [k, 1, T, max(lengths) + T]");
 
   // The weights' kernel decides the matmuls' activations: float16 params are kspec's 4-bit x
   // 8-bit kernel (float32 in and out), bfloat16 scales PyTorch's int4 one (bfloat16).
@@ -627,7 +658,7 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
       float* bk = branch_k.data_ptr<float>() + l * cache_layer;
       float* bv = branch_v.data_ptr<float>() + l * cache_layer;
       for (int64_t r = 0; r < s.rows; ++r) {  // rotary on q and k, k and v into the branch buffers
-        const int64_t b = r / n_new, slot = lengths[b] + r % n_new;
+        const int64_t p = s.padded_rows ? s.padded_rows[r] : r, b = p / n_new, slot = lengths[b] + p % n_new;
         const float* c = cp + r * D;
         const float* sn = sp + r * D;
         for (int64_t h = 0; h < heads + 2 * kv_heads; ++h) {
@@ -669,10 +700,10 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
 // One layer's attention as branch_layers runs it (the tests hold it to the contract's reference):
 // queries [R, H, D] float32 (rotated, unscaled; row r: branch r / T, token r % T); prefix_k/v
 // [1, Hkv, P, D] (unit last stride, equal strides); branch_k/v [k, Hkv, S, D] contiguous, holding
-// this step's entries at lengths[b] + t; branch_mask as branch_layers' -> [R, H * D] float32
+// this step's entries at lengths[b] + t; branch_mask and padded_rows as branch_layers' -> [R, H * D] float32
 Tensor branch_attention(const Tensor& queries, const Tensor& prefix_k, const Tensor& prefix_v, const Tensor& branch_k,
                         const Tensor& branch_v, const std::optional<Tensor>& branch_mask, at::IntArrayRef lengths,
-                        int64_t n_new) {
+                        at::IntArrayRef padded_rows, int64_t n_new) {
   check(queries.dim() == 3 && queries.scalar_type() == at::kFloat, "queries must be [R, H, D] float32");
   check(branch_k.dim() == 4 && branch_k.is_contiguous() && branch_v.is_contiguous() && branch_k.scalar_type() == at::kFloat,
         "branch buffers must be contiguous [k, Hkv, S, D] float32");
@@ -687,12 +718,8 @@ Tensor branch_attention(const Tensor& queries, const Tensor& prefix_k, const Ten
   s.n_new = n_new;
   s.branches = static_cast<int64_t>(lengths.size());
   s.capacity = branch_k.size(2);
-  check(s.branches > 0 && s.rows == s.branches * n_new && s.heads % s.kv_heads == 0, "rows or heads do not fit");
-  for (int64_t b = 0; b < s.branches; ++b) check(lengths[b] >= 0 && lengths[b] + n_new <= s.capacity, "a branch outgrows its buffer");
-  const int64_t cols = *std::max_element(lengths.begin(), lengths.end()) + n_new;
-  check(!branch_mask.has_value() || (branch_mask->dim() == 4 && branch_mask->size(0) == s.branches &&
-                                     branch_mask->size(2) == n_new && branch_mask->size(3) == cols),
-        "the branch mask must be [k, 1, T, max(lengths) + T]");
+  check(s.heads % s.kv_heads == 0, "heads do not fit");
+  const int64_t cols = check_rows(s, padded_rows, lengths, branch_mask);
   Tensor out = at::empty({s.rows, s.dim}, queries.options());
   attend_layer(s, queries.contiguous(), prefix_k, prefix_v, branch_k, branch_v, cols, branch_mask, out.data_ptr<float>());
   return out;
@@ -703,11 +730,12 @@ TORCH_LIBRARY(kspec, m) {
       "branch_layers(Tensor x, Tensor cos, Tensor signed_sin, Tensor[] input_norm, Tensor[] qkv_packed, "
       "Tensor[] qkv_scales, Tensor[] qkv_bias, Tensor[] o_packed, Tensor[] o_scales, Tensor[] post_norm, "
       "Tensor[] gate_up_packed, Tensor[] gate_up_scales, Tensor[] down_packed, Tensor[] down_scales, "
-      "Tensor prefix_k, Tensor prefix_v, Tensor(a!) branch_k, Tensor(b!) branch_v, Tensor? branch_mask, int[] lengths, int n_new, "
+      "Tensor prefix_k, Tensor prefix_v, Tensor(a!) branch_k, Tensor(b!) branch_v, Tensor? branch_mask, int[] lengths, "
+      "int[] padded_rows, int n_new, "
       "int heads, int kv_heads, float eps) -> Tensor");
   m.def(
       "branch_attention(Tensor queries, Tensor prefix_k, Tensor prefix_v, Tensor branch_k, Tensor branch_v, "
-      "Tensor? branch_mask, int[] lengths, int n_new) -> Tensor");
+      "Tensor? branch_mask, int[] lengths, int[] padded_rows, int n_new) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kspec, CPU, m) {

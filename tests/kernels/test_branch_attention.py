@@ -47,7 +47,16 @@ def test_a_prefix_cut_into_pieces_for_the_threads_is_the_same_softmax(case: str,
         torch.set_num_threads(before)
 
 
-def _check(case: str) -> None:
+@pytest.mark.parametrize("case", ["k8-verify-tiles", "no-prefix", "head-128", "head-16-flash"])
+def test_a_verifications_rows_without_their_padding_are_the_same_rows(case: str) -> None:
+    """padded_rows: each branch's first few new tokens only (drafts shorter than the longest), the
+    padding neither computed nor attended to; each computed row equals the reference's row."""
+    new = CASES[case][-1]
+    counts = [1 + (b * 3) % new for b in range(len(CASES[case][4]))]  # 1..T rows per branch
+    _check(case, [b * new + t for b, count in enumerate(counts) for t in range(count)])
+
+
+def _check(case: str, padded_rows: list[int] | None = None) -> None:
     heads, kv_heads, dim, prefix, before, new = CASES[case]
     generator = torch.Generator().manual_seed(len(case))
     k, capacity = len(before), max(before) + new + 5
@@ -60,6 +69,9 @@ def _check(case: str) -> None:
     layout = BranchLayout.build(after, new, torch.float32, "cpu")
     want = reference_bifurcated_attention(q, prefix_k, prefix_v, branch_k, branch_v, torch.tensor(after))  # [k, H, T, D]
     queries = q.transpose(1, 2).reshape(k * new, heads, dim)  # [R, H, D]: row b T + t
-    got = attention(queries, prefix_k, prefix_v, branch_k, branch_v, layout.branch_mask, before, new)  # [R, H * D]
     want_rows = want.transpose(1, 2).reshape(k * new, heads * dim)
+    if padded_rows is not None:
+        assert len(padded_rows) < k * new, "the case must leave some padding out"
+        queries, want_rows = queries[padded_rows], want_rows[padded_rows]
+    got = attention(queries, prefix_k, prefix_v, branch_k, branch_v, layout.branch_mask, before, padded_rows or [], new)  # [R, H * D]
     torch.testing.assert_close(got, want_rows, atol=1e-5 * float(want_rows.abs().max()), rtol=0)

@@ -297,9 +297,9 @@ def test_a_round_of_one_request_runs_over_its_own_cache(random_engine, monkeypat
     model = random_engine.target.model
     seen: list[type] = []
     forward = type(model).forward
-    def recorded(self, tokens, cache, n_layers=None):
+    def recorded(self, tokens, cache, n_layers=None, row_lengths=None):
         seen.append(type(cache))
-        return forward(self, tokens, cache, n_layers)
+        return forward(self, tokens, cache, n_layers, row_lengths)
 
     monkeypatch.setattr(type(model), "forward", recorded)
     for count in (1, 2):

@@ -115,6 +115,32 @@ def test_native_step_matches_the_pytorch_fast_path(
         assert torch.equal(got_cache.values[:, b, :, untouched], cache.values[:, b, :, untouched])
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize(("lengths", "row_lengths", "prompt_len"), [([2, 5, 0, 3], [4, 1, 2, 3], 20), ([1, 0], [1, 3], 0)])
+def test_a_verification_without_its_padding_computes_the_same_rows(
+    kernel: str, lengths: list[int], row_lengths: list[int], prompt_len: int
+) -> None:
+    """row_lengths: the loop computes and writes only each branch's first tokens; those rows'
+    states and KV are the padded pass's (to the loop's rounding between row counts), the padding
+    rows are zeros and their cache slots untouched."""
+    model = _fast("llama", kernel=kernel)
+    new = max(row_lengths)
+    cache = _branches(model, [(7 * i + 3) % 500 for i in range(prompt_len)], lengths)
+    tokens = (torch.arange(len(lengths) * new).view(len(lengths), new) * 13 + 2) % 500  # [k, T]
+    padded, compact = copy.deepcopy(cache), copy.deepcopy(cache)
+    with torch.inference_mode():
+        want = model(tokens, padded)  # [k, T, dim]
+        got = model(tokens, compact, row_lengths=row_lengths)
+    for b, (before, count) in enumerate(zip(lengths, row_lengths)):
+        _close(got[b, :count], want[b, :count], 1e-3)
+        assert not got[b, count:].any()
+        written = slice(before, before + count)
+        _close(compact.keys[:, b, :, written], padded.keys[:, b, :, written], 1e-3)
+        _close(compact.values[:, b, :, written], padded.values[:, b, :, written], 1e-3)
+        assert torch.equal(compact.keys[:, b, :, before + count :], cache.keys[:, b, :, before + count :])
+        assert torch.equal(compact.values[:, b, :, before + count :], cache.values[:, b, :, before + count :])
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize(("lengths", "new", "prompt_len"), [([3, 3, 3, 3], 1, 20), ([4, 1], 3, 20), ([0, 2], 2, 0)])
 def test_one_layer_on_kspecs_kernel_is_the_pytorch_path_to_one_rounding_step(
