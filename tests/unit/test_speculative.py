@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import math
 from pathlib import Path
 
@@ -160,6 +162,39 @@ def test_prompt_lookup_drafts_from_the_prompt_the_branch_and_its_siblings():
     assert drafter.propose([[1, 2], [3, 4]], gamma=3)[0].tokens == []  # nothing anywhere
     # a sibling's own last n-gram has nothing after it
     assert drafter.propose([[1, 2], [2]], gamma=3)[0].tokens == []
+
+
+def _scanned_lookup(prompt: list[int], history: list[int], siblings: list[list[int]], gamma: int, longest: int) -> list[int]:
+    """The lookup written as a plain scan: for n from the longest down, the latest earlier
+    occurrence (a token after it) of the sequence's last n tokens in the sequence, then in each sibling."""
+    sequence = prompt + history
+    for n in range(longest, 0, -1):
+        if len(sequence) <= n:
+            continue
+        tail = sequence[-n:]
+        for text in [sequence, *siblings]:
+            for start in range(len(text) - n - 1, -1, -1):
+                if text[start : start + n] == tail:
+                    return text[start + n : start + n + gamma]
+    return []
+
+
+def test_prompt_lookup_finds_what_a_plain_scan_finds():
+    """The indexed lookup (the prompt's token places, agreement counted backwards) against the
+    scan on random token streams over a small vocabulary (many repeats of every length)."""
+    generator = random.Random(5)
+    drafter = PromptLookupDrafter()
+    for trial in range(300):
+        vocab = generator.choice([3, 5, 12])
+        prompt = [generator.randrange(vocab) for _ in range(generator.randrange(0, 40))]
+        histories = [[generator.randrange(vocab) for _ in range(generator.randrange(1, 15))] for _ in range(generator.randrange(1, 4))]
+        drafter.begin(prompt, len(histories), 16)
+        gamma = generator.randrange(1, 8)
+        drafts = drafter.propose(histories, gamma)
+        for row, (history, draft) in enumerate(zip(histories, drafts)):
+            siblings = [h for other, h in enumerate(histories) if other != row]
+            want = _scanned_lookup(prompt, history, siblings, gamma, drafter.config.max_ngram)
+            assert draft.tokens == want, (trial, prompt, histories, row)
 
 
 def test_adapt_gamma_rules():
