@@ -9,7 +9,8 @@ it happens in; a new one joins at the next round, after one chunk of its prompt'
 prefill per round (so a long prompt does not stall the others for more than a chunk).
 `max_requests` bounds the batch; 1 serves requests one at a time (the baseline).
 Drafting stays per request (each has its own drafter and γ); rows of different draft
-lengths are padded to the longest, and padding is never kept.
+lengths are padded to the longest, and padding is never kept (nor computed, where the C++
+layer loop runs the pass: `row_lengths`).
 
 A round is three steps, as serving engines read: `_schedule` (who joins, who leaves, who
 gets a prefill chunk), `_run` (the prefill chunks, the drafts, then ONE forward pass over
