@@ -183,7 +183,8 @@ class Transformer(nn.Module):
         cos, sin = rotary_cos_sin(step.positions, self.inv_freq, self.dtype)  # [B, T, 1, D]
         x = self.model.embed_tokens(tokens)  # [B, T, dim]
         native = self.native_steps
-        if native is not None and native.serves(cache, tokens.numel(), _real_rows(row_lengths)):
+        computed = sum(row_lengths) if row_lengths is not None else None
+        if native is not None and native.serves(cache, tokens.numel(), computed):
             return self.model.norm(native(x, cos, sin, cache, step, n_layers, row_lengths))
         for index, block in enumerate(islice(self.model.layers, n_layers)):  # a slice would build a new ModuleList per call
             x = block(x, cos, sin, cache, index, step)
@@ -198,10 +199,6 @@ class Transformer(nn.Module):
         hidden = self(tokens, cache)
         cache.advance(tokens.shape[1])
         return self.logits(hidden[:, -1])
-
-
-def _real_rows(row_lengths: Sequence[int] | None) -> int | None:
-    return sum(row_lengths) if row_lengths is not None else None
 
 
 class EarlyExit(nn.Module):

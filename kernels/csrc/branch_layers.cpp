@@ -138,9 +138,14 @@ void add_to(float* x, const Act* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += from_act(y[i]);
 }
 
+// Row r's place among a step's k T padded rows (branch p / T, new token p % T): padded_rows[r]
+// where a step computes only some of them (check_rows), else r itself
+inline int64_t padded_row(const int64_t* padded_rows, int64_t r) { return padded_rows ? padded_rows[r] : r; }
+
 struct Dims {
   int64_t rows, dim, heads, kv_heads, head_dim, n_new, branches, capacity;
-  const int64_t* padded_rows = nullptr;  // AttentionInputs::padded_rows: rows computed of the k T padded ones
+  const int64_t* padded_rows = nullptr;  // [R] the rows computed of the k T padded ones; nullptr: all
+  int64_t padded(int64_t r) const { return padded_row(padded_rows, r); }
 };
 
 // Where a layer's attention reads its inputs: queries [R, H, D] float32 (row r: the padded row
@@ -154,7 +159,7 @@ struct AttentionInputs {
   const int64_t* padded_rows;  // [R] each row's place among the k T padded rows; nullptr: row r is r
 
   int64_t group() const { return heads / kv_heads; }
-  int64_t padded(int64_t r) const { return padded_rows ? padded_rows[r] : r; }
+  int64_t padded(int64_t r) const { return padded_row(padded_rows, r); }
   const float* own_keys(int64_t r, int64_t hk, int64_t D) const { return branch_k + ((padded(r) / n_new) * kv_heads + hk) * capacity * D; }
   const float* own_values(int64_t r, int64_t hk, int64_t D) const { return branch_v + ((padded(r) / n_new) * kv_heads + hk) * capacity * D; }
   const float* mask_row(int64_t r) const { return mask ? mask + padded(r) * cols : nullptr; }  // [k, 1, T, cols]: row b T + t
@@ -546,7 +551,7 @@ void attend_layer(const Dims& s, const Tensor& queries, const Tensor& prefix_k, 
   const Tensor lse_rows = has_prefix ? lse_p.contiguous() : lse_p;  // [1, H, R]
   const float* lse_shared = has_prefix ? lse_rows.data_ptr<float>() : nullptr;
   for (int64_t r = 0; r < s.rows; ++r) {
-    const int64_t p = s.padded_rows ? s.padded_rows[r] : r, b = p / T, t = p % T;
+    const int64_t p = s.padded(r), b = p / T, t = p % T;
     for (int64_t h = 0; h < H; ++h) {
       Act* o = out + (r * H + h) * D;
       const float* own = &ob[b][h][t][0];
@@ -599,7 +604,8 @@ int64_t check_rows(Dims& s, at::IntArrayRef padded_rows, at::IntArrayRef lengths
 }  // namespace
 
 // x [R, dim] float32 (R = k * T rows, row r: branch r / T, new token r % T; or the rows at
-// padded_rows of those, see check_rows); cos, signed sin [R, D] float32 (engine/models/rope.py: rotate_half folded into a roll and a signed sin).
+// padded_rows of those, see check_rows); cos, signed sin [R, D] float32 (engine/models/rope.py:
+// rotate_half folded into a roll and a signed sin).
 // Per layer l: input and post-attention norm weights [dim]; the int4 kernel's packed weights
 // and scales/zeros of q|k|v, o, gate|up and down; the q|k|v bias [(H + 2 Hkv) D] or none.
 // prefix_k/v [L, 1, Hkv, P, D] (unit last stride), branch_k/v [L, k, Hkv, S, D] contiguous,
@@ -658,7 +664,7 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
       float* bk = branch_k.data_ptr<float>() + l * cache_layer;
       float* bv = branch_v.data_ptr<float>() + l * cache_layer;
       for (int64_t r = 0; r < s.rows; ++r) {  // rotary on q and k, k and v into the branch buffers
-        const int64_t p = s.padded_rows ? s.padded_rows[r] : r, b = p / n_new, slot = lengths[b] + p % n_new;
+        const int64_t p = s.padded(r), b = p / n_new, slot = lengths[b] + p % n_new;
         const float* c = cp + r * D;
         const float* sn = sp + r * D;
         for (int64_t h = 0; h < heads + 2 * kv_heads; ++h) {
