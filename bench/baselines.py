@@ -116,7 +116,9 @@ def branch_cache(prompt: RaggedKVCache, k: int, new_tokens: int, shared_prefix: 
     """The KV of k branches after `prompt`: bifurcated (the prompt stored once) or the prompt replicated per branch."""
     if shared_prefix:
         return BranchKVCache.from_prompt(prompt, k, new_tokens)
-    replicated = RaggedKVCache(prompt.shape, k, prompt.lengths[0] + new_tokens, prompt.keys.dtype, prompt.keys.device)
+    replicated = RaggedKVCache(
+        prompt.shape, k, prompt.lengths[0] + new_tokens, prompt.keys.dtype, prompt.keys.device, compute_dtype=prompt.compute_dtype
+    )
     length = prompt.lengths[0]
     replicated.keys[:, :, :, :length] = prompt.keys[:, :1, :, :length]
     replicated.values[:, :, :, :length] = prompt.values[:, :1, :, :length]

@@ -2,7 +2,8 @@
 
 For each path (`--dtype` values: float32 is today's exact path, auto the CPU fast path;
 `auto/4bit` and `auto/4bit+dense` pin the fast path's `--cpu-weights`, `auto/torch` its
-`--cpu-kernels`: PyTorch ops instead of the C++ layer loop, `auto/int4=kspec` its `--cpu-int4`)
+`--cpu-kernels`: PyTorch ops instead of the C++ layer loop, `auto/int4=kspec` its `--cpu-int4`,
+`auto/kv=float32` its `--cpu-kv`)
 and each row count —
 k branches x 1 new token for k in --ks, and the verification of k_max x (gamma + 1) drafted
 positions — one forward pass over a shared prompt prefix (the engine's BranchKVCache,
@@ -104,10 +105,12 @@ def resident_bytes(model: nn.Module) -> int:
 
 
 def _kv_bytes_read(cache: BranchKVCache, new: int) -> int:
-    """The prefix once plus each branch's entries (what bifurcated attention reads)."""
-    element = cache.keys.element_size()
-    per_entry = 2 * cache.shape.n_layers * cache.shape.n_kv_heads * cache.shape.head_dim * element
-    return per_entry * (cache.prefix_len + sum(n + new for n in cache.lengths))
+    """The prefix once plus each branch's entries (what bifurcated attention reads), each in its
+    own dtype (a float16 prompt KV: 2 bytes an element)."""
+    per_element = 2 * cache.shape.n_layers * cache.shape.n_kv_heads * cache.shape.head_dim  # keys and values
+    prefix = cache.prefix_len * cache.prefix_keys.element_size()
+    own = sum(n + new for n in cache.lengths) * cache.keys.element_size()
+    return per_element * (prefix + own)
 
 
 def _step_runner(model: Transformer, cache: BranchKVCache, case: StepCase) -> Callable[[], int]:
@@ -128,21 +131,24 @@ def _step_runner(model: Transformer, cache: BranchKVCache, case: StepCase) -> Ca
 
 
 INT4_PIN = "int4="  # a --paths pin of --cpu-int4
+KV_PIN = "kv="  # a --paths pin of --cpu-kv
 
 
 def path_config(config: EngineConfig, path: str) -> EngineConfig:
     """A --paths entry: a --dtype value, then optionally /<--cpu-weights value>,
-    /<--cpu-kernels value> and /int4=<--cpu-int4 value> (auto/4bit, auto/torch, auto/int4=kspec,
-    auto/4bit/int4=torch)."""
+    /<--cpu-kernels value>, /int4=<--cpu-int4 value> and /kv=<--cpu-kv value> (auto/4bit,
+    auto/torch, auto/int4=kspec, auto/4bit/int4=torch, auto/kv=float32)."""
     dtype, *pins = path.split("/")
     int4 = [pin.removeprefix(INT4_PIN) for pin in pins if pin.startswith(INT4_PIN)]
+    kv = [pin.removeprefix(KV_PIN) for pin in pins if pin.startswith(KV_PIN)]
     kernels = [pin for pin in pins if pin in CPU_KERNELS]
-    weights = [pin for pin in pins if pin not in CPU_KERNELS and not pin.startswith(INT4_PIN)]
-    if len(kernels) > 1 or len(weights) > 1 or len(int4) > 1:
-        raise ValueError(f"{path!r}: at most one --cpu-weights, one --cpu-kernels and one int4= value")
+    weights = [pin for pin in pins if pin not in CPU_KERNELS and not pin.startswith((INT4_PIN, KV_PIN))]
+    if len(kernels) > 1 or len(weights) > 1 or len(int4) > 1 or len(kv) > 1:
+        raise ValueError(f"{path!r}: at most one --cpu-weights, one --cpu-kernels, one int4= and one kv= value")
     return replace(
         config, dtype=dtype, cpu_weights=weights[0] if weights else config.cpu_weights,
         cpu_kernels=kernels[0] if kernels else config.cpu_kernels, cpu_int4=int4[0] if int4 else config.cpu_int4,
+        cpu_kv=kv[0] if kv else config.cpu_kv,
     )  # fmt: skip
 
 
@@ -181,7 +187,7 @@ def bench_step(
     try:
         configs = {path: path_config(config, path) for path in paths}
     except ValueError as exc:
-        raise ValueError(f"bench step paths are --dtype values, optionally /<--cpu-weights>/<--cpu-kernels value>: {exc}") from exc
+        raise ValueError(f"bench step paths are --dtype values, optionally /<--cpu-weights>/<--cpu-kernels value>/int4=<--cpu-int4 value>/kv=<--cpu-kv value>: {exc}") from exc
     loaded: dict[str, LoadedModel] = {path: load_model(config.model, configs[path]) for path in paths}
     prompt = inspect.getsource(json.decoder)
     ids = loaded[paths[0]].tokenizer.encode(prompt * (1 + prompt_tokens // 2000))[:prompt_tokens]

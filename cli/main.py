@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["generate", "attention", "step", "keystroke", "decode", "quality", "serve", "peer"],
         help="generate: our batched decoding vs transformers generate(); attention: bifurcated vs replicated "
         "attention alone; step: a whole decode step (logits included) per compute path for k branches and a "
-        "verification of k x (gamma+1) rows, with the bytes-read floor (with --contexts: shared vs replicated prefix KV); keystroke: prefix-cache hit vs cold prefill, "
+        "verification of k x (gamma+1) rows, with the bytes-read floor, at a 512-token prompt or each of --contexts "
+        "(with --contexts and no --paths: shared vs replicated prefix KV); keystroke: prefix-cache hit vs cold prefill, "
         "how often typing at the language server's window makes a cold prompt (\"prompt_starts\"), "
         "then typing replayed through kspec lsp (under \"lsp\": kspec vs the previous configuration); "
         "serve: N editors at once, continuous batching vs one request at a time (or --url endpoints); "
@@ -74,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--paths", default=None,
         help="step: comma-separated compute paths compared side by side: --dtype values, or auto/4bit and "
         "auto/4bit+dense for the fast path's --cpu-weights, auto/torch for its --cpu-kernels, auto/int4=kspec or "
-        "auto/int4=torch for its --cpu-int4 (combined: auto/4bit/int4=kspec; default float32,auto)",
+        "auto/int4=torch for its --cpu-int4, auto/kv=float32 or auto/kv=float16 for its --cpu-kv (combined: "
+        "auto/4bit/int4=kspec; default float32,auto)",
     )  # fmt: skip
     bench.add_argument("--ks", default=None, help="comma-separated k values")
     bench.add_argument("--contexts", default=None, help="comma-separated context lengths (tokens)")
@@ -191,7 +193,7 @@ def _bench_keystroke_lsp(config, args: argparse.Namespace) -> dict:
 
     def factory(engine_config, on_progress):  # --threads and the CPU fast path's flags reach the engines the servers load
         threads = config.threads if config.threads is not None else engine_config.threads
-        fast_path = {"cpu_weights": config.cpu_weights, "cpu_kernels": config.cpu_kernels, "cpu_int4": config.cpu_int4}
+        fast_path = {"cpu_weights": config.cpu_weights, "cpu_kernels": config.cpu_kernels, "cpu_int4": config.cpu_int4, "cpu_kv": config.cpu_kv}
         return default_engine_factory(dataclasses.replace(engine_config, threads=threads, **fast_path), on_progress)
 
     return bench_keystroke_lsp(
@@ -324,10 +326,12 @@ def run_bench(args: argparse.Namespace) -> int:
         from kspec.bench.step import bench_step
 
         paths = [p for p in args.paths.split(",") if p] if args.paths else ["float32", "auto"]
-        if args.contexts:
+        if args.contexts and not args.paths:
             report = bench.bench_decode_step(config, _ints(args.ks, [8])[0], _ints(args.contexts, [1024]), args.repeats or 7)
         else:
-            report = bench_step(config, _ints(args.ks, [1, 4, 8]), paths, repeats=args.repeats or 9)
+            contexts = _ints(args.contexts, [512])
+            reports = [bench_step(config, _ints(args.ks, [1, 4, 8]), paths, context, repeats=args.repeats or 9) for context in contexts]
+            report = reports[0] if len(reports) == 1 else {"contexts": reports}
     else:
         report = bench.bench_keystroke(config, _ints(args.contexts, [1024])[0], points=4, repeats=args.repeats or 2)
         report["prompt_starts"] = _bench_prompt_starts(config, args)

@@ -25,6 +25,7 @@ DRAFTER_CHOICES = ("auto", "lookup", "model", "layerskip", "none")
 CPU_WEIGHTS = ("auto", "4bit", "4bit+dense")  # the CPU fast path's resident weights (engine/models/cpu_fast.py)
 CPU_KERNELS = ("auto", "torch")  # the CPU fast path's decode steps: the C++ layer loop where it builds, or PyTorch ops only
 CPU_INT4 = ("auto", "torch", "kspec")  # the CPU fast path's 4-bit matmul: by CPU (cpu_fast.INT4_KERNELS), PyTorch's int4 or kspec's 4-bit x 8-bit
+CPU_KV = ("auto", "float32", "float16")  # the CPU fast path's prompt KV dtype: auto (cpu_fast.FastPath.resolved_prompt_kv) or a torch dtype name
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"  # the whole value
 
 
@@ -65,13 +66,18 @@ class EngineConfig:
         "copy for many rows), kspec (kspec's 4-bit x 8-bit kernel, activations rounded to 8 bits per block of 32 as "
         "llama.cpp does: AVX2, or AVX-512 VNNI); auto: the one measured faster on this CPU class", choices=CPU_INT4,
     )  # fmt: skip
+    cpu_kv: str = option(
+        "auto", "the CPU fast path's prompt KV (prefill, prefix cache, the branches' shared prefix): float16 (half the "
+        "memory, and a decode step reads half the bytes of a long prompt) or float32; auto: float16 where the C++ layer "
+        "loop serves every branch step, else float32", choices=CPU_KV,
+    )  # fmt: skip
     device: str = option("cpu", "'cpu' or 'cuda[:N]'", pattern=DEVICE_PATTERN, setting=True)
     prompt_tokens: int = 1536  # token budget for prefix + suffix
     threads: int | None = option(None, "torch intra-op threads (default: torch's, one per core)")
     progress: bool = True  # progress bar while converting a GGUF file
     prefix_cache_mb: int = option(
         128, "KV of recent prompts kept for reuse across keystrokes, in MB (one entry per document being typed in; "
-        "~18 MB per 384-token and ~70 MB per 1.5k-token prompt of the demo model); 0 disables",
+        "~18 MB per 384-token and ~70 MB per 1.5k-token prompt of the demo model in float32, half that in float16: --cpu-kv); 0 disables",
     )  # fmt: skip
     drafter: str = option(
         "auto", "speculative drafter (auto: --draft if given, else prompt lookup; layerskip: the first 8 layers of the target)",
@@ -96,6 +102,8 @@ class EngineConfig:
             raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}, got {self.cpu_kernels!r}")
         if self.cpu_int4 not in CPU_INT4:
             raise ValueError(f"cpu_int4 must be one of {', '.join(CPU_INT4)}, got {self.cpu_int4!r}")
+        if self.cpu_kv not in CPU_KV:
+            raise ValueError(f"cpu_kv must be one of {', '.join(CPU_KV)}, got {self.cpu_kv!r}")
         if self.prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         if self.drafter not in DRAFTER_CHOICES:

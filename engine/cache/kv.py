@@ -9,6 +9,10 @@ each row keeps; the rest is rolled back by simply not counting it).
 `RaggedKVCache` is the plain cache: one preallocated buffer per row, rows may have
 different lengths (a batch of prompts of different lengths, or branches that accepted
 different numbers of draft tokens).
+
+A cache may store its KV in another dtype than the model computes in (the CPU fast path keeps a
+prompt's KV in float16: a decode step reads half the bytes of it); PyTorch's attention then
+reads it converted to the queries' dtype, the C++ layer loop reads float16 itself.
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ class KVCache(Protocol):
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, step: StepContext) -> Tensor: ...
 
     def advance(self, n_kept: int | Sequence[int]) -> None: ...
+
+
+def as_dtype(stored: Tensor, dtype: torch.dtype) -> Tensor:
+    """Stored KV as the attention computes it: itself, or a converted copy (a float16 prompt KV
+    read by PyTorch's attention in float32)."""
+    return stored if stored.dtype == dtype else stored.to(dtype)
 
 
 def _expect(step: StepContext, kind: type[_StepT]) -> _StepT:
@@ -96,11 +106,14 @@ class RaggedKVCache(RowLengths):
     zero=False leaves the buffers uninitialized, for a cache whose slots are all written before
     anything reads them (a prompt's prefill, capacity its length: a row shorter than the batch's
     longest would have unwritten slots read, masked, by the attention). A 1k-token prompt's
-    zeroed buffers cost a fresh page per 4 KB of 47 MB."""
+    zeroed buffers cost a fresh page per 4 KB of 47 MB.
+
+    dtype: what the buffers store; compute_dtype: the model's (default: dtype), that of the
+    branch buffers over this prompt (`BranchKVCache.from_prompt`)."""
 
     def __init__(
         self, shape: CacheShape, batch: int, capacity: int, dtype: torch.dtype, device: torch.device | str = "cpu",
-        zero: bool = True,
+        zero: bool = True, compute_dtype: torch.dtype | None = None,
     ):  # fmt: skip
         if batch <= 0 or capacity <= 0:
             raise ValueError(f"batch and capacity must be > 0, got {batch}, {capacity}")
@@ -110,6 +123,7 @@ class RaggedKVCache(RowLengths):
         allocate = torch.zeros if zero else torch.empty
         self.keys = allocate(buffer_shape, dtype=dtype, device=device)  # [L, B, Hkv, C, D]
         self.values = allocate(buffer_shape, dtype=dtype, device=device)  # [L, B, Hkv, C, D]
+        self.compute_dtype = compute_dtype or dtype
         self.lengths: list[int] = [0] * batch
 
     @property
@@ -173,8 +187,8 @@ class RaggedKVCache(RowLengths):
             )
         return F.scaled_dot_product_attention(
             q,
-            keys[:, :, : step.kv_len],
-            values[:, :, : step.kv_len],
+            as_dtype(keys[:, :, : step.kv_len], q.dtype),
+            as_dtype(values[:, :, : step.kv_len], q.dtype),
             attn_mask=step.mask,
             is_causal=step.is_causal,
             enable_gqa=q.shape[1] != k.shape[1],
@@ -196,7 +210,8 @@ class BranchKVCache(RowLengths):
     Attention is bifurcated (kernels/reference.py, dispatched by kernels/bifurcated.py): one matmul over the prefix for all
     branches, one per branch over its own entries, merged with log-sum-exp.
 
-    prefix_keys/values [L, 1, Hkv, P, D]; branch buffers [L, k, Hkv, capacity, D].
+    prefix_keys/values [L, 1, Hkv, P, D]; branch buffers [L, k, Hkv, capacity, D] in `dtype`
+    (default: the prefix's; a float16 prefix has float32 branches on the CPU fast path).
     """
 
     def __init__(
@@ -206,6 +221,7 @@ class BranchKVCache(RowLengths):
         prefix_values: Tensor,
         k: int,
         capacity: int,
+        dtype: torch.dtype | None = None,
     ):
         if k <= 0 or capacity <= 0:
             raise ValueError(f"k and capacity must be > 0, got {k}, {capacity}")
@@ -214,24 +230,25 @@ class BranchKVCache(RowLengths):
         self.prefix_len = prefix_keys.shape[3]
         self.capacity = capacity
         buffer_shape = (shape.n_layers, k, shape.n_kv_heads, capacity, shape.head_dim)
-        dtype, device = prefix_keys.dtype, prefix_keys.device
+        dtype, device = dtype or prefix_keys.dtype, prefix_keys.device
         self.keys = torch.zeros(buffer_shape, dtype=dtype, device=device)  # [L, k, Hkv, S, D]
         self.values = torch.zeros(buffer_shape, dtype=dtype, device=device)  # [L, k, Hkv, S, D]
         self.lengths: list[int] = [0] * k  # generated entries per branch
 
     @classmethod
-    def from_prompt(cls, prompt: RaggedKVCache, k: int, capacity: int) -> "BranchKVCache":
-        """Branches over row 0 of a prefilled batch-1 cache (a view, not a copy)."""
+    def from_prompt(cls, prompt: RaggedKVCache, k: int, capacity: int, dtype: torch.dtype | None = None) -> "BranchKVCache":
+        """Branches over row 0 of a prefilled batch-1 cache (a view, not a copy); branch
+        buffers in `dtype` (default: the prompt cache's compute dtype, the model's)."""
         length = prompt.lengths[0]
         keys = prompt.keys[:, :1, :, :length]  # [L, 1, Hkv, P, D]
         values = prompt.values[:, :1, :, :length]
-        return cls(prompt.shape, keys, values, k, capacity)
+        return cls(prompt.shape, keys, values, k, capacity, dtype or prompt.compute_dtype)
 
     @property
     def nbytes(self) -> int:
         """Bytes held: the prefix once plus every branch buffer."""
-        element = self.keys.element_size()
-        return 2 * element * (self.prefix_keys[:, :, :, : self.prefix_len].numel() + self.keys.numel())
+        prefix = self.prefix_keys[:, :, :, : self.prefix_len]
+        return 2 * (prefix.numel() * prefix.element_size() + self.keys.numel() * self.keys.element_size())
 
     def prepare(self, n_new: int) -> StepContext:
         device = self.keys.device
@@ -267,8 +284,8 @@ class BranchKVCache(RowLengths):
         self.write(layer, k, v, step)
         return bifurcated_attention(
             q,
-            self.prefix_keys[layer],
-            self.prefix_values[layer],
+            as_dtype(self.prefix_keys[layer], q.dtype),
+            as_dtype(self.prefix_values[layer], q.dtype),
             self.keys[layer],
             self.values[layer],
             step.layout,

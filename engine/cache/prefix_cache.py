@@ -69,7 +69,7 @@ def extend(model: Transformer, cache: RaggedKVCache, chunk: list[int]) -> torch.
         return model(tokens, cache)
     branch = BranchKVCache.from_prompt(cache, 1, len(chunk))  # the cached part is its prefix (a view)
     hidden = model(tokens, branch)
-    cache.keys[:, :1, :, done : done + len(chunk)] = branch.keys  # [L, 1, Hkv, T, D]
+    cache.keys[:, :1, :, done : done + len(chunk)] = branch.keys  # [L, 1, Hkv, T, D] (into the prompt's KV dtype)
     cache.values[:, :1, :, done : done + len(chunk)] = branch.values
     return hidden
 
@@ -113,7 +113,7 @@ class PrefixCache:
         chunks of a newcomer's prompt with the others' decode rounds)."""
         if not ids:
             raise ValueError("cannot prefill an empty prompt")
-        cache = RaggedKVCache(model.cache_shape, 1, len(ids), model.dtype, model.device, zero=False)  # every slot written: reused, then chunks
+        cache = RaggedKVCache(model.cache_shape, 1, len(ids), model.kv_dtype, model.device, zero=False, compute_dtype=model.dtype)  # every slot written: reused, then chunks
         match = self.longest_match(ids)
         reused = 0
         superseded: tuple[int, ...] | None = None

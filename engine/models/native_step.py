@@ -35,6 +35,10 @@ from kspec.engine.models.transformer import RMSNorm, Transformer
 # AVX-512-BF16 VM, one process); 40 verification rows stay faster dense (46 vs 58 ms).
 LOOP_INT4_ROWS = 8
 
+# The prompt's KV the loop reads (the branches' own entries are float32): float16 halves what a
+# step reads of a long prompt (branch_layers.cpp converts it a chunk of rows at a time)
+PREFIX_KV_DTYPES = (torch.float32, torch.float16)
+
 
 @dataclass(frozen=True)
 class LayerWeights:
@@ -123,7 +127,8 @@ class NativeSteps:
         prefix_k, prefix_v = cache.prefix_keys, cache.prefix_values
         return (
             cache.keys.is_contiguous() and cache.values.is_contiguous() and cache.keys.dtype == torch.float32
-            and prefix_k.stride(-1) == 1 and prefix_k.stride() == prefix_v.stride() and prefix_k.dtype == torch.float32
+            and prefix_k.stride(-1) == 1 and prefix_k.stride() == prefix_v.stride() and prefix_k.dtype in PREFIX_KV_DTYPES
+            and prefix_v.dtype == prefix_k.dtype
         )  # fmt: skip
 
     def __call__(

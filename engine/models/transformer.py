@@ -155,6 +155,7 @@ class Transformer(nn.Module):
             "inv_freq", inverse_frequencies(args.head_dim, args.rope_theta, args.rope_scaling), persistent=False
         )
         self.native_steps: LayerLoop | None = None  # the CPU fast path's C++ layer loop (cpu_fast.to_fast_path)
+        self.prompt_kv_dtype: torch.dtype | None = None  # a prompt's KV stored in this dtype; None: the model's (cpu_fast.to_fast_path)
 
     @property
     def cache_shape(self) -> CacheShape:
@@ -166,6 +167,12 @@ class Transformer(nn.Module):
         """Of activations and the KV cache (the final norm's; projections and the embedding may
         hold other forms, e.g. 4-bit codes)."""
         return self.model.norm.weight.dtype
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """Of a prompt's KV cache (prefill, the prefix cache, the branches' shared prefix); the
+        branches' own entries are in `dtype`."""
+        return self.prompt_kv_dtype or self.dtype
 
     @property
     def device(self) -> torch.device:
@@ -220,6 +227,10 @@ class EarlyExit(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.base.dtype
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.base.kv_dtype
 
     @property
     def device(self) -> torch.device:

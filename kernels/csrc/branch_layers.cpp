@@ -30,11 +30,21 @@
 // serving 16 queries) and the values weighed 4 queries x 16 dimensions at a time: 1.46x at
 // two rows, 1.72-1.73x at four, 1.44-1.45x at eight, 1.35x at 24, 1.40-1.42x at 40 (two runs).
 //
+// The prompt's KV (the prefix) may be float16 (`--cpu-kv`, engine/models/cpu_fast.py): the
+// attention converts it a chunk of rows at a time into an L1 scratch and multiplies float32.
+// One row (attend_direct) takes a chunk's keys 8 at a time against each query head, q in 8
+// registers, the 8 dots' lanes summed together (AVX2, heads of 64: score_rows64), and weighs
+// values with the output in 8 registers. Measured (Zen 3, 30 layers at a 1536-token prefix, one
+// row): the key-by-key dots took 4.4-4.9 ms (the horizontal sum of every dot, and its latency);
+// blocks of 8 keys 3.2-3.4 ms on float16, then prefetching each row 16 ahead across chunks
+// 2.5-3.2 ms (float32: 4.4-5.4 ms). Whole steps: README "Measured".
+//
 // bfloat16 is handled as its bits (uint16_t) so that the loops vectorize: c10::BFloat16's
 // conversions keep them scalar.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -49,6 +59,8 @@
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #define KSPEC_LANES_ATTENTION 1
+#elif defined(__F16C__)
+#include <immintrin.h>
 #endif
 
 at::Tensor q4_q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params);  // q4_q8_matmul.cpp
@@ -84,6 +96,54 @@ template <typename Act> constexpr at::ScalarType act_type = std::is_same_v<Act, 
 
 constexpr int64_t kGroup = 32;         // weights per 4-bit group (GGUF Q4 blocks)
 constexpr int64_t kMaxHeadDim = 512;
+
+// A float16 of the prompt's KV (the prefix, stored in 16 bits: a step reads half the bytes; the
+// branches' own few entries stay float32). A struct, not its bits' integer type: bf16 is that.
+struct f16 {
+  uint16_t bits;
+};
+static_assert(sizeof(f16) == 2);
+const f16* f16_data(const Tensor& t) { return reinterpret_cast<const f16*>(t.data_ptr<c10::Half>()); }
+
+// The attention multiplies float32: prefix rows of float16 are converted a chunk at a time into
+// a scratch of this many bytes (L1), float32 rows read in place
+constexpr int64_t kConvertBytes = 16384;
+template <int64_t D>
+constexpr int64_t kConvertRows = kConvertBytes / (D * 4);
+
+// Rows of the prefix a pass takes at a time: a float16 prefix a scratch's worth (converted), a
+// float32 one all of them
+template <typename KV, int64_t D>
+inline int64_t chunk_rows(int64_t n) { return std::is_same_v<KV, float> ? std::max<int64_t>(n, 1) : kConvertRows<D>; }
+
+// n rows of D elements at `stride` as float32 rows: a float32 source in place (stride kept);
+// float16 ones converted into scratch [n, D] (stride D), each row's source asked for a few rows
+// ahead (the prefix is not cached at a layer's turn)
+template <int64_t D>
+inline const float* rows_as_float(const float* src, int64_t, int64_t stride, float*, int64_t& out_stride) {
+  out_stride = stride;
+  return src;
+}
+
+template <int64_t D>
+inline const float* rows_as_float(const f16* src, int64_t n, int64_t stride, float* scratch, int64_t& out_stride) {
+  constexpr int64_t kAhead = 16;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint16_t* row = &src[j * stride].bits;
+    float* dst = scratch + j * D;
+    for (int64_t line = 0; line < D * 2; line += 64)  // past the chunk too: the next chunk's rows (a prefetch never faults)
+      __builtin_prefetch(reinterpret_cast<const char*>(row + kAhead * stride) + line);
+#if defined(__AVX512F__)
+    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(dst + d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + d))));
+#elif defined(__F16C__)
+    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d))));
+#else
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(c10::Half(row[d], c10::Half::from_bits()));
+#endif
+  }
+  out_stride = D;
+  return scratch;
+}
 
 // e^x for x <= 0 (SiLU's e^-|x|): Cephes' polynomial, ~2 ulp, written so the compiler
 // vectorizes it (std::exp in a loop stays scalar). Below e^-60 it is 0: 1 + e^x is then 1 in
@@ -150,12 +210,15 @@ struct Dims {
 
 // Where a layer's attention reads its inputs: queries [R, H, D] float32 (row r: the padded row
 // p = padded(r) of branch p / T, new token p % T), pre-softmax scale 1 / sqrt(D); the prefix
-// [Hkv, P, D] (key stride p_key, head stride p_head, unit last stride, values alike); each
-// branch's entries [k, Hkv, S, D] contiguous, `cols` of them visible under the additive mask
-// [k, 1, T, cols] (or all of them)
+// [Hkv, P, D] of KV (float32 or f16; key stride p_key, head stride p_head, unit last stride,
+// values alike); each branch's entries [k, Hkv, S, D] float32 contiguous, `cols` of them visible
+// under the additive mask [k, 1, T, cols] (or all of them)
+template <typename KV>
 struct AttentionInputs {
   int64_t rows, heads, kv_heads, n_new, prefix, capacity, cols, p_head, p_key;
-  const float *queries, *prefix_k, *prefix_v, *branch_k, *branch_v, *mask;
+  const float* queries;
+  const KV *prefix_k, *prefix_v;
+  const float *branch_k, *branch_v, *mask;
   const int64_t* padded_rows;  // [R] each row's place among the k T padded rows; nullptr: row r is r
 
   int64_t group() const { return heads / kv_heads; }
@@ -219,18 +282,95 @@ void weigh_values(const float* p, const float* values, int64_t stride, int64_t n
   }
 }
 
-// One row at a time: its group of query heads against the prefix keys, key by key (each key
-// read once for the group), then its own entries; for a step of few rows, where the
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define KSPEC_ROW_BLOCKS 1
+// The sums of eight registers' lanes, in one register: lane i = the sum of a[i]'s 8 lanes
+inline __m256 lane_sums(const __m256 (&a)[8]) {
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));  // halves: lanes 0-3 | 4-7 of a[0..3]
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// scores[j] = q . keys[j] for n rows of 64 (stride): 8 keys at a time, each a chain of 8
+// multiply-adds over q held in 8 registers, summed across lanes together (one query's dot key by
+// key spent more on each dot's horizontal sum and its latency than on the multiply-adds: Zen 3,
+// a one-row step at a 1536-token prompt spent half its time in the attention)
+inline void score_rows64(const float* q, const float* keys, int64_t stride, int64_t n, float* scores) {
+  __m256 qv[8];
+  for (int v = 0; v < 8; ++v) qv[v] = _mm256_loadu_ps(q + 8 * v);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 acc[8];
+    const float* block = keys + j * stride;
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(block + i * stride));
+#pragma GCC unroll 8
+    for (int v = 1; v < 8; ++v)
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(block + i * stride + 8 * v), acc[i]);
+    _mm256_storeu_ps(scores + j, lane_sums(acc));
+  }
+  for (; j < n; ++j) {
+    __m256 acc = _mm256_mul_ps(qv[0], _mm256_loadu_ps(keys + j * stride));
+    for (int v = 1; v < 8; ++v) acc = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(keys + j * stride + 8 * v), acc);
+    const __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    scores[j] = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+  }
+}
+
+// out [64] += sum_j p[j] values[j] over n rows of 64 (stride), the sum held in 8 registers
+inline void weigh_rows64(const float* p, const float* values, int64_t stride, int64_t n, float* out) {
+  __m256 acc[8];
+  for (int v = 0; v < 8; ++v) acc[v] = _mm256_loadu_ps(out + 8 * v);
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 weight = _mm256_set1_ps(p[j]);
+#pragma GCC unroll 8
+    for (int v = 0; v < 8; ++v) acc[v] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(values + j * stride + 8 * v), acc[v]);
+  }
+  for (int v = 0; v < 8; ++v) _mm256_storeu_ps(out + 8 * v, acc[v]);
+}
+#endif
+
+// scores[j] = q . keys[j] for n key rows of D (stride)
+template <int64_t D>
+inline void score_rows(const float* q, const float* keys, int64_t stride, int64_t n, float* scores) {
+#if KSPEC_ROW_BLOCKS
+  if constexpr (D == 64) return score_rows64(q, keys, stride, n, scores);
+#endif
+  for (int64_t j = 0; j < n; ++j) {
+    const float* key = keys + j * stride;
+    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t d = 0; d < D; ++d) dot += q[d] * key[d];
+    scores[j] = dot;
+  }
+}
+
+// out [D] += sum_j p[j] values[j] over n value rows of D (stride)
+template <int64_t D>
+inline void weigh_rows(const float* p, const float* values, int64_t stride, int64_t n, float* out) {
+#if KSPEC_ROW_BLOCKS
+  if constexpr (D == 64) return weigh_rows64(p, values, stride, n, out);
+#endif
+  weigh_values<D>(p, values, stride, n, out);
+}
+
+// One row at a time: its group of query heads against the prefix keys, a chunk of keys at a
+// time (each chunk read once for the group), then its own entries; for a step of few rows, where the
 // flash kernel's fixed cost dominates. Items are (row, kv head, piece of the prefix); the last
 // piece also takes the row's own entries. emit(r, h, piece, o, top, sum) takes the piece's
 // output o [D] unnormalized (weights e^(score - top)) and its sum of weights.
-template <int64_t D, typename Emit>
-void attend_direct(const AttentionInputs& in, const PrefixPieces& pieces, Emit emit) {
+template <int64_t D, typename KV, typename Emit>
+void attend_direct(const AttentionInputs<KV>& in, const PrefixPieces& pieces, Emit emit) {
   const int64_t G = in.group(), n = pieces.longest() + in.cols;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   at::parallel_for(0, in.rows * in.kv_heads * pieces.count, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores(G * n);  // [G, piece + cols]
-    float q[kMaxGroup * D], o[D];
+    std::vector<float> converted(std::is_same_v<KV, float> ? 0 : kConvertRows<D> * D);  // [chunk, D] float16 rows as float32
+    alignas(64) float q[kMaxGroup * D];
+    alignas(64) float o[kMaxGroup * D];
+    float top[kMaxGroup], sum[kMaxGroup];
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t piece = item % pieces.count, base = item / pieces.count;
       const int64_t r = base / in.kv_heads, hk = base % in.kv_heads, h0 = hk * G;
@@ -238,29 +378,33 @@ void attend_direct(const AttentionInputs& in, const PrefixPieces& pieces, Emit e
       const int64_t cols = pieces.last(piece) ? in.cols : 0;
       for (int64_t g = 0; g < G; ++g)
         for (int64_t d = 0; d < D; ++d) q[g * D + d] = in.queries[(r * in.heads + h0 + g) * D + d] * scale;
-      const float* keys = in.prefix_k + hk * in.p_head + p0 * in.p_key;
-      const int64_t p_key = in.p_key;
-      for (int64_t j = 0; j < P; ++j) {
-        const float* key = keys + j * p_key;
-        for (int64_t g = 0; g < G; ++g) {
-          const float* qg = q + g * D;
-          float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < D; ++d) dot += qg[d] * key[d];
-          scores[g * n + j] = dot;
-        }
+      const KV* keys = in.prefix_k + hk * in.p_head + p0 * in.p_key;
+      const KV* values = in.prefix_v + hk * in.p_head + p0 * in.p_key;
+      const int64_t p_key = in.p_key, chunk = kConvertRows<D>;  // float32 rows too: a chunk stays in L1 for the group
+      for (int64_t j0 = 0; j0 < P; j0 += chunk) {
+        const int64_t m = std::min(chunk, P - j0);
+        int64_t stride;
+        const float* rows = rows_as_float<D>(keys + j0 * p_key, m, p_key, converted.data(), stride);
+        for (int64_t g = 0; g < G; ++g) score_rows<D>(q + g * D, rows, stride, m, scores.data() + g * n + j0);
       }
       for (int64_t g = 0; g < G; ++g) {
         float* row = scores.data() + g * n;
-        float top = -INFINITY;
-#pragma omp simd reduction(max : top)
-        for (int64_t j = 0; j < P; ++j) top = std::max(top, row[j]);
-        top = own_scores<D>(q + g * D, in.own_keys(r, hk, D), in.mask_row(r), cols, row + P, top);
-        const float sum = exponentiate(row, P + cols, top);
-        std::fill(o, o + D, 0.f);
-        weigh_values<D>(row, in.prefix_v + hk * in.p_head + p0 * p_key, p_key, P, o);
-        weigh_values<D>(row + P, in.own_values(r, hk, D), D, cols, o);
-        emit(r, h0 + g, piece, o, top, sum);
+        float best = -INFINITY;
+#pragma omp simd reduction(max : best)
+        for (int64_t j = 0; j < P; ++j) best = std::max(best, row[j]);
+        top[g] = own_scores<D>(q + g * D, in.own_keys(r, hk, D), in.mask_row(r), cols, row + P, best);
+        sum[g] = exponentiate(row, P + cols, top[g]);
+      }
+      std::fill(o, o + G * D, 0.f);
+      for (int64_t j0 = 0; j0 < P; j0 += chunk) {  // each chunk of value rows read (converted) once for the group
+        const int64_t m = std::min(chunk, P - j0);
+        int64_t stride;
+        const float* rows = rows_as_float<D>(values + j0 * p_key, m, p_key, converted.data(), stride);
+        for (int64_t g = 0; g < G; ++g) weigh_rows<D>(scores.data() + g * n + j0, rows, stride, m, o + g * D);
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        weigh_values<D>(scores.data() + g * n + P, in.own_values(r, hk, D), D, cols, o + g * D);
+        emit(r, h0 + g, piece, o + g * D, top[g], sum[g]);
       }
     }
   });
@@ -347,15 +491,17 @@ inline void score_keys(const float* qt, const float* keys, int64_t p_key, float*
 }
 
 // ot[m + i] [D] = sum_j p[j][m + i] values[j] for kValueQueries queries m + i of the tile,
-// p [n, W] (the tile's weights per key), values n rows of stride p_key
+// p [n, W] (the tile's weights per key), values n rows of stride p_key; `accumulate`: added to
+// what ot holds (a chunk of the prefix after the first)
 template <int64_t D, int64_t W>
-inline void weigh_value_rows(const float* p, const float* values, int64_t p_key, int64_t n, int64_t m, bool prefetch, float* ot) {
+inline void weigh_value_rows(const float* p, const float* values, int64_t p_key, int64_t n, int64_t m, bool prefetch, bool accumulate,
+                             float* ot) {
   for (int64_t c = 0; c < D; c += kValueRegs * kLanes) {
     Lanes::V acc[kValueQueries][kValueRegs];
 #pragma GCC unroll 8
     for (int64_t i = 0; i < kValueQueries; ++i)
 #pragma GCC unroll 4
-      for (int64_t v = 0; v < kValueRegs; ++v) acc[i][v] = Lanes::zero();
+      for (int64_t v = 0; v < kValueRegs; ++v) acc[i][v] = accumulate ? Lanes::loadu(ot + (m + i) * D + c + v * kLanes) : Lanes::zero();
     for (int64_t j = 0; j < n; ++j) {
       const float* value = values + j * p_key;
       if (prefetch && c == 0 && j + kPrefetchRows < n) prefetch_row<D>(value + kPrefetchRows * p_key);
@@ -382,8 +528,8 @@ inline void weigh_value_rows(const float* p, const float* values, int64_t p_key,
 // (no transposition of the keys, no horizontal sums); the values weighed a few queries at a
 // time, each loaded piece of a value row against their weights. Each query's own branch entries
 // (few) one dot at a time. Items and emit as attend_direct.
-template <int64_t D, int64_t Regs, typename Emit>
-void attend_lanes(const AttentionInputs& in, const PrefixPieces& pieces, Emit emit) {
+template <int64_t D, int64_t Regs, typename KV, typename Emit>
+void attend_lanes(const AttentionInputs<KV>& in, const PrefixPieces& pieces, Emit emit) {
   constexpr int64_t W = QueryTile<Regs>::kWidth, KB = QueryTile<Regs>::kKeyBlock;
   static_assert(D % (kValueRegs * kLanes) == 0 && W % kValueQueries == 0);
   const int64_t G = in.group(), M = in.rows * G, tiles = (M + W - 1) / W;
@@ -391,6 +537,7 @@ void attend_lanes(const AttentionInputs& in, const PrefixPieces& pieces, Emit em
   at::parallel_for(0, in.kv_heads * tiles * pieces.count, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> prefix_scores(std::max<int64_t>(pieces.longest(), 1) * W);  // [piece, W]
     std::vector<float> branch_scores(W * std::max<int64_t>(in.cols, 1));  // [W, cols]
+    std::vector<float> converted(std::is_same_v<KV, float> ? 0 : kConvertRows<D> * D);  // [chunk, D] float16 rows as float32
     alignas(64) float qt[D * W];  // [D, W] the tile's queries, scaled
     alignas(64) float ot[W * D];  // [W, D] their prefix values' weighted sums
     alignas(64) float top[W];
@@ -406,13 +553,20 @@ void attend_lanes(const AttentionInputs& in, const PrefixPieces& pieces, Emit em
         for (int64_t d = 0; d < D; ++d) qt[d * W + l] = in.queries[(r * in.heads + h) * D + d] * scale;
       }
       float* st = prefix_scores.data();
-      const float* keys = in.prefix_k + hk * in.p_head + p0 * in.p_key;
-      int64_t j = 0;
-      for (; j + KB <= P; j += KB) {
-        for (int64_t b = 0; b < KB && j + kPrefetchRows + b < P; ++b) prefetch_row<D>(keys + (j + kPrefetchRows + b) * in.p_key);
-        score_keys<D, Regs, KB>(qt, keys + j * in.p_key, in.p_key, st + j * W);
+      const KV* keys = in.prefix_k + hk * in.p_head + p0 * in.p_key;
+      const int64_t chunk = chunk_rows<KV, D>(P);
+      for (int64_t j0 = 0; j0 < P; j0 += chunk) {
+        const int64_t n = std::min(chunk, P - j0);
+        int64_t stride;
+        const float* rows = rows_as_float<D>(keys + j0 * in.p_key, n, in.p_key, converted.data(), stride);
+        int64_t j = 0;
+        for (; j + KB <= n; j += KB) {
+          if constexpr (std::is_same_v<KV, float>)  // converted rows were asked for by the conversion
+            for (int64_t b = 0; b < KB && j + kPrefetchRows + b < n; ++b) prefetch_row<D>(rows + (j + kPrefetchRows + b) * stride);
+          score_keys<D, Regs, KB>(qt, rows + j * stride, stride, st + (j0 + j) * W);
+        }
+        for (; j < n; ++j) score_keys<D, Regs, 1>(qt, rows + j * stride, stride, st + (j0 + j) * W);
       }
-      for (; j < P; ++j) score_keys<D, Regs, 1>(qt, keys + j * in.p_key, in.p_key, st + j * W);
       std::fill(top, top + W, -INFINITY);
       for (int64_t k = 0; k < P; ++k) {
 #pragma omp simd
@@ -434,8 +588,14 @@ void attend_lanes(const AttentionInputs& in, const PrefixPieces& pieces, Emit em
           total[l] += e;
         }
       }
-      const float* values = in.prefix_v + hk * in.p_head + p0 * in.p_key;
-      for (int64_t m = 0; m < lanes; m += kValueQueries) weigh_value_rows<D, W>(st, values, in.p_key, P, m, m == 0, ot);
+      const KV* values = in.prefix_v + hk * in.p_head + p0 * in.p_key;
+      for (int64_t j0 = 0; j0 < std::max<int64_t>(P, 1); j0 += chunk) {  // an empty piece still zeroes ot
+        const int64_t n = std::min(chunk, P - j0);
+        int64_t stride;
+        const float* rows = rows_as_float<D>(values + j0 * in.p_key, n, in.p_key, converted.data(), stride);
+        for (int64_t m = 0; m < lanes; m += kValueQueries)
+          weigh_value_rows<D, W>(st + j0 * W, rows, stride, n, m, std::is_same_v<KV, float> && m == 0, j0 > 0, ot);
+      }
       for (int64_t l = 0; l < lanes; ++l) {
         const int64_t r = (m0 + l) / G, h = hk * G + (m0 + l) % G;
         float* sb = branch_scores.data() + l * in.cols;
@@ -449,9 +609,10 @@ void attend_lanes(const AttentionInputs& in, const PrefixPieces& pieces, Emit em
 }
 
 // Tiles of a kv head's queries and their registers: one register where the queries fit in one
-template <int64_t Regs>
-inline int64_t query_tiles(const AttentionInputs& in) { return (in.rows * in.group() + QueryTile<Regs>::kWidth - 1) / QueryTile<Regs>::kWidth; }
-inline bool wide_tiles(const AttentionInputs& in) { return in.rows * in.group() > kLanes; }
+template <int64_t Regs, typename KV>
+inline int64_t query_tiles(const AttentionInputs<KV>& in) { return (in.rows * in.group() + QueryTile<Regs>::kWidth - 1) / QueryTile<Regs>::kWidth; }
+template <typename KV>
+inline bool wide_tiles(const AttentionInputs<KV>& in) { return in.rows * in.group() > kLanes; }
 
 // Query vectors per kv head from which a kv head's queries share registers (attend_lanes)
 // rather than go one at a time (attend_direct): three quarters of a register's lanes. The
@@ -465,8 +626,8 @@ constexpr int64_t kLanesFromQueries = (3 * kLanes + 3) / 4;
 // The written-out attention where this build and these inputs have it (true), else false. With
 // the prefix in several pieces, each piece's output is kept with its maximum score and sum of
 // weights, then the pieces are joined: o = sum_p e^(top_p - top) o_p over sum_p e^(top_p - top) sum_p.
-template <typename Act>
-bool attend_written_out(const AttentionInputs& in, int64_t D, Act* out) {
+template <typename Act, typename KV>
+bool attend_written_out(const AttentionInputs<KV>& in, int64_t D, Act* out) {
 #if KSPEC_LANES_ATTENTION
   if ((D != 64 && D != 128) || in.group() > kMaxGroup) return false;
   const bool lanes = in.rows * in.group() >= kLanesFromQueries, wide = wide_tiles(in);
@@ -523,11 +684,15 @@ void attend_layer(const Dims& s, const Tensor& queries, const Tensor& prefix_k, 
   const int64_t H = s.heads, D = s.head_dim, T = s.n_new;
   const bool float_mask = !mask.has_value() || (mask->scalar_type() == at::kFloat && mask->is_contiguous());
   if (float_mask) {
-    const AttentionInputs in{s.rows, H, s.kv_heads, T, prefix_k.size(2), s.capacity, cols, prefix_k.stride(1), prefix_k.stride(2),
-                             queries.data_ptr<float>(), prefix_k.data_ptr<float>(), prefix_v.data_ptr<float>(),
-                             branch_k.data_ptr<float>(), branch_v.data_ptr<float>(), mask.has_value() ? mask->data_ptr<float>() : nullptr,
-                             s.padded_rows};
-    if (attend_written_out(in, D, out)) return;
+    auto written_out = [&]<typename KV>(const KV* keys, const KV* values) {
+      const AttentionInputs<KV> in{s.rows, H, s.kv_heads, T, prefix_k.size(2), s.capacity, cols, prefix_k.stride(1), prefix_k.stride(2),
+                                   queries.data_ptr<float>(), keys, values, branch_k.data_ptr<float>(), branch_v.data_ptr<float>(),
+                                   mask.has_value() ? mask->data_ptr<float>() : nullptr, s.padded_rows};
+      return attend_written_out(in, D, out);
+    };
+    const bool half = prefix_k.scalar_type() == at::kHalf;
+    if (half ? written_out(f16_data(prefix_k), f16_data(prefix_v)) : written_out(prefix_k.data_ptr<float>(), prefix_v.data_ptr<float>()))
+      return;
   }
   Tensor padded_q = queries;  // [k T, H, D]: the computed rows in their places, zeros elsewhere
   if (s.padded_rows) {
@@ -542,7 +707,7 @@ void attend_layer(const Dims& s, const Tensor& queries, const Tensor& prefix_k, 
   Tensor out_p, lse_p;
   if (has_prefix) {
     Tensor rows = queries.permute({1, 0, 2}).unsqueeze(0);  // [1, H, R, D]
-    std::tie(out_p, lse_p) = at::_scaled_dot_product_flash_attention_for_cpu(rows, prefix_k, prefix_v);
+    std::tie(out_p, lse_p) = at::_scaled_dot_product_flash_attention_for_cpu(rows, prefix_k.to(at::kFloat), prefix_v.to(at::kFloat));
   }  // out_p [1, H, R, D], lse_p [1, H, R]
   TORCH_CHECK(out_b.stride(3) == 1 && (!has_prefix || out_p.stride(3) == 1), "kspec branch_layers: flash output rows not contiguous");
   auto ob = out_b.accessor<float, 4>();
@@ -576,6 +741,12 @@ Tensor matmul(const Tensor& x, const Tensor& packed, const Tensor& scales) {
 
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "kspec branch_layers: ", what); }
 
+// The prompt's KV, float32 or float16 (keys and values alike)
+void check_prefix_type(const Tensor& prefix_k, const Tensor& prefix_v) {
+  const auto type = prefix_k.scalar_type();
+  check((type == at::kFloat || type == at::kHalf) && prefix_v.scalar_type() == type, "prefix KV must be float32 or float16, keys and values alike");
+}
+
 // The rows a step computes: all k T (padded_rows empty) or, in order, the places among them of
 // each branch's first few new tokens (a verification's rows without the padding of drafts
 // shorter than the longest, which no query attends to); sets s.padded_rows, checks s.rows, the
@@ -608,8 +779,8 @@ int64_t check_rows(Dims& s, at::IntArrayRef padded_rows, at::IntArrayRef lengths
 // rotate_half folded into a roll and a signed sin).
 // Per layer l: input and post-attention norm weights [dim]; the int4 kernel's packed weights
 // and scales/zeros of q|k|v, o, gate|up and down; the q|k|v bias [(H + 2 Hkv) D] or none.
-// prefix_k/v [L, 1, Hkv, P, D] (unit last stride), branch_k/v [L, k, Hkv, S, D] contiguous,
-// written at slots lengths[b] + t; branch_mask the branch piece's additive mask [k, 1, T, cols]
+// prefix_k/v [L, 1, Hkv, P, D] float32 or float16 (unit last stride), branch_k/v [L, k, Hkv, S, D]
+// float32 contiguous, written at slots lengths[b] + t; branch_mask the branch piece's additive mask [k, 1, T, cols]
 // (kernels/contract.py BranchLayout: the masking rules are written once, there) or none.
 // Returns the residual stream after the last layer [R, dim].
 Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed_sin, at::TensorList input_norm,
@@ -622,7 +793,8 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
   const int64_t layers = input_norm.size();
   check(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be [R, dim] float32");
   check(branch_k.dim() == 5 && branch_k.is_contiguous() && branch_v.is_contiguous(), "branch buffers must be contiguous [L, k, Hkv, S, D]");
-  check(branch_k.scalar_type() == at::kFloat && prefix_k.scalar_type() == at::kFloat, "the KV cache must be float32");
+  check(branch_k.scalar_type() == at::kFloat && branch_v.scalar_type() == at::kFloat, "the branch buffers must be float32");
+  check_prefix_type(prefix_k, prefix_v);
   check(prefix_k.dim() == 5 && prefix_k.stride(4) == 1 && prefix_v.strides() == prefix_k.strides(), "prefix KV must be [L, 1, Hkv, P, D] with unit last stride");
   check(branch_k.size(0) >= layers && prefix_k.size(0) >= layers, "fewer cache layers than weights");
   check(qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == layers, "one q|k|v bias per layer or none");
@@ -705,7 +877,7 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
 
 // One layer's attention as branch_layers runs it (the tests hold it to the contract's reference):
 // queries [R, H, D] float32 (rotated, unscaled; row r: branch r / T, token r % T); prefix_k/v
-// [1, Hkv, P, D] (unit last stride, equal strides); branch_k/v [k, Hkv, S, D] contiguous, holding
+// [1, Hkv, P, D] float32 or float16 (unit last stride, equal strides); branch_k/v [k, Hkv, S, D] contiguous, holding
 // this step's entries at lengths[b] + t; branch_mask and padded_rows as branch_layers' -> [R, H * D] float32
 Tensor branch_attention(const Tensor& queries, const Tensor& prefix_k, const Tensor& prefix_v, const Tensor& branch_k,
                         const Tensor& branch_v, const std::optional<Tensor>& branch_mask, at::IntArrayRef lengths,
@@ -713,8 +885,9 @@ Tensor branch_attention(const Tensor& queries, const Tensor& prefix_k, const Ten
   check(queries.dim() == 3 && queries.scalar_type() == at::kFloat, "queries must be [R, H, D] float32");
   check(branch_k.dim() == 4 && branch_k.is_contiguous() && branch_v.is_contiguous() && branch_k.scalar_type() == at::kFloat,
         "branch buffers must be contiguous [k, Hkv, S, D] float32");
-  check(prefix_k.dim() == 4 && prefix_k.stride(3) == 1 && prefix_v.strides() == prefix_k.strides() &&
-            prefix_k.scalar_type() == at::kFloat, "prefix KV must be [1, Hkv, P, D] float32 with unit last stride");
+  check(prefix_k.dim() == 4 && prefix_k.stride(3) == 1 && prefix_v.strides() == prefix_k.strides(),
+        "prefix KV must be [1, Hkv, P, D] with unit last stride");
+  check_prefix_type(prefix_k, prefix_v);
   Dims s{};
   s.rows = queries.size(0);
   s.heads = queries.size(1);

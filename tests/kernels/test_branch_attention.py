@@ -2,7 +2,8 @@
 against the contract's reference (kernels/reference.py) in float32: written out on an AVX-512 or AVX2
 build for heads of 64 and 128 (one query at a time below three quarters of a register's lanes
 of queries per kv head, a kv head's queries in a register's lanes from there), PyTorch's flash kernel and a merge elsewhere. Every
-way is the same softmax over the same scores: 1e-5 of the output's scale."""
+way is the same softmax over the same scores: 1e-5 of the output's scale. A prefix stored in
+float16 (the prompt's KV on the CPU fast path) is read as its float32 values."""
 
 from __future__ import annotations
 
@@ -56,18 +57,44 @@ def test_a_verifications_rows_without_their_padding_are_the_same_rows(case: str)
     _check(case, [b * new + t for b, count in enumerate(counts) for t in range(count)])
 
 
-def _check(case: str, padded_rows: list[int] | None = None) -> None:
-    heads, kv_heads, dim, prefix, before, new = CASES[case]
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_a_float16_prefix_is_read_as_its_float32_values(case: str, threads: int) -> None:
+    """The prefix in float16 (converted a chunk of rows at a time where written out, whole for
+    PyTorch's flash kernel): the same output as the reference over those values in float32,
+    prefix cut into pieces (2 threads) or not."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check(case, prefix_dtype=torch.float16)
+    finally:
+        torch.set_num_threads(before)
+
+
+LONG_CASES = {  # thousands of prefix keys: many chunks of converted rows
+    "long-k1": (9, 3, 64, 1500, [4], 1),  # one query at a time
+    "long-verify": (9, 3, 64, 1500, [3, 9, 0, 4, 11, 1, 6, 2], 5),  # wide tiles
+    "long-head-128": (4, 1, 128, 1100, [2, 6, 4], 3),
+}
+
+
+@pytest.mark.parametrize("case", list(LONG_CASES), ids=list(LONG_CASES))
+def test_a_float16_prefix_longer_than_a_conversion_chunk(case: str) -> None:
+    _check(case, prefix_dtype=torch.float16)
+
+
+def _check(case: str, padded_rows: list[int] | None = None, prefix_dtype: torch.dtype = torch.float32) -> None:
+    heads, kv_heads, dim, prefix, before, new = CASES[case] if case in CASES else LONG_CASES[case]
     generator = torch.Generator().manual_seed(len(case))
     k, capacity = len(before), max(before) + new + 5
     q = torch.randn(k, heads, new, dim, generator=generator)  # [k, H, T, D]
     # the prefix as a view into cache buffers longer than it (a head's keys not adjacent to the next head's)
-    prefix_k, prefix_v = (torch.randn(1, kv_heads, prefix + 7, dim, generator=generator)[:, :, :prefix] for _ in range(2))
+    prefix_k, prefix_v = (torch.randn(1, kv_heads, prefix + 7, dim, generator=generator).to(prefix_dtype)[:, :, :prefix] for _ in range(2))
     branch_k = torch.randn(k, kv_heads, capacity, dim, generator=generator)  # [k, Hkv, S, D]
     branch_v = torch.randn(k, kv_heads, capacity, dim, generator=generator)
     after = [n + new for n in before]
     layout = BranchLayout.build(after, new, torch.float32, "cpu")
-    want = reference_bifurcated_attention(q, prefix_k, prefix_v, branch_k, branch_v, torch.tensor(after))  # [k, H, T, D]
+    want = reference_bifurcated_attention(q, prefix_k.float(), prefix_v.float(), branch_k, branch_v, torch.tensor(after))  # [k, H, T, D]
     queries = q.transpose(1, 2).reshape(k * new, heads, dim)  # [R, H, D]: row b T + t
     want_rows = want.transpose(1, 2).reshape(k * new, heads * dim)
     if padded_rows is not None:

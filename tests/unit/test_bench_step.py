@@ -9,7 +9,7 @@ from kspec.bench.step import bench_step, path_config
 from kspec.engine.config import EngineConfig
 
 
-def test_paths_pin_dtype_cpu_weights_and_cpu_kernels() -> None:
+def test_paths_pin_dtype_and_the_fast_paths_settings() -> None:
     config = EngineConfig(progress=False)
     assert path_config(config, "float32").dtype == "float32"
     assert (path_config(config, "auto/4bit").dtype, path_config(config, "auto/4bit").cpu_weights) == ("auto", "4bit")
@@ -19,6 +19,10 @@ def test_paths_pin_dtype_cpu_weights_and_cpu_kernels() -> None:
     pinned = path_config(config, "auto/4bit/int4=kspec")
     assert (pinned.cpu_weights, pinned.cpu_kernels, pinned.cpu_int4) == ("4bit", "auto", "kspec")
     assert path_config(config, "auto/int4=torch").cpu_int4 == "torch"
+    pinned = path_config(config, "auto/4bit/kv=float32")
+    assert (pinned.cpu_weights, pinned.cpu_kv, path_config(config, "auto").cpu_kv) == ("4bit", "float32", "auto")
+    with pytest.raises(ValueError, match="cpu_kv"):
+        path_config(config, "auto/kv=int8")
     with pytest.raises(ValueError, match="cpu_weights"):
         path_config(config, "auto/int8")
     with pytest.raises(ValueError, match="at most one"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kspec.engine.cache import prefix_cache
-from kspec.engine.cache.kv import RaggedKVCache
+from kspec.engine.cache.kv import BranchKVCache, RaggedKVCache
 from kspec.engine.cache.prefix_cache import BRANCH_EXTEND_TOKENS, PrefixCache, PrefixCacheConfig, extend, prefill_uncached
 
 SOURCE = "import json\n\n\ndef load(path):\n    with open(path) as handle:\n        return json.load(handle)\n\n\ndef save(path, data):\n    with open(path, 'w') as handle:\n        json.dump(data, handle)\n"
@@ -48,6 +48,27 @@ def test_a_few_tokens_after_a_cached_part_run_as_one_branch_over_it(random_engin
         torch.testing.assert_close(caches[1].keys[:, :, :, :end], caches[0].keys[:, :, :, :end], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(caches[1].values[:, :, :, :end], caches[0].values[:, :, :, :end], atol=1e-5, rtol=1e-5)
     assert len(branches) == 1  # the few tokens only
+
+
+def test_a_prompt_kv_stored_in_float16(random_engine, monkeypatch):
+    """A model whose prompt KV is float16 (the CPU fast path's, Transformer.kv_dtype): a cold
+    prefill, a reuse and a keystroke's few tokens (run as a float32 branch, then copied in) keep
+    it in float16 at half the bytes, with the logits of float32 KV to float16's rounding."""
+    model, tokenizer = random_engine.target.model, random_engine.target.tokenizer
+    first, second = tokenizer.encode(SOURCE + "\n\ndef dump"), tokenizer.encode(SOURCE + "\n\ndef dumps(")
+    exact = prefill_uncached(model, second)
+    monkeypatch.setattr(model, "prompt_kv_dtype", torch.float16)
+    cache = PrefixCache()
+    cache.prefill(model, first)
+    warm = cache.prefill(model, second)
+    cold = prefill_uncached(model, second)
+    assert warm.cache.keys.dtype == cold.cache.keys.dtype == torch.float16
+    assert 0 < len(second) - warm.reused_tokens <= BRANCH_EXTEND_TOKENS  # the keystroke's tokens ran as a branch
+    scale = float(exact.last_logits.abs().max())
+    torch.testing.assert_close(warm.last_logits, cold.last_logits, atol=1e-4 * scale, rtol=0)
+    torch.testing.assert_close(cold.last_logits, exact.last_logits, atol=1e-2 * scale, rtol=0)
+    assert 2 * warm.cache.nbytes == exact.cache.nbytes
+    assert BranchKVCache.from_prompt(warm.cache, 2, 4).keys.dtype == torch.float32  # branches in the model's dtype
 
 
 def test_resegmented_last_word_reuses_everything_before_it(random_engine):
