@@ -193,8 +193,7 @@ def _bench_keystroke_lsp(config, args: argparse.Namespace) -> dict:
 
     def factory(engine_config, on_progress):  # --threads and the CPU fast path's flags reach the engines the servers load
         threads = config.threads if config.threads is not None else engine_config.threads
-        fast_path = {"cpu_weights": config.cpu_weights, "cpu_kernels": config.cpu_kernels, "cpu_int4": config.cpu_int4, "cpu_kv": config.cpu_kv}
-        return default_engine_factory(dataclasses.replace(engine_config, threads=threads, **fast_path), on_progress)
+        return default_engine_factory(dataclasses.replace(engine_config, threads=threads, **config.cpu_fast_path()), on_progress)
 
     return bench_keystroke_lsp(
         model=config.model, points=args.lsp_points, chars_per_point=args.lsp_chars, cps=args.lsp_cps, pause_ms=args.lsp_pause_ms, device=config.device,

@@ -26,6 +26,7 @@ CPU_WEIGHTS = ("auto", "4bit", "4bit+dense")  # the CPU fast path's resident wei
 CPU_KERNELS = ("auto", "torch")  # the CPU fast path's decode steps: the C++ layer loop where it builds, or PyTorch ops only
 CPU_INT4 = ("auto", "torch", "kspec")  # the CPU fast path's 4-bit matmul: by CPU (cpu_fast.INT4_KERNELS), PyTorch's int4 or kspec's 4-bit x 8-bit
 CPU_KV = ("auto", "float32", "float16")  # the CPU fast path's prompt KV dtype: auto (cpu_fast.FastPath.resolved_prompt_kv) or a torch dtype name
+CPU_FAST_PATH_FIELDS = ("cpu_weights", "cpu_kernels", "cpu_int4", "cpu_kv")  # EngineConfig's settings of the CPU fast path (FastPath.for_weights)
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"  # the whole value
 
 
@@ -116,6 +117,10 @@ class EngineConfig:
             raise ValueError(f"gamma must be in [1, 16], got {self.gamma}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+    def cpu_fast_path(self) -> dict[str, str]:
+        """The CPU fast path's settings by field name, as FastPath.for_weights takes them."""
+        return {name: getattr(self, name) for name in CPU_FAST_PATH_FIELDS}
 
     @property
     def torch_dtype(self) -> "torch.dtype":

@@ -80,8 +80,7 @@ def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCall
     report(0.8, f"loading {resolved.name}")
     compute = Compute.choose(config)
     if compute.fast_cpu:
-        path = FastPath.for_weights(config.cpu_weights, config.cpu_kernels, config.cpu_int4, config.cpu_kv)
-        model = _load_fast_path(resolved.folder, compute.dtype, path)
+        model = _load_fast_path(resolved.folder, compute.dtype, FastPath.for_weights(**config.cpu_fast_path()))
         release_free_memory()  # the conversion's buffers (unpacked and int32 codes)
     else:
         model = load_transformer(resolved.folder, compute.dtype, config.device)
