@@ -67,6 +67,8 @@ def _cpu_tag() -> str:
 def _built(cache_dir: Path) -> tuple[bool, str]:
     if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
         return False, "this PyTorch has no int4 CPU kernel"
+    if _registered():  # built under another cache folder in this process: a second copy's ops would abort
+        return True, ""
     try:
         from torch.utils.cpp_extension import load as build
 
@@ -78,6 +80,15 @@ def _built(cache_dir: Path) -> tuple[bool, str]:
     except Exception as exc:  # no compiler, headers or ninja: the PyTorch ops serve instead
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return False, f"kspec's C++ CPU ops could not be built ({first_line[:300]})"
+
+
+def _registered() -> bool:
+    """Whether this process has kspec's ops already."""
+    try:
+        torch.ops.kspec.branch_layers
+    except (AttributeError, RuntimeError):
+        return False
+    return True
 
 
 def load(cache_dir: Path) -> Callable[..., torch.Tensor] | None:

@@ -42,7 +42,7 @@ import torch
 
 from kspec.engine.config import CPU_INT4, CPU_KERNELS, CPU_KV
 from kspec.engine.models.quantized import (
-    CpuLinear, Int4Embedding, Q4Codes, Q4Q8Term, Q8HeadEmbedding, Q8Q8Term, fused_linear, int4_kernel_available, weight_terms,
+    CpuLinear, Int4Embedding, Q4Codes, Q8HeadEmbedding, Q8Q8Term, TiledTerm, fused_linear, int4_kernel_available, weight_terms,
 )
 from kspec.engine.models.native_step import NativeSteps
 from kspec.engine.models.resolve import cache_root
@@ -203,7 +203,7 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
         def linear(*names: str) -> CpuLinear:
             modules = [block.get_submodule(name) for name in names]
             terms = [weight_terms(codes, f"{prefix}{name}.weight") for name in names]
-            return fused_linear(modules, terms, int4_max_rows, dense_dtype, keep_dense, q4q8)
+            return fused_linear(modules, terms, int4_max_rows, dense_dtype, keep_dense, q4q8, q8q8)
 
         attention, mlp = block.self_attn, block.mlp
         attention.fuse(linear("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), linear("self_attn.o_proj"))
@@ -245,7 +245,7 @@ def describe(model: Transformer) -> str:
     if not int4:
         return f"{base}, fused projections ({dense_text})"
     rows = "at every row count" if dense is None else f"up to {int4[0].int4_max_rows} rows, {dense_text} above"
-    q4q8 = isinstance(int4[0].terms[0], Q4Q8Term)
+    q4q8 = isinstance(int4[0].terms[0], TiledTerm)
     kernel = f"kspec's 4-bit x 8-bit kernel ({cpu_layers.matmul_isa(cache_root())})" if q4q8 else "PyTorch's int4 kernel"
     notes = [f"{len(int4)}/{len(linears)} matmuls {rows}", kernel]
     if isinstance(model.lm_head, CpuLinear) and any(isinstance(t, Q8Q8Term) for t in model.lm_head.terms):

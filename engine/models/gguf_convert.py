@@ -1,9 +1,10 @@
-"""Turn a GGUF file into an HF model folder (config.json, model.safetensors, tokenizer.json),
-plus its 4-bit weights as stored (q4.safetensors, for the CPU fast path).
+"""Turn a GGUF file into an HF model folder (config.json, tokenizer.json) whose weight matrices
+are kspec's kernel terms (q4.safetensors: gguf_blocks.py) and whose other tensors (norms,
+biases, matrices no kernel takes) are float32 (model.safetensors). hf_folder.py dequantizes the
+terms for a path that wants dense weights.
 
-Quantized tensors are dequantized once with the `gguf` package; the folder is written
-to a temporary directory and renamed into place, so a failed conversion leaves nothing
-half-written.
+The folder is written to a temporary directory and renamed into place, so a failed conversion
+leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from kspec.engine.errors import ModelLoadError
-from kspec.engine.models.quantized import Q4_FILE, Q4_TYPES, TERM_SEPARATOR, Q4Codes, q8_0_terms, save_q4
+from kspec.engine.models.gguf_blocks import tensor_terms
+from kspec.engine.models.quantized import Q4_FILE, TERM_SEPARATOR, Q4Codes, save_q4
 
 ProgressCallback = Callable[[float, str], None]  # (fraction done in [0, 1], what is happening)
 
@@ -111,50 +113,39 @@ def _unpermute_rotary(weight: np.ndarray, n_heads: int) -> np.ndarray:
     return weight.reshape(n_heads, out // n_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def gguf_state_dict(
-    reader: Any, config: dict[str, Any], progress: bool, on_progress: ProgressCallback | None = None
-) -> dict[str, torch.Tensor]:
+def gguf_weights(
+    reader: Any, config: dict[str, Any], float_quantization: str = "q8", progress: bool = False,
+    on_progress: ProgressCallback | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, Q4Codes]]:  # fmt: skip
+    """A GGUF file's weights by HF name: (the dense float32 tensors, the matrices as kspec's terms).
+    Every matrix the kernels can take becomes terms (gguf_blocks.py: the file's codes for the
+    types the kernels take, requantized for the others, float matrices quantized per
+    `float_quantization`): one 4-bit term, or two (`<name>#hi`, `<name>#lo`) for the 8-bit form;
+    the rest (vectors, K not a multiple of 32, floats kept dense) is dequantized with `gguf`.
+    Rows in HF order (llama's q/k rotary interleave undone)."""
     from gguf import quants
 
     arch = _field(reader, "general.architecture")
     state: dict[str, torch.Tensor] = {}
+    codes: dict[str, Q4Codes] = {}
     tensors = list(reader.tensors)
-    for index, tensor in enumerate(tqdm(tensors, desc="dequantizing GGUF", unit="tensor", disable=not progress)):
+    for index, tensor in enumerate(tqdm(tensors, desc="converting GGUF", unit="tensor", disable=not progress)):
         if on_progress is not None:
             on_progress(index / len(tensors), "converting the GGUF file")
         name = _hf_name(tensor.name, arch)
-        array = quants.dequantize(tensor.data, tensor.tensor_type)
-        array = np.asarray(array, dtype=np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
+        shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
         heads = _rotary_heads(arch, tensor.name, config)
+        found = tensor_terms(np.asarray(tensor.data), tensor.tensor_type.name, shape, float_quantization) if len(shape) == 2 else None  # type: ignore[arg-type]
+        if found is not None:
+            names = [name] if len(found) == 1 else [f"{name}{TERM_SEPARATOR}hi", f"{name}{TERM_SEPARATOR}lo"]
+            order = torch.from_numpy(_unpermute_rotary(np.arange(shape[0]), heads)) if heads else None
+            codes.update({term_name: q4 if order is None else q4.permute_rows(order) for term_name, q4 in zip(names, found)})
+            continue
+        array = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
         if heads:
             array = _unpermute_rotary(array, heads)
         state[name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
-    return state
-
-
-def gguf_q4_codes(reader: Any, config: dict[str, Any]) -> dict[str, Q4Codes]:
-    """The 4-bit (Q4_0 / Q4_1) weight matrices of a GGUF file as stored, by HF name, and its Q8_0
-    matrices as two 4-bit terms each (`weight_terms`); rows in HF order (llama's q/k rotary
-    interleave undone as in the conversion). Other tensors are left out: the converted folder
-    has them (dequantized)."""
-    arch = _field(reader, "general.architecture")
-    codes: dict[str, Q4Codes] = {}
-    for tensor in reader.tensors:
-        kind = tensor.tensor_type.name
-        name = _hf_name(tensor.name, arch)
-        if kind in Q4_TYPES:
-            terms = {name: Q4Codes.from_gguf_blocks(np.asarray(tensor.data), kind)}
-        elif kind == "Q8_0" and len(tensor.shape) == 2:
-            high, low = q8_0_terms(np.asarray(tensor.data))
-            terms = {f"{name}{TERM_SEPARATOR}hi": high, f"{name}{TERM_SEPARATOR}lo": low}
-        else:
-            continue
-        heads = _rotary_heads(arch, tensor.name, config)
-        for term_name, q4 in terms.items():
-            if heads:
-                q4 = q4.permute_rows(torch.from_numpy(_unpermute_rotary(np.arange(q4.shape[0]), heads)))
-            codes[term_name] = q4
-    return codes
+    return state, codes
 
 
 def write_q4_file(path: Path, folder: Path) -> Path:
@@ -164,7 +155,7 @@ def write_q4_file(path: Path, folder: Path) -> Path:
 
     try:
         reader = GGUFReader(str(path))
-        codes = gguf_q4_codes(reader, gguf_config(reader))
+        codes = gguf_weights(reader, gguf_config(reader))[1]
     except ModelLoadError:
         raise
     except Exception as exc:  # the gguf package raises many kinds on a truncated or corrupt file
@@ -238,9 +229,9 @@ def convert_gguf(path: Path, destination: Path, progress: bool = True, on_progre
     staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=destination.parent))
     try:
         try:
-            state = gguf_state_dict(reader, config, progress, on_progress)
+            state, codes = gguf_weights(reader, config, "q8", progress, on_progress)
             tokenizer_json = gguf_tokenizer_json(reader)
-            save_q4(gguf_q4_codes(reader, config), staging / Q4_FILE)  # the 4-bit weights as stored (CPU fast path)
+            save_q4(codes, staging / Q4_FILE)  # the matrices as the kernels take them (hf_folder dequantizes them for other paths)
         except ModelLoadError:
             raise
         except Exception as exc:

@@ -9,7 +9,7 @@ import torch
 
 from kspec.engine.errors import ModelLoadError
 from kspec.engine.models.args import ModelArgs
-from kspec.engine.models.quantized import Q4_FILE
+from kspec.engine.models.quantized import Q4_FILE, Q4File, weight_terms
 from kspec.engine.models.tensor_file import TensorFile
 from kspec.engine.models.transformer import Transformer
 
@@ -60,9 +60,25 @@ def load_transformer(folder: Path, dtype: torch.dtype, device: str = "cpu", skip
     for path in weight_files(folder):
         state.update(read_safetensors(path, expected - skip, dtype))
     missing = expected - skip - set(state)
+    if missing and (folder / Q4_FILE).is_file():
+        state.update(_dequantized_terms(folder / Q4_FILE, missing, dtype))
+        missing -= set(state)
     if missing:
         raise ModelLoadError(f"{folder}: weights missing from the checkpoint: {', '.join(sorted(missing)[:5])}")
     model.load_state_dict(state, strict=False, assign=True)  # completeness checked above
     if args.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval() if skip else model.to(device).eval()
+
+
+def _dequantized_terms(path: Path, names: set[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The weights `names` that a converted GGUF keeps only as kernel terms (q4.safetensors),
+    dequantized: the sum of each weight's terms, the file's float32 weights up to the terms'
+    own rounding (gguf_blocks.py)."""
+    found: dict[str, torch.Tensor] = {}
+    with Q4File(path) as codes:
+        for name in names:
+            terms = weight_terms(codes, name)
+            if terms is not None:
+                found[name] = sum((t.dequantize() for t in terms[1:]), terms[0].dequantize()).to(dtype)
+    return found

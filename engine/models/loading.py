@@ -13,7 +13,7 @@ from kspec.engine.errors import ModelLoadError
 from kspec.engine.models.gguf_convert import ProgressCallback
 from kspec.engine.models.cpu_fast import FastPath, describe, fast_path_available, to_fast_path
 from kspec.engine.models.hf_folder import load_transformer
-from kspec.engine.models.quantized import Q4_FILE, TERM_SEPARATOR, Q4File
+from kspec.engine.models.quantized import Q4_FILE, TERM_SEPARATOR, DenseWeightsSkipped, Q4File
 from kspec.engine.models.resolve import resolve_model
 from kspec.engine.models.tokenizer import Tokenizer
 from kspec.engine.models.transformer import Transformer
@@ -103,8 +103,12 @@ def _load_fast_path(folder: Path, dtype: torch.dtype, path: FastPath) -> Transfo
         return to_fast_path(load_transformer(folder, dtype, "cpu"), {}, path)
     with Q4File(q4_file) as codes:
         skip = frozenset() if path.resolved_keep_dense() else frozenset(name.split(TERM_SEPARATOR)[0] for name in codes)
-        model = to_fast_path(load_transformer(folder, dtype, "cpu", skip), codes, path)
-        if any(tensor.is_meta for tensor in [*model.parameters(), *model.buffers()]):
+        try:
+            model = to_fast_path(load_transformer(folder, dtype, "cpu", skip), codes, path)
+            complete = not any(tensor.is_meta for tensor in [*model.parameters(), *model.buffers()])
+        except DenseWeightsSkipped:
+            complete = False
+        if not complete:
             model = to_fast_path(load_transformer(folder, dtype, "cpu"), codes, path)
     return model
 

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from kspec.engine.cache.kv import BranchKVCache, KVCache, StepContext
-from kspec.engine.models.quantized import Q4Q8_TILE, CpuLinear, Int4Term, Q4Q8Term
+from kspec.engine.models.quantized import Q4Q8_TILE, CpuLinear, Int4Term, TiledTerm
 from kspec.engine.models.transformer import RMSNorm, Transformer
 
 # Rows the loop takes with the 4-bit terms even where the PyTorch path switches to a dense copy
@@ -167,13 +167,13 @@ def _one_int4_term(module: nn.Module | None) -> bool:
     if not isinstance(module, CpuLinear) or len(module.terms) != 1:
         return False
     term = module.terms[0]
-    return not isinstance(term, Q4Q8Term) or term.codes.shape[0] * Q4Q8_TILE == term.out_features  # unpadded
+    return not isinstance(term, TiledTerm) or term.codes.shape[0] * Q4Q8_TILE == term.out_features  # unpadded
 
 
 def _term_tensors(term: nn.Module) -> tuple[Tensor, Tensor]:
     """A 4-bit term's weights as its kernel takes them: (codes, float16 params) of kspec's
     4-bit x 8-bit kernel or (packed, bfloat16 scales_zeros) of PyTorch's int4 one."""
-    if isinstance(term, Q4Q8Term):
+    if isinstance(term, TiledTerm):  # either form: the loop tells them by the codes' shape
         return term.codes, term.params
     assert isinstance(term, Int4Term)
     return term.packed, term.scales_zeros

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
@@ -46,8 +45,6 @@ from torch import Tensor, nn
 from kspec.engine.models.tensor_file import TensorFile
 
 GROUP = 32  # weights per GGUF Q4 block = the kernel's group size
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}  # fp16 d [+ fp16 m] + 16 bytes of codes
-Q4_TYPES = tuple(_BLOCK_BYTES)
 
 
 @dataclass(frozen=True)
@@ -77,23 +74,6 @@ class Q4Codes:
         return (q * self.scale[..., None] + self.zero[..., None]).view(n, k)
 
     @classmethod
-    def from_gguf_blocks(cls, blocks: np.ndarray, kind: str) -> "Q4Codes":
-        """blocks [N, K/32 * block bytes] uint8 (a GGUF tensor's data) of type Q4_0 or Q4_1."""
-        if kind not in _BLOCK_BYTES:
-            raise ValueError(f"not a 4-bit GGUF type: {kind}; supported: {', '.join(Q4_TYPES)}")
-        rows = blocks.shape[0]
-        per_block = blocks.reshape(rows, -1, _BLOCK_BYTES[kind])  # [N, K/32, bytes]
-        scale = per_block[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, K/32]
-        if kind == "Q4_1":
-            minimum = per_block[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-            zero = minimum + 8 * scale
-        else:
-            zero = np.zeros_like(scale)
-        packed = per_block[..., -16:]  # [N, K/32, 16]: weight j in the low nibble of byte j, j+16 in the high one
-        codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(rows, -1)  # [N, K]
-        return cls(torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(zero))
-
-    @classmethod
     def quantize(cls, weight: Tensor) -> "Q4Codes":
         """Q4_1-style quantization of a float matrix [N, K] (min/max per group): random test models."""
         n, k = weight.shape
@@ -108,19 +88,6 @@ class Q4Codes:
         return Q4Codes(self.codes[order], self.scale[order], self.zero[order])
 
 
-def q8_0_terms(blocks: np.ndarray) -> tuple[Q4Codes, Q4Codes]:
-    """A GGUF Q8_0 tensor's blocks [N, K/32 * 34] (fp16 d + 32 int8 q) as two 4-bit terms
-    (high and low nibbles of q + 128) whose sum is d * q exactly."""
-    rows = blocks.shape[0]
-    per_block = blocks.reshape(rows, -1, 34)  # [N, K/32, 34]
-    d = per_block[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, K/32]
-    shifted = per_block[..., 2:].view(np.int8).astype(np.int16).reshape(rows, -1) + 128  # [N, K], 1..255
-    high = torch.from_numpy((shifted >> 4).astype(np.uint8))
-    low = torch.from_numpy((shifted & 0x0F).astype(np.uint8))
-    scale = torch.from_numpy(d)
-    return Q4Codes(high, 16 * scale, torch.zeros_like(scale)), Q4Codes(low, scale, 8 * scale)
-
-
 def pack_nibbles(codes: Tensor) -> Tensor:
     """4-bit codes [N, K] (uint8, 0..15) -> [N, K/2] uint8, two a byte, the lower-indexed one
     in the low nibble (how a `save_q4` file and `Int4Embedding` hold them)."""
@@ -133,11 +100,12 @@ def unpack_nibbles(nibbles: Tensor) -> Tensor:
     return torch.stack([nibbles & 0x0F, nibbles >> 4], dim=-1).view(*nibbles.shape[:-1], -1)
 
 
-TERM_SEPARATOR = "#"  # "<weight>#hi" / "<weight>#lo": a weight stored as two 4-bit terms (Q8_0)
+TERM_SEPARATOR = "#"  # "<weight>#hi" / "<weight>#lo": a weight stored as two 4-bit terms (8-bit codes)
 
 
 def weight_terms(codes: Mapping[str, Q4Codes], name: str) -> list[Q4Codes] | None:
-    """The 4-bit terms whose sum is weight `name` (one for Q4_0/Q4_1, two for Q8_0), else None."""
+    """The 4-bit terms whose sum is weight `name` (one for the 4-bit form, two for the 8-bit one:
+    gguf_blocks.py), else None."""
     if name in codes:
         return [codes[name]]
     pair = [f"{name}{TERM_SEPARATOR}hi", f"{name}{TERM_SEPARATOR}lo"]
@@ -147,7 +115,7 @@ def weight_terms(codes: Mapping[str, Q4Codes], name: str) -> list[Q4Codes] | Non
 
 
 Q4_FILE = "q4.safetensors"  # next to a converted GGUF's model.safetensors: its 4-bit weights as stored
-Q4_FORMAT = "kspec-q4-v2"  # v2: Q8_0 weights as two terms; an older file is written again
+Q4_FORMAT = "kspec-q4-v3"  # v2: Q8_0 weights as two terms; v3: every GGUF type (gguf_blocks.py); an older file is written again
 
 
 def save_q4(codes: Mapping[str, Q4Codes], path: Path) -> None:
@@ -260,35 +228,57 @@ class Q4Q8Term(TiledTerm):
         super().__init__(layout, scale, zero - 8 * scale, n, matmul)
 
 
-def q8_0_codes(terms: Sequence[Q4Codes]) -> tuple[Tensor, Tensor] | None:
-    """A Q8_0 weight's two 4-bit terms (`q8_0_terms`) joined back into its bytes: (u [N, K]
-    uint8 = q + 128, d [N, K/32] float32) with w = d (u - 128); None for any other terms."""
+EIGHT_BIT_ZERO_SHIFT = 136  # (h - 8) 16 s + (l - 8) s = s u - 136 s: the low term's zero is m + 136 s
+
+
+def eight_bit_terms(codes: Tensor, scale: Tensor, minimum: Tensor) -> list[Q4Codes]:
+    """w = s u + m (u [N, K] uint8, s and m [N, K/32] float32) as two 4-bit terms, the high and
+    low nibbles of u, whose sum is w: s u = 16 s h + s l."""
+    s, m = scale.float().contiguous(), minimum.float()
+    high = Q4Codes((codes >> 4).contiguous(), 16 * s, torch.zeros_like(s))
+    low = Q4Codes((codes & 0x0F).contiguous(), s, m + EIGHT_BIT_ZERO_SHIFT * s)
+    return [high, low]
+
+
+def as_eight_bit(terms: Sequence[Q4Codes]) -> list[Q4Codes]:
+    """A weight's terms in the 8-bit form (two terms), exactly: a 4-bit term w = (q - 8) S + Z is
+    u = q, s = S, m = Z - 8 S."""
+    if len(terms) == 2:
+        return list(terms)
+    (term,) = terms
+    return eight_bit_terms(term.codes, term.scale, term.zero - 8 * term.scale.float())
+
+
+def eight_bit_codes(terms: Sequence[Q4Codes]) -> tuple[Tensor, Tensor, Tensor] | None:
+    """An 8-bit weight's two 4-bit terms (gguf_blocks.eight_bit_terms: high and low nibbles of
+    u) joined back: (u [N, K] uint8, s, m [N, K/32] float32) with w = s u + m; None for any other
+    terms."""
     if len(terms) != 2 or terms[0].shape != terms[1].shape:
         return None
     high, low = terms
-    d = low.scale
-    if not (torch.equal(high.zero, torch.zeros_like(d)) and torch.equal(high.scale, 16 * d) and torch.equal(low.zero, 8 * d)):
+    s = low.scale
+    if not (torch.equal(high.zero, torch.zeros_like(s)) and torch.equal(high.scale, 16 * s)):
         return None
-    return high.codes * 16 + low.codes, d
+    return high.codes * 16 + low.codes, s, low.zero - EIGHT_BIT_ZERO_SHIFT * s
 
 
 class Q8Q8Term(TiledTerm):
-    """One 8-bit matrix (a GGUF Q8_0 weight: w = d q, q in -127..127) for the kernel's 8-bit form
-    (q8_q8_matmul: llama.cpp's Q8_0 x Q8_0 dot), one integer dot per block where the two 4-bit
-    terms of the same weight take two. Codes u = q + 128; s = d and m = -128 d in float16 (the
-    file's d, exact). Rows are padded to a multiple of 16."""
+    """One 8-bit matrix (w = s u + m, u in 0..255: a GGUF Q8_0 weight has u = q + 128, s = d,
+    m = -128 d; Q5_x / Q6_K ones: gguf_blocks.py) for the kernel's 8-bit form (q8_q8_matmul:
+    llama.cpp's Q8_0 x Q8_0 dot), one integer dot per block where the two 4-bit terms of the same
+    weight take two. s and m in float16. Rows are padded to a multiple of 16."""
 
-    def __init__(self, codes: Tensor, scale: Tensor, matmul: Q4Q8Matmul):
+    def __init__(self, codes: Tensor, scale: Tensor, minimum: Tensor, matmul: Q4Q8Matmul):
         n, k = codes.shape
         padded = -n % Q4Q8_TILE
-        scale = scale.float()
-        if padded:  # u = 128 with d = 0: zero weights
+        scale, minimum = scale.float(), minimum.float()
+        if padded:  # s = m = 0: zero weights
             codes = torch.cat([codes, codes.new_full((padded, k), 128)])
-            scale = torch.cat([scale, scale.new_zeros(padded, k // GROUP)])
+            scale, minimum = (torch.cat([t, t.new_zeros(padded, k // GROUP)]) for t in (scale, minimum))
         tiles, blocks = (n + padded) // Q4Q8_TILE, k // GROUP
         per_block = codes.view(tiles, Q4Q8_TILE, blocks, GROUP // 4, 4)  # [N/16, 16, K/32, 8, 4]
         layout = per_block.permute(0, 2, 3, 1, 4).contiguous()  # [N/16, K/32, 8, 16, 4] uint8
-        super().__init__(layout, scale, -128 * scale, n, matmul)
+        super().__init__(layout, scale, minimum, n, matmul)
 
 
 class Int4Term(nn.Module):
@@ -330,6 +320,11 @@ def packed_linear(x: Tensor, packed: Tensor) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
+class DenseWeightsSkipped(RuntimeError):
+    """A CpuLinear needs a dense weight that the loader skipped for its codes (loading.py reads
+    every weight then)."""
+
+
 class CpuLinear(nn.Module):
     """y = x W^T (+ b) from 4-bit terms (rows <= int4_max_rows) or dense weights, for any x dtype.
 
@@ -357,6 +352,8 @@ class CpuLinear(nn.Module):
         super().__init__()
         if not dense and not terms:
             raise ValueError("a linear layer needs dense weights or 4-bit codes")
+        if any(w.is_meta for w in dense):
+            raise DenseWeightsSkipped("a dense weight was not read (its codes could not serve alone)")
         in_features = {t.shape[1] for t in terms} | {w.shape[1] for w in dense}
         out_features = {t.shape[0] for t in terms} | ({sum(w.shape[0] for w in dense)} if dense else set())
         if len(in_features) != 1 or len(out_features) != 1:
@@ -366,7 +363,7 @@ class CpuLinear(nn.Module):
         # the 4-bit terms' kernel: kspec's 4-bit x 8-bit one where given (float32 in and out),
         # else PyTorch's int4 kernel (in int4_dtype: bfloat16 is its vectorized path)
         self.int4_dtype = torch.float32 if q4q8_matmul is not None else int4_dtype
-        eight_bit = q8_0_codes(terms) if q4q8_matmul is not None and q8q8_matmul is not None else None
+        eight_bit = eight_bit_codes(terms) if q4q8_matmul is not None and q8q8_matmul is not None else None
         self.terms = nn.ModuleList(
             [Q8Q8Term(*eight_bit, q8q8_matmul)] if eight_bit is not None
             else (Q4Q8Term(t, q4q8_matmul) if q4q8_matmul is not None else Int4Term(t, self.int4_dtype) for t in terms)
@@ -483,8 +480,8 @@ class Int4Embedding(nn.Module):
 
 class Q8HeadEmbedding(nn.Module):
     """The embedding table of a model whose head is tied to it, looked up in the head's 8-bit term
-    (a GGUF Q8_0 table as Q8Q8Term) instead of a table of its own: a row is (u - 128) d, the file's
-    float32 weights exactly (an integer below 2^8 times a float16 d is exact in float32). The
+    (Q8Q8Term) instead of a table of its own: a row is s u + m (a Q8_0 table: (u - 128) d, the
+    file's float32 weights exactly: an integer below 2^8 times a float16 d is exact). The
     table's own 4-bit terms are not kept (42 MB for the default model), and a lookup is a few
     gathers where the two 4-bit terms took ~20 tensor ops."""
 
@@ -499,9 +496,9 @@ class Q8HeadEmbedding(nn.Module):
         """tokens [...] -> [..., D] in self.dtype."""
         flat = tokens.reshape(-1)  # [M]
         tile, lane = flat // Q4Q8_TILE, flat % Q4Q8_TILE
-        codes = self.head.codes[tile, :, :, lane, :]  # [M, K/32, 8, 4]: u = q + 128, a block's 32 weights in order
-        scale = self.head.params[tile, :, 0, lane].float()  # [M, K/32] d
-        rows = (codes.float() - 128).view(flat.numel(), -1, GROUP) * scale[..., None]  # [M, K/32, 32]
+        codes = self.head.codes[tile, :, :, lane, :]  # [M, K/32, 8, 4]: u, a block's 32 weights in order
+        params = self.head.params[tile, :, :, lane].float()  # [M, K/32, 2]: s, m
+        rows = codes.float().view(flat.numel(), -1, GROUP) * params[..., 0:1] + params[..., 1:2]  # [M, K/32, 32]
         return rows.view(*tokens.shape, self.embedding_dim).to(self.dtype)
 
     def extra_repr(self) -> str:
@@ -528,10 +525,12 @@ def fused_linear(
     dense_dtype: torch.dtype,
     keep_dense: bool = True,
     q4q8_matmul: Q4Q8Matmul | None = None,
+    q8q8_matmul: Q4Q8Matmul | None = None,
 ) -> CpuLinear:
     """One CpuLinear for several linear layers over the same input (outputs concatenated), with
-    each part's 4-bit terms (`weight_terms`). 4-bit only when every part has them (and, to fuse
-    several parts, one term each); the dense parts are kept unless keep_dense is False."""
+    each part's terms (`weight_terms`). On the kernels only when every part has them (parts in
+    both forms all take the 8-bit one: a Q4_K q and k beside a Q6_K v); the dense parts are kept
+    unless keep_dense is False."""
     biases = [linear.bias for linear in linears]
     bias = None if all(b is None for b in biases) else torch.cat(
         [b.detach() if b is not None else torch.zeros(l.out_features) for b, l in zip(biases, linears)]
@@ -539,9 +538,11 @@ def fused_linear(
     fused: list[Q4Codes] = []
     if int4_kernel_available() and all(t is not None for t in terms):
         parts = [t for t in terms if t is not None]
+        if len(parts) > 1 and any(len(t) == 2 for t in parts):  # one 8-bit part: all in the 8-bit form
+            parts = [t if len(t) == 2 else as_eight_bit(t) for t in parts]
         if len(parts) == 1:
             fused = parts[0]
-        elif all(len(t) == 1 for t in parts):
-            fused = [cat_rows([t[0] for t in parts])]
+        elif len({len(t) for t in parts}) == 1:
+            fused = [cat_rows([t[i] for t in parts]) for i in range(len(parts[0]))]
     dense = [linear.weight for linear in linears] if keep_dense or not fused else []
-    return CpuLinear(dense, fused, bias, int4_max_rows, dense_dtype, q4q8_matmul=q4q8_matmul)
+    return CpuLinear(dense, fused, bias, int4_max_rows, dense_dtype, q4q8_matmul=q4q8_matmul, q8q8_matmul=q8q8_matmul)

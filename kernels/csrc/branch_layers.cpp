@@ -64,6 +64,7 @@
 #endif
 
 at::Tensor q4_q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params);  // q4_q8_matmul.cpp
+at::Tensor q8_q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params);  // q4_q8_matmul.cpp
 
 namespace {
 
@@ -733,9 +734,13 @@ void attend_layer(const Dims& s, const Tensor& queries, const Tensor& prefix_k, 
 }
 
 // x [R, K] -> [R, N] through the weights' kernel: bfloat16 in and out of PyTorch's int4 one
-// (packed, scales_zeros in its layout), float32 of kspec's (codes, params of q4_q8_matmul.cpp)
+// (packed, scales_zeros in its layout), float32 of kspec's (codes, params of q4_q8_matmul.cpp:
+// its 4-bit form's codes are [N/16, K/32, 4, 16, 4], its 8-bit form's [N/16, K/32, 8, 16, 4], so
+// a layer may mix them: a Q4_K_M file's Q6_K v and down projections beside Q4_K ones)
 Tensor matmul(const Tensor& x, const Tensor& packed, const Tensor& scales) {
-  if (x.scalar_type() == at::kFloat) return q4_q8_matmul(x, packed, scales);
+  if (x.scalar_type() == at::kFloat) {
+    return packed.dim() == 5 && packed.size(2) == 8 ? q8_q8_matmul(x, packed, scales) : q4_q8_matmul(x, packed, scales);
+  }
   return at::_weight_int4pack_mm_for_cpu(x, packed, kGroup, scales);
 }
 

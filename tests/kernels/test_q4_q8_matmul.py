@@ -13,7 +13,8 @@ import torch
 
 import numpy as np
 
-from kspec.engine.models.quantized import GROUP, CpuLinear, Q4Codes, Q4Q8Term, Q8HeadEmbedding, Q8Q8Term, q8_0_codes, q8_0_terms
+from kspec.engine.models.quantized import GROUP, CpuLinear, Q4Codes, Q4Q8Term, Q8HeadEmbedding, Q8Q8Term, eight_bit_codes
+from kspec.engine.models.gguf_blocks import q8_0 as gguf_q8_0
 from kspec.engine.models.resolve import cache_root
 from kspec.kernels import cpu_layers
 
@@ -124,7 +125,7 @@ def test_the_8bit_form_is_llama_cpps_q8_0_dot(rows: int, n: int, k: int) -> None
     """A Q8_0 weight, split into two 4-bit terms as a GGUF loads it and joined back into one
     8-bit term: y = sum_b d_w d_x (q . a), with q the file's own int8 codes."""
     blocks = _q8_0_blocks(n, k, seed=rows + n)
-    joined = q8_0_codes(q8_0_terms(blocks))
+    joined = eight_bit_codes(gguf_q8_0(blocks))
     assert joined is not None
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(k + rows)) * 3
     x[0, :GROUP] = 0.0  # an all-zero block: d = 0
@@ -139,9 +140,9 @@ def test_an_embedding_tied_to_the_8bit_head_looks_rows_up_in_its_codes() -> None
     """Rows of a Q8_0 table read from the head's tiles (19 rows: the last tile padded) equal the
     file's float32 weights d q bit for bit."""
     blocks = _q8_0_blocks(19, 64, seed=8)
-    terms = q8_0_terms(blocks)
+    terms = gguf_q8_0(blocks)
     table = sum(t.dequantize() for t in terms)  # [V, D] float32, the file's d q
-    head = Q8Q8Term(*q8_0_codes(terms), matmul8)  # type: ignore[misc]
+    head = Q8Q8Term(*eight_bit_codes(terms), matmul8)  # type: ignore[misc]
     embedding = Q8HeadEmbedding(head)
     tokens = torch.tensor([[3, 18, 0], [16, 7, 15]])  # [B, T]: both tiles, first and last lanes
     got = embedding(tokens)  # [B, T, D]
@@ -152,7 +153,7 @@ def test_an_embedding_tied_to_the_8bit_head_looks_rows_up_in_its_codes() -> None
 
 @needs_matmul8
 def test_a_q8_0_linear_takes_one_8bit_term_and_other_terms_stay_4bit() -> None:
-    q8_terms = q8_0_terms(_q8_0_blocks(12, 64, seed=3))
+    q8_terms = gguf_q8_0(_q8_0_blocks(12, 64, seed=3))
     joined = CpuLinear([], q8_terms, None, int4_max_rows=1 << 20, q4q8_matmul=matmul, q8q8_matmul=matmul8)
     split = CpuLinear([], q8_terms, None, int4_max_rows=1 << 20, q4q8_matmul=matmul)
     assert [type(t) for t in joined.terms] == [Q8Q8Term] and [type(t) for t in split.terms] == [Q4Q8Term, Q4Q8Term]
@@ -168,4 +169,4 @@ def test_a_q8_0_linear_takes_one_8bit_term_and_other_terms_stay_4bit() -> None:
     q4 = CpuLinear([], [_codes(12, 64, seed=4)], None, int4_max_rows=1 << 20, q4q8_matmul=matmul, q8q8_matmul=matmul8)
     assert [type(t) for t in q4.terms] == [Q4Q8Term]
     not_q8 = [q8_terms[0], _codes(12, 64, seed=5)]  # two terms that are not one Q8_0 weight
-    assert q8_0_codes(not_q8) is None
+    assert eight_bit_codes(not_q8) is None

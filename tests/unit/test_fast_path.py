@@ -34,9 +34,11 @@ from kspec.engine.cache.kv import BranchKVCache, RaggedKVCache
 from kspec.engine.config import EngineConfig
 from kspec.engine.models import cpu_fast, loading, quantized
 from kspec.engine.models.cpu_fast import FastPath, describe, to_fast_path
+from kspec.engine.models.gguf_blocks import DECODERS
+from kspec.engine.models.gguf_blocks import q8_0 as gguf_q8_0
 from kspec.engine.models.quantized import (
     GROUP, TERM_SEPARATOR, CpuLinear, Int4Embedding, Q4Codes, Q8HeadEmbedding, Q8Q8Term, int4_kernel_available, load_q4,
-    q8_0_terms, save_q4, weight_terms,
+    save_q4, weight_terms,
 )
 from kspec.engine.models.transformer import Transformer
 from kspec.engine.models.resolve import cache_root
@@ -62,7 +64,7 @@ def test_q4_codes_are_the_gguf_weights(kind: str) -> None:
 
     blocks = _random_blocks(kind, rows=48, k=96)
     expected = quants.dequantize(blocks, getattr(GGMLQuantizationType, kind))  # [48, 96] float32
-    codes = Q4Codes.from_gguf_blocks(blocks, kind)
+    codes = DECODERS[kind](blocks)[0]
     assert codes.shape == (48, 96) and int(codes.codes.max()) <= 15
     torch.testing.assert_close(codes.dequantize(), torch.from_numpy(expected), atol=0, rtol=0)
 
@@ -76,7 +78,7 @@ def test_q8_0_is_two_exact_4bit_terms() -> None:
     blocks[..., 2:] = np.clip(blocks[..., 2:].view(np.int8), -127, 127).view(np.uint8)
     blocks = blocks.reshape(40, -1)
     expected = torch.from_numpy(quants.dequantize(blocks, GGMLQuantizationType.Q8_0))  # [40, 96]
-    high, low = q8_0_terms(blocks)
+    high, low = gguf_q8_0(blocks)
     torch.testing.assert_close(high.dequantize() + low.dequantize(), expected, atol=0, rtol=0)
     assert weight_terms({"w#hi": high, "w#lo": low}, "w") == [high, low]
 
@@ -85,7 +87,7 @@ def test_q8_0_is_two_exact_4bit_terms() -> None:
 @pytest.mark.parametrize("pack_rows", [4096, 64], ids=["whole", "in-blocks-of-64-rows"])
 def test_int4_kernel_gives_the_codes_back_exactly(pack_rows: int, monkeypatch) -> None:
     monkeypatch.setattr(quantized, "PACK_ROWS", pack_rows)
-    codes = Q4Codes.from_gguf_blocks(_random_blocks("Q4_1", rows=208, k=64, seed=1), "Q4_1")
+    codes = DECODERS["Q4_1"](_random_blocks("Q4_1", rows=208, k=64, seed=1))[0]
     linear = CpuLinear([], [codes], None, int4_max_rows=1 << 20, int4_dtype=torch.float32)  # float32 group parameters
     weights_back = linear(torch.eye(64)).t()  # x = I -> W^T
     torch.testing.assert_close(weights_back, codes.dequantize(), atol=0, rtol=0)
@@ -97,8 +99,8 @@ def test_int4_embedding_rows_are_the_float32_table() -> None:
     blocks = rng.integers(0, 256, (50, 64 // GROUP, 34), dtype=np.uint8)
     blocks[..., 0:2] = rng.uniform(0.001, 0.05, (50, 64 // GROUP)).astype(np.float16)[..., None].view(np.uint8)
     blocks[..., 2:] = np.clip(blocks[..., 2:].view(np.int8), -127, 127).view(np.uint8)
-    q8 = list(q8_0_terms(blocks.reshape(50, -1)))
-    q4 = [Q4Codes.from_gguf_blocks(_random_blocks("Q4_1", rows=50, k=64, seed=6), "Q4_1")]
+    q8 = list(gguf_q8_0(blocks.reshape(50, -1)))
+    q4 = [DECODERS["Q4_1"](_random_blocks("Q4_1", rows=50, k=64, seed=6))[0]]
     tokens = torch.tensor([[3, 49, 0], [7, 7, 21]])  # [B, T]
     for terms in (q8, q4):
         table = sum(t.dequantize() for t in terms)  # [V, D] float32
@@ -124,7 +126,7 @@ def test_cpu_weights_setting_chooses_the_dense_copy(monkeypatch) -> None:
 
 
 def test_q4_file_round_trip(tmp_path) -> None:
-    codes = {"a.weight": Q4Codes.from_gguf_blocks(_random_blocks("Q4_1", 32, 64), "Q4_1"), "b.weight": Q4Codes.quantize(torch.randn(16, 32))}
+    codes = {"a.weight": DECODERS["Q4_1"](_random_blocks("Q4_1", 32, 64))[0], "b.weight": Q4Codes.quantize(torch.randn(16, 32))}
     save_q4(codes, tmp_path / "q4.safetensors")
     back = load_q4(tmp_path / "q4.safetensors")
     assert set(back) == set(codes)
@@ -329,7 +331,7 @@ def test_a_table_tied_to_an_8bit_head_is_looked_up_in_the_heads_codes() -> None:
         d = (blocks.abs().amax(-1) / 127).half()  # [V, D/32], as a GGUF stores it
         q = torch.round(blocks / d.float().clamp_min(1e-8)[..., None]).clamp(-127, 127).to(torch.int8)
         raw = np.concatenate([d.numpy()[..., None].view(np.uint8), q.numpy().view(np.uint8)], axis=-1)  # [V, D/32, 34]
-        high, low = q8_0_terms(raw.reshape(table.shape[0], -1))
+        high, low = gguf_q8_0(raw.reshape(table.shape[0], -1))
         table.copy_(high.dequantize() + low.dequantize())  # the file's d q
     name = "model.embed_tokens.weight"
     codes = {**codes, f"{name}{TERM_SEPARATOR}hi": high, f"{name}{TERM_SEPARATOR}lo": low}
