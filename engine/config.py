@@ -26,6 +26,7 @@ CPU_WEIGHTS = ("auto", "4bit", "4bit+dense")  # the CPU fast path's resident wei
 CPU_KERNELS = ("auto", "torch")  # the CPU fast path's decode steps: the C++ layer loop where it builds, or PyTorch ops only
 CPU_INT4 = ("auto", "torch", "kspec")  # the CPU fast path's 4-bit matmul: by CPU (cpu_fast.INT4_KERNELS), PyTorch's int4 or kspec's 4-bit x 8-bit
 CPU_KV = ("auto", "float32", "float16")  # the CPU fast path's prompt KV dtype: auto (cpu_fast.FastPath.resolved_prompt_kv) or a torch dtype name
+QUANTIZE = ("q8", "q4", "none")  # float weights at load (engine/models/gguf_blocks.py, quantize_at_load.py)
 CPU_FAST_PATH_FIELDS = ("cpu_weights", "cpu_kernels", "cpu_int4", "cpu_kv")  # EngineConfig's settings of the CPU fast path (FastPath.for_weights)
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"  # the whole value
 
@@ -72,6 +73,12 @@ class EngineConfig:
         "memory, and a decode step reads half the bytes of a long prompt) or float32; auto: float16 where the C++ layer "
         "loop serves every branch step, else float32", choices=CPU_KV,
     )  # fmt: skip
+    quantize: str = option(
+        "q8", "float weights (an HF folder; an F16/BF16/F32 GGUF) on the CPU fast path, quantized once at load and "
+        "cached on disk: q8 (8 bits per weight, a scale per block of 32: logits closest to the float weights), q4 "
+        "(4 bits with a scale and minimum per block of 32: half the bytes a step reads), none (dense float weights)",
+        choices=QUANTIZE,
+    )  # fmt: skip
     device: str = option("cpu", "'cpu' or 'cuda[:N]'", pattern=DEVICE_PATTERN, setting=True)
     prompt_tokens: int = 1536  # token budget for prefix + suffix
     threads: int | None = option(None, "torch intra-op threads (default: torch's, one per core)")
@@ -105,6 +112,8 @@ class EngineConfig:
             raise ValueError(f"cpu_int4 must be one of {', '.join(CPU_INT4)}, got {self.cpu_int4!r}")
         if self.cpu_kv not in CPU_KV:
             raise ValueError(f"cpu_kv must be one of {', '.join(CPU_KV)}, got {self.cpu_kv!r}")
+        if self.quantize not in QUANTIZE:
+            raise ValueError(f"quantize must be one of {', '.join(QUANTIZE)}, got {self.quantize!r}")
         if self.prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         if self.drafter not in DRAFTER_CHOICES:

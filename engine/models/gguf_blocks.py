@@ -11,7 +11,7 @@ as two 4-bit terms, `eight_bit_terms`). Each GGUF type maps to one of them at lo
     Q6_K                 8-bit form, requantized per block of 32 (its scales are per 16 weights,
                          finer than the kernel's block): |error| <= 1/254 of the block's largest
                          weight, under a tenth of Q6_K's own rounding step
-    F32, F16, BF16       quantized at load (`FLOAT_QUANTIZATION`: q8 by default, q4, or none)
+    F32, F16, BF16       quantized at load (`EngineConfig.quantize`: q8 by default, q4, or none)
     anything else        (Q2_K, Q3_K, IQ*, TQ*, MXFP4, ...) dequantized by `gguf` and requantized
                          to the nearest form: 4-bit for types under 4 bits a weight, else 8-bit
                          (a non-linear 4-bit grid, IQ4_NL / IQ4_XS / MXFP4, loses 8 % of a block's
@@ -32,7 +32,6 @@ from kspec.engine.models.quantized import GROUP, Q4Codes, eight_bit_terms
 
 SUPER = 256  # weights per K-type super-block
 FLOAT_TYPES = ("F32", "F16", "BF16")
-FLOAT_QUANTIZATION = ("q8", "q4", "none")  # what a float matrix becomes at load (EngineConfig.quantize)
 
 
 def _eight_bit(codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> list[Q4Codes]:

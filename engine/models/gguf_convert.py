@@ -214,7 +214,10 @@ def gguf_tokenizer_json(reader: Any) -> str:
     return tokenizer.to_str()
 
 
-def convert_gguf(path: Path, destination: Path, progress: bool = True, on_progress: ProgressCallback | None = None) -> Path:
+def convert_gguf(
+    path: Path, destination: Path, progress: bool = True, on_progress: ProgressCallback | None = None,
+    float_quantization: str = "q8",
+) -> Path:  # fmt: skip
     """Write the HF folder for GGUF `path` at `destination` atomically; returns destination."""
     from gguf import GGUFReader
 
@@ -229,7 +232,7 @@ def convert_gguf(path: Path, destination: Path, progress: bool = True, on_progre
     staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=destination.parent))
     try:
         try:
-            state, codes = gguf_weights(reader, config, "q8", progress, on_progress)
+            state, codes = gguf_weights(reader, config, float_quantization, progress, on_progress)
             tokenizer_json = gguf_tokenizer_json(reader)
             save_q4(codes, staging / Q4_FILE)  # the matrices as the kernels take them (hf_folder dequantizes them for other paths)
         except ModelLoadError:

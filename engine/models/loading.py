@@ -14,7 +14,8 @@ from kspec.engine.models.gguf_convert import ProgressCallback
 from kspec.engine.models.cpu_fast import FastPath, describe, fast_path_available, to_fast_path
 from kspec.engine.models.hf_folder import load_transformer
 from kspec.engine.models.quantized import Q4_FILE, TERM_SEPARATOR, DenseWeightsSkipped, Q4File
-from kspec.engine.models.resolve import resolve_model
+from kspec.engine.models.quantize_at_load import quantized_terms
+from kspec.engine.models.resolve import cache_root, resolve_model
 from kspec.engine.models.tokenizer import Tokenizer
 from kspec.engine.models.transformer import Transformer
 from kspec.kernels.paths import attention_paths
@@ -76,11 +77,11 @@ def release_free_memory() -> None:
 def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCallback | None = None) -> LoadedModel:
     """on_progress(fraction, message): conversion (if a GGUF file is new) up to 0.8, then weights."""
     report = on_progress or (lambda fraction, message: None)
-    resolved = resolve_model(spec, progress=config.progress, on_progress=lambda f, m: report(0.8 * f, m))
+    resolved = resolve_model(spec, config.progress, lambda f, m: report(0.8 * f, m), config.quantize)
     report(0.8, f"loading {resolved.name}")
     compute = Compute.choose(config)
     if compute.fast_cpu:
-        model = _load_fast_path(resolved.folder, compute.dtype, FastPath.for_weights(**config.cpu_fast_path()))
+        model = _load_fast_path(resolved.folder, compute.dtype, FastPath.for_weights(**config.cpu_fast_path()), config)
         release_free_memory()  # the conversion's buffers (unpacked and int32 codes)
     else:
         model = load_transformer(resolved.folder, compute.dtype, config.device)
@@ -92,15 +93,17 @@ def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCall
     return LoadedModel(model, tokenizer, resolved.name, resolved.folder)
 
 
-def _load_fast_path(folder: Path, dtype: torch.dtype, path: FastPath) -> Transformer:
+def _load_fast_path(folder: Path, dtype: torch.dtype, path: FastPath, config: EngineConfig) -> Transformer:
     """The CPU fast path's model, with the 4-bit weights of a converted Q4 GGUF where the folder
     has them. Without a dense copy, the float weights that 4-bit codes stand in for are never
     read: the load peaks at the model it keeps, not at the float32 model (869 -> 621 MB for the
     default one). Should one of them still be needed (codes that could not be fused), every
     weight is read after all."""
     q4_file = folder / Q4_FILE
-    if not q4_file.is_file():
-        return to_fast_path(load_transformer(folder, dtype, "cpu"), {}, path)
+    if not q4_file.is_file():  # float weights (an HF folder): quantized once, cached (quantize_at_load.py)
+        if config.quantize == "none":
+            return to_fast_path(load_transformer(folder, dtype, "cpu"), {}, path)
+        q4_file = quantized_terms(folder, config.quantize, cache_root(), config.progress)
     with Q4File(q4_file) as codes:
         skip = frozenset() if path.resolved_keep_dense() else frozenset(name.split(TERM_SEPARATOR)[0] for name in codes)
         try:

@@ -118,13 +118,16 @@ Q4_FILE = "q4.safetensors"  # next to a converted GGUF's model.safetensors: its 
 Q4_FORMAT = "kspec-q4-v3"  # v2: Q8_0 weights as two terms; v3: every GGUF type (gguf_blocks.py); an older file is written again
 
 
+def q4_tensors(name: str, q4: Q4Codes) -> dict[str, Tensor]:
+    """One term as a `save_q4` file stores it: codes two a byte (low nibble first), scale, zero."""
+    return {f"{name}.codes": pack_nibbles(q4.codes), f"{name}.scale": q4.scale.contiguous(), f"{name}.zero": q4.zero.contiguous()}
+
+
 def save_q4(codes: Mapping[str, Q4Codes], path: Path) -> None:
     """Write 4-bit weights compactly (two codes a byte, low nibble first) to a safetensors file."""
     tensors: dict[str, Tensor] = {}
     for name, q4 in codes.items():
-        tensors[f"{name}.codes"] = pack_nibbles(q4.codes)  # [N, K/2] uint8
-        tensors[f"{name}.scale"] = q4.scale.contiguous()
-        tensors[f"{name}.zero"] = q4.zero.contiguous()
+        tensors.update(q4_tensors(name, q4))
     save_file(tensors, str(path), metadata={"format": Q4_FORMAT, "group": str(GROUP)})
 
 

@@ -62,11 +62,12 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def gguf_folder(path: Path, progress: bool, on_progress: ProgressCallback | None = None) -> Path:
-    """The converted HF folder for a GGUF file, converting it on first use."""
-    folder = cache_root() / "models" / file_sha256(path)[:32]
+def gguf_folder(path: Path, progress: bool, on_progress: ProgressCallback | None = None, quantize: str = "q8") -> Path:
+    """The converted HF folder for a GGUF file, converting it on first use (its float matrices,
+    if any, quantized as `quantize` says: EngineConfig.quantize)."""
+    folder = cache_root() / "models" / (file_sha256(path)[:32] + ("" if quantize == "q8" else f"-{quantize}"))
     if not (folder / "model.safetensors").is_file():
-        convert_gguf(path, folder, progress=progress, on_progress=on_progress)
+        convert_gguf(path, folder, progress=progress, on_progress=on_progress, float_quantization=quantize)
     elif not _q4_file_current(folder / Q4_FILE):  # converted before the 4-bit weights were kept: add them once
         if on_progress is not None:
             on_progress(0.0, "reading the GGUF file's 4-bit weights")
@@ -84,7 +85,9 @@ def _q4_file_current(path: Path) -> bool:
         return False
 
 
-def resolve_model(spec: str | None, progress: bool = True, on_progress: ProgressCallback | None = None) -> ResolvedModel:
+def resolve_model(
+    spec: str | None, progress: bool = True, on_progress: ProgressCallback | None = None, quantize: str = "q8"
+) -> ResolvedModel:
     if not spec or spec == "default":
         return ResolvedModel(gguf_folder(default_gguf_path(), progress, on_progress), DEFAULT_MODEL_NAME)
     path = Path(spec).expanduser()
@@ -93,7 +96,7 @@ def resolve_model(spec: str | None, progress: bool = True, on_progress: Progress
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{path}: expected an HF model folder or a .gguf file")
-        return ResolvedModel(gguf_folder(path, progress, on_progress), path.name)
+        return ResolvedModel(gguf_folder(path, progress, on_progress, quantize), path.name)
     if _looks_like_hub_id(spec):
         return ResolvedModel(_hub_cache_folder(spec), spec)
     raise ModelLoadError(f"model {spec!r} does not exist (give an HF model folder or a .gguf file)")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kspec.engine.cache.kv import RaggedKVCache
+from kspec.engine.models.hf_folder import load_transformer
 from kspec.engine.models.resolve import DEFAULT_MODEL_NAME, resolve_model
 from kspec.engine.models.tokenizer import IncrementalDetokenizer
 
@@ -35,8 +36,11 @@ def test_tokenizer_round_trip_and_incremental_detokenization(default_engine):
 def test_logits_and_greedy_tokens_match_transformers(default_engine):
     transformers = pytest.importorskip("transformers")
     model, tokenizer = default_engine.target.model, default_engine.target.tokenizer
-    folder = resolve_model(None, progress=False).folder
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    folder = resolve_model(None, progress=False).folder  # its matrices are kernel terms: given dequantized
+    config = transformers.AutoConfig.from_pretrained(str(folder))
+    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    missing, unexpected = hf.load_state_dict(load_transformer(folder, torch.float32).state_dict(), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied
     ids = tokenizer.encode(PROMPT)
     with torch.inference_mode():
         expected = hf(torch.tensor([ids])).logits[0]

@@ -285,6 +285,7 @@ def test_a_source_that_does_not_compile_leaves_the_pytorch_ops(tmp_path, monkeyp
     broken = tmp_path / "broken.cpp"
     broken.write_text("this is not C++\n")
     monkeypatch.setattr(cpu_layers, "SOURCES", (broken,))
+    monkeypatch.setattr(cpu_layers, "_registered", lambda: False)  # as in a process that has not loaded the ops
     built, reason = cpu_layers._built.__wrapped__(tmp_path)
     assert not built and reason.startswith("kspec's C++ CPU ops could not be built")
 
