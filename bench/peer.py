@@ -6,8 +6,12 @@ Both run as the servers users would run, on this machine, with the same threads:
 prompt (the text before a cursor in a real Python file) that the first, untimed request puts
 in each server's prompt cache, then keystrokes, each a request for `n_cmpl` alternatives of
 32 new tokens (temperature 0) over the prompt plus the characters typed so far. Requests
-alternate between the servers and their order flips every keystroke; medians per n.
-Resident memory (VmRSS, and the peak VmHWM) of both processes is read at the end.
+alternate between the servers and their order flips every keystroke; medians per n, and the
+tokens each answer says it generated (tokens_predicted, summed over the alternatives) per
+second of the whole request. Also measured side by side: the time from a server's start to its
+first healthy answer (load), a cold prefill (a new ~1.5k-token window, the language server's
+6000 characters, each server asked for one token; tokens/s of its reported prompt tokens), and
+resident memory (VmRSS, and the peak VmHWM) of both processes at the end.
 
 Each server treats the prompt its own way: kspec keeps the last tokens that fit its fitted
 prompt budget (`$/kspec/status` promptTokens), llama.cpp evaluates all of it. That is part
@@ -35,6 +39,8 @@ from kspec.engine.serve.protocol import free_port, parse_engine_url
 from kspec.lsp_server.http_client import HttpError, request_json
 
 PROMPT_CHARS = 4400  # ~1.1k tokens of the demo model's tokenizer
+COLD_CHARS = 6000  # a cold request's window: the language server's default characters before the cursor (~1.5k tokens)
+COLD_REPEATS = 3  # cold windows per server, each a different part of the file
 CURSOR_LINE = "    def _split(self, text):"  # the place in textwrap.py where "typing" happens
 SLOTS, CONTEXT = 4, 8192  # llama-server: 4 parallel slots over an 8k context (its KV is allocated up front)
 
@@ -67,6 +73,16 @@ def keystroke_prompts(count: int) -> tuple[str, list[str]]:
     return prompt, [prompt + "    " + typed[: 4 + i] for i in range(count)]
 
 
+def cold_windows(count: int) -> list[str]:
+    """`count` different windows of COLD_CHARS characters (json/decoder.py and textwrap.py): prompts
+    no server has cached."""
+    import json.decoder
+
+    source = Path(json.decoder.__file__).read_text(encoding="utf-8") + Path(textwrap.__file__).read_text(encoding="utf-8")
+    step = max(1, (len(source) - COLD_CHARS) // max(1, count))
+    return [source[i * step : i * step + COLD_CHARS] for i in range(count)]
+
+
 def completion_body(prompt: str, n: int, new_tokens: int) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": prompt, "n_predict": new_tokens, "temperature": 0, "cache_prompt": True}
     if n > 1:
@@ -87,6 +103,8 @@ class _Server:
     port: int
     token: str | None
     log: Path
+    started: float  # time.monotonic() at spawn
+    load_s: float = 0.0  # spawn -> first healthy answer
 
     async def call(self, method: str, path: str, body: Any = None, timeout_s: float = 600.0) -> tuple[int, Any]:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -100,19 +118,25 @@ class _Server:
             try:
                 status, _ = await self.call("GET", "/health", timeout_s=5)
                 if status == 200:
+                    self.load_s = time.monotonic() - self.started
                     return
             except (HttpError, asyncio.TimeoutError):  # not listening yet
                 pass
             await asyncio.sleep(0.25)  # polling a process that is starting: there is no event to wait on
         raise RuntimeError(f"{self.name} was not ready within {timeout_s:.0f} s; its log: {self.log}")
 
-    async def complete(self, body: dict[str, Any]) -> float:
-        """Milliseconds until the whole answer arrived."""
+    async def complete(self, body: dict[str, Any]) -> tuple[float, int, int]:
+        """(milliseconds until the whole answer arrived, tokens generated over every alternative,
+        prompt tokens the server evaluated for it)."""
         started = time.perf_counter()
         status, answer = await self.call("POST", "/completion", body)
         if status != 200:
             raise RuntimeError(f"{self.name} answered {status}: {str(answer)[:300]}")
-        return (time.perf_counter() - started) * 1000
+        elapsed = (time.perf_counter() - started) * 1000
+        answers = answer if isinstance(answer, list) else [answer]
+        generated = sum(int(a.get("tokens_predicted", 0)) for a in answers)
+        evaluated = int((answers[0].get("timings") or {}).get("prompt_n", 0)) if answers else 0
+        return elapsed, generated, evaluated
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -146,30 +170,52 @@ def _start(engine: EngineConfig, config: PeerBenchConfig, folder: Path) -> list[
     ):
         with open(log, "wb") as sink:
             process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink)
-        servers.append(_Server(name, process, port, server_token, log))
+        servers.append(_Server(name, process, port, server_token, log, time.monotonic()))
     return servers
 
 
 async def _measure(servers: list[_Server], config: PeerBenchConfig) -> dict[str, Any]:
-    for server in servers:
-        await server.wait_ready(config.start_timeout_s)
+    await asyncio.gather(*(server.wait_ready(config.start_timeout_s) for server in servers))  # started together
+    report: dict[str, Any] = {"load_s": {server.name: round(server.load_s, 2) for server in servers}}
+    report["cold_prefill"] = await _cold_prefill(servers)
     prompt, keystrokes = keystroke_prompts(config.keystrokes)
     for server in servers:  # untimed: puts the prompt in each server's cache
         await server.complete(completion_body(prompt, 1, config.new_tokens))
-    report: dict[str, Any] = {}
     for n in config.ns:
         times: dict[str, list[float]] = {server.name: [] for server in servers}
+        rates: dict[str, list[float]] = {server.name: [] for server in servers}
         for index, text in enumerate(keystrokes):
             order = servers if index % 2 == 0 else servers[::-1]
             for server in order:
-                times[server.name].append(await server.complete(completion_body(text, n, config.new_tokens)))
+                ms, generated, _ = await server.complete(completion_body(text, n, config.new_tokens))
+                times[server.name].append(ms)
+                rates[server.name].append(1000 * generated / ms)
         medians = {name: round(statistics.median(values), 1) for name, values in times.items()}
-        kspec_ms, llama_ms = medians[servers[0].name], medians[servers[1].name]
-        report[f"n={n}"] = {"ms": medians, "kspec_speedup": round(llama_ms / kspec_ms, 2), "all_ms": times}
+        tok_s = {name: round(statistics.median(values), 1) for name, values in rates.items()}
+        kspec, llama = servers[0].name, servers[1].name
+        report[f"n={n}"] = {
+            "ms": medians, "tok_s": tok_s, "kspec_speedup": round(medians[llama] / medians[kspec], 2),
+            "kspec_tok_s_ratio": round(tok_s[kspec] / tok_s[llama], 2), "all_ms": times,
+        }  # fmt: skip
     rss = {server.name: resident_mb(server.process.pid) for server in servers}
     report["resident_mb"] = rss
     report["kspec_rss_over_llama"] = round(rss[servers[0].name]["VmRSS"] / rss[servers[1].name]["VmRSS"], 2)
     return report
+
+
+async def _cold_prefill(servers: list[_Server]) -> dict[str, Any]:
+    """Each server asked for one token after a window it has not seen, alternating: prompt tokens
+    per second of the whole request (median), and the prompt tokens each evaluated."""
+    rates: dict[str, list[float]] = {server.name: [] for server in servers}
+    evaluated: dict[str, list[int]] = {server.name: [] for server in servers}
+    for index, window in enumerate(cold_windows(COLD_REPEATS)):
+        for server in servers if index % 2 == 0 else servers[::-1]:
+            ms, _, prompt_n = await server.complete(completion_body(window, 1, 1))
+            rates[server.name].append(1000 * prompt_n / ms)
+            evaluated[server.name].append(prompt_n)
+    tok_s = {name: round(statistics.median(values), 1) for name, values in rates.items()}
+    kspec, llama = servers[0].name, servers[1].name
+    return {"tok_s": tok_s, "prompt_tokens": evaluated, "kspec_ratio": round(tok_s[kspec] / tok_s[llama], 2)}
 
 
 def bench_peer(engine: EngineConfig, config: PeerBenchConfig) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from kspec.engine.errors import ModelLoadError
 from kspec.engine.models.gguf_blocks import tensor_terms
-from kspec.engine.models.quantized import Q4_FILE, TERM_SEPARATOR, Q4Codes, save_q4
+from kspec.engine.models.quantized import Q4_FILE, TERM_SEPARATOR, q4_tensors, save_q4_tensors
 
 ProgressCallback = Callable[[float, str], None]  # (fraction done in [0, 1], what is happening)
 
@@ -116,8 +116,9 @@ def _unpermute_rotary(weight: np.ndarray, n_heads: int) -> np.ndarray:
 def gguf_weights(
     reader: Any, config: dict[str, Any], float_quantization: str = "q8", progress: bool = False,
     on_progress: ProgressCallback | None = None,
-) -> tuple[dict[str, torch.Tensor], dict[str, Q4Codes]]:  # fmt: skip
-    """A GGUF file's weights by HF name: (the dense float32 tensors, the matrices as kspec's terms).
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:  # fmt: skip
+    """A GGUF file's weights by HF name: (the dense float32 tensors, the matrices as kspec's terms
+    in a `save_q4` file's tensors: packed as each is made, so a 7B file converts in its own size).
     Every matrix the kernels can take becomes terms (gguf_blocks.py: the file's codes for the
     types the kernels take, requantized for the others, float matrices quantized per
     `float_quantization`): one 4-bit term, or two (`<name>#hi`, `<name>#lo`) for the 8-bit form;
@@ -127,7 +128,7 @@ def gguf_weights(
 
     arch = _field(reader, "general.architecture")
     state: dict[str, torch.Tensor] = {}
-    codes: dict[str, Q4Codes] = {}
+    codes: dict[str, torch.Tensor] = {}
     tensors = list(reader.tensors)
     for index, tensor in enumerate(tqdm(tensors, desc="converting GGUF", unit="tensor", disable=not progress)):
         if on_progress is not None:
@@ -139,7 +140,8 @@ def gguf_weights(
         if found is not None:
             names = [name] if len(found) == 1 else [f"{name}{TERM_SEPARATOR}hi", f"{name}{TERM_SEPARATOR}lo"]
             order = torch.from_numpy(_unpermute_rotary(np.arange(shape[0]), heads)) if heads else None
-            codes.update({term_name: q4 if order is None else q4.permute_rows(order) for term_name, q4 in zip(names, found)})
+            for term_name, q4 in zip(names, found):
+                codes.update(q4_tensors(term_name, q4 if order is None else q4.permute_rows(order)))
             continue
         array = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
         if heads:
@@ -162,7 +164,7 @@ def write_q4_file(path: Path, folder: Path) -> Path:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
     staging = folder / f".{Q4_FILE}.{os.getpid()}.tmp"
     try:
-        save_q4(codes, staging)
+        save_q4_tensors(codes, staging)
         os.replace(staging, folder / Q4_FILE)
     finally:
         staging.unlink(missing_ok=True)
@@ -234,7 +236,7 @@ def convert_gguf(
         try:
             state, codes = gguf_weights(reader, config, float_quantization, progress, on_progress)
             tokenizer_json = gguf_tokenizer_json(reader)
-            save_q4(codes, staging / Q4_FILE)  # the matrices as the kernels take them (hf_folder dequantizes them for other paths)
+            save_q4_tensors(codes, staging / Q4_FILE)  # the matrices as the kernels take them (hf_folder dequantizes them for other paths)
         except ModelLoadError:
             raise
         except Exception as exc:

@@ -14,9 +14,8 @@ from tqdm import tqdm
 
 from kspec.engine.models.gguf_blocks import quantize_4bit, quantize_8bit
 from kspec.engine.models.hf_folder import weight_files
-from kspec.engine.models.quantized import GROUP, Q4_FILE, Q4_FORMAT, TERM_SEPARATOR, q4_tensors
+from kspec.engine.models.quantized import GROUP, Q4_FILE, Q4_FORMAT, TERM_SEPARATOR, q4_tensors, save_q4_tensors
 from kspec.engine.models.tensor_file import TensorFile
-from safetensors.torch import save_file
 
 
 def source_key(folder: Path, quantize: str) -> str:
@@ -53,7 +52,7 @@ def quantized_terms(folder: Path, quantize: str, cache_dir: Path, progress: bool
                         tensors.update(q4_tensors(term_name, term))
     staging = target.with_name(f".{Q4_FILE}.{os.getpid()}.tmp")
     try:
-        save_file(tensors, str(staging), metadata={"format": Q4_FORMAT, "group": str(GROUP), "source": str(folder)})
+        save_q4_tensors(tensors, staging, source=str(folder))
         os.replace(staging, target)
     finally:
         staging.unlink(missing_ok=True)

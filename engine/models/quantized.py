@@ -128,7 +128,12 @@ def save_q4(codes: Mapping[str, Q4Codes], path: Path) -> None:
     tensors: dict[str, Tensor] = {}
     for name, q4 in codes.items():
         tensors.update(q4_tensors(name, q4))
-    save_file(tensors, str(path), metadata={"format": Q4_FORMAT, "group": str(GROUP)})
+    save_q4_tensors(tensors, path)
+
+
+def save_q4_tensors(tensors: Mapping[str, Tensor], path: Path, **metadata: str) -> None:
+    """Write `q4_tensors` output (of every term) as a `save_q4` file."""
+    save_file(dict(tensors), str(path), metadata={"format": Q4_FORMAT, "group": str(GROUP), **metadata})
 
 
 def load_q4(path: Path) -> dict[str, Q4Codes]:
