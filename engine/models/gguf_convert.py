@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from kspec.engine.errors import ModelLoadError
-from kspec.engine.models.gguf_blocks import tensor_terms
+from kspec.engine.models.gguf_blocks import float_quantization_of, tensor_terms
 from kspec.engine.models.quantized import Q4_FILE, TERM_SEPARATOR, q4_tensors, save_q4_tensors
 
 ProgressCallback = Callable[[float, str], None]  # (fraction done in [0, 1], what is happening)
@@ -136,7 +136,8 @@ def gguf_weights(
         name = _hf_name(tensor.name, arch)
         shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
         heads = _rotary_heads(arch, tensor.name, config)
-        found = tensor_terms(np.asarray(tensor.data), tensor.tensor_type.name, shape, float_quantization) if len(shape) == 2 else None  # type: ignore[arg-type]
+        quantize = float_quantization_of(name, float_quantization)
+        found = tensor_terms(np.asarray(tensor.data), tensor.tensor_type.name, shape, quantize) if len(shape) == 2 else None  # type: ignore[arg-type]
         if found is not None:
             names = [name] if len(found) == 1 else [f"{name}{TERM_SEPARATOR}hi", f"{name}{TERM_SEPARATOR}lo"]
             order = torch.from_numpy(_unpermute_rotary(np.arange(shape[0]), heads)) if heads else None
@@ -150,14 +151,14 @@ def gguf_weights(
     return state, codes
 
 
-def write_q4_file(path: Path, folder: Path) -> Path:
+def write_q4_file(path: Path, folder: Path, float_quantization: str = "q8") -> Path:
     """Write a GGUF file's 4-bit weights into its converted folder (for one converted before they
     were kept); atomically, so a concurrent or failed write leaves nothing half-written."""
     from gguf import GGUFReader
 
     try:
         reader = GGUFReader(str(path))
-        codes = gguf_weights(reader, gguf_config(reader))[1]
+        codes = gguf_weights(reader, gguf_config(reader), float_quantization)[1]
     except ModelLoadError:
         raise
     except Exception as exc:  # the gguf package raises many kinds on a truncated or corrupt file

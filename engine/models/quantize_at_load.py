@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from kspec.engine.models.gguf_blocks import quantize_4bit, quantize_8bit
+from kspec.engine.models.gguf_blocks import float_quantization_of, quantize_4bit, quantize_8bit
 from kspec.engine.models.hf_folder import weight_files
 from kspec.engine.models.quantized import GROUP, Q4_FILE, Q4_FORMAT, TERM_SEPARATOR, q4_tensors, save_q4_tensors
 from kspec.engine.models.tensor_file import TensorFile
@@ -46,7 +46,7 @@ def quantized_terms(folder: Path, quantize: str, cache_dir: Path, progress: bool
                     if weight.dim() != 2 or weight.shape[1] % GROUP or not weight.is_floating_point():
                         continue
                     values = weight.float().numpy()
-                    terms = quantize_8bit(values) if quantize == "q8" else quantize_4bit(values)
+                    terms = quantize_8bit(values) if float_quantization_of(name, quantize) == "q8" else quantize_4bit(values)
                     names = [name] if len(terms) == 1 else [f"{name}{TERM_SEPARATOR}hi", f"{name}{TERM_SEPARATOR}lo"]
                     for term_name, term in zip(names, terms):
                         tensors.update(q4_tensors(term_name, term))

@@ -71,7 +71,7 @@ def gguf_folder(path: Path, progress: bool, on_progress: ProgressCallback | None
     elif not _q4_file_current(folder / Q4_FILE):  # converted before the 4-bit weights were kept: add them once
         if on_progress is not None:
             on_progress(0.0, "reading the GGUF file's 4-bit weights")
-        write_q4_file(path, folder)
+        write_q4_file(path, folder, quantize)
     return folder
 
 

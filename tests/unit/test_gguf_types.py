@@ -145,3 +145,17 @@ def test_a_written_file_runs_on_the_fast_path_like_its_float32_weights(tmp_path,
                 step_logits.append(model.step(torch.tensor([[5], [9]]), branches))  # [2, V]
             model.native_steps = loop
         assert float((step_logits[0] - step_logits[1]).abs().max()) <= 0.02 * float(step_logits[1].abs().max())
+
+
+def test_the_4bit_quantizer_searches_for_a_smaller_error_than_one_step() -> None:
+    """Each block keeps the step of least squared error: never worse than the plain min/max step
+    (the first candidates' 15 levels), and better over a whole matrix."""
+    from kspec.engine.models.gguf_blocks import quantize_4bit
+    from kspec.engine.models.quantized import Q4Codes
+
+    w = _weights(64, 256, seed=11)
+    searched = _terms_sum(quantize_4bit(w))
+    plain = Q4Codes.quantize(torch.from_numpy(w)).dequantize().numpy()  # min/max per block, no search
+    per_block = lambda x: ((x - w) ** 2).reshape(64, -1, GROUP).sum(-1)  # noqa: E731
+    assert bool((per_block(searched) <= per_block(plain) * (1 + 1e-5) + 1e-12).all())
+    assert float(per_block(searched).sum()) < 0.9 * float(per_block(plain).sum())
