@@ -155,17 +155,60 @@ def write_shape(shape: Shape, mix: str, out: Path, tokenizer_gguf: Path, seed: i
     return out
 
 
+def hf_config(shape: Shape) -> dict[str, object]:
+    """The shape's HF config.json."""
+    config: dict[str, object] = {
+        "model_type": shape.arch, "vocab_size": TOKENIZER_VOCAB, "hidden_size": shape.dim, "intermediate_size": shape.ffn,
+        "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads,
+        "max_position_embeddings": shape.context, "rope_theta": shape.rope_theta, "tie_word_embeddings": shape.tied,
+        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    if shape.arch == "starcoder2":
+        config.update(norm_epsilon=1e-6, use_bias=True, hidden_act="gelu_pytorch_tanh")
+    else:
+        config["rms_norm_eps"] = 1e-6
+    return config
+
+
+def write_hf_folder(shape: Shape, out: Path, tokenizer_json: Path, seed: int = 0, progress: bool = True) -> Path:
+    """An HF folder of `shape`: config.json, tokenizer.json and bfloat16 safetensors (random
+    weights as in write_shape), as users download them."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    from kspec.engine.models.gguf_convert import hf_tensor_name
+
+    rng = np.random.default_rng(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    state: dict[str, torch.Tensor] = {}
+    for name, _, _, dims in tqdm(list(tensors(shape)), desc=f"writing {out.name}", unit="tensor", disable=not progress):
+        values = rng.standard_normal(dims, dtype=np.float32) * 0.02 if len(dims) == 2 else (
+            np.ones(dims, np.float32) if name.endswith("norm.weight") else np.zeros(dims, np.float32))  # fmt: skip
+        state[hf_tensor_name(name, shape.arch)] = torch.from_numpy(values).to(torch.bfloat16)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_config(shape), indent=1))
+    shutil.copyfile(tokenizer_json, out / "tokenizer.json")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kspec.bench.model_shapes", description=__doc__.split("\n\n")[0])
     parser.add_argument("shape", choices=sorted(SHAPES))
-    parser.add_argument("type", help=f"one of {', '.join([*MIXES, *SINGLE_TYPES])}")
+    parser.add_argument("type", help=f"one of {', '.join([*MIXES, *SINGLE_TYPES])}, or hf (an HF folder of bfloat16 safetensors)")
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    from kspec.engine.models.resolve import default_gguf_path
+    from kspec.engine.models.resolve import default_gguf_path, resolve_model
 
     try:
-        write_shape(SHAPES[args.shape], args.type, args.out, default_gguf_path(), args.seed)
+        if args.type == "hf":
+            write_hf_folder(SHAPES[args.shape], args.out, resolve_model(None, progress=False).folder / "tokenizer.json", args.seed)
+        else:
+            write_shape(SHAPES[args.shape], args.type, args.out, default_gguf_path(), args.seed)
     except ValueError as exc:
         print(f"kspec: {exc}", file=sys.stderr)
         return 2

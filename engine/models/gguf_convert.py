@@ -97,7 +97,7 @@ def gguf_config(reader: Any) -> dict[str, Any]:
     return config
 
 
-def _hf_name(gguf_name: str, arch: str) -> str:
+def hf_tensor_name(gguf_name: str, arch: str) -> str:
     if gguf_name in _TENSOR_NAMES:
         return _TENSOR_NAMES[gguf_name]
     match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
@@ -133,7 +133,7 @@ def gguf_weights(
     for index, tensor in enumerate(tqdm(tensors, desc="converting GGUF", unit="tensor", disable=not progress)):
         if on_progress is not None:
             on_progress(index / len(tensors), "converting the GGUF file")
-        name = _hf_name(tensor.name, arch)
+        name = hf_tensor_name(tensor.name, arch)
         shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
         heads = _rotary_heads(arch, tensor.name, config)
         quantize = float_quantization_of(name, float_quantization)
