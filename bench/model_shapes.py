@@ -26,7 +26,7 @@ TOKENIZER_VOCAB = 49152  # the embedded model's tokenizer
 
 @dataclass(frozen=True)
 class Shape:
-    arch: str  # GGUF architecture: llama, qwen2, starcoder2
+    arch: str  # GGUF architecture: llama, qwen2, qwen3, starcoder2
     layers: int
     dim: int
     ffn: int
@@ -90,6 +90,9 @@ def tensors(shape: Shape) -> Iterator[tuple[str, str, int, tuple[int, ...]]]:
             yield p + name + ".weight", name, i, (rows, d)
             if biased:
                 yield p + name + ".bias", "norm", i, (rows,)
+        if shape.arch == "qwen3":  # per-head RMSNorm of q and k
+            yield p + "attn_q_norm.weight", "norm", i, (hd,)
+            yield p + "attn_k_norm.weight", "norm", i, (hd,)
         yield p + "attn_output.weight", "attn_output", i, (d, d)
         yield p + "ffn_norm.weight", "norm", i, (d,)
         if shape.arch == "starcoder2":
@@ -132,7 +135,7 @@ def write_shape(shape: Shape, mix: str, out: Path, tokenizer_gguf: Path, seed: i
     for key, value in {
         "context_length": shape.context, "embedding_length": shape.dim, "block_count": shape.layers,
         "feed_forward_length": shape.ffn, "attention.head_count": shape.heads, "attention.head_count_kv": shape.kv_heads,
-        "rope.dimension_count": shape.head_dim, "vocab_size": TOKENIZER_VOCAB,
+        "rope.dimension_count": shape.head_dim, "attention.key_length": shape.head_dim, "vocab_size": TOKENIZER_VOCAB,
     }.items():  # fmt: skip
         writer.add_key_value(f"{a}.{key}", value, gguf.GGUFValueType.UINT32)
     writer.add_key_value(f"{a}.rope.freq_base", shape.rope_theta, gguf.GGUFValueType.FLOAT32)

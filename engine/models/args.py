@@ -12,6 +12,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "llama": "llama",
     "mistral": "llama",
     "qwen2": "llama",
+    "qwen3": "llama",  # + an RMSNorm of each head's q and k before rotary (qk_norm)
     "starcoder2": "starcoder2",
 }
 
@@ -58,6 +59,7 @@ class ModelArgs:
     gated_mlp: bool = True  # llama family: down(act(gate(x)) * up(x)); starcoder2: c_proj(act(c_fc(x)))
     activation: str = "silu"
     layer_norm: bool = False  # starcoder2 uses LayerNorm with bias; llama family RMSNorm
+    qk_norm: bool = False  # qwen3: RMSNorm over head_dim of every q and k head, before rotary
     sliding_window: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -116,6 +118,7 @@ class ModelArgs:
                 gated_mlp=not is_starcoder,
                 activation=str(config.get("hidden_act", "gelu_pytorch_tanh" if is_starcoder else "silu")),
                 layer_norm=is_starcoder,
+                qk_norm=model_type == "qwen3",
                 sliding_window=_sliding_window(model_type, config),
                 bos_token_id=config.get("bos_token_id"),
                 eos_token_ids=eos_ids,
@@ -163,6 +166,6 @@ def _o_bias(model_type: str, config: dict[str, Any]) -> bool:
 
 def _sliding_window(model_type: str, config: dict[str, Any]) -> int | None:
     window = config.get("sliding_window")
-    if model_type == "qwen2" and not config.get("use_sliding_window", False):
+    if model_type in ("qwen2", "qwen3") and not config.get("use_sliding_window", False):
         return None
     return int(window) if window else None

@@ -29,7 +29,7 @@ from kspec.engine.models.quantized import Q4_FILE, TERM_SEPARATOR, q4_tensors, s
 ProgressCallback = Callable[[float, str], None]  # (fraction done in [0, 1], what is happening)
 
 # GGUF architecture -> HF model_type
-GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "starcoder2": "starcoder2"}
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "starcoder2": "starcoder2"}
 
 _TENSOR_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -43,6 +43,8 @@ _BLOCK_NAMES = {
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
     "attn_norm": "input_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
@@ -83,7 +85,7 @@ def gguf_config(reader: Any) -> dict[str, Any]:
         "num_hidden_layers": int(_field(reader, f"{arch}.block_count")),
         "num_attention_heads": n_heads,
         "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
-        "head_dim": int(_field(reader, f"{arch}.rope.dimension_count", dim // n_heads)),
+        "head_dim": int(_field(reader, f"{arch}.attention.key_length", _field(reader, f"{arch}.rope.dimension_count", dim // n_heads))),
         "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 4096)),
         "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
         "tie_word_embeddings": not has_output,

@@ -9,7 +9,8 @@ model on the fast path:
 RMSNorm, q|k|v fused into one 4-bit matmul (a bias allowed), o, gate|up and down 4-bit (every
 one on the same kernel: PyTorch's int4 one or kspec's 4-bit x 8-bit one, quantized.py),
 a SiLU-gated MLP, no key hidden by a sliding window. Everything else (prefill, verification
-above the row limit, several requests batched, StarCoder2, float32) takes the PyTorch ops.
+above the row limit, several requests batched, StarCoder2, Qwen3's q/k norms, float32) takes
+the PyTorch ops.
 
 Measured (`kspec bench step --paths auto,auto/torch`: default model, 512-token prompt,
 2 threads, a step with its logits; README "Measured"): k = 1 11.9 -> 6.7 ms, k = 4
@@ -78,7 +79,7 @@ class NativeSteps:
         """For a fast-path Transformer whose every layer has the served form, else None;
         `load` gives the op (kernels/cpu_layers.py) and is called only for such a model."""
         args, parts = model.args, []
-        if model.dtype != torch.float32 or args.activation != "silu":
+        if model.dtype != torch.float32 or args.activation != "silu" or args.qk_norm:
             return None
         for block in model.model.layers:
             attention, mlp = block.self_attn, block.mlp

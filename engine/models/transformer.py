@@ -63,6 +63,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=args.qkv_bias)
         self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=args.o_bias)
         self.qkv_proj: nn.Module | None = None  # set by fuse(): one matmul for q, k and v
+        self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None  # qwen3
+        self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
 
     def fuse(self, qkv_proj: nn.Module, o_proj: nn.Module) -> None:
         """Replace q/k/v_proj by one projection whose output is [q | k | v] (and o_proj)."""
@@ -73,15 +75,25 @@ class Attention(nn.Module):
         batch, n_new, _ = x.shape  # [B, T, dim]
         heads, kv_heads, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
         if self.qkv_proj is None:
-            q = apply_rotary(self.q_proj(x).view(batch, n_new, heads, head_dim), cos, sin)  # [B, T, H, D]
-            k = apply_rotary(self.k_proj(x).view(batch, n_new, kv_heads, head_dim), cos, sin)  # [B, T, Hkv, D]
+            q = self._head_norm(self.q_proj(x).view(batch, n_new, heads, head_dim), self.q_norm)  # [B, T, H, D]
+            k = self._head_norm(self.k_proj(x).view(batch, n_new, kv_heads, head_dim), self.k_norm)  # [B, T, Hkv, D]
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             v = self.v_proj(x).view(batch, n_new, kv_heads, head_dim)  # [B, T, Hkv, D]
         else:
             qkv = self.qkv_proj(x).view(batch, n_new, heads + 2 * kv_heads, head_dim)  # [B, T, H+2Hkv, D]
-            qk = apply_rotary(qkv[:, :, : heads + kv_heads], cos, sin)  # q and k rotated in one go (cos's dtype)
+            qk = qkv[:, :, : heads + kv_heads]  # [B, T, H+Hkv, D]
+            if self.q_norm is not None:
+                qk = torch.cat([self._head_norm(qk[:, :, :heads], self.q_norm), self._head_norm(qk[:, :, heads:], self.k_norm)], dim=2)
+            qk = apply_rotary(qk, cos, sin)  # q and k rotated in one go (cos's dtype)
             q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :].to(qk.dtype)
         out = cache.attend(layer, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), step)  # [B, H, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(batch, n_new, heads * head_dim))
+
+
+    @staticmethod
+    def _head_norm(heads: Tensor, norm: nn.Module | None) -> Tensor:
+        """[..., heads, D] through a per-head RMSNorm over D (qwen3's q_norm / k_norm), if any."""
+        return heads if norm is None else norm(heads)
 
 
 class MLP(nn.Module):

@@ -109,11 +109,12 @@ def test_the_mix_follows_llama_cpp() -> None:
 
 
 ODD = Shape("llama", 3, 320, 640, 5, 1, tied=False)  # 320 = 1.25 x 256: llama.cpp's fallbacks, llama's rotary order
+QWEN3 = Shape("qwen3", 2, 256, 512, 4, 2, tied=True)  # q/k norms: the PyTorch ops over the kernels
 STARCODER2 = Shape("starcoder2", 2, 256, 1024, 4, 2, tied=True)  # LayerNorm with bias, GELU, biases everywhere
 
 
 @pytest.mark.parametrize(("shape", "mix"), [
-    (SHAPES["tiny"], "Q4_K_M"), (ODD, "Q4_K_M"), (SHAPES["tiny"], "Q5_K_M"), (ODD, "F16"), (STARCODER2, "Q4_K_M"),
+    (SHAPES["tiny"], "Q4_K_M"), (ODD, "Q4_K_M"), (SHAPES["tiny"], "Q5_K_M"), (ODD, "F16"), (STARCODER2, "Q4_K_M"), (QWEN3, "Q4_K_M"),
 ])  # fmt: skip
 def test_a_written_file_runs_on_the_fast_path_like_its_float32_weights(tmp_path, monkeypatch, shape: Shape, mix: str) -> None:
     """A GGUF written like llama-quantize's output loads with every matrix on the kernels (8-bit

@@ -58,6 +58,7 @@ FAMILIES = {
     ),
     "llama-attention-bias": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1000000.0)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(rope_theta=1000000.0, head_dim=32)),  # head_dim != hidden / heads
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=4096)),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(sliding_window=None, use_bias=True)),
 }
@@ -75,6 +76,11 @@ def _hf_model(family: str, folder: Path):
             for name, param in model.named_parameters():
                 if name.endswith("bias"):
                     param.normal_(0.0, 0.3)
+    if family == "qwen3":
+        with torch.no_grad():  # HF initialises the q/k norms to ones: make them matter
+            for name, param in model.named_parameters():
+                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                    param.uniform_(0.5, 1.5)
     model.save_pretrained(folder)
     return model
 
