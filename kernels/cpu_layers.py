@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["load", "load_attention", "load_matmul", "load_q8_matmul", "matmul_isa", "unavailable_reason", "build_folder", "cpu_info", "SOURCES"]
+__all__ = ["load", "load_attention", "load_matmul", "load_q8_matmul", "load_q5_matmul", "matmul_isa", "unavailable_reason", "build_folder", "cpu_info", "SOURCES"]
 
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("branch_layers.cpp", "q4_q8_matmul.cpp"))
 # -fopenmp: at::parallel_for runs on one thread without it. -fno-trapping-math: no code here reads
@@ -115,6 +115,13 @@ def load_q8_matmul(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
     layout: engine/models/quantized.py ``Q8Q8Term``), vectorized on an AVX-512 VNNI build only
     (``matmul_isa``); built as ``load``; None where it cannot be."""
     return torch.ops.kspec.q8_q8_matmul if _built(cache_dir)[0] else None
+
+
+def load_q5_matmul(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
+    """``torch.ops.kspec.q5_q8_matmul``: the 8-bit form's arithmetic over 5-bit codes (GGUF Q5_0 /
+    Q5_1 / Q5_K weights; the layout: engine/models/quantized.py ``Q5Q8Term``), vectorized on an
+    AVX-512 VNNI build only (``matmul_isa``); built as ``load``; None where it cannot be."""
+    return torch.ops.kspec.q5_q8_matmul if _built(cache_dir)[0] else None
 
 
 def matmul_isa(cache_dir: Path) -> str | None:

@@ -66,6 +66,9 @@ VNNI_ISA = "avx512-vnni"  # cpu_layers.matmul_isa() of a build with the AVX-512 
 # one 8-bit term vs two 4-bit ones in one process): 1.12x at one row, 1.28x at four, 1.34x at
 # eight, 1.36x at forty
 Q8Q8_ISAS = (VNNI_ISA, "avx2")
+# Builds whose 5-bit form (GGUF Q5_0 / Q5_1 / Q5_K weights, 5 bits a weight instead of the 8-bit
+# form's 8) is vectorized; elsewhere such weights take the 8-bit form
+Q5Q8_ISAS = (VNNI_ISA,)
 # AMD CPU families where that path was measured faster: 0x19 with AVX-512 is Zen 4 (Zen 3, also
 # 0x19, has no AVX-512, so no VNNI build), 0x1A Zen 5
 VNNI_MEASURED_AMD_FAMILY = 0x19
@@ -196,14 +199,16 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     `weight_terms`) has every part. The head's dense form stays the model's own weight."""
     dense_dtype, keep_dense, int4_max_rows = path.resolved_dense_dtype(), path.resolved_keep_dense(), path.resolved_int4_max_rows()
     q4q8 = cpu_layers.load_matmul(cache_root()) if path.resolved_int4_kernel() == "kspec" else None  # None: PyTorch's
-    q8q8 = cpu_layers.load_q8_matmul(cache_root()) if q4q8 is not None and cpu_layers.matmul_isa(cache_root()) in Q8Q8_ISAS else None
+    isa = cpu_layers.matmul_isa(cache_root()) if q4q8 is not None else None
+    q8q8 = cpu_layers.load_q8_matmul(cache_root()) if isa in Q8Q8_ISAS else None
+    q5q8 = cpu_layers.load_q5_matmul(cache_root()) if isa in Q5Q8_ISAS else None
     for index, block in enumerate(model.model.layers):
         prefix = f"model.layers.{index}."
 
         def linear(*names: str) -> CpuLinear:
             modules = [block.get_submodule(name) for name in names]
             terms = [weight_terms(codes, f"{prefix}{name}.weight") for name in names]
-            return fused_linear(modules, terms, int4_max_rows, dense_dtype, keep_dense, q4q8, q8q8)
+            return fused_linear(modules, terms, int4_max_rows, dense_dtype, keep_dense, q4q8, q8q8, q5q8)
 
         attention, mlp = block.self_attn, block.mlp
         attention.fuse(linear("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), linear("self_attn.o_proj"))
@@ -220,7 +225,9 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     # weight itself (tied: the embedding table), not a copy.
     head_dense = [head.weight] if keep_dense or not head_terms else []
     head_dtype = dense_dtype if head_terms else head.weight.dtype
-    model.lm_head = CpuLinear(head_dense, head_terms or [], head.bias, int4_max_rows, head_dtype, q4q8_matmul=q4q8, q8q8_matmul=q8q8)
+    model.lm_head = CpuLinear(
+        head_dense, head_terms or [], head.bias, int4_max_rows, head_dtype, q4q8_matmul=q4q8, q8q8_matmul=q8q8, q5q8_matmul=q5q8
+    )
     float_table_needed = bool(model.lm_head.dense_parts) and model.args.tie_embeddings
     float_weights_kept = keep_dense and dense_dtype == torch.float32  # loaded and kept anyway: the table stays float32
     head_terms_kept = model.lm_head.terms

@@ -34,7 +34,7 @@ SUPER = 256  # weights per K-type super-block
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
-def _eight_bit(codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> list[Q4Codes]:
+def eight_bit_numpy(codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> list[Q4Codes]:
     """numpy u, s, m -> quantized.eight_bit_terms."""
     as_tensor = lambda a, dtype: torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))  # noqa: E731
     return eight_bit_terms(as_tensor(codes, np.uint8), as_tensor(scale, np.float32), as_tensor(minimum, np.float32))
@@ -109,7 +109,7 @@ def q5_k(data: np.ndarray) -> list[Q4Codes]:
     low = _q4_k_codes(blocks[..., 48:]).reshape(*blocks.shape[:2], 8, 32)  # [N, B, 8, 32]
     qh = blocks[..., 16:48]  # [N, B, 32]: bit i of byte l is weight 32 i + l's fifth bit
     high = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # [N, B, 8, 32]
-    return _eight_bit(_rows(low + (high << 4)), scale, minimum)
+    return eight_bit_numpy(_rows(low + (high << 4)), scale, minimum)
 
 
 def q6_k_values(data: np.ndarray) -> np.ndarray:
@@ -129,7 +129,7 @@ def q8_0(data: np.ndarray) -> list[Q4Codes]:
     blocks = _blocks(data, 34)  # d, q[32] int8
     d = _f16(blocks, 0)
     u = _rows(blocks[..., 2:].view(np.int8).astype(np.int16) + 128)
-    return _eight_bit(u, d, -128 * d)
+    return eight_bit_numpy(u, d, -128 * d)
 
 
 def q4_0(data: np.ndarray) -> list[Q4Codes]:
@@ -147,13 +147,13 @@ def q5_0(data: np.ndarray) -> list[Q4Codes]:
     blocks = _blocks(data, 22)  # d, qh[4], qs[16]
     d = _f16(blocks, 0)
     u = _nibbles_32(blocks[..., 6:]) | _high_bits_32(blocks[..., 2:6])
-    return _eight_bit(_rows(u), d, -16 * d)
+    return eight_bit_numpy(_rows(u), d, -16 * d)
 
 
 def q5_1(data: np.ndarray) -> list[Q4Codes]:
     blocks = _blocks(data, 24)  # d, m, qh[4], qs[16]
     u = _nibbles_32(blocks[..., 8:]) | _high_bits_32(blocks[..., 4:8])
-    return _eight_bit(_rows(u), _f16(blocks, 0), _f16(blocks, 2))
+    return eight_bit_numpy(_rows(u), _f16(blocks, 0), _f16(blocks, 2))
 
 
 def quantize_8bit(weight: np.ndarray) -> list[Q4Codes]:
@@ -163,7 +163,7 @@ def quantize_8bit(weight: np.ndarray) -> list[Q4Codes]:
     d = np.abs(groups).max(axis=-1) / 127  # [N, K/32]
     safe = np.where(d > 0, d, 1)
     u = (np.clip(np.rint(groups / safe[..., None]), -127, 127) + 128).astype(np.uint8)
-    return _eight_bit(_rows(u), d, -128 * d)
+    return eight_bit_numpy(_rows(u), d, -128 * d)
 
 
 FOUR_BIT_SEARCH = tuple(15 + 0.25 * t for t in range(-4, 9))  # code ranges tried per block (llama.cpp's make_qkx2_quants idea)

@@ -289,6 +289,34 @@ class Q8Q8Term(TiledTerm):
         super().__init__(layout, scale, minimum, n, matmul)
 
 
+class Q5Q8Term(TiledTerm):
+    """One matrix of 5-bit codes (w = s u + m, u in 0..31: GGUF Q5_0 / Q5_1 / Q5_K weights) for
+    the kernel's 5-bit form (q5_q8_matmul): the 8-bit form's arithmetic over 5 bits a weight (its
+    codes' low 4 bits laid out as Q4Q8Term's, then for each block a 64-byte register of eight
+    64-bit masks, mask j's bit 4 n + i the fifth bit of output n's weight 4j + i). Rows are padded
+    to a multiple of 16."""
+
+    def __init__(self, codes: Tensor, scale: Tensor, minimum: Tensor, matmul: Q4Q8Matmul):
+        n, k = codes.shape
+        if int(codes.max()) > 31:
+            raise ValueError("5-bit codes must be in 0..31")
+        padded = -n % Q4Q8_TILE
+        scale, minimum = scale.float(), minimum.float()
+        if padded:  # s = m = 0: zero weights
+            codes = torch.cat([codes, codes.new_zeros(padded, k)])
+            scale, minimum = (torch.cat([t, t.new_zeros(padded, k // GROUP)]) for t in (scale, minimum))
+        tiles, blocks = (n + padded) // Q4Q8_TILE, k // GROUP
+        per_block = codes.view(tiles, Q4Q8_TILE, blocks, GROUP)  # [N/16, 16, K/32, 32]
+        low = per_block & 0x0F
+        nibbles = low[..., :16] | (low[..., 16:] << 4)  # weight j low, j + 16 high
+        four = nibbles.view(tiles, Q4Q8_TILE, blocks, 4, 4).permute(0, 2, 3, 1, 4)  # [N/16, K/32, 4, 16, 4]
+        fifth = (per_block >> 4).view(tiles, Q4Q8_TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # [N/16, K/32, 8 (j), 16 (n), 4 (i)]
+        bits = fifth.reshape(tiles, blocks, 8, 8, 8)  # [..., j, byte, bit]: bit 4 n + i of mask j
+        weights = (1 << torch.arange(8, dtype=torch.uint8)).view(1, 1, 1, 1, 8)
+        masks = (bits * weights).sum(-1, dtype=torch.uint8).view(tiles, blocks, 1, Q4Q8_TILE, 4)  # 64 bytes a block
+        super().__init__(torch.cat([four, masks], dim=2).contiguous(), scale, minimum, n, matmul)
+
+
 class Int4Term(nn.Module):
     """One 4-bit matrix in the kernel's layout: x [M, K] -> x W^T [M, N] in the kernel's dtype."""
 
@@ -344,7 +372,8 @@ class CpuLinear(nn.Module):
     matmul, no reorder per call. Either form may be absent: without terms the dense form serves
     every call; without it the 4-bit kernel does (slower for many rows, smaller in memory).
     With `q8q8_matmul` (kspec's kernel's 8-bit form) a Q8_0 weight's two 4-bit terms are one
-    8-bit term (`Q8Q8Term`): the same bytes, one integer dot per block instead of two."""
+    8-bit term (`Q8Q8Term`): the same bytes, one integer dot per block instead of two; with
+    `q5q8_matmul` too, codes that fit 5 bits (Q5_0 / Q5_1 / Q5_K) are one 5-bit term (`Q5Q8Term`)."""
 
     def __init__(
         self,
@@ -356,6 +385,7 @@ class CpuLinear(nn.Module):
         int4_dtype: torch.dtype = torch.bfloat16,
         q4q8_matmul: Q4Q8Matmul | None = None,
         q8q8_matmul: Q4Q8Matmul | None = None,
+        q5q8_matmul: Q4Q8Matmul | None = None,
     ):
         super().__init__()
         if not dense and not terms:
@@ -372,10 +402,14 @@ class CpuLinear(nn.Module):
         # else PyTorch's int4 kernel (in int4_dtype: bfloat16 is its vectorized path)
         self.int4_dtype = torch.float32 if q4q8_matmul is not None else int4_dtype
         eight_bit = eight_bit_codes(terms) if q4q8_matmul is not None and q8q8_matmul is not None else None
-        self.terms = nn.ModuleList(
-            [Q8Q8Term(*eight_bit, q8q8_matmul)] if eight_bit is not None
-            else (Q4Q8Term(t, q4q8_matmul) if q4q8_matmul is not None else Int4Term(t, self.int4_dtype) for t in terms)
-        )  # fmt: skip
+        if eight_bit is not None and q5q8_matmul is not None and int(eight_bit[0].max()) <= 31:
+            self.terms = nn.ModuleList([Q5Q8Term(*eight_bit, q5q8_matmul)])  # 5-bit codes: 5 bits a weight, not 8
+        elif eight_bit is not None:
+            self.terms = nn.ModuleList([Q8Q8Term(*eight_bit, q8q8_matmul)])  # type: ignore[arg-type]
+        else:
+            self.terms = nn.ModuleList(
+                Q4Q8Term(t, q4q8_matmul) if q4q8_matmul is not None else Int4Term(t, self.int4_dtype) for t in terms
+            )
         # oneDNN's layout: not a buffer (state_dict and .to() know no such tensors); CPU only.
         self.packed: Tensor | None = None
         if dense and dense_dtype == torch.bfloat16 and packing_available():
@@ -534,6 +568,7 @@ def fused_linear(
     keep_dense: bool = True,
     q4q8_matmul: Q4Q8Matmul | None = None,
     q8q8_matmul: Q4Q8Matmul | None = None,
+    q5q8_matmul: Q4Q8Matmul | None = None,
 ) -> CpuLinear:
     """One CpuLinear for several linear layers over the same input (outputs concatenated), with
     each part's terms (`weight_terms`). On the kernels only when every part has them (parts in
@@ -553,4 +588,4 @@ def fused_linear(
         elif len({len(t) for t in parts}) == 1:
             fused = [cat_rows([t[i] for t in parts]) for i in range(len(parts[0]))]
     dense = [linear.weight for linear in linears] if keep_dense or not fused else []
-    return CpuLinear(dense, fused, bias, int4_max_rows, dense_dtype, q4q8_matmul=q4q8_matmul, q8q8_matmul=q8q8_matmul)
+    return CpuLinear(dense, fused, bias, int4_max_rows, dense_dtype, q4q8_matmul=q4q8_matmul, q8q8_matmul=q8q8_matmul, q5q8_matmul=q5q8_matmul)

@@ -65,6 +65,7 @@
 
 at::Tensor q4_q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params);  // q4_q8_matmul.cpp
 at::Tensor q8_q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params);  // q4_q8_matmul.cpp
+at::Tensor q5_q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params);  // q4_q8_matmul.cpp
 
 namespace {
 
@@ -735,11 +736,13 @@ void attend_layer(const Dims& s, const Tensor& queries, const Tensor& prefix_k, 
 
 // x [R, K] -> [R, N] through the weights' kernel: bfloat16 in and out of PyTorch's int4 one
 // (packed, scales_zeros in its layout), float32 of kspec's (codes, params of q4_q8_matmul.cpp:
-// its 4-bit form's codes are [N/16, K/32, 4, 16, 4], its 8-bit form's [N/16, K/32, 8, 16, 4], so
-// a layer may mix them: a Q4_K_M file's Q6_K v and down projections beside Q4_K ones)
+// its forms' codes are [N/16, K/32, R, 16, 4] with R = 4, 5 or 8 registers for 4-, 5- and 8-bit
+// codes, so a layer may mix them: a Q4_K_M file's Q6_K v and down projections beside Q4_K ones)
 Tensor matmul(const Tensor& x, const Tensor& packed, const Tensor& scales) {
   if (x.scalar_type() == at::kFloat) {
-    return packed.dim() == 5 && packed.size(2) == 8 ? q8_q8_matmul(x, packed, scales) : q4_q8_matmul(x, packed, scales);
+    const int64_t registers = packed.dim() == 5 ? packed.size(2) : 4;
+    if (registers == 8) return q8_q8_matmul(x, packed, scales);
+    return registers == 5 ? q5_q8_matmul(x, packed, scales) : q4_q8_matmul(x, packed, scales);
   }
   return at::_weight_int4pack_mm_for_cpu(x, packed, kGroup, scales);
 }

@@ -34,6 +34,15 @@
 // 4j .. 4j + 3; params as above. The AVX-512 VNNI and AVX2 builds run it vectorized (AVX2 on
 // the signed codes: dot_half_q8_avx2); a build without either runs a scalar loop (correct, slow:
 // kspec picks the 8-bit form only on a vectorized build, engine/models/cpu_fast.py).
+//
+// The 5-bit form (q5_q8_matmul: GGUF Q5_0 / Q5_1 / Q5_K weights, codes u in 0..31) is the 8-bit
+// form's arithmetic over 5 bits a weight: codes [N/16, K/32, 5, 16, 4] uint8, registers 0..3 the
+// low 4 bits as the 4-bit form holds its codes, register 4 eight 64-bit masks, mask j's bit
+// 4 n + i the fifth bit of output n's weight 4j + i. The VNNI loop unpacks the nibbles as the
+// 4-bit form does and adds 16 where a mask says (one masked byte add per register): 320 bytes
+// a tile and block where the 8-bit form reads 512. Built vectorized for AVX-512 VNNI only; other
+// builds run the scalar loop, and kspec keeps such weights in the 8-bit form there
+// (engine/models/cpu_fast.py Q5Q8_ISAS).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -68,13 +77,21 @@ constexpr int64_t kPrefetchBlocks = 4;        // blocks of a tile read ahead by 
 // blocks, 1.1x with 4 or 16)
 constexpr int64_t kPrefetchBlocksAvx2 = 8;
 
-// Bytes of one tile's codes per block: 16 outputs x 32 weights, 4-bit codes two a byte
+// Bytes of one tile's codes per block: 16 outputs x 32 weights, 4-bit codes two a byte; 5-bit ones
+// as the 4-bit codes and a 64-byte register of their fifth bits
 template <int Bits>
-constexpr int64_t kTileBytes = kTile * Bits * kBlock / 8;  // 256 or 512
+constexpr int64_t kTileBytes = kTile * Bits * kBlock / 8;  // 256, 320 or 512
 
 // 64-byte registers of one tile's codes per block, each holding 4 bytes of every one of its 16 outputs
 template <int Bits>
-constexpr int64_t kTileRegisters = kTileBytes<Bits> / 64;  // 4 or 8
+constexpr int64_t kTileRegisters = kTileBytes<Bits> / 64;  // 4, 5 or 8
+
+// The fifth-bit mask of register j (weights 4j .. 4j + 3 of each output) of a 5-bit tile's block
+inline uint64_t fifth_bits(const uint8_t* block_codes, int64_t j) {
+  uint64_t mask;
+  std::memcpy(&mask, block_codes + 4 * 64 + 8 * j, sizeof mask);
+  return mask;
+}
 
 #if KSPEC_Q4Q8_AVX2
 // Ask for the code lines and the params of the block `ahead` blocks after this one of a tile
@@ -154,7 +171,7 @@ Quantized quantize_rows(const float* x, int64_t rows, int64_t k) {
   return q;
 }
 
-// The per-block sums of x each form's m multiplies: sum(x) for 4 bits, d sum(a) for 8
+// The per-block sums of x each form's m multiplies: sum(x) for 4 bits, d sum(a) for 5 and 8
 template <int Bits>
 const std::unique_ptr<float[]>& minimum_sums(const Quantized& q) {
   return Bits == 4 ? q.sum : q.code_sum;
@@ -177,13 +194,14 @@ inline int32_t four_bytes(const int8_t* a) {
 template <int Bits, int T, int R>
 void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k,
                     int64_t t0, float* y, int64_t ldy) {
-  static_assert(T >= 1 && T <= 4 && R >= 1 && R <= 8 && (Bits == 4 || Bits == 8));
+  static_assert(T >= 1 && T <= 4 && R >= 1 && R <= 8 && (Bits == 4 || Bits == 5 || Bits == 8));
   constexpr int kChains = T * R <= 2 ? 2 : 1;
   const int64_t blocks = k / kBlock;
   const float* xd = q.scale.get() + r0 * blocks;                // [R, blocks]
   const float* xs = minimum_sums<Bits>(q).get() + r0 * blocks;  // [R, blocks]
   const int8_t* a0 = q.a.get() + r0 * k;
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  const __m512i sixteen = _mm512_set1_epi8(16);
   __m512 acc[T][R];
 #pragma GCC unroll 4
   for (int t = 0; t < T; ++t)
@@ -197,12 +215,16 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
       const uint8_t* tc = codes + ((t0 + t) * blocks + b) * kTileBytes<Bits>;  // [4, 16, 4] or [8, 16, 4]
       const c10::Half* tp = params + ((t0 + t) * blocks + b) * kParamsPerBlock;  // [2, 16]
       prefetch_block<Bits>(tc, tp, kPrefetchBlocks);
-      if constexpr (Bits == 4) {
+      if constexpr (Bits == 4 || Bits == 5) {
 #pragma GCC unroll 4
         for (int p = 0; p < 4; ++p) {
           const __m512i packed = _mm512_loadu_si512(tc + 64 * p);
           w[t][p] = _mm512_and_si512(packed, low_mask);                           // weights 4p ..
           w[t][p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);  // weights 16 + 4p ..
+        }
+        if constexpr (Bits == 5) {
+#pragma GCC unroll 8
+          for (int j = 0; j < 8; ++j) w[t][j] = _mm512_mask_add_epi8(w[t][j], _cvtu64_mask64(fifth_bits(tc, j)), w[t][j], sixteen);
         }
       } else {
 #pragma GCC unroll 8
@@ -583,14 +605,24 @@ void dot_tile_scalar(const Quantized& q, int64_t rows, const uint8_t* codes, con
         const c10::Half* tp = params + (t * blocks + b) * kParamsPerBlock;
         const int8_t* a = q.a.get() + r * k + b * kBlock;
         int32_t dot = 0;
-        for (int64_t j = 0; j < kTileRegisters<Bits>; ++j)
-          for (int64_t i = 0; i < 4; ++i) {
-            const uint8_t code = tc[(j * kTile + n) * 4 + i];
-            if constexpr (Bits == 4)
-              dot += (code & 0x0F) * a[4 * j + i] + (code >> 4) * a[16 + 4 * j + i];
-            else
-              dot += code * a[4 * j + i];
-          }
+        if constexpr (Bits == 5) {
+          for (int64_t j = 0; j < 4; ++j)
+            for (int64_t i = 0; i < 4; ++i) {
+              const uint8_t code = tc[(j * kTile + n) * 4 + i];
+              const int32_t low = (code & 0x0F) + 16 * static_cast<int32_t>((fifth_bits(tc, j) >> (4 * n + i)) & 1);
+              const int32_t high = (code >> 4) + 16 * static_cast<int32_t>((fifth_bits(tc, j + 4) >> (4 * n + i)) & 1);
+              dot += low * a[4 * j + i] + high * a[16 + 4 * j + i];
+            }
+        } else {
+          for (int64_t j = 0; j < kTileRegisters<Bits>; ++j)
+            for (int64_t i = 0; i < 4; ++i) {
+              const uint8_t code = tc[(j * kTile + n) * 4 + i];
+              if constexpr (Bits == 4)
+                dot += (code & 0x0F) * a[4 * j + i] + (code >> 4) * a[16 + 4 * j + i];
+              else
+                dot += code * a[4 * j + i];
+            }
+        }
         const float s = static_cast<float>(tp[n]), m = static_cast<float>(tp[kTile + n]);
         total += s * q.scale[r * blocks + b] * static_cast<float>(dot) + m * minimum_sums<Bits>(q)[r * blocks + b];
       }
@@ -608,7 +640,9 @@ std::tuple<Tensor, Quantized> prepare(const Tensor& x, const Tensor& codes, cons
   check(k % kBlock == 0, "K must be a multiple of 32");
   check(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 5 && codes.size(1) == k / kBlock &&
             codes.size(2) == kTileRegisters<Bits> && codes.size(3) == kTile && codes.size(4) == 4,
-        Bits == 4 ? "codes must be [N/16, K/32, 4, 16, 4] uint8, contiguous" : "codes must be [N/16, K/32, 8, 16, 4] uint8, contiguous");
+        Bits == 4   ? "codes must be [N/16, K/32, 4, 16, 4] uint8, contiguous"
+        : Bits == 5 ? "codes must be [N/16, K/32, 5, 16, 4] uint8, contiguous"
+                    : "codes must be [N/16, K/32, 8, 16, 4] uint8, contiguous");
   check(params.scalar_type() == at::kHalf && params.is_contiguous() && params.dim() == 4 &&
             params.size(0) == codes.size(0) && params.size(1) == k / kBlock && params.size(2) == 2 && params.size(3) == kTile,
         "params must be [N/16, K/32, 2, 16] float16, contiguous");
@@ -632,7 +666,11 @@ Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params
 #if KSPEC_Q4Q8_VNNI
     dot_range_vnni<Bits>(q, rows, cp, pp, k, t0, t1, yp, n);
 #elif KSPEC_Q4Q8_AVX2
-    for (int64_t t = t0; t < t1; ++t) dot_tile_avx2<Bits>(q, rows, cp, pp, k, t, yp, n);
+    if constexpr (Bits == 5) {  // no AVX2 loop for the 5-bit form
+      for (int64_t t = t0; t < t1; ++t) dot_tile_scalar<Bits>(q, rows, cp, pp, k, t, yp, n);
+    } else {
+      for (int64_t t = t0; t < t1; ++t) dot_tile_avx2<Bits>(q, rows, cp, pp, k, t, yp, n);
+    }
 #else
     for (int64_t t = t0; t < t1; ++t) dot_tile_scalar<Bits>(q, rows, cp, pp, k, t, yp, n);
 #endif
@@ -648,6 +686,9 @@ Tensor q4_q8_matmul(const Tensor& x, const Tensor& codes, const Tensor& params) 
 // x [M, K] float32, codes [N/16, K/32, 8, 16, 4] uint8 (q + 128), params [N/16, K/32, 2, 16] float16 -> y [M, N] float32
 Tensor q8_q8_matmul(const Tensor& x, const Tensor& codes, const Tensor& params) { return matmul_form<8>(x, codes, params); }
 
+// x [M, K] float32, codes [N/16, K/32, 5, 16, 4] uint8 (the low 4 bits, then the fifth bits' masks), params as above -> y [M, N] float32
+Tensor q5_q8_matmul(const Tensor& x, const Tensor& codes, const Tensor& params) { return matmul_form<5>(x, codes, params); }
+
 // The instructions this build multiplies with (kernels/cpu_layers.py matmul_isa)
 std::string q4_q8_isa() {
 #if KSPEC_Q4Q8_VNNI
@@ -662,10 +703,12 @@ std::string q4_q8_isa() {
 TORCH_LIBRARY_FRAGMENT(kspec, m) {
   m.def("q4_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor");
   m.def("q8_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor");
+  m.def("q5_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor");
   m.def("q4_q8_isa() -> str", q4_q8_isa);
 }
 
 TORCH_LIBRARY_IMPL(kspec, CPU, m) {
   m.impl("q4_q8_matmul", q4_q8_matmul);
   m.impl("q8_q8_matmul", q8_q8_matmul);
+  m.impl("q5_q8_matmul", q5_q8_matmul);
 }

@@ -170,3 +170,48 @@ def test_a_q8_0_linear_takes_one_8bit_term_and_other_terms_stay_4bit() -> None:
     assert [type(t) for t in q4.terms] == [Q4Q8Term]
     not_q8 = [q8_terms[0], _codes(12, 64, seed=5)]  # two terms that are not one Q8_0 weight
     assert eight_bit_codes(not_q8) is None
+
+
+matmul5 = cpu_layers.load_q5_matmul(cache_root())
+
+
+@needs_matmul8
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 17, 40])
+@pytest.mark.parametrize(("n", "k"), [(96, 576), (7, 64)])
+def test_the_5bit_form_is_the_8bit_form_on_5bit_codes(rows: int, n: int, k: int) -> None:
+    """5-bit codes (a Q5_0 / Q5_1 / Q5_K weight) in the 5-bit layout give the 8-bit form's
+    outputs bit for bit: the same integer dots and float steps, from 5 bits a weight."""
+    from kspec.engine.models.quantized import Q5Q8Term
+
+    generator = torch.Generator().manual_seed(rows * 7 + n)
+    codes = torch.randint(0, 32, (n, k), dtype=torch.uint8, generator=generator)
+    codes[0, :GROUP] = 31  # every fifth bit of a block set
+    codes[-1, GROUP:] = 0
+    scale = torch.rand(n, k // GROUP, generator=generator) * 0.01
+    minimum = -16 * scale + torch.randn(n, k // GROUP, generator=generator) * 0.001
+    x = torch.randn(rows, k, generator=generator) * 2
+    five = Q5Q8Term(codes, scale, minimum, matmul5)
+    eight = Q8Q8Term(codes, scale, minimum, matmul8)
+    assert five.codes.shape[2] == 5 and five.nbytes < 0.7 * eight.nbytes
+    torch.testing.assert_close(five(x), eight(x), atol=0, rtol=0)
+    dequantized = (codes.float().view(n, -1, GROUP) * scale.half().float()[..., None] + minimum.half().float()[..., None]).view(n, k)
+    want = x.double() @ dequantized.double().t()
+    bound = (x.abs().view(rows, -1, GROUP).amax(-1) / 254).repeat_interleave(GROUP, -1).double() @ dequantized.abs().double().t()
+    assert bool(((five(x) - want).abs() <= bound + 1e-5).all())
+    with pytest.raises(ValueError, match="0..31"):
+        Q5Q8Term(codes + 32, scale, minimum, matmul5)
+
+
+@needs_matmul8
+def test_a_linear_takes_the_5bit_form_only_for_5bit_codes() -> None:
+    from kspec.engine.models.gguf_blocks import eight_bit_numpy
+    from kspec.engine.models.quantized import Q5Q8Term
+
+    rng = np.random.default_rng(5)
+    five_bit = eight_bit_numpy(rng.integers(0, 32, (16, 64)), rng.uniform(0.001, 0.01, (16, 2)), rng.uniform(-0.1, 0, (16, 2)))
+    eight_bit = eight_bit_numpy(rng.integers(0, 256, (16, 64)), rng.uniform(0.001, 0.01, (16, 2)), rng.uniform(-0.1, 0, (16, 2)))
+    kernels = dict(q4q8_matmul=matmul, q8q8_matmul=matmul8, q5q8_matmul=matmul5)
+    assert [type(t) for t in CpuLinear([], five_bit, None, 1 << 20, **kernels).terms] == [Q5Q8Term]
+    assert [type(t) for t in CpuLinear([], eight_bit, None, 1 << 20, **kernels).terms] == [Q8Q8Term]
+    without = dict(q4q8_matmul=matmul, q8q8_matmul=matmul8)  # a build whose 5-bit loop is not vectorized
+    assert [type(t) for t in CpuLinear([], five_bit, None, 1 << 20, **without).terms] == [Q8Q8Term]
