@@ -54,6 +54,7 @@ from kspec.engine.config import EngineConfig
 from kspec.engine.serve.protocol import parse_engine_url
 from kspec.lsp_server.remote_backend import OpenAIEngine, RemoteOptions, api_key_from
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
+from kspec.engine.serve.load_slot import LoadSlot
 from kspec.engine.serve.runner import EngineFactory, default_engine_factory
 from kspec.engine.serve.status import ERROR, READY, Status
 from kspec.lsp_server.settings import SECTION, Settings, parse_settings
@@ -250,6 +251,8 @@ class Session:
         self.engine: EngineClient | None = None
         self._retired: list[EngineClient] = []  # closed engines whose thread may still be finishing
         self._engine_key: tuple[Any, ...] | None = None
+        self._load_slot = LoadSlot()  # one in-process engine loads (or lives) at a time: a storm of model changes loads the last
+        self._generation = 0  # of self.engine: statuses of the engines it replaced are dropped
         self._inflight: dict[str, Ticket] = {}
         self._legacy_trigger_kinds = False
         self._pending_problems: list[str] = []
@@ -402,22 +405,32 @@ class Session:
             self.typeahead.clear()  # another model's suggestions
         self._engine_key = key
         self._shown.clear()
-        self.engine = self._make_engine(self.settings)
+        self._generation += 1
+        self.engine = self._make_engine(self.settings, self._status_of(self._generation))
         asyncio.ensure_future(self.engine.start())
 
-    def _make_engine(self, settings: Settings) -> EngineClient:
+    def _make_engine(self, settings: Settings, on_status: Callable[[Status], None]) -> EngineClient:
         config = settings.engine_config()
         if settings.engine == "inprocess":
-            return InProcessEngine(config, self._on_status, self.options.engine_factory)
+            return InProcessEngine(config, on_status, self.options.engine_factory, self._load_slot)
         if settings.engine == "daemon":
             options = DaemonOptions(config=config, folder=self.options.daemon_folder, idle_timeout_s=self.options.daemon_idle_timeout_s)
-            return DaemonEngine(options, self._on_status)
+            return DaemonEngine(options, on_status)
         try:
-            return self._network_engine(settings, config)
+            return self._network_engine(settings, config, on_status)
         except (ValueError, InputError) as exc:
-            return UnusableEngine(f"engine {settings.engine!r}: {exc}", self._on_status)
+            return UnusableEngine(f"engine {settings.engine!r}: {exc}", on_status)
 
-    def _network_engine(self, settings: Settings, config: EngineConfig) -> EngineClient:
+    def _status_of(self, generation: int) -> Callable[[Status], None]:
+        """The status callback of the engine of `generation`: silent once it was replaced."""
+
+        def on_status(status: Status) -> None:
+            if generation == self._generation:
+                self._on_status(status)
+
+        return on_status
+
+    def _network_engine(self, settings: Settings, config: EngineConfig, on_status: Callable[[Status], None]) -> EngineClient:
         """A kspec engine on the network ("remote") or an OpenAI-compatible one ("openai").
         Raises ValueError / InputError for settings that cannot work (no URL, wrong scheme, no token file)."""
         text = self.options.engine_url or settings.engine_url
@@ -430,13 +443,13 @@ class Session:
         sent = "the text around your cursor" + (" and the API key" if token and settings.engine == "openai" else "")
         self.show(f"kspec: completions send {sent} to {url.host}:{url.port} (engine {settings.engine!r}, {url})", lsp.MessageType.Info)
         if settings.engine == "openai":
-            return OpenAIEngine(RemoteOptions(url, settings.remote_model, token, ca_file, settings.remote_fim), self._on_status)
+            return OpenAIEngine(RemoteOptions(url, settings.remote_model, token, ca_file, settings.remote_fim), on_status)
         if url.is_http:
             raise ValueError(f"{url} is an HTTP URL: use engine 'openai' for it, or tcp:// / tls:// for a kspec engine")
         if not token:
             raise ValueError("a network engine needs its token: set engineTokenFile or $KSPEC_ENGINE_TOKEN")
         options = DaemonOptions(config=config, url=url, token=token, ca_file=ca_file, connect_timeout_s=10.0)
-        return DaemonEngine(options, self._on_status)
+        return DaemonEngine(options, on_status)
 
     # --- status and messages ---------------------------------------------------------
 
