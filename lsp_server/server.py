@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -49,7 +50,7 @@ from kspec.lsp_server.context import Budgets, EditorContext, editor_context, loo
 from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Cursor, Document, DocumentStore, line_body, units_from_column
 from kspec.lsp_server.edits import CLOSERS, replaced_chars
 from kspec.lsp_server.engine_client import DAEMON_IDLE_TIMEOUT_S, DaemonEngine, DaemonOptions, EngineClient, InProcessEngine, UnusableEngine
-from kspec.lsp_server.jsonrpc import MAX_MESSAGE_BYTES, Dispatcher, frames_to_loop, strict_converter
+from kspec.lsp_server.jsonrpc import MAX_MESSAGE_BYTES, ChunkReader, Dispatcher, Frame, frames_to_loop, read_frames, strict_converter
 from kspec.engine.config import EngineConfig
 from kspec.engine.serve.protocol import parse_engine_url
 from kspec.lsp_server.remote_backend import OpenAIEngine, RemoteOptions, api_key_from
@@ -58,7 +59,7 @@ from kspec.engine.serve.load_slot import LoadSlot
 from kspec.engine.serve.runner import EngineFactory, default_engine_factory
 from kspec.engine.serve.status import ERROR, READY, Status
 from kspec.lsp_server.settings import SECTION, Settings, parse_settings
-from kspec.lsp_server.token_gate import TokenGate
+from kspec.lsp_server.tcp_admission import Limits, admit
 from kspec.lsp_server.typeahead import Entry, TypeaheadCache, typed_since
 
 log = logging.getLogger("kspec.lsp")
@@ -87,8 +88,12 @@ class Redactor(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not self.debug and record.name.startswith("pygls") and record.args:
-            record.msg, record.args = f"{record.msg} [arguments hidden; enable debugLog]", ()
+            hidden = _PLACEHOLDER.sub(lambda match: "%" if match.group() == "%%" else "…", str(record.msg))
+            record.msg, record.args = f"{hidden} (arguments hidden; enable debugLog)", ()
         return True
+
+
+_PLACEHOLDER = re.compile(r"%%|%(\([^)]*\))?[-#0 +]*(\d+|\*)?(\.(\d+|\*))?[diouxXeEfFgGcrsa]")  # printf-style, as logging formats
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,10 @@ class KspecProtocol(LanguageServerProtocol):
     """pygls' protocol without its own copy of every document (we keep ours, line-based),
     and without its leak of finished handlers."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._handling: set[Any] = set()  # ids of the client's requests (and notifications) whose handlers run
+
     def _execute_handler(self, msg_id: Any, handler: Callable, callback: Callable, args: Any = None, kwargs: Any = None) -> None:
         """pygls 2.1 files the future of a generator or async handler under `msg_id` (a fresh
         uuid for notifications and for each step of a generator) and only a request's answer
@@ -187,10 +196,21 @@ class KspecProtocol(LanguageServerProtocol):
             try:
                 callback(future)
             finally:
+                self._handling.discard(msg_id)
                 if self._request_futures.get(msg_id) is future:
                     del self._request_futures[msg_id]
 
+        self._handling.add(msg_id)
         super()._execute_handler(msg_id, handler, finished, args, kwargs)
+
+    def _handle_response(self, msg_id: Any, result: Any = None, error: Any = None) -> None:
+        """A "response" whose id is one of the client's own requests still being handled
+        (pygls keeps both in one table) is the client's mistake: one line, and the request
+        goes on (pygls would hand it to the handler's task: a RuntimeError traceback)."""
+        if msg_id in self._handling:
+            log.warning("ignoring a response with id %r: that is the id of the client's own request in progress", msg_id)
+            return
+        super()._handle_response(msg_id, result, error)
 
     def _send_handler_result(self, future: Any, *, msg_id: Any) -> None:
         """A request the client got wrong (Invalid Params: a position outside the document)
@@ -922,22 +942,22 @@ class KspecServer(LanguageServer):
 
     def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:  # type: ignore[override]
         self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
-        self._run(stdin or sys.stdin.buffer)
+        self._run(read_frames(ChunkReader.from_stream(stdin or sys.stdin.buffer), self.session.options.max_message_bytes))
 
-    def start_tcp(self, host: str, port: int, token: str) -> None:
-        """One client over TCP (debugging), which must show `token` first (TokenGate);
-        prints the bound address on stderr."""
-        with socket.create_server((host, port)) as listener:
+    def start_tcp(self, host: str, port: int, token: str, limits: Limits = Limits()) -> None:
+        """One client over TCP (debugging): the first connection that shows `token`
+        (tcp_admission); prints the bound address on stderr."""
+        with socket.create_server((host, port), backlog=limits.max_pending) as listener:
             bound = listener.getsockname()
             print(f"kspec lsp: listening on {bound[0]}:{bound[1]}", file=sys.stderr, flush=True)
-            connection, _ = listener.accept()
-        with connection, connection.makefile("wb") as writer:
+            admission = admit(listener, token, replace(limits, max_bytes=self.session.options.max_message_bytes))
+        with admission.connection, admission.connection.makefile("wb") as writer:
             self.protocol.set_writer(StdoutWriter(writer))
-            self._run(connection, TokenGate(token))  # type: ignore[arg-type]
+            self._run(admission.frames)
 
-    def _run(self, stream: BinaryIO, gate: TokenGate | None = None) -> None:
+    def _run(self, frames: Iterator[Frame]) -> None:
         try:
-            asyncio.run(self._serve(stream, gate))
+            asyncio.run(self._serve(frames))
         except SystemExit as exc:  # the `exit` notification: 0 after `shutdown`, else 1
             self.exit_code = exc.code if isinstance(exc.code, int) else 1
         except (KeyboardInterrupt, BrokenPipeError):
@@ -946,15 +966,12 @@ class KspecServer(LanguageServer):
             self.session.close()
             self.session.join(EXIT_JOIN_S)
 
-    async def _serve(self, stream: BinaryIO, gate: TokenGate | None = None) -> None:
+    async def _serve(self, frames: Iterator[Frame]) -> None:
         queue: asyncio.Queue = asyncio.Queue()
         limit = self.session.options.max_message_bytes
-        frames_to_loop(stream, asyncio.get_running_loop(), queue, limit)
+        frames_to_loop(frames, asyncio.get_running_loop(), queue)
         report = lambda message: self.session.show(message, lsp.MessageType.Error)  # noqa: E731
-        dispatcher = Dispatcher(self.protocol, self.session.normalize, report, limit, gate.refusal if gate else None)
+        dispatcher = Dispatcher(self.protocol, self.session.normalize, report, limit)
         while (frame := await queue.get()) is not None:
             dispatcher.dispatch(frame)
-            if dispatcher.refused:
-                self.exit_code = 1
-                return
         log.info("the client closed the connection")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from lsp_harness import FAST, editor_session
+from lsp_harness import FAST, editor_session, tcp_server
 from lsprotocol import types as lsp
 from raw_rpc import RawServer, encode, frame
 
@@ -148,3 +148,76 @@ async def test_a_network_engine_names_where_text_goes() -> None:
     async with editor_session({**FAST, "engine": "openai", "engineUrl": "http://127.0.0.1:9/v1"}, args=()) as editor:
         (notice,) = await editor.wait_message("completions send")
         assert "127.0.0.1:9" in notice and "openai" in notice
+
+
+async def _initialize(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, token: str) -> bytes:
+    options = {**FAST, "lspToken": token}
+    writer.write(encode_frame({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}, "initializationOptions": options}}))
+    await writer.drain()
+    return await asyncio.wait_for(reader.readuntil(b"}}"), 60)  # the start of the answer is enough
+
+
+def encode_frame(message: dict) -> bytes:
+    return frame(encode(message))
+
+
+async def test_tcp_squatters_never_keep_the_client_out(tmp_path: Path) -> None:
+    """Issue 43: `--tcp` had one slot and no deadline: a silent local connection kept the
+    editor out, and a refused client made the server exit. Now a silent connection is
+    closed at the token deadline, a wrong token is answered and closed, and the client
+    is served with 50 silent connections open."""
+    process, host, port, token = await tcp_server(tmp_path, "--token-deadline", "3", *NO_MODEL)
+    opened: list[asyncio.StreamWriter] = []
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+        opened.append(writer)
+        assert await asyncio.wait_for(reader.read(), 30) == b""  # silent: closed at the deadline, the server lives
+        assert process.returncode is None
+
+        reader, writer = await asyncio.open_connection(host, port)
+        opened.append(writer)
+        assert b"-32001" in await _initialize(reader, writer, "wrong")
+        await asyncio.wait_for(reader.read(), 30)  # closed after the answer
+        assert process.returncode is None
+
+        silent = [await asyncio.open_connection(host, port) for _ in range(50)]
+        opened += [w for _, w in silent]
+        reader, writer = await asyncio.open_connection(host, port)
+        opened.append(writer)
+        reply = await _initialize(reader, writer, token)
+        assert b'"result"' in reply and b"capabilities" in reply, reply[:200]
+        for silent_reader, _ in silent:  # the others are let go once the client is in
+            assert await asyncio.wait_for(silent_reader.read(), 30) == b""
+        writer.write(encode_frame({"jsonrpc": "2.0", "id": 2, "method": "shutdown"}) + encode_frame({"jsonrpc": "2.0", "method": "exit"}))
+        await writer.drain()
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    finally:
+        for each in opened:
+            each.close()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_client_mistakes_log_one_line_each(tmp_path: Path) -> None:
+    """Issue 43: a "response" reusing the id of the client's own request in flight logged
+    `RuntimeError: Task does not support set_result`; pygls' lines with hidden arguments
+    printed a literal `%s`."""
+    server = await RawServer.start(tmp_path / "stderr.log", *NO_MODEL)
+    try:
+        await server.initialize({**FAST, "debounceMs": 1500})  # an automatic request waits in its debounce
+        uri = "file:///work/mistakes.py"
+        server.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": "x = 1\n"}})
+        server.send(7, "textDocument/inlineCompletion", {"textDocument": {"uri": uri}, "position": {"line": 1, "character": 0}, "context": {"triggerKind": 2}})
+        server.write(encode({"jsonrpc": "2.0", "id": 7, "result": None}))  # the client's own id, as a response
+        server.write(encode({"jsonrpc": "2.0", "id": "never-sent", "result": None}))  # an id the server never used
+        answer = await server.answer(7)
+        assert answer["result"] == {"items": []}, answer  # the request went on
+        assert await server.close() == 0
+        log = server.stderr()
+        assert "Traceback" not in log and "does not support" not in log, log
+        assert log.count("ignoring a response with id 7") == 1, log
+        assert "arguments hidden" in log and "%s" not in log, log
+    finally:
+        if server.process.returncode is None:
+            server.process.kill()
