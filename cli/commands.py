@@ -53,6 +53,7 @@ def add_lsp_parser(commands: argparse._SubParsersAction) -> None:
     lsp.add_argument("--engine", choices=PLACEMENTS, default=None, help="where the model runs (default: the 'engine' setting, i.e. the shared daemon)")
     lsp.add_argument("--engine-url", default=None, metavar="URL", help="a network engine: tcp://HOST:PORT or tls://HOST:PORT (`kspec engine --listen`), or http(s)://HOST:PORT/v1 (OpenAI-compatible); sets --engine remote / openai")
     lsp.add_argument("--engine-tcp", type=_address, default=None, metavar="[HOST:]PORT", help="same as --engine-url tcp://HOST:PORT")
+    lsp.add_argument("--allow-insecure-remote", action="store_true", help="allow an engine URL on another machine over plain http:// or tcp:// (your code and key unencrypted on the network); refused otherwise")
     lsp.add_argument("--engine-token-file", type=Path, default=None, help="with --engine-url: the file holding the engine's token (API key)")
     lsp.add_argument("--engine-idle-timeout", type=float, default=None, metavar="SECONDS", help="a daemon this server starts exits this long after its last client disconnected (default 10)")
     lsp.add_argument("--max-message-bytes", type=int, default=None, help="largest JSON-RPC message accepted (default 128 MiB)")
@@ -95,7 +96,7 @@ def run_lsp(args: argparse.Namespace) -> int:
         if engine == "remote" and args.engine_token_file is None:
             raise UsageError("a network engine needs its token: pass --engine-token-file")
         token = read_token(args.engine_token_file) if args.engine_token_file else None
-    options = ServerOptions(engine=engine, engine_url=url, daemon_token=token, redactor=redactor)
+    options = ServerOptions(engine=engine, engine_url=url, daemon_token=token, redactor=redactor, allow_insecure_remote=args.allow_insecure_remote)
     if args.engine_idle_timeout is not None:
         options = replace(options, daemon_idle_timeout_s=args.engine_idle_timeout)
     if args.max_message_bytes is not None:

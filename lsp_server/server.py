@@ -104,6 +104,7 @@ class ServerOptions:
     daemon_idle_timeout_s: float = DAEMON_IDLE_TIMEOUT_S
     engine_url: str | None = None  # forces the engine URL (`kspec lsp --engine-url`); None: the setting decides
     daemon_token: str | None = None  # forces the network engine's token
+    allow_insecure_remote: bool = False  # `kspec lsp --allow-insecure-remote`: as the setting allowInsecureRemote
     redactor: Redactor = field(default_factory=Redactor)
     max_message_bytes: int = MAX_MESSAGE_BYTES
 
@@ -457,6 +458,12 @@ class Session:
         if not text:
             raise ValueError("set engineUrl (tcp://HOST:PORT or tls://HOST:PORT for a kspec engine, http(s)://HOST:PORT/v1 for an OpenAI-compatible one)")
         url = parse_engine_url(text)
+        if url.in_clear_off_machine and not (settings.allow_insecure_remote or self.options.allow_insecure_remote):
+            raise ValueError(
+                f"{url} would carry your code{' and API key' if settings.engine == 'openai' else ' and token'} unencrypted to another machine; "
+                "use https:// or tls://, or, on a network you trust, set allowInsecureRemote to true in your user settings "
+                "(or pass --allow-insecure-remote to kspec lsp)"
+            )
         variables = ("KSPEC_ENGINE_TOKEN", "OPENAI_API_KEY") if settings.engine == "openai" else ("KSPEC_ENGINE_TOKEN",)
         token = self.options.daemon_token or api_key_from(settings.engine_token_file, variables)
         ca_file = Path(settings.engine_ca_file).expanduser() if settings.engine_ca_file else None

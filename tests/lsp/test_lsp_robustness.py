@@ -150,6 +150,30 @@ async def test_a_network_engine_names_where_text_goes() -> None:
         assert "127.0.0.1:9" in notice and "openai" in notice
 
 
+# Not loopback by its address (so the rule applies), yet a connection to it stays on this machine.
+OFF_MACHINE_IN_CLEAR = "http://0.0.0.0:9/v1"
+
+
+async def test_plain_http_off_the_machine_is_refused_unless_the_user_allows_it() -> None:
+    """Issue 43: a workspace's server args or settings could send code and $OPENAI_API_KEY
+    to any host over plain http. The server refuses such a URL (nothing is sent) unless
+    allowInsecureRemote (user settings only, in the editors) says otherwise."""
+    async with editor_session({**FAST, "engine": "openai", "engineUrl": OFF_MACHINE_IN_CLEAR}, args=()) as editor:
+        (refusal,) = await editor.wait_message("unencrypted")
+        assert "allowInsecureRemote" in refusal and "https://" in refusal
+        assert not editor.messages("completions send")
+        editor.open("file:///work/secret.py", "DB_PASSWORD = 'x'\n")
+        assert await editor.inline("file:///work/secret.py", 1, 0) == []
+        editor.configure({**FAST, "engine": "openai", "engineUrl": OFF_MACHINE_IN_CLEAR, "allowInsecureRemote": True})
+        (notice,) = await editor.wait_message("completions send")
+        assert "0.0.0.0:9" in notice
+    async with editor_session(FAST, args=("--engine-url", OFF_MACHINE_IN_CLEAR)) as editor:  # the server's own arguments too
+        await editor.wait_message("unencrypted")
+        assert not editor.messages("completions send")
+    async with editor_session(FAST, args=("--engine-url", OFF_MACHINE_IN_CLEAR, "--allow-insecure-remote")) as editor:
+        await editor.wait_message("completions send")
+
+
 async def _initialize(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, token: str) -> bytes:
     options = {**FAST, "lspToken": token}
     writer.write(encode_frame({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}, "initializationOptions": options}}))
