@@ -428,6 +428,7 @@ class Session:
         self._shown.clear()
         self._generation += 1
         self.engine = self._make_engine(self.settings, self._status_of(self._generation))
+        self._status = self.engine.status  # the replaced engine's (its model, "ready") must not be told again
         asyncio.ensure_future(self.engine.start())
 
     def _make_engine(self, settings: Settings, on_status: Callable[[Status], None]) -> EngineClient:
