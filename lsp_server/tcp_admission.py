@@ -89,6 +89,8 @@ def admit(listener: socket.socket, token: str, limits: Limits = Limits()) -> Adm
                 ).start()
     admission = admitted.get()
     listener.close()
+    while not admitted.empty():  # another showed the token in the same moment: one client only
+        _close(admitted.get().connection)
     with guard:
         for other in pending.values():
             _close(other)
