@@ -47,11 +47,13 @@ def add_lsp_parser(commands: argparse._SubParsersAction) -> None:
     lsp = commands.add_parser("lsp", help="language server on stdio (inline completions)")
     lsp.add_argument("--tcp", type=_address, default=None, metavar="[HOST:]PORT", help="serve one client over TCP instead (debugging; loopback by default; the client must send the token as initializationOptions.lspToken)")
     lsp.add_argument("--token-file", type=Path, default=None, help="with --tcp: the token the client must show (default: write a new one in the runtime dir and print where)")
+    lsp.add_argument("--token-deadline", type=float, default=None, metavar="SECONDS", help="with --tcp: a connection must show the token this soon or is closed (default 5); other connections never block the client")
     from kspec.lsp_server.settings import PLACEMENTS
 
     lsp.add_argument("--engine", choices=PLACEMENTS, default=None, help="where the model runs (default: the 'engine' setting, i.e. the shared daemon)")
     lsp.add_argument("--engine-url", default=None, metavar="URL", help="a network engine: tcp://HOST:PORT or tls://HOST:PORT (`kspec engine --listen`), or http(s)://HOST:PORT/v1 (OpenAI-compatible); sets --engine remote / openai")
     lsp.add_argument("--engine-tcp", type=_address, default=None, metavar="[HOST:]PORT", help="same as --engine-url tcp://HOST:PORT")
+    lsp.add_argument("--allow-insecure-remote", action="store_true", help="allow an engine URL on another machine over plain http:// or tcp:// (your code and key unencrypted on the network); refused otherwise")
     lsp.add_argument("--engine-token-file", type=Path, default=None, help="with --engine-url: the file holding the engine's token (API key)")
     lsp.add_argument("--engine-idle-timeout", type=float, default=None, metavar="SECONDS", help="a daemon this server starts exits this long after its last client disconnected (default 10)")
     lsp.add_argument("--max-message-bytes", type=int, default=None, help="largest JSON-RPC message accepted (default 128 MiB)")
@@ -77,6 +79,7 @@ def add_engine_parser(commands: argparse._SubParsersAction) -> None:
 def run_lsp(args: argparse.Namespace) -> int:
     from kspec.engine.serve.protocol import parse_engine_url, read_token, runtime_dir
     from kspec.lsp_server.server import KspecServer, Redactor, ServerOptions
+    from kspec.lsp_server.tcp_admission import Limits
 
     redactor = Redactor()
     handler = logging.StreamHandler(sys.stderr)
@@ -93,20 +96,23 @@ def run_lsp(args: argparse.Namespace) -> int:
         if engine == "remote" and args.engine_token_file is None:
             raise UsageError("a network engine needs its token: pass --engine-token-file")
         token = read_token(args.engine_token_file) if args.engine_token_file else None
-    options = ServerOptions(engine=engine, engine_url=url, daemon_token=token, redactor=redactor)
+    options = ServerOptions(engine=engine, engine_url=url, daemon_token=token, redactor=redactor, allow_insecure_remote=args.allow_insecure_remote)
     if args.engine_idle_timeout is not None:
         options = replace(options, daemon_idle_timeout_s=args.engine_idle_timeout)
     if args.max_message_bytes is not None:
         options = replace(options, max_message_bytes=args.max_message_bytes)
-    if args.token_file is not None and args.tcp is None:
-        raise UsageError("--token-file only applies with --tcp [HOST:]PORT")
+    if (args.token_file is not None or args.token_deadline is not None) and args.tcp is None:
+        raise UsageError("--token-file and --token-deadline only apply with --tcp [HOST:]PORT")
+    if args.token_deadline is not None and not 0 < args.token_deadline <= 600:
+        raise UsageError(f"--token-deadline must be between 0 and 600 seconds, got {args.token_deadline:g}")
     server = KspecServer(options)
     if args.tcp is not None:
         warn_if_public(args.tcp[0], "lsp")
         generated = None if args.token_file else runtime_dir() / f"lsp-{os.getpid()}.token"
         lsp_token = read_token(args.token_file) if generated is None else _new_token_file(generated, "lsp")
         try:
-            server.start_tcp(*args.tcp, lsp_token)
+            limits = Limits() if args.token_deadline is None else Limits(deadline_s=args.token_deadline)
+            server.start_tcp(*args.tcp, lsp_token, limits)
         finally:
             if generated is not None:
                 generated.unlink(missing_ok=True)

@@ -24,6 +24,10 @@ class ModelLoadError(KspecError):
     """A model path, format or architecture that cannot be loaded."""
 
 
+class LoadCancelled(ModelLoadError):
+    """The engine was stopped (its settings changed) before its model finished loading."""
+
+
 class InputError(KspecError):
     """A bad file, position or request."""
 

@@ -41,6 +41,7 @@ from kspec.engine.serve.protocol import (
     read_frame,
     write_frame,
 )
+from kspec.engine.serve.load_slot import LoadSlot
 from kspec.engine.serve.runner import EngineFactory, EngineRunner, default_engine_factory
 from kspec.engine.serve.status import ERROR, LOADING, Status
 
@@ -51,6 +52,8 @@ MAX_LOG_BYTES = 4 * 1024 * 1024  # a daemon's log is started afresh beyond this
 # goes with it); an editor opened again within it finds the model warm.
 DAEMON_IDLE_TIMEOUT_S = 10.0
 StatusCallback = Callable[[Status], None]  # ERROR statuses are shown to the user, once each
+IDLE, CONNECTING, CONNECTED, CLOSED = "idle", "connecting", "connected", "closed"  # DaemonEngine.state
+CLOSED_MESSAGE = "the engine client was closed (its settings changed, or the server is exiting)"
 
 
 class EngineClient(Protocol):
@@ -73,8 +76,8 @@ class EngineClient(Protocol):
 class InProcessEngine:
     """The engine on a worker thread of this process (tests, a single editor)."""
 
-    def __init__(self, config: Any, on_status: StatusCallback, factory: EngineFactory = default_engine_factory):
-        self._runner = EngineRunner(config, factory, on_status)
+    def __init__(self, config: Any, on_status: StatusCallback, factory: EngineFactory = default_engine_factory, slot: LoadSlot | None = None):
+        self._runner = EngineRunner(config, factory, on_status, slot=slot)
 
     @property
     def status(self) -> Status:
@@ -197,7 +200,7 @@ class DaemonEngine:
         if self._connecting is not None:
             self._connecting.cancel()
         if self._connection is not None:
-            self._drop(self._connection, EngineUnavailable("the engine client was closed"))
+            self._drop(self._connection, EngineUnavailable(CLOSED_MESSAGE))
         for child in self._children:
             child.poll()  # reap a daemon that already exited; live ones keep serving other editors
 
@@ -216,12 +219,27 @@ class DaemonEngine:
         self._crashes = [t for t in self._crashes if now - t < self.options.restart_window_s]
         return len(self._crashes) > self.options.max_restarts
 
-    def _begin_connecting(self) -> None:
+    @property
+    def state(self) -> str:
+        """CLOSED (for good, after close()), CONNECTED, CONNECTING, or IDLE (not started, or
+        the last attempt failed: the next request tries again). Every method acts on the
+        state it finds; none assumes an earlier one ran (settings may close this client
+        between any two of them)."""
         if self._closing:
-            return
-        if self._connecting is None or self._connecting.done():
+            return CLOSED
+        if self._connection is not None and self._connection.alive:
+            return CONNECTED
+        if self._connecting is not None and not self._connecting.done():
+            return CONNECTING
+        return IDLE
+
+    def _begin_connecting(self) -> asyncio.Task | None:
+        """The attempt under way (started now when IDLE); None once CLOSED."""
+        state = self.state
+        if state == IDLE:
             self._connecting = asyncio.ensure_future(self._connect(spawn=not self._gave_up()))
             self._connecting.add_done_callback(self._connected)
+        return self._connecting if state in (IDLE, CONNECTING) else None
 
     def _connected(self, task: asyncio.Task) -> None:
         if task.cancelled():
@@ -233,18 +251,22 @@ class DaemonEngine:
             self._set_status(Status(ERROR, message, model=self.options.config.model or "default"))
 
     async def _wait_connection(self, timeout_s: float) -> _Connection:
-        if self._connection is not None and self._connection.alive:
+        if self.state == CONNECTED and self._connection is not None:
             return self._connection
-        self._begin_connecting()  # after giving up: only to a daemon that runs again (another editor started it)
-        assert self._connecting is not None
-        try:
-            await asyncio.wait_for(asyncio.shield(self._connecting), timeout_s)
-        except asyncio.TimeoutError:
-            raise DeadlineExceeded("the engine daemon is still starting") from None
-        except Exception as exc:
-            raise EngineUnavailable(str(exc)) from exc
-        if self._connection is None or not self._connection.alive:
-            raise EngineUnavailable("the engine daemon is not connected")
+        attempt = self._begin_connecting()  # after giving up: only to a daemon that runs again (another editor started it)
+        if attempt is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(attempt), timeout_s)
+            except asyncio.TimeoutError:
+                raise DeadlineExceeded("the engine daemon is still starting") from None
+            except asyncio.CancelledError:
+                if self._closing and attempt.cancelled() and not _current_task_cancelling():
+                    raise EngineUnavailable(CLOSED_MESSAGE) from None  # the attempt was cancelled by close(), not this request
+                raise
+            except Exception as exc:
+                raise EngineUnavailable(str(exc)) from exc
+        if self.state != CONNECTED or self._connection is None:
+            raise EngineUnavailable(CLOSED_MESSAGE if self.state == CLOSED else "the engine daemon is not connected")
         return self._connection
 
     async def _connect(self, spawn: bool) -> None:
@@ -406,6 +428,13 @@ class DaemonEngine:
         log.warning("%s", message)
         self._set_status(Status(ERROR, message, model=self.options.config.model or "default"))
         self._begin_connecting()
+
+
+def _current_task_cancelling() -> bool:
+    """This task itself was asked to stop (Python 3.11+ tells; before, assume it was)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is None or cancelling() > 0
 
 
 def _status_from_wire(data: Any, pid: int | None) -> Status:

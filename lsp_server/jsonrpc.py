@@ -19,7 +19,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from pygls.exceptions import JsonRpcException
 from pygls.protocol import default_converter
@@ -242,14 +242,13 @@ def _skip(stream: ChunkReader, length: int) -> bytes | None:
     return bytes(head)
 
 
-def frames_to_loop(stream: BinaryIO, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, max_bytes: int) -> threading.Thread:
-    """Read frames on a daemon thread (never joined: exit must not wait for stdin) into `queue`; None at the end."""
-
-    reader = ChunkReader.from_stream(stream)
+def frames_to_loop(frames: Iterator[Frame], loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> threading.Thread:
+    """Read frames (read_frames over a stream) on a daemon thread (never joined: exit must
+    not wait for stdin) into `queue`; None at the end."""
 
     def pump() -> None:
         try:
-            for frame in read_frames(reader, max_bytes):
+            for frame in frames:
                 loop.call_soon_threadsafe(queue.put_nowait, frame)
         except (OSError, ValueError) as exc:
             log.warning("input stream failed: %s", exc)
@@ -273,14 +272,11 @@ class Dispatcher:
         normalize: Callable[[dict[str, Any]], None],
         report: Callable[[str], None],
         max_bytes: int = MAX_MESSAGE_BYTES,
-        gate: Callable[[dict[str, Any]], str | None] | None = None,
     ):
         self.protocol = protocol
         self.max_bytes = max_bytes
         self.normalize = normalize  # fixes known client quirks in place before validation
         self.report = report  # a user-visible message (oversized input)
-        self.gate = gate  # why a message is refused before the client is trusted (TokenGate.refusal), None: let it in
-        self.refused = False  # the gate refused the client: stop reading
 
     def error(self, msg_id: Any, code: int, message: str) -> None:
         # A plain dict: pygls' typed response drops `"id": null`, which JSON-RPC requires
@@ -321,12 +317,6 @@ class Dispatcher:
             return
         if "method" not in data and not ("result" in data or "error" in data):
             self.error(msg_id if valid_id else None, INVALID_REQUEST, "Invalid Request: no method")
-            return
-        refusal = self.gate(data) if self.gate is not None else None
-        if refusal is not None:
-            log.warning("refusing the client: %s", refusal)
-            self.error(msg_id if valid_id else None, UNAUTHORIZED, f"kspec: {refusal}")
-            self.refused = True
             return
         if method is not None:
             data.setdefault("params", None)  # JSON-RPC lets a request or notification omit params; pygls' types need the key

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -49,15 +50,16 @@ from kspec.lsp_server.context import Budgets, EditorContext, editor_context, loo
 from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Cursor, Document, DocumentStore, line_body, units_from_column
 from kspec.lsp_server.edits import CLOSERS, replaced_chars
 from kspec.lsp_server.engine_client import DAEMON_IDLE_TIMEOUT_S, DaemonEngine, DaemonOptions, EngineClient, InProcessEngine, UnusableEngine
-from kspec.lsp_server.jsonrpc import MAX_MESSAGE_BYTES, Dispatcher, frames_to_loop, strict_converter
+from kspec.lsp_server.jsonrpc import MAX_MESSAGE_BYTES, ChunkReader, Dispatcher, Frame, frames_to_loop, read_frames, strict_converter
 from kspec.engine.config import EngineConfig
 from kspec.engine.serve.protocol import parse_engine_url
 from kspec.lsp_server.remote_backend import OpenAIEngine, RemoteOptions, api_key_from
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
+from kspec.engine.serve.load_slot import LoadSlot
 from kspec.engine.serve.runner import EngineFactory, default_engine_factory
 from kspec.engine.serve.status import ERROR, READY, Status
 from kspec.lsp_server.settings import SECTION, Settings, parse_settings
-from kspec.lsp_server.token_gate import TokenGate
+from kspec.lsp_server.tcp_admission import Limits, admit
 from kspec.lsp_server.typeahead import Entry, TypeaheadCache, typed_since
 
 log = logging.getLogger("kspec.lsp")
@@ -86,8 +88,12 @@ class Redactor(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not self.debug and record.name.startswith("pygls") and record.args:
-            record.msg, record.args = f"{record.msg} [arguments hidden; enable debugLog]", ()
+            hidden = _PLACEHOLDER.sub(lambda match: "%" if match.group() == "%%" else "…", str(record.msg))
+            record.msg, record.args = f"{hidden} (arguments hidden; enable debugLog)", ()
         return True
+
+
+_PLACEHOLDER = re.compile(r"%%|%(\([^)]*\))?[-#0 +]*(\d+|\*)?(\.(\d+|\*))?[diouxXeEfFgGcrsa]")  # printf-style, as logging formats
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,7 @@ class ServerOptions:
     daemon_idle_timeout_s: float = DAEMON_IDLE_TIMEOUT_S
     engine_url: str | None = None  # forces the engine URL (`kspec lsp --engine-url`); None: the setting decides
     daemon_token: str | None = None  # forces the network engine's token
+    allow_insecure_remote: bool = False  # `kspec lsp --allow-insecure-remote`: as the setting allowInsecureRemote
     redactor: Redactor = field(default_factory=Redactor)
     max_message_bytes: int = MAX_MESSAGE_BYTES
 
@@ -176,6 +183,10 @@ class KspecProtocol(LanguageServerProtocol):
     """pygls' protocol without its own copy of every document (we keep ours, line-based),
     and without its leak of finished handlers."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._handling: set[Any] = set()  # ids of the client's requests (and notifications) whose handlers run
+
     def _execute_handler(self, msg_id: Any, handler: Callable, callback: Callable, args: Any = None, kwargs: Any = None) -> None:
         """pygls 2.1 files the future of a generator or async handler under `msg_id` (a fresh
         uuid for notifications and for each step of a generator) and only a request's answer
@@ -186,10 +197,21 @@ class KspecProtocol(LanguageServerProtocol):
             try:
                 callback(future)
             finally:
+                self._handling.discard(msg_id)
                 if self._request_futures.get(msg_id) is future:
                     del self._request_futures[msg_id]
 
+        self._handling.add(msg_id)
         super()._execute_handler(msg_id, handler, finished, args, kwargs)
+
+    def _handle_response(self, msg_id: Any, result: Any = None, error: Any = None) -> None:
+        """A "response" whose id is one of the client's own requests still being handled
+        (pygls keeps both in one table) is the client's mistake: one line, and the request
+        goes on (pygls would hand it to the handler's task: a RuntimeError traceback)."""
+        if msg_id in self._handling:
+            log.warning("ignoring a response with id %r: that is the id of the client's own request in progress", msg_id)
+            return
+        super()._handle_response(msg_id, result, error)
 
     def _send_handler_result(self, future: Any, *, msg_id: Any) -> None:
         """A request the client got wrong (Invalid Params: a position outside the document)
@@ -250,6 +272,8 @@ class Session:
         self.engine: EngineClient | None = None
         self._retired: list[EngineClient] = []  # closed engines whose thread may still be finishing
         self._engine_key: tuple[Any, ...] | None = None
+        self._load_slot = LoadSlot()  # one in-process engine loads (or lives) at a time: a storm of model changes loads the last
+        self._generation = 0  # of self.engine: statuses of the engines it replaced are dropped
         self._inflight: dict[str, Ticket] = {}
         self._legacy_trigger_kinds = False
         self._pending_problems: list[str] = []
@@ -402,41 +426,58 @@ class Session:
             self.typeahead.clear()  # another model's suggestions
         self._engine_key = key
         self._shown.clear()
-        self.engine = self._make_engine(self.settings)
+        self._generation += 1
+        self.engine = self._make_engine(self.settings, self._status_of(self._generation))
+        self._status = self.engine.status  # the replaced engine's (its model, "ready") must not be told again
         asyncio.ensure_future(self.engine.start())
 
-    def _make_engine(self, settings: Settings) -> EngineClient:
+    def _make_engine(self, settings: Settings, on_status: Callable[[Status], None]) -> EngineClient:
         config = settings.engine_config()
         if settings.engine == "inprocess":
-            return InProcessEngine(config, self._on_status, self.options.engine_factory)
+            return InProcessEngine(config, on_status, self.options.engine_factory, self._load_slot)
         if settings.engine == "daemon":
             options = DaemonOptions(config=config, folder=self.options.daemon_folder, idle_timeout_s=self.options.daemon_idle_timeout_s)
-            return DaemonEngine(options, self._on_status)
+            return DaemonEngine(options, on_status)
         try:
-            return self._network_engine(settings, config)
+            return self._network_engine(settings, config, on_status)
         except (ValueError, InputError) as exc:
-            return UnusableEngine(f"engine {settings.engine!r}: {exc}", self._on_status)
+            return UnusableEngine(f"engine {settings.engine!r}: {exc}", on_status)
 
-    def _network_engine(self, settings: Settings, config: EngineConfig) -> EngineClient:
+    def _status_of(self, generation: int) -> Callable[[Status], None]:
+        """The status callback of the engine of `generation`: silent once it was replaced."""
+
+        def on_status(status: Status) -> None:
+            if generation == self._generation:
+                self._on_status(status)
+
+        return on_status
+
+    def _network_engine(self, settings: Settings, config: EngineConfig, on_status: Callable[[Status], None]) -> EngineClient:
         """A kspec engine on the network ("remote") or an OpenAI-compatible one ("openai").
         Raises ValueError / InputError for settings that cannot work (no URL, wrong scheme, no token file)."""
         text = self.options.engine_url or settings.engine_url
         if not text:
             raise ValueError("set engineUrl (tcp://HOST:PORT or tls://HOST:PORT for a kspec engine, http(s)://HOST:PORT/v1 for an OpenAI-compatible one)")
         url = parse_engine_url(text)
+        if url.in_clear_off_machine and not (settings.allow_insecure_remote or self.options.allow_insecure_remote):
+            raise ValueError(
+                f"{url} would carry your code{' and API key' if settings.engine == 'openai' else ' and token'} unencrypted to another machine; "
+                "use https:// or tls://, or, on a network you trust, set allowInsecureRemote to true in your user settings "
+                "(or pass --allow-insecure-remote to kspec lsp)"
+            )
         variables = ("KSPEC_ENGINE_TOKEN", "OPENAI_API_KEY") if settings.engine == "openai" else ("KSPEC_ENGINE_TOKEN",)
         token = self.options.daemon_token or api_key_from(settings.engine_token_file, variables)
         ca_file = Path(settings.engine_ca_file).expanduser() if settings.engine_ca_file else None
         sent = "the text around your cursor" + (" and the API key" if token and settings.engine == "openai" else "")
         self.show(f"kspec: completions send {sent} to {url.host}:{url.port} (engine {settings.engine!r}, {url})", lsp.MessageType.Info)
         if settings.engine == "openai":
-            return OpenAIEngine(RemoteOptions(url, settings.remote_model, token, ca_file, settings.remote_fim), self._on_status)
+            return OpenAIEngine(RemoteOptions(url, settings.remote_model, token, ca_file, settings.remote_fim), on_status)
         if url.is_http:
             raise ValueError(f"{url} is an HTTP URL: use engine 'openai' for it, or tcp:// / tls:// for a kspec engine")
         if not token:
             raise ValueError("a network engine needs its token: set engineTokenFile or $KSPEC_ENGINE_TOKEN")
         options = DaemonOptions(config=config, url=url, token=token, ca_file=ca_file, connect_timeout_s=10.0)
-        return DaemonEngine(options, self._on_status)
+        return DaemonEngine(options, on_status)
 
     # --- status and messages ---------------------------------------------------------
 
@@ -909,22 +950,22 @@ class KspecServer(LanguageServer):
 
     def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:  # type: ignore[override]
         self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
-        self._run(stdin or sys.stdin.buffer)
+        self._run(read_frames(ChunkReader.from_stream(stdin or sys.stdin.buffer), self.session.options.max_message_bytes))
 
-    def start_tcp(self, host: str, port: int, token: str) -> None:
-        """One client over TCP (debugging), which must show `token` first (TokenGate);
-        prints the bound address on stderr."""
-        with socket.create_server((host, port)) as listener:
+    def start_tcp(self, host: str, port: int, token: str, limits: Limits = Limits()) -> None:
+        """One client over TCP (debugging): the first connection that shows `token`
+        (tcp_admission); prints the bound address on stderr."""
+        with socket.create_server((host, port), backlog=limits.max_pending) as listener:
             bound = listener.getsockname()
             print(f"kspec lsp: listening on {bound[0]}:{bound[1]}", file=sys.stderr, flush=True)
-            connection, _ = listener.accept()
-        with connection, connection.makefile("wb") as writer:
+            admission = admit(listener, token, replace(limits, max_bytes=self.session.options.max_message_bytes))
+        with admission.connection, admission.connection.makefile("wb") as writer:
             self.protocol.set_writer(StdoutWriter(writer))
-            self._run(connection, TokenGate(token))  # type: ignore[arg-type]
+            self._run(admission.frames)
 
-    def _run(self, stream: BinaryIO, gate: TokenGate | None = None) -> None:
+    def _run(self, frames: Iterator[Frame]) -> None:
         try:
-            asyncio.run(self._serve(stream, gate))
+            asyncio.run(self._serve(frames))
         except SystemExit as exc:  # the `exit` notification: 0 after `shutdown`, else 1
             self.exit_code = exc.code if isinstance(exc.code, int) else 1
         except (KeyboardInterrupt, BrokenPipeError):
@@ -933,15 +974,12 @@ class KspecServer(LanguageServer):
             self.session.close()
             self.session.join(EXIT_JOIN_S)
 
-    async def _serve(self, stream: BinaryIO, gate: TokenGate | None = None) -> None:
+    async def _serve(self, frames: Iterator[Frame]) -> None:
         queue: asyncio.Queue = asyncio.Queue()
         limit = self.session.options.max_message_bytes
-        frames_to_loop(stream, asyncio.get_running_loop(), queue, limit)
+        frames_to_loop(frames, asyncio.get_running_loop(), queue)
         report = lambda message: self.session.show(message, lsp.MessageType.Error)  # noqa: E731
-        dispatcher = Dispatcher(self.protocol, self.session.normalize, report, limit, gate.refusal if gate else None)
+        dispatcher = Dispatcher(self.protocol, self.session.normalize, report, limit)
         while (frame := await queue.get()) is not None:
             dispatcher.dispatch(frame)
-            if dispatcher.refused:
-                self.exit_code = 1
-                return
         log.info("the client closed the connection")

@@ -143,6 +143,8 @@ class Settings(EngineSettings):  # type: ignore[misc,valid-type]
     # the network engine's token / API key (else $KSPEC_ENGINE_TOKEN, for openai also $OPENAI_API_KEY)
     engine_token_file: str | None = setting(None, PATH)
     engine_ca_file: str | None = setting(None, PATH)  # TLS: trust this certificate (self-signed) or CA instead of the system's
+    # an engine URL off this machine over plain http:// or tcp:// (code and key unencrypted) is refused unless this is true
+    allow_insecure_remote: bool = setting(False, Rule("boolean"))
     remote_model: str | None = setting(None, PATH)  # openai: the model to ask for (None: the first one the server lists)
     # openai: "auto" (the model family's template, else the API's suffix field), "suffix", or a template with {prefix} and {suffix}
     remote_fim: str = setting("auto", Rule("string", check=_fim, expected=FIM))
@@ -179,7 +181,7 @@ class Settings(EngineSettings):  # type: ignore[misc,valid-type]
     def engine_key(self) -> tuple[Any, ...]:
         """Settings that need a new engine (or daemon) when they change."""
         return (self.engine, self.engine_config(), self.engine_url, self.engine_token_file, self.engine_ca_file,
-                self.remote_model, self.remote_fim)  # fmt: skip
+                self.allow_insecure_remote, self.remote_model, self.remote_fim)  # fmt: skip
 
 
 RULES: dict[str, Rule] = {f.name: f.metadata["rule"] for f in fields(Settings)}

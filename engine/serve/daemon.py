@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kspec.engine.serve.loop_errors import quiet_resource_errors
 from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.config import EngineConfig
 from kspec.engine.errors import InputError, KspecError
@@ -147,6 +148,7 @@ class Daemon:
 
     async def _run(self, server: asyncio.AbstractServer) -> None:
         loop = asyncio.get_running_loop()
+        quiet_resource_errors(loop)  # fd exhaustion: one line, not a traceback per failed accept
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._stop.set)
         self.runner.start()

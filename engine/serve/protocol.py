@@ -216,6 +216,11 @@ class EngineUrl:
     def is_http(self) -> bool:
         return self.scheme in ("http", "https")
 
+    @property
+    def in_clear_off_machine(self) -> bool:
+        """What is sent there (code, the token or API key) crosses a network unencrypted."""
+        return not self.secure and not is_loopback(self.host)
+
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.scheme}://{host}:{self.port}{self.path}"

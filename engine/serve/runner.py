@@ -11,6 +11,7 @@ carries a deadline; time spent waiting counts against it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import queue
 import threading
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult, Done, EarlyAnswer
-from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError
+from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError, LoadCancelled
+from kspec.engine.serve.load_slot import LoadSlot
 from kspec.engine.serve.status import ERROR, LOADING, READY, Status
 
 if TYPE_CHECKING:
@@ -129,9 +131,15 @@ def _resolve(job: _Job, result: CompletionResult | None, error: BaseException | 
 
 class EngineRunner:
     def __init__(
-        self, config: "EngineConfig", factory: EngineFactory, on_status: Callable[[Status], None], max_batch_requests: int = 16
+        self,
+        config: "EngineConfig",
+        factory: EngineFactory,
+        on_status: Callable[[Status], None],
+        max_batch_requests: int = 16,
+        slot: LoadSlot | None = None,  # shared by the engines of one owner: one loads (or lives) at a time
     ):
         self.config = config
+        self._slot = slot
         self.max_batch_requests = max_batch_requests
         self._factory = factory
         self._on_status = on_status
@@ -165,6 +173,8 @@ class EngineRunner:
             for cancel in self._running:
                 cancel.cancel()
             self._queue.put(None)
+        if self._slot is not None:
+            self._slot.wake()  # a worker waiting for the slot never loads
 
     def queued(self) -> int:
         """Requests waiting for the engine's thread to take them (the metrics' queue length)."""
@@ -199,8 +209,24 @@ class EngineRunner:
             except RuntimeError:
                 pass
 
+    def _stopping(self) -> bool:
+        with self._guard:
+            return self._stopped
+
     def _work(self) -> None:
-        engine = self._load()
+        if self._slot is None:
+            self._serve()
+        elif self._slot.take(self._stopping):
+            try:
+                self._serve()
+            finally:
+                gc.collect()  # the engine (and any cycle through it) is freed before the next one loads
+                self._slot.give_back()
+        else:
+            self._serve(load=False)  # stopped before its turn: answers the queued jobs, loads nothing
+
+    def _serve(self, load: bool = True) -> None:
+        engine = self._load() if load else None
         batcher = batcher_for(engine, self.max_batch_requests) if engine is not None else None
         stopping = False  # once stop() was seen (alone or among jobs), for good
         while True:
@@ -255,20 +281,22 @@ class EngineRunner:
         _resolve(job, result, error)
 
     def _report_loading(self, fraction: float, message: str) -> None:
+        if self._stopping():
+            raise LoadCancelled("the model's settings changed while it loaded")  # unwinds the loader, freeing what it allocated
         self._set_status(Status(LOADING, message, progress=round(fraction, 3), model=self.config.model or "default"))
 
     def _load(self) -> Engine | None:
         started = time.perf_counter()
         self._set_status(Status(LOADING, "loading the model", progress=0.0, model=self.config.model or "default"))
         try:
+            if self._stopping():
+                raise LoadCancelled("stopped before loading")
             engine = self._factory(self.config, self._report_loading)
-        except KspecError as exc:
-            self._set_status(Status(ERROR, f"cannot load the model: {exc}", model=self.config.model or "default"))
-            return None
         except Exception as exc:
-            log.exception("loading the model failed")
-            self._set_status(Status(ERROR, f"cannot load the model: {type(exc).__name__}: {exc}", model=self.config.model or "default"))
-            return None
+            if self._stopping() or isinstance(exc, LoadCancelled):  # a loader may wrap LoadCancelled in its own error
+                log.info("loading %s abandoned: its engine was stopped", self.config.model or "the default model")
+                return None
+            return self._failed(exc)
         log.info("model %s loaded in %.1f s", engine.model_name, time.perf_counter() - started)
         fitted = getattr(engine, "defaults", None)  # MachineDefaults, for engines that time themselves
         attention = getattr(engine, "attention", None)  # the attention paths the model takes (kernels/paths.py)
@@ -276,3 +304,10 @@ class EngineRunner:
             READY, "ready", progress=1.0, model=engine.model_name, defaults=fitted.to_dict() if fitted else None, attention=attention
         ))
         return engine
+
+    def _failed(self, exc: Exception) -> None:
+        if not isinstance(exc, KspecError):
+            log.exception("loading the model failed", exc_info=exc)
+        reason = str(exc) if isinstance(exc, KspecError) else f"{type(exc).__name__}: {exc}"
+        self._set_status(Status(ERROR, f"cannot load the model: {reason}", model=self.config.model or "default"))
+        return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -198,3 +199,18 @@ def daemon_pids(folder: Path) -> list[int]:
         if b"engine" in command and any(str(folder).encode() in part for part in command):
             pids.append(int(text))
     return pids
+
+
+async def tcp_server(runtime: Path, *args: str) -> tuple[asyncio.subprocess.Process, str, int, str]:
+    """`kspec lsp --tcp 0 ARGS`: the process, its address and the token it wrote."""
+    process = await asyncio.create_subprocess_exec(*server_command("--tcp", "0", *args), stderr=asyncio.subprocess.PIPE, env=server_env(runtime))
+    assert process.stderr is not None
+    found: dict[str, str] = {}
+    while "port" not in found:
+        line = (await asyncio.wait_for(process.stderr.readline(), 60)).decode()
+        assert line, "the server exited"
+        if match := re.search(r"token in (\S+)", line):
+            found["token"] = Path(match.group(1)).read_text()
+        if match := re.search(r"listening on (127\.0\.0\.1):(\d+)", line):  # a bare port means loopback
+            found["host"], found["port"] = match.group(1), match.group(2)
+    return process, found["host"], int(found["port"]), found["token"]

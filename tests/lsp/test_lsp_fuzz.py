@@ -1,9 +1,10 @@
 """A seeded, bounded fuzz of the real `kspec lsp` (issue 15): thousands of messages of every
 kind a sloppy or hostile client sends (deep nesting, broken framing, wrong types, lone
-surrogates, edits outside documents, cancels, unknown methods, oversized messages) mixed
-with valid traffic. The server must not exit, must answer every well-formed request, must
+surrogates, edits outside documents, cancels, unknown methods, oversized messages,
+responses reusing the ids of the client's own requests, model changes) mixed with valid
+traffic. The server must not exit, must answer every well-formed request, must
 never answer "internal error" (-32603, a bug) or log a traceback, and must still complete
-at the end."""
+at the end, and its memory stays within 1.5 times its peak with one engine (issue 43)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def _surrogates(body: bytes) -> bytes:
 
 
 class Fuzz:
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, models: list[str]):
         self.rng = rng
+        self.models = models  # settings flip between them: a storm of model changes
         self.next_id = 0
         self.expected: list[int] = []  # ids of well-formed requests: each must be answered
         self.sent: list[int] = []
@@ -104,7 +106,14 @@ class Fuzz:
     def configure(self) -> bytes:
         keys: dict[str, Any] = {"k": [1, 2, 0, 99, "3"], "maxTokens": [2, 4], "debounceMs": [0, 5, "x"], "temperature": [0, 0.5, "hot"], "typeahead": [True, False, 1], "colour": ["blue"]}
         settings = {key: self.rng.choice(values) for key, values in keys.items() if self.rng.random() < 0.4}
+        if self.rng.random() < 0.5:
+            settings["model"] = self.rng.choice(self.models)
         return self.notification("workspace/didChangeConfiguration", {"settings": {"kspec": settings} if self.rng.random() < 0.8 else self.rng.choice([None, [], "x"])})
+
+    def response(self) -> bytes:
+        """A "response" from the client, often with the id of its own request in flight."""
+        msg_id = self.rng.choice(self.sent) if self.sent and self.rng.random() < 0.8 else "never-sent"
+        return frame(encode({"jsonrpc": "2.0", "id": msg_id, "result": None}))
 
     def unknown(self) -> bytes:
         return self.request(self.rng.choice(["kspec/nothing", "textDocument/hover", "workspace/symbol"]), {})
@@ -152,16 +161,26 @@ class Fuzz:
         return [
             (self.stats, 10), (self.inline, 8), (self.completion, 3), (self.open, 6), (self.change, 12), (self.close, 3),
             (self.cancel, 3), (self.configure, 2), (self.unknown, 3), (self.malformed, 4), (self.deep, 2), (self.shapes, 4),
-            (self.binary, 2), (self.framing, 4), (self.oversized, 1),
+            (self.binary, 2), (self.framing, 4), (self.oversized, 1), (self.response, 2),
         ]  # fmt: skip
+
+
+def _peak_kb(pid: int) -> int:
+    """VmHWM: the most memory the process has held so far."""
+    line = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM:"))
+    return int(line.split()[1])
 
 
 async def test_fuzzed_messages_never_kill_silence_or_break_the_server(model_dir: Path, tmp_path: Path) -> None:
     server = await RawServer.start(tmp_path / "stderr.log", "--engine", "inprocess", "--max-message-bytes", str(MESSAGE_LIMIT))
     try:
+        from model_factory import write_random_model
+
         await server.initialize({"model": str(model_dir), **SETTINGS})
         await server.wait_ready()
-        fuzz = Fuzz(random.Random(SEED))
+        idle_peak = _peak_kb(server.process.pid)  # the server with one engine, after its load
+        models = [str(model_dir), str(write_random_model(tmp_path / "other", "llama", seed=1))]
+        fuzz = Fuzz(random.Random(SEED), models)
         makers, weights = zip(*fuzz.kinds())
         for index in range(MESSAGES):
             server.write_bytes(fuzz.rng.choices(makers, weights)[0]())
@@ -174,6 +193,8 @@ async def test_fuzzed_messages_never_kill_silence_or_break_the_server(model_dir:
         assert server.process.returncode is None
         internal = [a for a in server.answers.values() if a.get("error", {}).get("code") == -32603]
         assert not internal, internal[:3]
+        peak = _peak_kb(server.process.pid)
+        assert peak <= 1.5 * idle_peak, f"peak {peak / 1024:.0f} MB, {idle_peak / 1024:.0f} MB with one engine (issue 43: replaced engines all loaded)"
 
         # Still useful: reset the settings, open a document, get a completion.
         server.notify("workspace/didChangeConfiguration", {"settings": {"kspec": SETTINGS}})

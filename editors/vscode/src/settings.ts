@@ -20,6 +20,8 @@ export interface ServerSettings {
 	engineTokenFile: string | null;
 	/** TLS: trust this certificate or CA (self-signed servers). */
 	engineCaFile: string | null;
+	/** Allow an engine URL on another machine over plain http:// or tcp:// (the server refuses it otherwise). */
+	allowInsecureRemote: boolean;
 	/** openai: the model to ask for; null: the first one the server lists. */
 	remoteModel: string | null;
 	/** openai: 'suffix' (the API's suffix field) or a template with {prefix} and {suffix}. */
@@ -71,6 +73,7 @@ export const DEFAULTS: KspecSettings = {
 	engineUrl: null,
 	engineTokenFile: null,
 	engineCaFile: null,
+	allowInsecureRemote: false,
 	remoteModel: null,
 	remoteFim: 'auto',
 	k: 3,
@@ -86,7 +89,17 @@ export const DEFAULTS: KspecSettings = {
 
 /** The keys sent to the server, in the order the server documents them. */
 export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
-	'model', 'draft', 'device', 'dtype', 'engine', 'engineUrl', 'engineTokenFile', 'engineCaFile', 'remoteModel', 'remoteFim', 'k', 'maxTokens', 'mode', 'temperature', 'debounceMs', 'deadlineMs', 'languages', 'enabled',
+	'model', 'draft', 'device', 'dtype', 'engine', 'engineUrl', 'engineTokenFile', 'engineCaFile', 'allowInsecureRemote', 'remoteModel', 'remoteFim', 'k', 'maxTokens', 'mode', 'temperature', 'debounceMs', 'deadlineMs', 'languages', 'enabled',
+];
+
+/**
+ * Settings that decide what runs and where code and keys are sent: taken from user (or
+ * remote) settings only, never from a workspace's .vscode/settings.json. package.json
+ * scopes them "machine" / "application", which VS Code applies; this is the same rule
+ * where it would not (and the reason a workspace value is reported as ignored).
+ */
+export const USER_ONLY_KEYS: readonly string[] = [
+	'engine', 'engineUrl', 'engineTokenFile', 'engineCaFile', 'allowInsecureRemote', 'server.command', 'server.args', 'server.env',
 ];
 
 /** Where VS Code found a setting's value (`WorkspaceConfiguration.inspect`); the default is not among them. */
@@ -113,6 +126,9 @@ export function isUserSet(cfg: ConfigSource, key: string): boolean {
 		return true;
 	}
 	const found = cfg.inspect(key);
+	if (USER_ONLY_KEYS.includes(key)) {
+		return found?.globalValue !== undefined;
+	}
 	return found !== undefined && [
 		found.globalValue, found.workspaceValue, found.workspaceFolderValue,
 		found.globalLanguageValue, found.workspaceLanguageValue, found.workspaceFolderLanguageValue,
@@ -172,7 +188,7 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 
 	const userSet: (keyof ServerSettings)[] = [];
 	function take<T>(key: string, ok: (v: unknown) => v is T, expected: string, apply: (v: T) => void): void {
-		const value = cfg.get<unknown>(key);
+		const value = USER_ONLY_KEYS.includes(key) ? userValue(key) : cfg.get<unknown>(key);
 		if (value === undefined || value === null) {
 			return;
 		}
@@ -184,6 +200,17 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 		} else {
 			problems.push(`kspec.${key}: expected ${expected}, got ${JSON.stringify(value)}; using the default`);
 		}
+	}
+	function userValue(key: string): unknown {
+		if (cfg.inspect === undefined) {
+			return cfg.get<unknown>(key);
+		}
+		const found = cfg.inspect(key);
+		const fromWorkspace = [found?.workspaceValue, found?.workspaceFolderValue, found?.workspaceLanguageValue, found?.workspaceFolderLanguageValue];
+		if (fromWorkspace.some((v) => v !== undefined)) {
+			problems.push(`kspec.${key} in workspace settings is ignored: what runs and where code is sent come from user settings only`);
+		}
+		return found?.globalValue;
 	}
 	const isBool = (v: unknown): v is boolean => typeof v === 'boolean';
 	const isString = (v: unknown): v is string => typeof v === 'string';
@@ -208,6 +235,7 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 	take('engine', isEngine, `one of ${ENGINES.map((e) => `"${e}"`).join(', ')}`, (v) => { s.engine = v; });
 	take('engineUrl', isEngineUrl, 'a URL: tcp:// or tls://HOST:PORT (remote), http(s)://HOST:PORT/v1 (openai), or empty', (v) => { s.engineUrl = v.trim() === '' ? null : v.trim(); });
 	take('engineTokenFile', isString, 'the path of a file holding the token (or empty)', (v) => { s.engineTokenFile = v.trim() === '' ? null : expandPath(v, ctx); });
+	take('allowInsecureRemote', isBool, 'true or false', (v) => { s.allowInsecureRemote = v; });
 	take('engineCaFile', isString, 'the path of a PEM certificate (or empty)', (v) => { s.engineCaFile = v.trim() === '' ? null : expandPath(v, ctx); });
 	take('remoteModel', isString, 'a model name (or empty for the first one listed)', (v) => { s.remoteModel = v.trim() === '' ? null : v.trim(); });
 	take('remoteFim', isFim, '"auto", "suffix" or a template containing {prefix} and {suffix}', (v) => { s.remoteFim = v.trim() === '' ? 'auto' : ['auto', 'suffix'].includes(v.trim()) ? v.trim() : v; });
@@ -250,6 +278,7 @@ function allServerSettings(s: KspecSettings): ServerSettings {
 		engineUrl: s.engineUrl,
 		engineTokenFile: s.engineTokenFile,
 		engineCaFile: s.engineCaFile,
+		allowInsecureRemote: s.allowInsecureRemote,
 		remoteModel: s.remoteModel,
 		remoteFim: s.remoteFim,
 		k: s.k,

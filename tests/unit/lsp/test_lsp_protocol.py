@@ -13,7 +13,7 @@ import pytest
 from kspec.engine.errors import InputError
 from kspec.engine.serve import protocol
 from kspec.engine.config import EngineConfig
-from kspec.engine.serve.protocol import DaemonPaths, ProtocolError, is_loopback, pack, read_frame, read_token, runtime_dir, tokens_match, unpack
+from kspec.engine.serve.protocol import DaemonPaths, ProtocolError, is_loopback, pack, parse_engine_url, read_frame, read_token, runtime_dir, tokens_match, unpack
 
 
 def feed(data: bytes) -> asyncio.StreamReader:
@@ -90,6 +90,14 @@ def test_token_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_loopback_addresses() -> None:
     assert all(is_loopback(host) for host in ("127.0.0.1", "127.8.0.1", "::1", "localhost"))
     assert not any(is_loopback(host) for host in ("0.0.0.0", "::", "10.0.0.1", "example.com"))
+
+
+def test_which_engine_urls_carry_code_in_clear_off_the_machine() -> None:
+    """Issue 43: the server refuses these unless the user allows it (allowInsecureRemote)."""
+    clear = ("http://gpu-box:8000/v1", "tcp://10.0.0.1:7000", "http://[2001:db8::1]:80/v1", "http://0.0.0.0:9/v1")
+    fine = ("https://gpu-box/v1", "tls://10.0.0.1:7000", "http://127.0.0.1:8000/v1", "tcp://localhost:7000", "http://[::1]:80/v1")
+    assert all(parse_engine_url(url).in_clear_off_machine for url in clear)
+    assert not any(parse_engine_url(url).in_clear_off_machine for url in fine)
 
 
 def test_a_token_file_others_can_read_is_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

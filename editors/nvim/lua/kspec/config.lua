@@ -15,7 +15,7 @@ M.defaults = {
   -- Server settings, under the server's names. Only what is set here is sent; the
   -- server's defaults apply to the rest. Known keys: SERVER_KEYS below (the server's
   -- lsp_server/settings.py; tests/unit/lsp/test_settings_schema.py keeps the two equal).
-  -- A team engine: engine = 'openai', engineUrl = 'http://gpu-box:8000/v1',
+  -- A team engine: engine = 'openai', engineUrl = 'https://gpu-box:8000/v1',
   -- engineTokenFile = '~/.config/kspec/token' (the file's path, never the token).
   -- vim.NIL sends null (e.g. set({ engineUrl = vim.NIL }) to unset a nullable key).
   settings = {},
@@ -54,6 +54,7 @@ local SERVER_KEYS = {
   engineUrl = { 'string', 'nil' }, -- tcp:// or tls://HOST:PORT (remote), http(s)://HOST:PORT/v1 (openai)
   engineTokenFile = { 'string', 'nil' }, -- a file holding the token / API key (~ is expanded by the server)
   engineCaFile = { 'string', 'nil' }, -- TLS: trust this certificate or CA (self-signed servers)
+  allowInsecureRemote = 'boolean', -- allow an engineUrl on another machine over plain http:// or tcp:// (refused otherwise)
   remoteModel = { 'string', 'nil' }, -- openai: the model to ask for; null: the first listed
   remoteFim = 'string', -- openai: 'auto', 'suffix' or a template with {prefix} and {suffix}
   k = 'number',

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
-import { DEFAULTS, ENGINES, SERVER_KEYS } from '../../src/settings';
+import { DEFAULTS, ENGINES, SERVER_KEYS, USER_ONLY_KEYS } from '../../src/settings';
 import { COMMANDS } from '../../src/status';
 
 const root = path.resolve(__dirname, '..', '..', '..');
@@ -32,10 +32,13 @@ describe('package.json', () => {
 		assert.match(tokenFile.markdownDescription ?? '', /never put the token itself/);
 	});
 
-	it('lets only user (or remote) settings choose where code is sent', () => {
-		for (const key of ['kspec.engine', 'kspec.engineUrl', 'kspec.engineTokenFile']) {
-			assert.equal(props[key].scope, 'machine', `${key} must not come from a workspace`);
+	it('lets only user (or remote) settings choose what runs and where code is sent', () => {
+		for (const key of USER_ONLY_KEYS) {
+			const scope = props[`kspec.${key}`].scope;
+			assert.ok(scope === 'machine' || scope === 'application', `kspec.${key} must not come from a workspace (scope ${scope})`);
 		}
+		assert.equal(props['kspec.allowInsecureRemote'].scope, 'application');
+		assert.equal(props['kspec.allowInsecureRemote'].default, false);
 	});
 
 	it('declares the launch settings with the same defaults', () => {

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
-import { DEFAULTS, expandPath, needsRestart, readSettings, SERVER_KEYS, shouldComplete, toServerSettings } from '../../src/settings';
+import { DEFAULTS, expandPath, needsRestart, readSettings, SERVER_KEYS, shouldComplete, toServerSettings, USER_ONLY_KEYS } from '../../src/settings';
 
 /** A stand-in for vscode.WorkspaceConfiguration: nested keys as 'server.command'. */
 function config(values: Record<string, unknown>) {
@@ -25,7 +25,7 @@ describe('readSettings', () => {
 		assert.deepEqual(problems, []);
 		assert.deepEqual(toServerSettings(settings), {
 			model: '/home/u/models/qwen', draft: '/proj/draft.gguf', device: 'cuda:1', dtype: 'bfloat16',
-			engine: 'daemon', engineUrl: null, engineTokenFile: null, engineCaFile: null, remoteModel: null, remoteFim: 'auto',
+			engine: 'daemon', engineUrl: null, engineTokenFile: null, engineCaFile: null, allowInsecureRemote: false, remoteModel: null, remoteFim: 'auto',
 			k: 7, maxTokens: 100, mode: 'sample',
 			temperature: 0.6, debounceMs: 10, deadlineMs: 900, languages: ['python', 'go'], enabled: false,
 		});
@@ -170,5 +170,47 @@ describe('only what the user set is sent (issue 16)', () => {
 		const { settings, problems } = readSettings(vscodeConfig({ maxTokens: 'many' }), ctx);
 		assert.equal(problems.length, 1);
 		assert.equal(toServerSettings(settings).maxTokens, null);
+	});
+});
+
+describe('a workspace cannot choose what runs or where code goes (issue 43)', () => {
+	/** A repository's .vscode/settings.json, as `inspect` reports it: workspaceValue only. */
+	function workspaceConfig(workspace: Record<string, unknown>, user: Record<string, unknown> = {}) {
+		return {
+			get: <T>(key: string): T | undefined => (key in workspace ? workspace[key] : user[key]) as T | undefined,
+			inspect: (key: string) => ({ globalValue: user[key], workspaceValue: workspace[key] }),
+		};
+	}
+
+	it('ignores server.command/args/env, engine, engineUrl, token and CA files and allowInsecureRemote from a workspace, and says so', () => {
+		const hostile = {
+			'server.command': '/tmp/evil', 'server.args': ['lsp', '--engine-url', 'http://host/v1'], 'server.env': { OPENAI_API_KEY: 'x' },
+			engine: 'openai', engineUrl: 'http://host/v1', engineTokenFile: '/home/u/.ssh/id_rsa', engineCaFile: '/tmp/ca.pem', allowInsecureRemote: true,
+			k: 5,
+		};
+		const { settings, problems } = readSettings(workspaceConfig(hostile), ctx);
+		assert.deepEqual(settings.server, DEFAULTS.server);
+		assert.equal(settings.engine, 'daemon');
+		assert.equal(settings.engineUrl, null);
+		assert.equal(settings.engineTokenFile, null);
+		assert.equal(settings.engineCaFile, null);
+		assert.equal(settings.allowInsecureRemote, false);
+		assert.equal(settings.k, 5); // other settings still come from the workspace
+		assert.equal(problems.length, USER_ONLY_KEYS.length);
+		assert.ok(problems.every((p) => p.includes('ignored')));
+		const sent = toServerSettings(settings);
+		assert.equal(sent.engineUrl, null);
+		assert.equal(sent.allowInsecureRemote, null);
+	});
+
+	it('takes the same settings from the user', () => {
+		const user = { 'server.args': ['lsp', '--log-level', 'info'], engine: 'openai', engineUrl: 'https://host/v1', allowInsecureRemote: true };
+		const { settings, problems } = readSettings(workspaceConfig({}, user), ctx);
+		assert.deepEqual(problems, []);
+		assert.deepEqual(settings.server.args, ['lsp', '--log-level', 'info']);
+		const sent = toServerSettings(settings);
+		assert.equal(sent.engine, 'openai');
+		assert.equal(sent.engineUrl, 'https://host/v1');
+		assert.equal(sent.allowInsecureRemote, true);
 	});
 });
