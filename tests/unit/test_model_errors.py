@@ -56,7 +56,7 @@ def test_unsupported_hf_architecture_names_the_supported_ones(tmp_path: Path):
     from kspec.engine.models.hf_folder import read_args
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    with pytest.raises(ModelLoadError, match="unsupported model architecture 'gpt2'; supported: llama, mistral, qwen2, starcoder2"):
+    with pytest.raises(ModelLoadError, match="unsupported model architecture 'gpt2'; supported: llama, mistral, qwen2, qwen3, starcoder2"):
         read_args(tmp_path)
 
 
