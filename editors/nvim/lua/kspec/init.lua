@@ -153,6 +153,8 @@ end
 local function capabilities()
   return {
     textDocument = { inlineCompletion = { dynamicRegistration = false } },
+    -- we ask again on M.SUGGESTIONS_UPDATED: the server may answer early for us
+    experimental = { kspec = { suggestionsUpdated = true } },
   }
 end
 
