@@ -7,8 +7,8 @@ alternatives are ready) says so in its capabilities:
 
 Only such a client gets an early (interim) answer. Any other client (Neovim's built-in
 inline completion, Helix, Emacs, Zed, ...) never asks again, so it is shown whole answers:
-the engine's final alternatives, and of those it cut short (deadline, cancelled, token
-budget) only the whole lines they wrote, never a fragment ending mid-identifier.
+the engine's final alternatives, and of those cut short (at the deadline, or cancelled)
+only the whole lines they wrote, never a fragment ending mid-identifier.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from typing import Any
 
 from kspec.engine.api import Completion
 
-CUT_SHORT = frozenset({"deadline", "cancelled", "length"})  # finish reasons of an alternative that may end mid-token
+# finish reasons of an alternative stopped from outside, wherever it was (the token budget,
+# "length", is the user's own choice: such an answer is final, as the issue asks)
+CUT_SHORT = frozenset({"deadline", "cancelled"})
 
 
 def handles_updates(experimental: Any) -> bool:

@@ -17,7 +17,7 @@ def test_an_alternative_that_ended_by_itself_is_whole() -> None:
 def test_a_cut_short_alternative_keeps_only_its_complete_lines() -> None:
     assert whole_text(_c("return len", "deadline")) == ""  # a fragment ending mid-identifier
     assert whole_text(_c("lines = read(path)\n    return len", "deadline")) == "lines = read(path)"
-    assert whole_text(_c("x = 1\n    y", "length")) == "x = 1"
+    assert whole_text(_c("x = 1\n    y", "length")) == "x = 1\n    y"  # the budget the user chose: final
     assert whole_text(_c("x = 1\n    y", "cancelled")) == "x = 1"
 
 
