@@ -617,8 +617,10 @@ def test_a_missing_kspec_is_reported_once_and_the_buffer_keeps_its_highlighting(
         assert editor.lua("return _G.notes") == notes  # once
         (message, level), = notes
         assert "kspec" in message and "checkhealth" in message and level == 3  # WARN
+        assert editor.lua("return vim.json.encode(require('kspec').server_settings())") == "{}"  # not [], which the server refused
         editor.request("nvim_command", "checkhealth kspec")
         report = "\n".join(editor.request("nvim_buf_get_lines", 0, 0, -1, False))
         assert "kspec was not found (looked at " in report and "ERROR" in report
+        assert "open a file to start one" not in report and "cannot start until kspec is found" in report, report
     finally:
         editor.close()

@@ -150,6 +150,16 @@ end
 
 -- Server registration ------------------------------------------------------------
 
+--- The settings as the server reads them: a JSON object, also when empty (an empty Lua
+--- table would be encoded as the list []).
+function M.server_settings()
+  local settings = vim.deepcopy(M.opts.settings)
+  if next(settings) == nil then
+    return vim.empty_dict()
+  end
+  return settings
+end
+
 local function capabilities()
   return {
     textDocument = { inlineCompletion = { dynamicRegistration = false } },
@@ -232,8 +242,8 @@ local function register_011()
       end
     end,
     reuse_client = reuse_client,
-    init_options = vim.deepcopy(M.opts.settings),
-    settings = vim.deepcopy(M.opts.settings),
+    init_options = M.server_settings(),
+    settings = M.server_settings(),
     capabilities = capabilities(),
     handlers = handlers(),
     on_attach = on_attach,
@@ -262,8 +272,8 @@ local function start_010(bufnr)
     cmd_cwd = root,
     cmd_env = M.opts.cmd_env,
     root_dir = root,
-    init_options = vim.deepcopy(M.opts.settings),
-    settings = vim.deepcopy(M.opts.settings),
+    init_options = M.server_settings(),
+    settings = M.server_settings(),
     capabilities = vim.tbl_deep_extend('force', vim.lsp.protocol.make_client_capabilities(), capabilities()),
     handlers = handlers(),
     on_attach = on_attach,
@@ -291,7 +301,7 @@ end
 --- Send the current settings to the running servers.
 local function push_settings()
   for _, client in ipairs(M.clients()) do
-    client.settings = vim.deepcopy(M.opts.settings)
+    client.settings = M.server_settings()
     if has('nvim-0.11') then
       client:notify('workspace/didChangeConfiguration', { settings = client.settings })
     else
