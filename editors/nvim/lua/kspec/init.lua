@@ -173,6 +173,12 @@ end
 --- already returned): asking again now is answered from that cache at once.
 M.SUGGESTIONS_UPDATED = '$/kspec/suggestionsUpdated'
 
+--- vim.lsp.inline_completion has no "request now": its automatic request runs on
+--- CursorMovedI, from its own autocommand group for this buffer (only that group runs).
+local function builtin_request(bufnr)
+  return (pcall(api.nvim_exec_autocmds, 'CursorMovedI', { group = ('nvim.lsp.inline_completion:%d'):format(bufnr), buffer = bufnr, modeline = false }))
+end
+
 --- Handler of M.SUGGESTIONS_UPDATED: if that document is the current buffer, attached to
 --- that client, in insert mode and enabled, and still at that version (with ghost text
 --- also: or showing that request's answer, typed into since), ask again.
@@ -203,13 +209,42 @@ function M.on_suggestions_updated(_, params, ctx)
   if not same_version then
     return false -- typed on since: that answer is not for this text
   end
-  -- vim.lsp.inline_completion has no "request now": its automatic request runs on
-  -- CursorMovedI, from its own autocommand group for this buffer (only that group runs)
-  return (pcall(api.nvim_exec_autocmds, 'CursorMovedI', { group = ('nvim.lsp.inline_completion:%d'):format(bufnr), buffer = bufnr, modeline = false }))
+  return builtin_request(bufnr)
+end
+
+--- Handler of status.METHOD: the statusline's state; when the engine turns ready after
+--- loading (or an error), the request the user made meanwhile is asked again.
+function M.on_status(err, params, ctx)
+  local before = ctx and status.by_client[ctx.client_id]
+  status.handler(err, params, ctx)
+  local after = ctx and status.by_client[ctx.client_id]
+  if before and before.state ~= 'ready' and after and after.state == 'ready' then
+    vim.schedule(function()
+      M.ask_when_ready(ctx.client_id)
+    end)
+  end
+end
+
+--- The engine just became ready: in insert mode in a buffer of that client with nothing
+--- shown, ask for completions without waiting for a keystroke. Returns (for tests)
+--- whether a request was started.
+function M.ask_when_ready(client_id)
+  local bufnr = api.nvim_get_current_buf()
+  if not is_enabled() or not api.nvim_get_mode().mode:find('^i') or not vim.lsp.buf_is_attached(bufnr, client_id) then
+    return false
+  end
+  if M.display() == 'plugin' then
+    if ghost.visible(bufnr) then
+      return false
+    end
+    ghost.trigger(bufnr)
+    return true
+  end
+  return builtin_request(bufnr)
 end
 
 local function handlers()
-  return { [status.METHOD] = status.handler, [M.SUGGESTIONS_UPDATED] = M.on_suggestions_updated }
+  return { [status.METHOD] = M.on_status, [M.SUGGESTIONS_UPDATED] = M.on_suggestions_updated }
 end
 
 --- One kspec process per Neovim: completions do not depend on the workspace root.
