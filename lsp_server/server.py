@@ -10,8 +10,9 @@ in-flight requests and the engine client; each LSP feature is one method. A requ
            -> engine, raced against being superseded and against the deadline
            -> items whose ranges replace what they repeat right of the cursor.
 
-Every interim answer of the engine (from the first-answer moment on, each round that grew
-the branches) goes into the typeahead cache. A request's engine work outlives the request
+For a client that declared `$/kspec/suggestionsUpdated` (client_kind.py), every interim
+answer of the engine (from the first-answer moment on, each round that grew the branches)
+goes into the typeahead cache; any other client waits for whole answers. A request's engine work outlives the request
 when the client cancels it (an editor cancels the previous request at every keystroke): it
 goes on, into the typeahead cache, until a request it cannot serve supersedes it or its
 deadline passes.
@@ -45,6 +46,7 @@ from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.errors import InputError, KspecError
 from kspec.engine.version import version
 from kspec.lsp_server.acceptance import ACCEPT_COMMAND, Acceptance, item_command
+from kspec.lsp_server.client_kind import handles_updates, whole_texts
 from kspec.lsp_server.progress import LoadingProgress, client_shows_progress
 from kspec.lsp_server.context import Budgets, EditorContext, editor_context, looks_binary
 from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Cursor, Document, DocumentStore, line_body, units_from_column
@@ -276,6 +278,7 @@ class Session:
         self._generation = 0  # of self.engine: statuses of the engines it replaced are dropped
         self._inflight: dict[str, Ticket] = {}
         self._legacy_trigger_kinds = False
+        self._handles_updates = False  # the client declared $/kspec/suggestionsUpdated: early answers for it
         self._pending_problems: list[str] = []
         self._shown: set[str] = set()  # user messages already shown since the engine was last ready
         self._status = Status("loading", "starting")
@@ -305,6 +308,7 @@ class Session:
 
     def initialize(self, params: lsp.InitializeParams) -> None:
         self.encoding = negotiate_encoding(params.capabilities)
+        self._handles_updates = handles_updates(params.capabilities.experimental)
         self.loading = LoadingProgress(self.server.work_done_progress, client_shows_progress(params.capabilities))
         parsed = parse_settings(params.initialization_options, self.settings)
         self._user_set = (self._user_set - parsed.cleared) | parsed.given
@@ -721,7 +725,7 @@ class Session:
             mode=settings.mode,
             temperature=settings.temperature,
             deadline_ms=settings.deadline_ms,
-            first_answer_ms=min(first_answer, settings.deadline_ms) if settings.typeahead else 0.0,
+            first_answer_ms=min(first_answer, settings.deadline_ms) if settings.typeahead and self._handles_updates else 0.0,
             raw=settings.raw,
         )
 
@@ -803,7 +807,7 @@ class Session:
         status carries its latency when it is the answer the user waited for (`shown`), not
         one decoded on after it."""
         settings = query.settings
-        texts = [c.text for c in result.completions if c.text]
+        texts = [c.text for c in result.completions if c.text] if self._handles_updates else whole_texts(result.completions)
         if texts and settings.typeahead and not kept:
             self.typeahead.store(query.document.uri, Entry(query.context, settings.prefix_chars, settings.suffix_chars, tuple(texts)))
         if not shown:

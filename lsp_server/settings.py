@@ -209,7 +209,7 @@ def parse_settings(raw: Any, base: Settings | None = None) -> Parsed:
     choice for this machine), as VS Code sends a setting the user removed; invalid keys
     fall back to the default and are reported."""
     base = base or Settings()
-    if raw is None:
+    if raw is None or raw == []:  # [] : an empty Lua table, as Neovim encodes it
         return Parsed(base)
     if not isinstance(raw, dict):
         return Parsed(base, [f"settings must be an object, got {type(raw).__name__}; using the defaults"])

@@ -239,9 +239,15 @@ async def _answer_unless_gone(job: Awaitable[Answer], reader: asyncio.StreamRead
             task.cancel()
 
 
+def compact_json(payload: Any) -> bytes:
+    """JSON as llama.cpp's server writes it: no spaces after `,` and `:`. llama.vim accepts an
+    answer only where `"content"\\s*:"` matches (no space between the colon and the quote)."""
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
 def _send_json(connection: h11.Connection, writer: asyncio.StreamWriter, status: int, payload: Any, extra: dict[str, str] | None = None) -> None:
     """A JSON answer, or bytes as they are (their content-type in `extra`)."""
-    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    body = payload if isinstance(payload, bytes) else compact_json(payload)
     extra = dict(extra or {})
     headers = [("content-type", extra.pop("content-type", "application/json")), ("content-length", str(len(body))), *extra.items()]
     writer.write(connection.send(h11.Response(status_code=status, headers=headers)))

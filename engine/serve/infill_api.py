@@ -134,19 +134,31 @@ def infill_response(result: CompletionResult | None, parsed: ParsedInfill) -> An
         completion = completions[index] if index < len(completions) else None
         n = completion.n_tokens if completion is not None else 0
         reason = completion.finish_reason if completion is not None else ""
+        # the fields in the order llama.cpp's server writes them (its to_json_non_oaicompat);
+        # not its "prompt", which would send the whole window back with every answer
         answer = {
             "index": index,
             "content": text,
+            "tokens": [],  # llama.cpp: token ids only when return_tokens is asked for
             "id_slot": 0,
             "stop": True,
             "model": result.model if result is not None else "",
             "tokens_predicted": n,
             "tokens_evaluated": prompt_n,
-            "tokens_cached": cached + n,
-            "truncated": False,
+            "generation_settings": {
+                "n_predict": parsed.request.max_tokens if parsed.generate else 0,
+                "temperature": parsed.request.temperature,
+                "top_p": parsed.request.top_p,
+                "seed": parsed.request.seed,
+                "n_cmpl": parsed.request.k,
+                "n_indent": parsed.n_indent,
+                "stop": list(parsed.request.stop),
+            },
             "has_new_line": "\n" in text,
+            "truncated": False,
             "stop_type": "eos" if reason in ("eos", "stop") or indented else "limit",
             "stopping_word": "",
+            "tokens_cached": cached + n,
             "timings": {
                 "prompt_n": prompt_n - cached,
                 "prompt_ms": prompt_ms,
@@ -156,15 +168,6 @@ def infill_response(result: CompletionResult | None, parsed: ParsedInfill) -> An
                 "predicted_ms": predicted_ms,
                 "predicted_per_token_ms": predicted_ms / max(1, n),
                 "predicted_per_second": 1000.0 * n / predicted_ms if predicted_ms > 0 else 0.0,
-            },
-            "generation_settings": {
-                "n_predict": parsed.request.max_tokens if parsed.generate else 0,
-                "temperature": parsed.request.temperature,
-                "top_p": parsed.request.top_p,
-                "seed": parsed.request.seed,
-                "n_cmpl": parsed.request.k,
-                "n_indent": parsed.n_indent,
-                "stop": list(parsed.request.stop),
             },
         }
         answers.append(select_fields(answer, parsed.response_fields))

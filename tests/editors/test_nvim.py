@@ -267,6 +267,24 @@ def inject_status(nvim: Nvim, params: dict) -> None:
     )
 
 
+def test_the_engine_turning_ready_asks_again_without_a_keystroke(nvim: Nvim):
+    """A request made while the model loads got nothing; when the status turns ready the
+    plugin asks again by itself (no keystroke) and the ghost appears."""
+    fresh_comment_line(nvim)
+    wait_ghost(nvim)
+    nvim.input("<C-]>")
+    nvim.wait_for("the ghost text dismissed", f"#{MARKS} == 0 and {GHOST}.shown() == nil", 10)
+    ready = nvim.lua("return require('kspec.status').current()")
+    requests = server_requests(nvim)
+    inject_status(nvim, {**ready, "state": "loading", "message": "loading the model"})
+    assert server_requests(nvim) == requests  # nothing asked while loading
+    inject_status(nvim, ready)
+    wait_ghost(nvim)
+    assert server_requests(nvim) == requests + 1 and buffer(nvim)[0] == FIRST_LINE
+    inject_status(nvim, ready)  # ready again while ready, a suggestion shown: no new request
+    assert server_requests(nvim) == requests + 1
+
+
 def test_kspec_log_opens_the_engine_log_and_the_lsp_log(nvim: Nvim, tmp_path: Path):
     engine_log = tmp_path / "engine.log"
     engine_log.write_text("kspec-engine INFO listening\n")
@@ -617,8 +635,10 @@ def test_a_missing_kspec_is_reported_once_and_the_buffer_keeps_its_highlighting(
         assert editor.lua("return _G.notes") == notes  # once
         (message, level), = notes
         assert "kspec" in message and "checkhealth" in message and level == 3  # WARN
+        assert editor.lua("return vim.json.encode(require('kspec').server_settings())") == "{}"  # not [], which the server refused
         editor.request("nvim_command", "checkhealth kspec")
         report = "\n".join(editor.request("nvim_buf_get_lines", 0, 0, -1, False))
         assert "kspec was not found (looked at " in report and "ERROR" in report
+        assert "open a file to start one" not in report and "cannot start until kspec is found" in report, report
     finally:
         editor.close()

@@ -169,12 +169,16 @@ async def editor_session(
     capabilities: lsp.ClientCapabilities | None = None,
     args: tuple[str, ...] = ("--engine", "inprocess"),
     runtime_dir: Path | None = None,
+    updates: bool = True,
 ) -> AsyncIterator[Editor]:
     config = ClientServerConfig(server_command=server_command(*args), server_env=server_env(runtime_dir))
     language_client = await config.start()
     editor = Editor(language_client)  # type: ignore[arg-type]
     try:
-        params = lsp.InitializeParams(capabilities=capabilities or client_capabilities(client), initialization_options=options)
+        declared = capabilities or client_capabilities(client)
+        if updates:  # like our editors: it handles $/kspec/suggestionsUpdated (the Editor above does)
+            declared.experimental = {**(declared.experimental or {}), "kspec": {"suggestionsUpdated": True}}
+        params = lsp.InitializeParams(capabilities=declared, initialization_options=options)
         editor.initialize_result = await asyncio.wait_for(language_client.initialize_session(params), START_TIMEOUT_S)  # type: ignore[attr-defined]
         yield editor
         if not language_client.stopped:  # a test may have ended the server itself

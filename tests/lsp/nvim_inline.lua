@@ -1,6 +1,7 @@
 -- Headless Neovim 0.11: attach `kspec lsp` with vim.lsp.start and ask for an inline
 -- completion (Neovim 0.11 has no inline-completion UI, so the request is made by hand).
--- Prints one JSON line: {"encoding": ..., "answer": {"err": ..., "result": ...}}.
+-- Neovim's own LSP client declares no kspec extension: the server must answer it whole.
+-- Prints one JSON line: {"encoding": ..., "answer": {"err": ..., "result": ...}, "again": ..., "stats": ...}.
 -- Arguments (after -l script): python, model folder, file path.
 local python, model, path = arg[1], arg[2], arg[3]
 local function fail(message)
@@ -18,7 +19,7 @@ local client_id = vim.lsp.start({
   name = "kspec",
   cmd = { python, "-m", "kspec.cli.main", "lsp", "--engine", "inprocess" },
   root_dir = vim.fs.dirname(path),
-  init_options = { model = model, k = 2, maxTokens = 4, debounceMs = 0, deadlineMs = 30000, raw = true },
+  init_options = { model = model, k = 2, maxTokens = 32, firstAnswerMs = 1, debounceMs = 0, deadlineMs = 30000, raw = true },
   handlers = {
     ["$/kspec/status"] = function(_, result)
       if result and result.state == "ready" then
@@ -41,7 +42,14 @@ local params = {
   context = { triggerKind = 1 },
 }
 local results = vim.lsp.buf_request_sync(buf, "textDocument/inlineCompletion", params, 60000)
-io.stdout:write(vim.json.encode({ encoding = client.offset_encoding, answer = results and results[client_id] or vim.NIL }) .. "\n")
+local again = vim.lsp.buf_request_sync(buf, "textDocument/inlineCompletion", params, 60000)
+local stats = vim.lsp.buf_request_sync(buf, "kspec/stats", vim.NIL, 10000)
+io.stdout:write(vim.json.encode({
+  encoding = client.offset_encoding,
+  answer = results and results[client_id] or vim.NIL,
+  again = again and again[client_id] or vim.NIL,
+  stats = stats and stats[client_id] and stats[client_id].result or vim.NIL,
+}) .. "\n")
 client:stop()
 vim.wait(10000, function() return client:is_stopped() end, 50)
 vim.cmd("qa!")

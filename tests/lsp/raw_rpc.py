@@ -114,8 +114,9 @@ class RawServer:
         self.send(msg_id, method, params)
         return await self.answer(msg_id, timeout)
 
-    async def initialize(self, options: dict[str, Any], msg_id: Any = "init") -> dict[str, Any]:
-        answer = await self.request(msg_id, "initialize", {"processId": os.getpid(), "rootUri": None, "capabilities": {}, "initializationOptions": options})
+    async def initialize(self, options: dict[str, Any], msg_id: Any = "init", capabilities: dict[str, Any] | None = None) -> dict[str, Any]:
+        params = {"processId": os.getpid(), "rootUri": None, "capabilities": capabilities or {}, "initializationOptions": options}
+        answer = await self.request(msg_id, "initialize", params)
         assert "result" in answer, answer
         self.notify("initialized", {})
         return answer

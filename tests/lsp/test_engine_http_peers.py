@@ -6,12 +6,14 @@ the same token rule as the other routes."""
 from __future__ import annotations
 
 import http.client
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_engine_network import TOKEN, Served, _http, _start_engine, _stop, _wait_ready
+from llama_clients import llama_vim_info, llama_vim_lines, llama_vscode_lines
+from test_engine_network import TOKEN, Served, _http, _http_raw, _start_engine, _stop, _wait_ready
 
 from kspec.engine.serve.infill_api import cut_at_indent, parse_infill
 
@@ -98,3 +100,39 @@ def test_metrics_after_requests(engine: Served) -> None:
     for name in ("kspec_requests_in_flight", "kspec_queue_length", "kspec_requests_per_batch_count", "kspec_accepted_draft_tokens_per_round_count", "kspec_prompt_tokens_reused_total"):
         _sample(text, name)
     assert _scrape(engine, token=None)[0] == 401 and _scrape(engine, token="guess")[0] == 401
+
+
+VIM_FIELDS = [  # what llama.vim asks for in response_fields
+    "content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms", "timings/prompt_per_second",
+    "timings/predicted_n", "timings/predicted_ms", "timings/predicted_per_token_ms", "timings/predicted_per_second",
+    "truncated", "tokens_cached",
+]  # fmt: skip
+
+
+def test_llama_vim_shows_kspecs_answer(engine: Served, random_engine) -> None:
+    """llama.vim's own acceptance check on the bytes kspec writes: compact JSON, or no ghost text ever."""
+    body = {**VIM_REQUEST, "response_fields": VIM_FIELDS}
+    status, raw = _http_raw(engine, "POST", "/infill", body)
+    assert status == 200, raw
+    expected = cut_at_indent(random_engine.complete(parse_infill(body).request).completions[0].text, 4)[0]
+    assert expected.strip(), "the random model wrote nothing to show"
+    lines = llama_vim_lines(raw)
+    assert lines is not None, raw[:200]
+    assert "\n".join(lines) == expected.rstrip("\n") and llama_vim_info(raw)
+
+
+def test_llama_vscode_reads_kspecs_answer_in_llama_cpps_field_order(engine: Served) -> None:
+    body = {  # llama.vscode's createRequestPayload, as it sends it
+        "input_prefix": "for item in items:\n", "input_suffix": "\n", "input_extra": [], "prompt": "    print(", "n_predict": 10,
+        "top_k": 40, "top_p": 0.99, "stream": False, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
+        "t_max_prompt_ms": 30000, "t_max_predict_ms": 30000, "n_indent": 4, "kspec": {"postprocess": False},
+    }  # fmt: skip
+    status, raw = _http_raw(engine, "POST", "/infill", body)
+    assert status == 200 and llama_vscode_lines(raw) is not None, raw[:200]
+    assert llama_vim_lines(raw) is not None  # the same answer passes llama.vim's check
+    keys = list(json.loads(raw))
+    llama_cpp_order = ["index", "content", "tokens", "id_slot", "stop", "model", "tokens_predicted", "tokens_evaluated",
+                       "generation_settings", "has_new_line", "truncated", "stop_type", "stopping_word", "tokens_cached", "timings"]  # fmt: skip
+    assert keys == llama_cpp_order
+    status, warm = _http_raw(engine, "POST", "/infill", {**body, "n_predict": 0, "samplers": [], "t_max_predict_ms": 1})
+    assert status == 200 and not llama_vim_lines(warm)  # its warm-up answer shows nothing

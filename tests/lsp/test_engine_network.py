@@ -107,6 +107,12 @@ def _client(served: Served, token: str | None = TOKEN, scheme: str = "tcp") -> D
 
 
 def _http(served: Served, method: str, path: str, body: object = None, token: str | None = TOKEN) -> tuple[int, dict]:
+    status, raw = _http_raw(served, method, path, body, token)
+    return status, json.loads(raw or b"null")
+
+
+def _http_raw(served: Served, method: str, path: str, body: object = None, token: str | None = TOKEN) -> tuple[int, bytes]:
+    """The status and the body's bytes as the server wrote them."""
     if served.tls is not None:
         connection: http.client.HTTPConnection = http.client.HTTPSConnection(served.host, served.port, context=served.tls, timeout=120)
     else:
@@ -117,7 +123,7 @@ def _http(served: Served, method: str, path: str, body: object = None, token: st
     try:
         connection.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
         response = connection.getresponse()
-        return response.status, json.loads(response.read() or b"null")
+        return response.status, response.read()
     finally:
         connection.close()
 

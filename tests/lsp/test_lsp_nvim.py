@@ -1,4 +1,5 @@
-"""Headless Neovim 0.11 attaches `kspec lsp` with vim.lsp.start and gets an inline completion."""
+"""Headless Neovim 0.11 attaches `kspec lsp` with vim.lsp.start (its own LSP client, our
+plugin absent) and gets a whole inline completion: no early answer, as it never re-asks."""
 
 from __future__ import annotations
 
@@ -31,3 +32,6 @@ def test_neovim_gets_an_inline_completion(model_dir: Path, tmp_path: Path) -> No
     for item in items:
         assert item["insertText"]
         assert item["range"]["start"] == {"line": 1, "character": 11}
+    stats = report["stats"]
+    assert stats["early_answers"] == 0 and stats["typeahead_hits"] == 1, stats  # an early answer would be a fragment
+    assert report["again"]["result"]["items"] == items  # the typeahead cache serves it the same whole answer

@@ -18,7 +18,7 @@ import {
 import { defaultIsExecutable, resolveServerCommand, toExecutable } from './serverCommand';
 import { defaultPathContext, KspecSettings, needsRestart, readSettings, shouldComplete, toServerSettings } from './settings';
 import { COMMANDS, parseStatus, STATUS_METHOD, StatusModel } from './status';
-import { SUGGESTIONS_UPDATED_METHOD, suggestionsUpdatedHandler, TRIGGER_INLINE_SUGGEST } from './suggestionsUpdated';
+import { declareSuggestionsUpdated, SUGGESTIONS_UPDATED_METHOD, suggestionsUpdatedHandler, TRIGGER_INLINE_SUGGEST } from './suggestionsUpdated';
 
 class KspecExtension implements vscode.Disposable {
 	private client: LanguageClient | undefined;
@@ -152,6 +152,7 @@ class KspecExtension implements vscode.Disposable {
 		this.log.info(`starting ${cmd.command} ${cmd.args.join(' ')} (${cmd.source})`);
 		const exe = toExecutable(cmd);
 		const client = new LanguageClient('kspec', 'kspec', { run: exe, debug: exe }, this.clientOptions());
+		client.registerFeature(declareSuggestionsUpdated);
 		client.onNotification(STATUS_METHOD, (raw: unknown) => {
 			const params = parseStatus(raw);
 			if (params === undefined) {

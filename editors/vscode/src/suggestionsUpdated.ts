@@ -10,6 +10,18 @@ export const SUGGESTIONS_UPDATED_METHOD = '$/kspec/suggestionsUpdated';
 /** VS Code's command that asks the inline completion providers again (trigger kind Invoke). */
 export const TRIGGER_INLINE_SUGGEST = 'editor.action.inlineSuggest.trigger';
 
+/** Declares in the client capabilities that this client handles SUGGESTIONS_UPDATED_METHOD:
+ * only then does the server answer early with what is complete and tell us when more is. */
+export const declareSuggestionsUpdated = {
+	fillClientCapabilities(capabilities: { experimental?: unknown }): void {
+		const experimental = (typeof capabilities.experimental === 'object' && capabilities.experimental !== null ? capabilities.experimental : {}) as Record<string, unknown>;
+		capabilities.experimental = { ...experimental, kspec: { suggestionsUpdated: true } };
+	},
+	initialize(): void { /* nothing to set up */ },
+	getState(): { kind: 'static' } { return { kind: 'static' }; },
+	clear(): void { /* nothing to clear */ },
+};
+
 export interface SuggestionsUpdatedParams {
 	uri: string;
 	version: number;

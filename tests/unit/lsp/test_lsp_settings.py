@@ -79,3 +79,10 @@ def test_null_means_not_set_so_the_engines_choice_applies_again() -> None:
     assert parsed.settings.k == Settings().k and parsed.settings.max_tokens == Settings().max_tokens
     assert parsed.given == {"deadline_ms"}
     assert parsed.cleared == {"k", "max_tokens", "model"}
+
+
+def test_an_empty_list_is_no_settings_as_an_empty_lua_table_encodes() -> None:
+    base = Settings(k=3)
+    parsed = parse_settings([], base)
+    assert parsed.settings == base and parsed.problems == []
+    assert parse_settings([1], base).problems  # any other list is still wrong

@@ -160,6 +160,18 @@ local function current(bufnr, st)
   return line:sub(1, st.anchor.col) == st.anchor.before and line:sub(st.anchor.col + 1, col) == st.typed
 end
 
+--- The lines to show for `rest`, the text still to insert, when accepting it also replaces
+--- `replaced`, text right of the cursor (closing brackets the server's range covers): that
+--- text is on screen already, so the ghost leaves it out of its last line.
+function M.display_lines(rest, replaced)
+  local lines = vim.split(rest, '\n', { plain = true })
+  local last = lines[#lines]
+  if replaced ~= '' and #last >= #replaced and last:sub(-#replaced) == replaced then
+    lines[#lines] = last:sub(1, #last - #replaced)
+  end
+  return lines
+end
+
 local function render(bufnr)
   local st = buffers[bufnr]
   hide(bufnr)
@@ -170,8 +182,7 @@ local function render(bufnr)
   if not item then
     return
   end
-  local rest = rest_of(st)
-  local lines = vim.split(rest, '\n', { plain = true })
+  local lines = M.display_lines(rest_of(st), item.replaced or '')
   local row, col = st.anchor.row, st.anchor.col + #st.typed
   local virt_lines = {}
   for i = 2, #lines do
@@ -223,7 +234,8 @@ local function to_items(bufnr, result, encoding, anchor)
           local rest = text:sub(#typed + 1)
           if rest ~= '' and not seen[rest] then
             seen[rest] = true
-            out[#out + 1] = { text = rest, insert = text, row = anchor.row, scol = scol, ecol = ecol, command = raw.command }
+            local replaced = line:sub(anchor.col + 1, ecol) -- right of the cursor, replaced on accept
+            out[#out + 1] = { text = rest, insert = text, row = anchor.row, scol = scol, ecol = ecol, replaced = replaced, command = raw.command }
           end
         end
       end

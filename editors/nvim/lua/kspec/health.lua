@@ -39,10 +39,12 @@ function M.check()
   local root = vim.fs.root and vim.fs.root(0, kspec.opts.root_markers) or nil
   root = root or vim.fn.getcwd()
   local cmd, where = server.find(root, kspec.opts)
+  local startable = cmd ~= nil
   if cmd then
     health.ok(('server command: %s (%s)'):format(table.concat(cmd, ' '), where))
     if vim.fn.executable(cmd[1]) ~= 1 then
       health.error(cmd[1] .. ' is not executable')
+      startable = false
     end
   else
     health.error(where)
@@ -55,7 +57,11 @@ function M.check()
 
   local clients = kspec.clients()
   if #clients == 0 then
-    health.info('no kspec server is running (open a file to start one)')
+    if startable then
+      health.info('no kspec server is running (open a file to start one)')
+    else
+      health.warn('no kspec server is running: it cannot start until kspec is found (see above)')
+    end
     return
   end
   for _, client in ipairs(clients) do

@@ -150,9 +150,21 @@ end
 
 -- Server registration ------------------------------------------------------------
 
+--- The settings as the server reads them: a JSON object, also when empty (an empty Lua
+--- table would be encoded as the list []).
+function M.server_settings()
+  local settings = vim.deepcopy(M.opts.settings)
+  if next(settings) == nil then
+    return vim.empty_dict()
+  end
+  return settings
+end
+
 local function capabilities()
   return {
     textDocument = { inlineCompletion = { dynamicRegistration = false } },
+    -- we ask again on M.SUGGESTIONS_UPDATED: the server may answer early for us
+    experimental = { kspec = { suggestionsUpdated = true } },
   }
 end
 
@@ -160,6 +172,12 @@ end
 --- alternatives in its typeahead cache for { uri, version } (the short first answer was
 --- already returned): asking again now is answered from that cache at once.
 M.SUGGESTIONS_UPDATED = '$/kspec/suggestionsUpdated'
+
+--- vim.lsp.inline_completion has no "request now": its automatic request runs on
+--- CursorMovedI, from its own autocommand group for this buffer (only that group runs).
+local function builtin_request(bufnr)
+  return (pcall(api.nvim_exec_autocmds, 'CursorMovedI', { group = ('nvim.lsp.inline_completion:%d'):format(bufnr), buffer = bufnr, modeline = false }))
+end
 
 --- Handler of M.SUGGESTIONS_UPDATED: if that document is the current buffer, attached to
 --- that client, in insert mode and enabled, and still at that version (with ghost text
@@ -191,13 +209,42 @@ function M.on_suggestions_updated(_, params, ctx)
   if not same_version then
     return false -- typed on since: that answer is not for this text
   end
-  -- vim.lsp.inline_completion has no "request now": its automatic request runs on
-  -- CursorMovedI, from its own autocommand group for this buffer (only that group runs)
-  return (pcall(api.nvim_exec_autocmds, 'CursorMovedI', { group = ('nvim.lsp.inline_completion:%d'):format(bufnr), buffer = bufnr, modeline = false }))
+  return builtin_request(bufnr)
+end
+
+--- Handler of status.METHOD: the statusline's state; when the engine turns ready after
+--- loading (or an error), the request the user made meanwhile is asked again.
+function M.on_status(err, params, ctx)
+  local before = ctx and status.by_client[ctx.client_id]
+  status.handler(err, params, ctx)
+  local after = ctx and status.by_client[ctx.client_id]
+  if before and before.state ~= 'ready' and after and after.state == 'ready' then
+    vim.schedule(function()
+      M.ask_when_ready(ctx.client_id)
+    end)
+  end
+end
+
+--- The engine just became ready: in insert mode in a buffer of that client with nothing
+--- shown, ask for completions without waiting for a keystroke. Returns (for tests)
+--- whether a request was started.
+function M.ask_when_ready(client_id)
+  local bufnr = api.nvim_get_current_buf()
+  if not is_enabled() or not api.nvim_get_mode().mode:find('^i') or not vim.lsp.buf_is_attached(bufnr, client_id) then
+    return false
+  end
+  if M.display() == 'plugin' then
+    if ghost.visible(bufnr) then
+      return false
+    end
+    ghost.trigger(bufnr)
+    return true
+  end
+  return builtin_request(bufnr)
 end
 
 local function handlers()
-  return { [status.METHOD] = status.handler, [M.SUGGESTIONS_UPDATED] = M.on_suggestions_updated }
+  return { [status.METHOD] = M.on_status, [M.SUGGESTIONS_UPDATED] = M.on_suggestions_updated }
 end
 
 --- One kspec process per Neovim: completions do not depend on the workspace root.
@@ -230,8 +277,8 @@ local function register_011()
       end
     end,
     reuse_client = reuse_client,
-    init_options = vim.deepcopy(M.opts.settings),
-    settings = vim.deepcopy(M.opts.settings),
+    init_options = M.server_settings(),
+    settings = M.server_settings(),
     capabilities = capabilities(),
     handlers = handlers(),
     on_attach = on_attach,
@@ -260,8 +307,8 @@ local function start_010(bufnr)
     cmd_cwd = root,
     cmd_env = M.opts.cmd_env,
     root_dir = root,
-    init_options = vim.deepcopy(M.opts.settings),
-    settings = vim.deepcopy(M.opts.settings),
+    init_options = M.server_settings(),
+    settings = M.server_settings(),
     capabilities = vim.tbl_deep_extend('force', vim.lsp.protocol.make_client_capabilities(), capabilities()),
     handlers = handlers(),
     on_attach = on_attach,
@@ -289,7 +336,7 @@ end
 --- Send the current settings to the running servers.
 local function push_settings()
   for _, client in ipairs(M.clients()) do
-    client.settings = vim.deepcopy(M.opts.settings)
+    client.settings = M.server_settings()
     if has('nvim-0.11') then
       client:notify('workspace/didChangeConfiguration', { settings = client.settings })
     else

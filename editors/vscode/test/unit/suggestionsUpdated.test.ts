@@ -3,6 +3,7 @@ import { describe, it } from 'node:test';
 import { DEFAULTS } from '../../src/settings';
 import {
 	ActiveDocument,
+	declareSuggestionsUpdated,
 	parseSuggestionsUpdated,
 	shouldRetrigger,
 	suggestionsUpdatedHandler,
@@ -71,5 +72,16 @@ describe('suggestionsUpdatedHandler', () => {
 		assert.equal(calls.trigger, 0);
 		assert.equal(calls.warnings.length, 1);
 		assert.match(calls.warnings[0], /malformed \$\/kspec\/suggestionsUpdated/);
+	});
+});
+
+describe('declareSuggestionsUpdated', () => {
+	it('declares the notification in the client capabilities, keeping other experimental ones', () => {
+		const capabilities: { experimental?: unknown } = { experimental: { other: 1 } };
+		declareSuggestionsUpdated.fillClientCapabilities(capabilities);
+		assert.deepEqual(capabilities.experimental, { other: 1, kspec: { suggestionsUpdated: true } });
+		const bare: { experimental?: unknown } = {};
+		declareSuggestionsUpdated.fillClientCapabilities(bare);
+		assert.deepEqual(bare.experimental, { kspec: { suggestionsUpdated: true } });
 	});
 });
