@@ -2,7 +2,7 @@
 the .vsix package, and the protocol test against the real `kspec lsp`.
 
 VS Code itself cannot run here; what these cover and what they do not is listed in
-the README (Editors, "What was tested, and how")."""
+docs/editors-tested.md."""
 
 from __future__ import annotations
 

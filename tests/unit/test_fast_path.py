@@ -1,6 +1,6 @@
 """The CPU fast path (`--dtype auto`): a Q4 GGUF's own 4-bit weights, fused projections, bfloat16.
 
-Tolerances (README "Measured" states the same):
+Tolerances (docs/measurements/avx512-no-vnni.md, "Fast path accuracy", states the same):
 - 4-bit codes read from GGUF Q4_0 / Q4_1 blocks dequantize exactly (max diff 0) to the gguf
   package's float32 dequantization, and come back exactly through PyTorch's int4 kernel with
   float32 group parameters.
@@ -11,7 +11,7 @@ Tolerances (README "Measured" states the same):
   with kspec's 4-bit x 8-bit kernel (AVX2) the activations round to 8 bits per block of 32
   instead: within LOGIT_SHARE["kspec"] of the range.
 - the default model, teacher-forced on float32 greedy continuations of real code: the fast
-  path's argmax agrees at >= 90% of positions (measured: see README).
+  path's argmax agrees at >= 90% of positions (measured: see docs/measurements/).
 """
 
 from __future__ import annotations
