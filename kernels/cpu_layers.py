@@ -29,6 +29,18 @@ SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("branch_lay
 # on AVX2 (the exponentials of SiLU and the attention's softmax: "control flow in loop"); the
 # values computed are the same
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-trapping-math"]
+# The sources include per-ISA headers (csrc/simd.h, csrc/q4q8/*.h); torch's build versions a
+# library by its .cpp files and flags only, so a digest of every file under csrc goes in as a flag
+CSRC = Path(__file__).with_name("csrc")
+
+
+def sources_digest() -> str:
+    """A digest of every file under csrc, .cpp and headers alike."""
+    digest = hashlib.sha256()
+    for path in sorted(CSRC.rglob("*")):
+        if path.is_file():
+            digest.update(path.relative_to(CSRC).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def build_folder(cache_dir: Path) -> Path:
@@ -74,7 +86,7 @@ def _built(cache_dir: Path) -> tuple[bool, str]:
 
         folder = build_folder(cache_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        build("kspec_branch_layers", [str(source) for source in SOURCES], extra_cflags=FLAGS,
+        build("kspec_branch_layers", [str(source) for source in SOURCES], extra_cflags=[*FLAGS, f"-DKSPEC_CSRC_DIGEST={sources_digest()}"],
               build_directory=str(folder), is_python_module=False, verbose=False)  # fmt: skip
         return True, ""
     except Exception as exc:  # no compiler, headers or ninja: the PyTorch ops serve instead

@@ -13,7 +13,7 @@ above the row limit, several requests batched, StarCoder2, Qwen3's q/k norms, fl
 the PyTorch ops.
 
 Measured (`kspec bench step --paths auto,auto/torch`: default model, 512-token prompt,
-2 threads, a step with its logits; README "Measured"): k = 1 11.9 -> 6.7 ms, k = 4
+2 threads, a step with its logits; docs/measurements/avx512-bf16-no-amx.md): k = 1 11.9 -> 6.7 ms, k = 4
 15.6 -> 10.5 ms, k = 8 21.7 -> 15.4 ms against the PyTorch ops.
 Numbers: within bfloat16 rounding of the PyTorch fast path (tests/unit/test_native_step.py).
 """
@@ -31,7 +31,7 @@ from kspec.engine.models.quantized import Q4Q8_TILE, CpuLinear, Int4Term, TiledT
 from kspec.engine.models.transformer import RMSNorm, Transformer
 
 # Rows the loop takes with the 4-bit terms even where the PyTorch path switches to a dense copy
-# above 4 (cpu_fast.INT4_MAX_ROWS): a k = 8 step, 8 rows, took 21.0 ms through the dense
+# above 4 (cpu_profile.INT4_MAX_ROWS): a k = 8 step, 8 rows, took 21.0 ms through the dense
 # bfloat16 copy and PyTorch ops vs 15.6 ms through the loop on 4-bit weights (default model,
 # AVX-512-BF16 VM, one process); 40 verification rows stay faster dense (46 vs 58 ms).
 LOOP_INT4_ROWS = 8

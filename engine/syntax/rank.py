@@ -23,7 +23,7 @@ score = logprob / n_tokens                          the model's confidence, mean
 
 The logprob is that of the whole generated text: the engine has no per-token split at the
 trim point, and the trimmed-away tail is mostly what made the raw text long. The weights
-were set on `kspec bench quality` (whole-file and windowed holes, k = 4): see README.
+were set on `kspec bench quality` (whole-file and windowed holes, k = 4): see docs/measurements/post-processing.md.
 """
 
 from __future__ import annotations

@@ -18,26 +18,14 @@
 // step). On an AVX-512 or AVX2 build with heads of 64 or 128 it is written out here (`attend_direct`,
 // `attend_lanes`: one softmax over a query's prefix and branch scores, nothing to merge);
 // elsewhere two calls of PyTorch's CPU flash kernel and a log-sum-exp merge, as
-// kernels/cpu_fused.py. Measured (Zen 4, one layer of the default model, 512 prefix keys, the
-// three ways interleaved): the flash calls cost ~45-90 us at one query row, mostly fixed cost;
-// one query's dots key by key (`attend_direct`) 2.05x faster there but 0.63-0.90x from 4 rows;
-// a kv head's queries in the lanes of a register (`attend_lanes`) 1.55x at 4 rows, 1.57x at 8,
-// 1.30x at 40. On Zen 3 (AVX2, 8 lanes a register), 30 layers at 512 prefix keys against the
-// flash calls: 2.6x at one row, 2.3x at two, 1.7x at four, 1.6x at eight, 1.06x at forty. Then
-// (Zen 3, the same 30 layers, against that code): two rows in lanes (`kLanesFromQueries`), each
-// key's rows prefetched, a block of keys scored at a time over a tile of two registers of
-// queries (`QueryTile`: no partial scores stored and reloaded per 8 dimensions, a broadcast
-// serving 16 queries) and the values weighed 4 queries x 16 dimensions at a time: 1.46x at
-// two rows, 1.72-1.73x at four, 1.44-1.45x at eight, 1.35x at 24, 1.40-1.42x at 40 (two runs).
+// kernels/cpu_fused.py. Why written out, with the measurements on Zen 4 and Zen 3:
+// docs/measurements/kernels-log.md.
 //
 // The prompt's KV (the prefix) may be float16 (`--cpu-kv`, engine/models/cpu_fast.py): the
 // attention converts it a chunk of rows at a time into an L1 scratch and multiplies float32.
 // One row (attend_direct) takes a chunk's keys 8 at a time against each query head, q in 8
 // registers, the 8 dots' lanes summed together (AVX2, heads of 64: score_rows64), and weighs
-// values with the output in 8 registers. Measured (Zen 3, 30 layers at a 1536-token prefix, one
-// row): the key-by-key dots took 4.4-4.9 ms (the horizontal sum of every dot, and its latency);
-// blocks of 8 keys 3.2-3.4 ms on float16, then prefetching each row 16 ahead across chunks
-// 2.5-3.2 ms (float32: 4.4-5.4 ms). Whole steps: README "Measured".
+// values with the output in 8 registers (measured: docs/measurements/kernels-log.md).
 //
 // bfloat16 is handled as its bits (uint16_t) so that the loops vectorize: c10::BFloat16's
 // conversions keep them scalar.
@@ -56,12 +44,8 @@
 #include <tuple>
 #include <type_traits>
 #include <vector>
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#define KSPEC_LANES_ATTENTION 1
-#elif defined(__F16C__)
-#include <immintrin.h>
-#endif
+#include "attention/avx2.h"
+#include "simd.h"
 
 at::Tensor q4_q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params);  // q4_q8_matmul.cpp
 at::Tensor q8_q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params);  // q4_q8_matmul.cpp
@@ -284,55 +268,6 @@ void weigh_values(const float* p, const float* values, int64_t stride, int64_t n
   }
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-#define KSPEC_ROW_BLOCKS 1
-// The sums of eight registers' lanes, in one register: lane i = the sum of a[i]'s 8 lanes
-inline __m256 lane_sums(const __m256 (&a)[8]) {
-  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));  // halves: lanes 0-3 | 4-7 of a[0..3]
-  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
-}
-
-// scores[j] = q . keys[j] for n rows of 64 (stride): 8 keys at a time, each a chain of 8
-// multiply-adds over q held in 8 registers, summed across lanes together (one query's dot key by
-// key spent more on each dot's horizontal sum and its latency than on the multiply-adds: Zen 3,
-// a one-row step at a 1536-token prompt spent half its time in the attention)
-inline void score_rows64(const float* q, const float* keys, int64_t stride, int64_t n, float* scores) {
-  __m256 qv[8];
-  for (int v = 0; v < 8; ++v) qv[v] = _mm256_loadu_ps(q + 8 * v);
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    __m256 acc[8];
-    const float* block = keys + j * stride;
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(block + i * stride));
-#pragma GCC unroll 8
-    for (int v = 1; v < 8; ++v)
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(block + i * stride + 8 * v), acc[i]);
-    _mm256_storeu_ps(scores + j, lane_sums(acc));
-  }
-  for (; j < n; ++j) {
-    __m256 acc = _mm256_mul_ps(qv[0], _mm256_loadu_ps(keys + j * stride));
-    for (int v = 1; v < 8; ++v) acc = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(keys + j * stride + 8 * v), acc);
-    const __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    scores[j] = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
-  }
-}
-
-// out [64] += sum_j p[j] values[j] over n rows of 64 (stride), the sum held in 8 registers
-inline void weigh_rows64(const float* p, const float* values, int64_t stride, int64_t n, float* out) {
-  __m256 acc[8];
-  for (int v = 0; v < 8; ++v) acc[v] = _mm256_loadu_ps(out + 8 * v);
-  for (int64_t j = 0; j < n; ++j) {
-    const __m256 weight = _mm256_set1_ps(p[j]);
-#pragma GCC unroll 8
-    for (int v = 0; v < 8; ++v) acc[v] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(values + j * stride + 8 * v), acc[v]);
-  }
-  for (int v = 0; v < 8; ++v) _mm256_storeu_ps(out + 8 * v, acc[v]);
-}
-#endif
 
 // scores[j] = q . keys[j] for n key rows of D (stride)
 template <int64_t D>
@@ -413,29 +348,6 @@ void attend_direct(const AttentionInputs<KV>& in, const PrefixPieces& pieces, Em
 }
 
 #if KSPEC_LANES_ATTENTION
-// One register of float32 lanes and the few operations the attention's tiles use: 16 lanes on
-// AVX-512, 8 on AVX2 (Zen 3: PyTorch's flash calls were a fifth of a one-row step)
-struct Lanes {
-#if defined(__AVX512F__)
-  using V = __m512;
-  static constexpr int64_t kCount = 16;
-  static V zero() { return _mm512_setzero_ps(); }
-  static V set1(float x) { return _mm512_set1_ps(x); }
-  static V load(const float* p) { return _mm512_load_ps(p); }  // 64-byte aligned
-  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
-  static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-#else
-  using V = __m256;
-  static constexpr int64_t kCount = 8;
-  static V zero() { return _mm256_setzero_ps(); }
-  static V set1(float x) { return _mm256_set1_ps(x); }
-  static V load(const float* p) { return _mm256_load_ps(p); }  // 32-byte aligned
-  static V loadu(const float* p) { return _mm256_loadu_ps(p); }
-  static void storeu(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-#endif
-};
 constexpr int64_t kLanes = Lanes::kCount;  // float32 lanes of a register
 constexpr int64_t kRegisters = kLanes == 16 ? 32 : 16;  // vector registers of the build
 

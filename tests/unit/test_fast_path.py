@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+from pathlib import Path
 
 import copy
 import dataclasses
@@ -32,8 +33,9 @@ import torch
 from model_factory import quantized_model
 from kspec.engine.cache.kv import BranchKVCache, RaggedKVCache
 from kspec.engine.config import EngineConfig
-from kspec.engine.models import cpu_fast, loading, quantized
+from kspec.engine.models import cpu_fast, cpu_profile, loading, quantized
 from kspec.engine.models.cpu_fast import FastPath, describe, to_fast_path
+from kspec.engine.models.cpu_profile import CpuFacts
 from kspec.engine.models.gguf_blocks import DECODERS
 from kspec.engine.models.gguf_blocks import q8_0 as gguf_q8_0
 from kspec.engine.models.quantized import (
@@ -115,10 +117,10 @@ def test_cpu_weights_setting_chooses_the_dense_copy(monkeypatch) -> None:
     assert FastPath.for_weights("4bit").resolved_keep_dense() is False
     assert FastPath.for_weights("4bit+dense").resolved_keep_dense() is True
     for native in (True, False):
-        monkeypatch.setattr(cpu_fast, "native_bf16_cpu", lambda: native)
+        with_facts(monkeypatch, native_bf16=native)
         assert FastPath.for_weights("auto", cpu_int4="torch").resolved_keep_dense() is native
     for amx in (True, False):  # kspec's kernel keeps up with the copy for a verification's rows: AMX only
-        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        with_facts(monkeypatch, native_bf16=True, amx=amx)
         assert FastPath.for_weights("auto", cpu_int4="kspec").resolved_keep_dense() is amx
         assert FastPath.for_weights("4bit+dense", cpu_int4="kspec").resolved_keep_dense() is True  # a setting wins
     with pytest.raises(ValueError, match="cpu_weights"):
@@ -277,21 +279,22 @@ def test_packed_bfloat16_weights_multiply_as_plain_bfloat16_ones() -> None:
 @pytest.mark.parametrize("kernel", ["torch", "kspec"])
 def test_4bit_rows_default_to_the_crossover_of_the_kernel_and_dense_dtype(kernel: str, monkeypatch) -> None:
     for native, dtype in ((True, torch.bfloat16), (False, torch.float32)):
-        monkeypatch.setattr(cpu_fast, "native_bf16_cpu", lambda: native)
-        assert FastPath(int4_kernel=kernel).resolved_int4_max_rows() == cpu_fast.INT4_MAX_ROWS[(kernel, dtype)]
+        with_facts(monkeypatch, native_bf16=native)
+        assert FastPath(int4_kernel=kernel).resolved_int4_max_rows() == cpu_profile.INT4_MAX_ROWS[(kernel, dtype)]
     assert FastPath(int4_max_rows=8, int4_kernel=kernel).resolved_int4_max_rows() == 8  # a setting wins
-    assert FastPath(dense_dtype=torch.float32, int4_kernel=kernel).resolved_int4_max_rows() == cpu_fast.INT4_MAX_ROWS[(kernel, torch.float32)]
+    assert FastPath(dense_dtype=torch.float32, int4_kernel=kernel).resolved_int4_max_rows() == cpu_profile.INT4_MAX_ROWS[(kernel, torch.float32)]
     # PyTorch's int4 kernel loses to the bfloat16 copy sooner than to float32; kspec's VNNI one later than PyTorch's
-    assert cpu_fast.INT4_MAX_ROWS[("torch", torch.bfloat16)] < cpu_fast.INT4_MAX_ROWS[("torch", torch.float32)]
-    assert cpu_fast.INT4_MAX_ROWS[("kspec", torch.bfloat16)] > cpu_fast.INT4_MAX_ROWS[("torch", torch.bfloat16)]
+    assert cpu_profile.INT4_MAX_ROWS[("torch", torch.bfloat16)] < cpu_profile.INT4_MAX_ROWS[("torch", torch.float32)]
+    assert cpu_profile.INT4_MAX_ROWS[("kspec", torch.bfloat16)] > cpu_profile.INT4_MAX_ROWS[("torch", torch.bfloat16)]
 
 
 def test_cpu_vendor_family_reads_this_machine() -> None:
-    vendor, family = cpu_fast.cpu_vendor_family()
+    facts = CpuFacts.here()
     if os.path.exists("/proc/cpuinfo") and platform.machine() == "x86_64":
-        assert vendor in ("AuthenticAMD", "GenuineIntel") and family > 0
+        assert facts.vendor in ("AuthenticAMD", "GenuineIntel") and facts.family > 0
     else:
-        assert (vendor, family) == ("", 0) or family >= 0
+        assert (facts.vendor, facts.family) == ("", 0) or facts.family >= 0
+    assert facts.amx <= facts.native_bf16  # AMX computes bfloat16
 
 
 def test_the_int4_kernel_follows_the_setting_then_the_cpu(monkeypatch) -> None:
@@ -299,22 +302,51 @@ def test_the_int4_kernel_follows_the_setting_then_the_cpu(monkeypatch) -> None:
     assert FastPath.for_weights("auto", "auto", "torch").resolved_int4_kernel() == "torch"
     with pytest.raises(ValueError, match="cpu_int4"):
         FastPath.for_weights("auto", "auto", "vnni")
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     measured = [  # the build's instructions, the CPU: kspec's kernel only where measured faster (Zen 4, Zen 5)
         ("avx512-vnni", ("AuthenticAMD", 0x1A), "kspec"), ("avx512-vnni", ("AuthenticAMD", 0x19), "kspec"),
         ("avx512-vnni", ("AuthenticAMD", 0x17), "torch"),
         ("avx512-vnni", ("GenuineIntel", 6), "torch"), ("avx2", ("AuthenticAMD", 0x1A), "torch"), (None, ("AuthenticAMD", 0x1A), "torch"),
     ]
-    for isa, cpu, kernel in measured:
-        monkeypatch.setattr(cpu_fast.cpu_layers, "matmul_isa", lambda _cache, isa=isa: isa)
-        monkeypatch.setattr(cpu_fast, "cpu_vendor_family", lambda cpu=cpu: cpu)
-        assert FastPath().resolved_int4_kernel() == kernel, (isa, cpu)
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    for isa, (vendor, family), kernel in measured:
+        with_facts(monkeypatch, capability="AVX512", matmul_isa=isa, vendor=vendor, family=family)
+        assert FastPath().resolved_int4_kernel() == kernel, (isa, vendor, family)
+    with_facts(monkeypatch, capability="AVX2", matmul_isa="avx2")
     assert FastPath().resolved_int4_kernel() == "kspec"
+    with_facts(monkeypatch, capability="DEFAULT")
+    assert FastPath().resolved_int4_kernel() == "torch" and not cpu_fast.fast_path_available()
+
+
+def with_facts(monkeypatch, **fields) -> CpuFacts:
+    """Make CpuFacts.here() answer these facts (the rest: an AVX-512 CPU without BF16, AMX or a VNNI build)."""
+    base = dict(capability="AVX512", matmul_isa=None, vendor="GenuineIntel", family=6, native_bf16=False, amx=False)
+    facts = CpuFacts(**{**base, **fields})
+    monkeypatch.setattr(CpuFacts, "here", classmethod(lambda cls: facts))
+    return facts
+
+
+@pytest.mark.parametrize("matches, profile", cpu_profile.PROFILES, ids=[p.name for _, p in cpu_profile.PROFILES])
+def test_every_cpu_profile_row_is_reachable_and_agrees_with_the_dense_rule(matches, profile) -> None:
+    """Each row is the first match for some CPU, names its measurement, and keeps a dense copy
+    exactly where the rule for a hand-chosen kernel would (so a setting and a default never disagree)."""
+    candidates = [
+        CpuFacts(capability, isa, vendor, family, bf16, amx)
+        for capability in ("AVX512", "AVX2", "DEFAULT") for isa in (None, "avx2", "avx512-vnni")
+        for vendor, family in (("AuthenticAMD", 0x19), ("AuthenticAMD", 0x1A), ("AuthenticAMD", 0x17), ("GenuineIntel", 6))
+        for bf16, amx in ((False, False), (True, False), (True, True))
+        if (not bf16 or capability == "AVX512") and (not amx or vendor == "GenuineIntel")  # AMX: Intel's, with AVX-512
+    ]  # fmt: skip
+    firsts = [facts for facts in candidates if cpu_profile.profile_for(facts) is profile]
+    assert firsts, f"no CPU reaches {profile.name!r}: an earlier row shadows it"
+    assert profile.why and profile.measured_in.startswith("docs/measurements/")
+    for facts in firsts:
+        assert matches(facts)
+        assert profile.dense_copy == cpu_profile.dense_pays(profile.int4_kernel, facts), (profile.name, facts)
+    for path in profile.measured_in.split(", "):
+        assert (Path(__file__).parents[2] / path).is_file(), path
 
 
 needs_q8_head = pytest.mark.skipif(
-    cpu_layers.load_q8_matmul(cache_root()) is None or cpu_layers.matmul_isa(cache_root()) not in cpu_fast.Q8Q8_ISAS,
+    cpu_layers.load_q8_matmul(cache_root()) is None or cpu_layers.matmul_isa(cache_root()) not in cpu_profile.Q8Q8_ISAS,
     reason="kspec's 8-bit kernel is not built vectorized here",
 )
 

@@ -1,0 +1,311 @@
+// AVX2 loops of the 4- and 8-bit forms (maddubs: 32 unsigned x signed byte products a register);
+// an AVX-512 VNNI build uses avx512_vnni.h instead.
+#pragma once
+
+#include "layout.h"
+
+#if KSPEC_Q4Q8_AVX2 && !KSPEC_Q4Q8_VNNI
+namespace {
+
+// One 4-bit block's share of 8 outputs for one row: the block's int16 pair sums (maddubs) to
+// int32 dots, then acc + s d dot + m sum_x
+inline __m256 add_block_avx2(__m256 acc, __m256i pairs, __m256 scales, __m256 mins, float d, float sum_x) {
+  const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  return _mm256_fmadd_ps(_mm256_mul_ps(scales, _mm256_set1_ps(d)), dot, _mm256_fmadd_ps(mins, _mm256_set1_ps(sum_x), acc));
+}
+
+// AVX2, 4-bit codes: half a tile (8 outputs, the low or high 32 bytes of each of the block's
+// four 64-byte registers) x R rows. maddubs of the unsigned codes and 4 broadcast signed
+// activations gives two int16 pair sums per lane (2 * 15 * 127); the block's 8 of them add in
+// int16 without saturating (8 * 3810 < 2^15), then one madd with ones makes each output's int32 dot.
+template <int R>
+void dot_half_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
+                   int half, float* y, int64_t ldy) {
+  const int64_t blocks = k / kBlock;
+  const float* xd = q.scale.get() + r0 * blocks;  // [R, blocks]
+  const float* xs = q.sum.get() + r0 * blocks;    // [R, blocks]
+  const int8_t* a0 = q.a.get() + r0 * k;
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  __m256 acc[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block_codes = codes + (t * blocks + b) * kTileBytes<4>;    // [4, 16, 4]
+    const c10::Half* block_params = params + (t * blocks + b) * kParamsPerBlock;  // [2, 16]
+    if (half == 0) prefetch_block<4>(block_codes, block_params, kPrefetchBlocksAvx2);  // half 1 finds them cached
+    const uint8_t* tc = block_codes + 32 * half;    // 4 x 32 bytes, 64 apart
+    const c10::Half* tp = block_params + 8 * half;  // s at 0, m at 16
+    __m256i packed[4];
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) packed[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tc + 64 * p));
+    const __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp)));
+    const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + kTile)));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int8_t* a = a0 + r * k + b * kBlock;
+      __m256i pairs = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const __m256i lo = _mm256_and_si256(packed[p], low_mask);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed[p], 4), low_mask);
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(four_bytes(a + 4 * p))));
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(four_bytes(a + 16 + 4 * p))));
+        keep_in_register(pairs);
+      }
+      acc[r] = add_block_avx2(acc[r], pairs, scales, mins, xd[r * blocks + b], xs[r * blocks + b]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * ldy + t * kTile + 8 * half, acc[r]);
+}
+
+// AVX2, 4-bit codes, a whole tile (16 outputs: both halves of each 64-byte register) x R rows,
+// for one or two rows: each code line read once, each broadcast of activations used for both
+// halves (Zen 3, the 120 projections against half tiles: 1.33x at one row, 1.37x at two; in pairs
+// of rows 1.16x at four but 0.99x at eight and 0.84x at forty, where the half tiles' unpacked codes
+// serve 4 rows from registers)
+template <int R>
+void dot_full_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
+                   float* y, int64_t ldy) {
+  const int64_t blocks = k / kBlock;
+  const float* xd = q.scale.get() + r0 * blocks;  // [R, blocks]
+  const float* xs = q.sum.get() + r0 * blocks;    // [R, blocks]
+  const int8_t* a0 = q.a.get() + r0 * k;
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  __m256 acc[R][2];
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* tc = codes + (t * blocks + b) * kTileBytes<4>;    // [4, 16, 4]
+    const c10::Half* tp = params + (t * blocks + b) * kParamsPerBlock;  // [2, 16]
+    prefetch_block<4>(tc, tp, kPrefetchBlocksAvx2);
+    __m256 scales[2], mins[2];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      scales[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + 8 * h)));
+      mins[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + kTile + 8 * h)));
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) {
+      const int8_t* a = a0 + r * k + b * kBlock;
+      __m256i pairs[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const __m256i low_x = _mm256_set1_epi32(four_bytes(a + 4 * p)), high_x = _mm256_set1_epi32(four_bytes(a + 16 + 4 * p));
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tc + 64 * p + 32 * h));
+          const __m256i lo = _mm256_and_si256(packed, low_mask);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);
+          pairs[h] = _mm256_add_epi16(pairs[h], _mm256_maddubs_epi16(lo, low_x));
+          pairs[h] = _mm256_add_epi16(pairs[h], _mm256_maddubs_epi16(hi, high_x));
+        }
+        keep_in_registers(pairs[0], pairs[1]);
+      }
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) acc[r][h] = add_block_avx2(acc[r][h], pairs[h], scales[h], mins[h], xd[r * blocks + b], xs[r * blocks + b]);
+    }
+  }
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(y + (r0 + r) * ldy + t * kTile + 8 * h, acc[r][h]);
+}
+
+// AVX2, 4-bit codes, many rows: a tile's codes for a run of blocks unpacked once into 8-bit
+// codes (and its float16 s and m into float32) in a scratch that stays in L1, then every row
+// reads them from there. The unpacking (3 instructions per 32 codes) and the registers that held
+// unpacked codes across rows were what bounded the half tiles at 4 and more rows; from the
+// scratch a code register is a plain load, so R rows x both halves of the tile take their
+// maddubs back to back: per block and row 16 maddubs and 16 adds for 16 outputs, then the float
+// fold of each half (madd, cvt, mul, 2 fma).
+constexpr int64_t kUnpackedChunk = 8;  // blocks unpacked at a time: 8 x 640 bytes of scratch
+constexpr int64_t kUnpackedRows = 6;   // rows at a time: 12 int16 sums, 2 codes and a broadcast in 16 registers
+constexpr int64_t kUnpackedFromRows = 5;  // fewer rows keep the half tiles (Zen 3: equal at 3 and 4 rows, 1.03x slower at 5)
+
+struct UnpackedBlock {  // one block of a tile, 8-bit codes [8, 16, 4] (weights 4j .. 4j + 3 in register j) and its params
+  alignas(64) uint8_t codes[8][kTile * 4];
+  alignas(64) float scales[kTile];
+  alignas(64) float mins[kTile];
+};
+
+// Blocks b0 .. b0 + n - 1 of tile t into scratch: register p's low nibbles become register p,
+// its high nibbles register p + 4 (weights 16 + 4p .. 16 + 4p + 3, which meet activations 4 (p + 4))
+inline void unpack_tile_avx2(const uint8_t* codes, const c10::Half* params, int64_t blocks, int64_t t, int64_t b0,
+                             int64_t n, UnpackedBlock* scratch) {
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* tc = codes + (t * blocks + b0 + i) * kTileBytes<4>;      // [4, 16, 4]
+    const c10::Half* tp = params + (t * blocks + b0 + i) * kParamsPerBlock;  // [2, 16]
+    prefetch_block<4>(tc, tp, kPrefetchBlocksAvx2);
+    UnpackedBlock& u = scratch[i];
+#pragma GCC unroll 8
+    for (int h = 0; h < 8; ++h) {  // 32-byte pieces: register h / 2, half h % 2
+      const int p = h / 2, half = h % 2;
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tc + 64 * p + 32 * half));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[p] + 32 * half), _mm256_and_si256(packed, low_mask));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[p + 4] + 32 * half),
+                         _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask));
+    }
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; ++half) {
+      _mm256_store_ps(u.scales + 8 * half, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + 8 * half))));
+      _mm256_store_ps(u.mins + 8 * half, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + kTile + 8 * half))));
+    }
+  }
+}
+
+// R rows from r0 of tile t over the n unpacked blocks from b0, added to y's 16 outputs of each
+// row (zeroed before the first chunk). Only the R x 2 int16 sums live in registers through a
+// block, so that two loaded code registers serve all R rows; the float fold goes to y (in L1).
+template <int R>
+void dot_unpacked_avx2(const Quantized& q, int64_t r0, const UnpackedBlock* scratch, int64_t b0, int64_t n, int64_t k,
+                       int64_t t, float* y, int64_t ldy) {
+  const int64_t blocks = k / kBlock;
+  const float* xd = q.scale.get() + r0 * blocks;  // [R, blocks]
+  const float* xs = q.sum.get() + r0 * blocks;    // [R, blocks]
+  const int8_t* a0 = q.a.get() + r0 * k;
+  float* y0 = y + r0 * ldy + t * kTile;
+  for (int64_t i = 0; i < n; ++i) {
+    const UnpackedBlock& u = scratch[i];
+    const int64_t b = b0 + i;
+    __m256i pairs[R][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j]));
+      const __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j] + 32));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        __m256i x = _mm256_set1_epi32(four_bytes(a0 + r * k + b * kBlock + 4 * j));
+        keep_in_register(x);
+        pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_maddubs_epi16(c0, x));
+        pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_maddubs_epi16(c1, x));
+        keep_in_registers(pairs[r][0], pairs[r][1]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        float* out = y0 + r * ldy + 8 * h;
+        _mm256_storeu_ps(out, add_block_avx2(_mm256_loadu_ps(out), pairs[r][h], _mm256_load_ps(u.scales + 8 * h),
+                                             _mm256_load_ps(u.mins + 8 * h), xd[r * blocks + b], xs[r * blocks + b]));
+      }
+  }
+}
+
+// A group of 3 .. kUnpackedRows rows from r0 (kUnpackedFromRows or more rows split evenly into
+// groups of at most 6 leave at least 3 in each)
+inline void dot_unpacked_rows_avx2(int64_t rows, const Quantized& q, int64_t r0, const UnpackedBlock* scratch, int64_t b0,
+                                   int64_t n, int64_t k, int64_t t, float* y, int64_t ldy) {
+  switch (rows) {
+    case 6: dot_unpacked_avx2<6>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+    case 5: dot_unpacked_avx2<5>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+    case 4: dot_unpacked_avx2<4>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+    default: dot_unpacked_avx2<3>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+  }
+}
+
+// Tile t, every row: its codes kUnpackedChunk blocks at a time into the scratch, then the rows
+// in as few groups of at most kUnpackedRows as cover them, their sizes differing by at most one
+// (8 rows as 4 + 4, not 6 + 2: a group of few rows loads the codes for few maddubs)
+void dot_tile_unpacked_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
+                            int64_t t, float* y, int64_t ldy) {
+  const int64_t blocks = k / kBlock;
+  const int64_t groups = (rows + kUnpackedRows - 1) / kUnpackedRows, base = rows / groups, larger = rows % groups;
+  UnpackedBlock scratch[kUnpackedChunk];
+  for (int64_t r = 0; r < rows; ++r) std::memset(y + r * ldy + t * kTile, 0, kTile * sizeof(float));
+  for (int64_t b0 = 0; b0 < blocks; b0 += kUnpackedChunk) {
+    const int64_t n = std::min(kUnpackedChunk, blocks - b0);
+    unpack_tile_avx2(codes, params, blocks, t, b0, n, scratch);
+    for (int64_t g = 0, r = 0; g < groups; ++g) {
+      const int64_t group_rows = base + (g < larger ? 1 : 0);
+      dot_unpacked_rows_avx2(group_rows, q, r, scratch, b0, n, k, t, y, ldy);
+      r += group_rows;
+    }
+  }
+}
+
+// AVX2, 8-bit codes: half a tile (8 outputs, the low or high 32 bytes of each of the block's
+// eight 64-byte registers) x R rows. maddubs would saturate on the codes u = q + 128 (255 x 127
+// pairs), so the codes flip back to the file's signed q (u xor 0x80) and maddubs takes |q|
+// against the activations with q's sign (llama.cpp's AVX2 Q8_0 dot): each int16 pair sum is at
+// most 2 * 127 * 127 < 2^15, and a madd with ones makes each output's int32 dot of four weights.
+// So y = sum_b s d (q . a), the 8-bit form's sum without its m term (s (u . a) + m (a sum) with
+// m = -128 s is the same integer sum, q . a). Zen 3, the default model's head against its two
+// 4-bit terms (docs/measurements/zen3-avx2.md).
+template <int R>
+void dot_half_q8_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
+                      int half, float* y, int64_t ldy) {
+  const int64_t blocks = k / kBlock;
+  const float* xd = q.scale.get() + r0 * blocks;  // [R, blocks]
+  const int8_t* a0 = q.a.get() + r0 * k;
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block_codes = codes + (t * blocks + b) * kTileBytes<8>;    // [8, 16, 4]
+    const c10::Half* block_params = params + (t * blocks + b) * kParamsPerBlock;  // [2, 16]
+    if (half == 0) prefetch_block<8>(block_codes, block_params, kPrefetchBlocksAvx2);  // half 1 finds them cached
+    __m256i signed_codes[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j)
+      signed_codes[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block_codes + 64 * j + 32 * half)), flip);
+    const __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block_params + 8 * half)));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int8_t* a = a0 + r * k + b * kBlock;
+      __m256i dot = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m256i magnitudes = _mm256_sign_epi8(signed_codes[j], signed_codes[j]);  // |q| <= 127
+        const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(four_bytes(a + 4 * j)), signed_codes[j]);
+        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, signed_x), ones));
+        keep_in_register(dot);
+      }
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(scales, _mm256_set1_ps(xd[r * blocks + b])), _mm256_cvtepi32_ps(dot), acc[r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * ldy + t * kTile + 8 * half, acc[r]);
+}
+
+// Half a tile of either form, R rows
+template <int Bits, int R>
+void dot_half_form_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
+                        int half, float* y, int64_t ldy) {
+  if constexpr (Bits == 4) dot_half_avx2<R>(q, r0, codes, params, k, t, half, y, ldy);
+  else dot_half_q8_avx2<R>(q, r0, codes, params, k, t, half, y, ldy);
+}
+
+// Tile t, every row: for 4-bit codes a whole tile at one or two rows, the unpacked scratch from
+// kUnpackedFromRows rows, else 4 rows at a time per half tile, then the rest
+template <int Bits>
+void dot_tile_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
+                   float* y, int64_t ldy) {
+  if (Bits == 4 && rows >= kUnpackedFromRows) {
+    dot_tile_unpacked_avx2(q, rows, codes, params, k, t, y, ldy);
+    return;
+  }
+  if (Bits == 4 && rows <= 2) {
+    if (rows == 2) dot_full_avx2<2>(q, 0, codes, params, k, t, y, ldy);
+    else dot_full_avx2<1>(q, 0, codes, params, k, t, y, ldy);
+    return;
+  }
+  for (int half = 0; half < 2; ++half) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) dot_half_form_avx2<Bits, 4>(q, r, codes, params, k, t, half, y, ldy);
+    switch (rows - r) {
+      case 3: dot_half_form_avx2<Bits, 3>(q, r, codes, params, k, t, half, y, ldy); break;
+      case 2: dot_half_form_avx2<Bits, 2>(q, r, codes, params, k, t, half, y, ldy); break;
+      case 1: dot_half_form_avx2<Bits, 1>(q, r, codes, params, k, t, half, y, ldy); break;
+      default: break;
+    }
+  }
+}
+
+}  // namespace
+#endif

@@ -1,0 +1,115 @@
+// AVX-512 VNNI loops of the 4-, 5- and 8-bit forms (vpdpbusd: 64 unsigned x signed byte products a
+// register).
+#pragma once
+
+#include "layout.h"
+
+#if KSPEC_Q4Q8_VNNI
+namespace {
+
+// AVX-512 VNNI: T tiles (16 T outputs) x R rows. A block's codes unpack into 8 registers per
+// tile (weights 4j .. 4j + 3 of each output in its lane), used by every row; a row's 8 broadcast
+// groups of four activations serve every tile. Per row, tile and block: 8 vpdpbusd into a fresh
+// int32 sum (exact: 32 * 255 * 127 < 2^31), then y += s d float(sum) + m sum_x. With few sums
+// (T R <= 2) each block's integer sum is split in two chains so that the loop is not bound by one
+// chain of 8 dependent vpdpbusd.
+template <int Bits, int T, int R>
+void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k,
+                    int64_t t0, float* y, int64_t ldy) {
+  static_assert(T >= 1 && T <= 4 && R >= 1 && R <= 8 && (Bits == 4 || Bits == 5 || Bits == 8));
+  constexpr int kChains = T * R <= 2 ? 2 : 1;
+  const int64_t blocks = k / kBlock;
+  const float* xd = q.scale.get() + r0 * blocks;                // [R, blocks]
+  const float* xs = minimum_sums<Bits>(q).get() + r0 * blocks;  // [R, blocks]
+  const int8_t* a0 = q.a.get() + r0 * k;
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  const __m512i sixteen = _mm512_set1_epi8(16);
+  __m512 acc[T][R];
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512i w[T][8];
+    __m512 scales[T], mins[T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* tc = codes + ((t0 + t) * blocks + b) * kTileBytes<Bits>;  // [4, 16, 4] or [8, 16, 4]
+      const c10::Half* tp = params + ((t0 + t) * blocks + b) * kParamsPerBlock;  // [2, 16]
+      prefetch_block<Bits>(tc, tp, kPrefetchBlocks);
+      if constexpr (Bits == 4 || Bits == 5) {
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; ++p) {
+          const __m512i packed = _mm512_loadu_si512(tc + 64 * p);
+          w[t][p] = _mm512_and_si512(packed, low_mask);                           // weights 4p ..
+          w[t][p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);  // weights 16 + 4p ..
+        }
+        if constexpr (Bits == 5) {
+#pragma GCC unroll 8
+          for (int j = 0; j < 8; ++j) w[t][j] = _mm512_mask_add_epi8(w[t][j], _cvtu64_mask64(fifth_bits(tc, j)), w[t][j], sixteen);
+        }
+      } else {
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) w[t][j] = _mm512_loadu_si512(tc + 64 * j);
+      }
+      scales[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp)));
+      mins[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + kTile)));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const int8_t* a = a0 + r * k + b * kBlock;
+      __m512i dots[kChains][T];
+#pragma GCC unroll 2
+      for (int c = 0; c < kChains; ++c)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) dots[c][t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m512i four = _mm512_set1_epi32(four_bytes(a + 4 * j));
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) dots[j % kChains][t] = _mm512_dpbusd_epi32(dots[j % kChains][t], w[t][j], four);
+      }
+      const __m512 d = _mm512_set1_ps(xd[r * blocks + b]);
+      const __m512 sum_x = _mm512_set1_ps(xs[r * blocks + b]);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        const __m512i dot = kChains == 2 ? _mm512_add_epi32(dots[0][t], dots[kChains - 1][t]) : dots[0][t];
+        const __m512 with_mins = _mm512_fmadd_ps(mins[t], sum_x, acc[t][r]);
+        acc[t][r] = _mm512_fmadd_ps(_mm512_mul_ps(scales[t], d), _mm512_cvtepi32_ps(dot), with_mins);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (r0 + r) * ldy + (t0 + t) * kTile, acc[t][r]);
+}
+
+// Every row of tiles t0 .. t0 + T - 1, R_MAX rows at a time
+template <int Bits, int T, int RMax>
+void dot_rows_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
+                   int64_t t0, float* y, int64_t ldy) {
+  int64_t r = 0;
+  for (; r + RMax <= rows; r += RMax) dot_tiles_vnni<Bits, T, RMax>(q, r, codes, params, k, t0, y, ldy);
+  switch (rows - r) {
+    case 7: if constexpr (RMax > 7) dot_tiles_vnni<Bits, T, 7>(q, r, codes, params, k, t0, y, ldy); break;
+    case 6: if constexpr (RMax > 6) dot_tiles_vnni<Bits, T, 6>(q, r, codes, params, k, t0, y, ldy); break;
+    case 5: if constexpr (RMax > 5) dot_tiles_vnni<Bits, T, 5>(q, r, codes, params, k, t0, y, ldy); break;
+    case 4: if constexpr (RMax > 4) dot_tiles_vnni<Bits, T, 4>(q, r, codes, params, k, t0, y, ldy); break;
+    case 3: if constexpr (RMax > 3) dot_tiles_vnni<Bits, T, 3>(q, r, codes, params, k, t0, y, ldy); break;
+    case 2: if constexpr (RMax > 2) dot_tiles_vnni<Bits, T, 2>(q, r, codes, params, k, t0, y, ldy); break;
+    case 1: if constexpr (RMax > 1) dot_tiles_vnni<Bits, T, 1>(q, r, codes, params, k, t0, y, ldy); break;
+    default: break;
+  }
+}
+
+// Tiles t0 .. t1 - 1, one at a time over 8 rows (its unpacked codes and 8 sums in registers;
+// measured: two tiles at a time at one or two rows 1.1-1.3x slower)
+template <int Bits>
+void dot_range_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
+                    int64_t t0, int64_t t1, float* y, int64_t ldy) {
+  for (int64_t t = t0; t < t1; ++t) dot_rows_vnni<Bits, 1, 8>(q, rows, codes, params, k, t, y, ldy);
+}
+
+}  // namespace
+#endif

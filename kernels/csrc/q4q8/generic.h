@@ -1,0 +1,47 @@
+// The generic loop of every form: plain C++, one sum at a time; what a build without a vector
+// loop for a form runs (correct, slow).
+#pragma once
+
+#include "layout.h"
+
+namespace {
+
+// Tile t, every row, one sum at a time: either form where no vector loop is built
+template <int Bits>
+void dot_tile_scalar(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
+                     int64_t t, float* y, int64_t ldy) {
+  const int64_t blocks = k / kBlock;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t n = 0; n < kTile; ++n) {
+      float total = 0.f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* tc = codes + (t * blocks + b) * kTileBytes<Bits>;
+        const c10::Half* tp = params + (t * blocks + b) * kParamsPerBlock;
+        const int8_t* a = q.a.get() + r * k + b * kBlock;
+        int32_t dot = 0;
+        if constexpr (Bits == 5) {
+          for (int64_t j = 0; j < 4; ++j)
+            for (int64_t i = 0; i < 4; ++i) {
+              const uint8_t code = tc[(j * kTile + n) * 4 + i];
+              const int32_t low = (code & 0x0F) + 16 * static_cast<int32_t>((fifth_bits(tc, j) >> (4 * n + i)) & 1);
+              const int32_t high = (code >> 4) + 16 * static_cast<int32_t>((fifth_bits(tc, j + 4) >> (4 * n + i)) & 1);
+              dot += low * a[4 * j + i] + high * a[16 + 4 * j + i];
+            }
+        } else {
+          for (int64_t j = 0; j < kTileRegisters<Bits>; ++j)
+            for (int64_t i = 0; i < 4; ++i) {
+              const uint8_t code = tc[(j * kTile + n) * 4 + i];
+              if constexpr (Bits == 4)
+                dot += (code & 0x0F) * a[4 * j + i] + (code >> 4) * a[16 + 4 * j + i];
+              else
+                dot += code * a[4 * j + i];
+            }
+        }
+        const float s = static_cast<float>(tp[n]), m = static_cast<float>(tp[kTile + n]);
+        total += s * q.scale[r * blocks + b] * static_cast<float>(dot) + m * minimum_sums<Bits>(q)[r * blocks + b];
+      }
+      y[r * ldy + t * kTile + n] = total;
+    }
+}
+
+}  // namespace

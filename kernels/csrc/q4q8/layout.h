@@ -1,0 +1,132 @@
+// The 4-, 5- and 8-bit forms' layout (q4_q8_matmul.cpp says what they hold) and the activations'
+// quantization to 8 bits per block of 32, shared by every ISA's loops.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "../simd.h"
+
+namespace {
+
+using at::Tensor;
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kTile = 16;                 // outputs stored interleaved, one per 32-bit lane
+constexpr int64_t kParamsPerBlock = 2 * kTile;  // float16 s of the tile's outputs, then m
+constexpr int64_t kPrefetchBlocks = 4;        // blocks of a tile read ahead by the AVX-512 VNNI loop
+// ... and by the AVX2 loops (Zen 3, the 120 projections in one process against the old prefetch,
+// which read 4 blocks ahead and only 2 of a block's 4 code lines: 1.2x at 1 to 8 rows with 8
+// blocks, 1.1x with 4 or 16)
+constexpr int64_t kPrefetchBlocksAvx2 = 8;
+
+// Bytes of one tile's codes per block: 16 outputs x 32 weights, 4-bit codes two a byte; 5-bit ones
+// as the 4-bit codes and a 64-byte register of their fifth bits
+template <int Bits>
+constexpr int64_t kTileBytes = kTile * Bits * kBlock / 8;  // 256, 320 or 512
+
+// 64-byte registers of one tile's codes per block, each holding 4 bytes of every one of its 16 outputs
+template <int Bits>
+constexpr int64_t kTileRegisters = kTileBytes<Bits> / 64;  // 4, 5 or 8
+
+// The fifth-bit mask of register j (weights 4j .. 4j + 3 of each output) of a 5-bit tile's block
+inline uint64_t fifth_bits(const uint8_t* block_codes, int64_t j) {
+  uint64_t mask;
+  std::memcpy(&mask, block_codes + 4 * 64 + 8 * j, sizeof mask);
+  return mask;
+}
+
+#if KSPEC_Q4Q8_AVX2
+// Ask for the code lines and the params of the block `ahead` blocks after this one of a tile
+template <int Bits>
+inline void prefetch_block(const uint8_t* block_codes, const c10::Half* block_params, int64_t ahead) {
+#pragma GCC unroll 8
+  for (int line = 0; line < kTileRegisters<Bits>; ++line)
+    _mm_prefetch(reinterpret_cast<const char*>(block_codes + ahead * kTileBytes<Bits> + 64 * line), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(block_params + ahead * kParamsPerBlock), _MM_HINT_T0);
+}
+#endif
+
+// An array of n values left uninitialized (every element is written before it is read)
+template <typename T>
+std::unique_ptr<T[]> uninitialized(int64_t n) {
+  return std::unique_ptr<T[]>(new T[n]);
+}
+
+struct Quantized {  // x [M, K] as 8-bit blocks
+  std::unique_ptr<int8_t[]> a;       // [M, K]
+  std::unique_ptr<float[]> scale;    // [M, K/32] d
+  std::unique_ptr<float[]> sum;      // [M, K/32] float32 sum of the block's x (the 4-bit form's minimums)
+  std::unique_ptr<float[]> code_sum; // [M, K/32] d * sum of the block's a (the 8-bit form's -128 d)
+};
+
+// One block of 32 activations: a = round(x / d) (to nearest even, as std::nearbyint), d = max|x| / 127
+inline void quantize_block(const float* xb, int8_t* ab, float& d, float& total, float& code_sum) {
+#if KSPEC_Q4Q8_VNNI
+  const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+  total = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
+  d = amax / 127.f;
+  const __m512 inv = _mm512_set1_ps(d > 0.f ? 1.f / d : 0.f);
+  const __m512i a0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x0, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512i a1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x1, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(ab), _mm512_cvtepi32_epi8(a0));  // |a| <= 127: no saturation
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(ab + 16), _mm512_cvtepi32_epi8(a1));
+  code_sum = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(a0, a1)));
+#else
+  float amax = 0.f;
+  total = 0.f;
+#pragma omp simd reduction(max : amax) reduction(+ : total)
+  for (int64_t j = 0; j < kBlock; ++j) {
+    amax = std::max(amax, std::fabs(xb[j]));
+    total += xb[j];
+  }
+  d = amax / 127.f;
+  const float inv = d > 0.f ? 1.f / d : 0.f;
+  int32_t codes = 0;
+#pragma omp simd reduction(+ : codes)
+  for (int64_t j = 0; j < kBlock; ++j) {
+    ab[j] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
+    codes += ab[j];
+  }
+  code_sum = d * static_cast<float>(codes);
+#endif
+}
+
+constexpr int64_t kQuantizeGrain = 256;  // blocks per thread's share: below, one thread quantizes
+
+Quantized quantize_rows(const float* x, int64_t rows, int64_t k) {
+  const int64_t blocks = rows * (k / kBlock);
+  Quantized q{uninitialized<int8_t>(rows * k), uninitialized<float>(blocks), uninitialized<float>(blocks),
+              uninitialized<float>(blocks)};
+  at::parallel_for(0, blocks, kQuantizeGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      quantize_block(x + i * kBlock, q.a.get() + i * kBlock, q.scale[i], q.sum[i], q.code_sum[i]);
+  });
+  return q;
+}
+
+// The per-block sums of x each form's m multiplies: sum(x) for 4 bits, d sum(a) for 5 and 8
+template <int Bits>
+const std::unique_ptr<float[]>& minimum_sums(const Quantized& q) {
+  return Bits == 4 ? q.sum : q.code_sum;
+}
+
+// Four activations a[4j .. 4j + 3] as one 32-bit value (unaligned load)
+inline int32_t four_bytes(const int8_t* a) {
+  int32_t v;
+  std::memcpy(&v, a, sizeof v);
+  return v;
+}
+
+}  // namespace
