@@ -25,6 +25,7 @@ from pygls.exceptions import JsonRpcException
 from pygls.protocol import default_converter
 
 from kspec.engine.serve.json_input import JsonInputError, parse_json
+from kspec.lsp_server.pygls_adapter import send_raw
 
 log = logging.getLogger("kspec.jsonrpc")
 
@@ -281,7 +282,7 @@ class Dispatcher:
     def error(self, msg_id: Any, code: int, message: str) -> None:
         # A plain dict: pygls' typed response drops `"id": null`, which JSON-RPC requires
         # when the id could not be read (and without which clients take it for a notification).
-        self.protocol._send_data({"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
+        send_raw(self.protocol, {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
 
     def dispatch(self, frame: Frame) -> None:
         if isinstance(frame, BadHeader):

@@ -8,7 +8,7 @@ import gc
 from typing import Any
 
 from kspec.engine.errors import EngineUnavailable
-from kspec.lsp_server.server import _retrieved
+from kspec.lsp_server.completion_flow import _retrieved
 
 
 def _unretrieved_reports(mark_retrieved: bool) -> list[dict[str, Any]]:

@@ -1,0 +1,426 @@
+"""One completion request's way through the language server, after its position became a `Query`:
+
+  typeahead hit? answer now
+  -> the user typed what a branch of the document's request still decoding has written the start
+     of? wait for its next rounds: typeahead hit? answer
+  -> supersede the document's older request -> debounce (automatic triggers)
+  -> engine, raced against being superseded and against the deadline (`race`)
+  -> early answer? the engine decodes on into the typeahead cache, the client is told
+  -> cancelled by the client? the engine work goes on, unattended, for the requests that continue it.
+
+For a client that declared `$/kspec/suggestionsUpdated` (client_kind.py), every interim answer
+(from the first-answer moment on, each round that grew the branches) goes into the typeahead
+cache; any other client waits for whole answers. Nothing here holds a lock; every wait has a
+deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from kspec.engine.api import CompletionRequest, CompletionResult
+from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError
+from kspec.lsp_server.client_kind import whole_texts
+from kspec.lsp_server.context import EditorContext
+from kspec.lsp_server.documents import Cursor, Document
+from kspec.lsp_server.edits import CLOSERS
+from kspec.lsp_server.engine_client import EngineClient
+from kspec.lsp_server.settings import Settings
+from kspec.lsp_server.status_report import BUSY, IDLE, TIMED_OUT, StatusReport
+from kspec.lsp_server.typeahead import Entry, TypeaheadCache, typed_since
+
+log = logging.getLogger("kspec.lsp")
+
+UPDATED_METHOD = "$/kspec/suggestionsUpdated"  # longer alternatives for {uri, version} are in the typeahead cache
+FALLBACK_FIRST_ANSWER_MS = 300.0  # when the engine chose none (a remote engine) and the user set none
+MID_LINE_MAX_TOKENS = 24  # a cursor before text on its line only completes that line
+ENGINE_GRACE_S = 0.5  # on top of the request's deadline, for the engine to return what it has
+INTERIM_REFRESH_MS = 300.0  # after an early answer, the client is told of grown alternatives at most this often
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    answered: int = 0  # with at least one item
+    empty: int = 0
+    typeahead_hits: int = 0
+    engine_calls: int = 0
+    superseded: int = 0  # dropped for a newer request on the same document
+    cancelled: int = 0  # $/cancelRequest
+    timeouts: int = 0  # no answer by the deadline (also: the engine's answer came back empty at it)
+    errors: int = 0
+    early_answers: int = 0  # answered at the first-answer moment while decoding went on
+    continued: int = 0  # of those, final answers stored in the typeahead cache (client told)
+    interim_updates: int = 0  # of those, interim answers that grew the alternatives meanwhile (client told)
+    joined: int = 0  # waited for the next rounds of an older request whose branches they continue
+    unattended: int = 0  # engine work that went on after its request was cancelled
+    work_on: int = 0  # now: requests whose engine work goes on after their early answer or cancellation
+
+
+@dataclass(frozen=True)
+class Query:
+    document: Document
+    cursor: Cursor
+    body: str  # the cursor's line at request time, without its terminator
+    context: EditorContext
+    settings: Settings
+    version: int  # the document's version at request time
+
+
+class Ticket:
+    """The newest request of a document with the engine; set `superseded` when a newer one
+    arrives that it cannot serve. While the engine decodes for it, `texts` are its latest
+    interim alternatives (None before the first), and `grew` is set each time they change
+    and when its engine work is over."""
+
+    def __init__(self, query: Query | None = None) -> None:
+        self.superseded = asyncio.Event()
+        self.query = query
+        self.texts: tuple[str, ...] | None = None
+        self.over = False
+        self.grew = asyncio.Event()
+        self.unattended: asyncio.Future | None = None  # its engine work, going on after it was cancelled
+
+    def interim(self, texts: tuple[str, ...]) -> None:
+        self.texts = texts
+        self._wake()
+
+    def finish(self) -> None:
+        self.over = True
+        self._wake()
+
+    def supersede(self) -> None:
+        """A newer request it cannot serve came (or its document closed): its engine work stops."""
+        self.superseded.set()
+        self.finish()
+
+    def _wake(self) -> None:
+        grew, self.grew = self.grew, asyncio.Event()
+        grew.set()
+
+    def may_still_write(self, query: Query) -> bool:
+        """Still decoding, and `query` is its place with text typed at the cursor that some
+        branch has written the start of and no further: its next interim answer may serve it."""
+        mine = self.query
+        if mine is None or self.texts is None or self.over or self.superseded.is_set() or mine.settings != query.settings:
+            return False
+        found = typed_since(mine.context, query.context, query.settings.prefix_chars, query.settings.suffix_chars)
+        return found is not None and any(found[0].startswith(text) for text in self.texts)
+
+
+async def race(futures: Iterable[asyncio.Future], ticket: Ticket, timeout_s: float) -> tuple[set[asyncio.Future], bool]:
+    """Wait for the first of `futures`, for `ticket` to be superseded, or for `timeout_s`:
+    (those of `futures` that are done, whether it was superseded). The one race every wait of a
+    request's engine work runs."""
+    superseded = asyncio.ensure_future(ticket.superseded.wait())
+    try:
+        done, _ = await asyncio.wait({*futures, superseded}, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        superseded.cancel()
+    return done - {superseded}, superseded in done
+
+
+class CompletionFlow:
+    """The requests of one client: its documents' tickets, the typeahead cache, and the engine
+    work going on for them."""
+
+    def __init__(
+        self, typeahead: TypeaheadCache, report: StatusReport, engine: Callable[[], EngineClient | None],
+        notify: Callable[[str, Any], None], user_set: Callable[[], set[str]],
+    ) -> None:  # fmt: skip
+        self.typeahead = typeahead
+        self.report = report
+        self.stats = Stats()
+        self.handles_updates = False  # the client declared $/kspec/suggestionsUpdated: early answers for it
+        self.inflight: dict[str, Ticket] = {}
+        self._engine = engine
+        self._notify = notify
+        self._user_set = user_set
+
+    def choice(self, name: str, value: Any) -> Any:
+        return self.report.machine_choice(name, value, self._user_set())
+
+    def supersede(self, uri: str | None = None) -> None:
+        """The request of document `uri` (every document's, None) stops: its document closed, or the server."""
+        tickets = list(self.inflight.values()) if uri is None else [t for t in [self.inflight.pop(uri, None)] if t]
+        for ticket in tickets:
+            ticket.supersede()
+
+    async def suggest(self, query: Query, debounce: bool) -> list[str]:
+        settings, uri = query.settings, query.document.uri
+        if (texts := self._cached(query)) is not None:
+            return texts
+        if (texts := await self._join(query)) is not None:
+            return texts
+        ticket = self._begin(uri, query)
+        continuing: asyncio.Future | None = None
+        try:
+            if debounce and settings.debounce_ms > 0:
+                if (await race((), ticket, settings.debounce_ms / 1000))[1]:
+                    self.stats.superseded += 1
+                    return []
+            texts, continuing = await self._ask_engine(query, ticket)
+        except asyncio.CancelledError:
+            self.stats.cancelled += 1
+            raise
+        finally:
+            continuing = continuing or ticket.unattended
+            if continuing is None:
+                self._end(uri, ticket)
+            else:  # the request decodes on after its answer or its cancelling: a diverging request still supersedes it
+                continuing.add_done_callback(lambda _: self._end(uri, ticket))
+        if texts:
+            self.stats.answered += 1
+        else:
+            self.stats.empty += 1
+        return texts
+
+    def _cached(self, query: Query) -> list[str] | None:
+        """The typeahead cache's answer, if it has one."""
+        settings = query.settings
+        if not settings.typeahead:
+            return None
+        hit = self.typeahead.lookup(query.document.uri, query.context, settings.prefix_chars, settings.suffix_chars)
+        if hit is None:
+            return None
+        self.stats.typeahead_hits += 1
+        self.stats.answered += 1
+        self.report.set_activity(IDLE)
+        return list(hit.texts[: self.choice("k", settings.k)])
+
+    async def _join(self, query: Query) -> list[str] | None:
+        """The user typed what a branch of the request decoding on has begun to write: its next
+        rounds may serve this one, sooner than starting over would."""
+        settings, pending = query.settings, self.inflight.get(query.document.uri)
+        if not settings.typeahead or pending is None or not pending.may_still_write(query):
+            return None
+        self.stats.joined += 1
+        try:
+            while pending.may_still_write(query):
+                await asyncio.wait_for(pending.grew.wait(), settings.deadline_ms / 1000 + ENGINE_GRACE_S)
+                if (texts := self._cached(query)) is not None:
+                    return texts
+        except asyncio.TimeoutError:
+            pass
+        except asyncio.CancelledError:
+            self.stats.cancelled += 1
+            raise
+        return None
+
+    def request(self, query: Query) -> CompletionRequest:
+        settings, context = query.settings, query.context
+        max_tokens = self.choice("max_tokens", settings.max_tokens)
+        first_answer = self.choice("first_answer_ms", settings.first_answer_ms)
+        if first_answer is None:
+            first_answer = FALLBACK_FIRST_ANSWER_MS
+        if any(char not in CLOSERS for char in context.line_suffix):
+            max_tokens = min(max_tokens, MID_LINE_MAX_TOKENS)  # text right of the cursor: only the rest of this line
+            first_answer = 0.0  # such a short request answers once, when done
+        return CompletionRequest(
+            prefix=context.prefix,
+            suffix=context.suffix,
+            language=query.document.language_id,
+            path=_uri_path(query.document.uri),
+            k=self.choice("k", settings.k),
+            max_tokens=max_tokens,
+            mode=settings.mode,
+            temperature=settings.temperature,
+            deadline_ms=settings.deadline_ms,
+            first_answer_ms=min(first_answer, settings.deadline_ms) if settings.typeahead and self.handles_updates else 0.0,
+            raw=settings.raw,
+        )
+
+    async def _ask_engine(self, query: Query, ticket: Ticket) -> tuple[list[str], asyncio.Future | None]:
+        """The texts to show now, and the request still decoding after an early answer (its
+        final answer lands in the typeahead cache), if any."""
+        engine = self._engine()
+        if engine is None:
+            return [], None
+        request = self.request(query)
+        if query.settings.debug_log:
+            context = query.context
+            log.debug("request at %s:%d: ...%r | %r...", query.document.uri, query.cursor.line, context.prefix[-80:], context.suffix[:40])
+        self.stats.engine_calls += 1
+        started = time.perf_counter()
+        early: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        def on_interim(interim: CompletionResult) -> None:
+            # Every interim answer (the branches grew) serves the keystrokes that follow.
+            if not ticket.superseded.is_set():
+                ticket.interim(tuple(self._store(query, interim, started, shown=False)))
+            if not early.done():
+                early.set_result(interim)
+
+        job = asyncio.ensure_future(engine.complete(request, on_interim if request.first_answer_ms > 0 else None))
+        job.add_done_callback(_retrieved)  # superseded or shut down, nobody may read its error
+        done: set[asyncio.Future] = set()
+        superseded = False
+        self.report.busy += 1
+        self.report.set_activity(BUSY)
+        outcome = IDLE  # told when this request is over (also when it was cancelled)
+        try:
+            try:
+                done, superseded = await race({job, early}, ticket, request.deadline_ms / 1000 + ENGINE_GRACE_S)
+            except asyncio.CancelledError:
+                # The client cancelled: an editor does at every keystroke, and the next request
+                # may continue this one. The engine goes on for it, unattended.
+                if not job.done() and not ticket.superseded.is_set():
+                    ticket.unattended = asyncio.ensure_future(self._unattended(query, request, ticket, job, early, started))
+                raise
+            finally:
+                self.report.busy -= 1
+                if ticket.unattended is None and not done and not job.done():
+                    job.cancel()  # stops the engine at its next round
+            if job in done:
+                texts = self._answered(query, request, job, started)
+                if not texts and _timed_out(job, started, request.deadline_ms):
+                    self.stats.timeouts += 1
+                    outcome = TIMED_OUT
+                return texts, None
+            if early in done:
+                texts = self._store(query, early.result(), started, kept=True)
+                self.stats.early_answers += 1
+                return texts[: request.k], asyncio.ensure_future(self._decode_on(query, request, ticket, job, started))
+            if superseded:
+                self.stats.superseded += 1
+            else:
+                self.stats.timeouts += 1
+                outcome = TIMED_OUT
+                log.info("no answer within deadlineMs (%.0f ms)", request.deadline_ms)
+            return [], None
+        finally:
+            self.report.set_activity(outcome)
+
+    def _answered(self, query: Query, request: CompletionRequest, job: asyncio.Future, started: float, shown: bool = True) -> list[str]:
+        try:
+            result = job.result()
+        except (DeadlineExceeded, EngineUnavailable, KspecError) as exc:
+            self.stats.errors += 1
+            log.info("no completion: %s", exc)
+            return []
+        return self._store(query, result, started, shown)[: request.k]
+
+    def _store(self, query: Query, result: CompletionResult, started: float, shown: bool = True, kept: bool = False) -> list[str]:
+        """Texts of an answer, kept in the typeahead cache (unless `kept` there already); the
+        status carries its latency when it is the answer the user waited for (`shown`), not
+        one decoded on after it."""
+        settings = query.settings
+        texts = [c.text for c in result.completions if c.text] if self.handles_updates else whole_texts(result.completions)
+        if texts and settings.typeahead and not kept:
+            self.typeahead.store(query.document.uri, Entry(query.context, settings.prefix_chars, settings.suffix_chars, tuple(texts)))
+        if shown:
+            self.report.answered(result.model, (time.perf_counter() - started) * 1000)
+        return texts
+
+    async def _decode_on(self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, started: float) -> None:
+        """After an early answer: the interim answers that grew the alternatives, at most one
+        per `INTERIM_REFRESH_MS`, and the final answer go into the typeahead cache and the
+        client is told (it asks again and gets the longer alternatives at once: the
+        suggestion grows while the user pauses); a request for this document that the
+        typeahead cache cannot answer supersedes (cancels) it."""
+        with self._engine_work_on():
+            ends = time.perf_counter() + request.deadline_ms / 1000 + ENGINE_GRACE_S
+            told = time.perf_counter()
+            done: set[asyncio.Future] = set()
+            superseded = False
+            try:
+                while True:
+                    grew = asyncio.ensure_future(ticket.grew.wait())
+                    try:
+                        done, superseded = await race({job, grew}, ticket, ends - time.perf_counter())
+                    finally:
+                        grew.cancel()
+                    if grew not in done or job in done or superseded:
+                        break
+                    if (time.perf_counter() - told) * 1000 >= INTERIM_REFRESH_MS and not self.report.closed:
+                        told = time.perf_counter()
+                        self.stats.interim_updates += 1
+                        self._tell_updated(query)
+            finally:
+                if not job.done():
+                    job.cancel()
+            if superseded and job not in done:
+                self.stats.superseded += 1
+            if job not in done or job.cancelled() or job.exception() is not None:
+                return
+            if self._answered(query, request, job, started, shown=False) and not self.report.closed:
+                self.stats.continued += 1
+                self._tell_updated(query)
+
+    def _tell_updated(self, query: Query) -> None:
+        """Longer alternatives for the document at the request's version are in the typeahead cache."""
+        self._notify(UPDATED_METHOD, {"uri": query.document.uri, "version": query.version})
+
+    async def _unattended(
+        self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, early: asyncio.Future, started: float,
+    ) -> None:
+        """The engine work of a request the client cancelled, for the requests that continue
+        it: its answers go into the typeahead cache until a request it cannot serve
+        supersedes it, or its deadline passes."""
+        with self._engine_work_on():
+            self.stats.unattended += 1
+            left_s = request.deadline_ms / 1000 + ENGINE_GRACE_S - (time.perf_counter() - started)
+            done: set[asyncio.Future] = set()
+            superseded = False
+            try:
+                done, superseded = await race({job, early}, ticket, left_s)
+            finally:
+                if not done and not job.done():
+                    job.cancel()
+            if superseded and not done:
+                self.stats.superseded += 1
+            elif job in done and not job.cancelled():
+                self._answered(query, request, job, started, shown=False)
+            elif early in done:
+                await self._decode_on(query, request, ticket, job, started)
+
+    @contextmanager
+    def _engine_work_on(self) -> Iterator[None]:
+        """Counts engine work that goes on after its request's answer or cancellation (`Stats.work_on`)."""
+        self.stats.work_on += 1
+        try:
+            yield
+        finally:
+            self.stats.work_on -= 1
+
+    def _begin(self, uri: str, query: Query) -> Ticket:
+        previous = self.inflight.get(uri)
+        if previous is not None:
+            previous.supersede()
+        for other, ticket in self.inflight.items():
+            if other != uri and ticket.unattended is not None:
+                ticket.supersede()  # the user moved on to another document: its cancelled request's decoding ends
+        ticket = self.inflight[uri] = Ticket(query)
+        return ticket
+
+    def _end(self, uri: str, ticket: Ticket) -> None:
+        ticket.finish()
+        if self.inflight.get(uri) is ticket:
+            del self.inflight[uri]
+
+
+def _retrieved(job: asyncio.Future) -> None:
+    """Marks an engine job's error as seen: one that ended in an error after its request
+    stopped waiting (superseded, or the engine closed at shutdown) would otherwise be logged
+    as "Task exception was never retrieved"."""
+    if not job.cancelled():
+        job.exception()
+
+
+def _timed_out(job: asyncio.Future, started: float, deadline_ms: float) -> bool:
+    """The engine's empty answer came at its deadline (or it said it was too late)."""
+    if job.cancelled():
+        return False
+    if isinstance(job.exception(), DeadlineExceeded):
+        return True
+    return (time.perf_counter() - started) * 1000 >= deadline_ms
+
+
+def _uri_path(uri: str) -> str:
+    return uri[len("file://") :] if uri.startswith("file://") else uri

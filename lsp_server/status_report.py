@@ -1,0 +1,58 @@
+"""What the client is told of the engine and of its requests (`$/kspec/status`): the engine's
+state, model and last latency, and `activity` (BUSY while a request is with the engine, else how
+the last one ended), so that "nothing came" can be told from "still working" and "gave up at the
+deadline"."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any, Callable
+
+from kspec.engine.serve.status import READY, Status
+
+STATUS_METHOD = "$/kspec/status"
+IDLE, BUSY, TIMED_OUT = "idle", "busy", "timedOut"
+
+
+class StatusReport:
+    """The last status and activity, told through `notify` (the notification's params) with what
+    `extras` adds (acceptance totals, the daemon's log file)."""
+
+    def __init__(self, notify: Callable[[dict[str, Any]], None], extras: Callable[[], dict[str, Any]]) -> None:
+        self._notify = notify
+        self._extras = extras
+        self.status = Status("loading", "starting")
+        self.activity = IDLE
+        self.busy = 0  # requests with the engine now
+        self.closed = False
+
+    def tell(self) -> None:
+        if not self.closed:
+            self._notify({**self.status.to_dict(), "serverPid": os.getpid(), "activity": self.activity, **self._extras()})
+
+    def engine_status(self, status: Status) -> None:
+        self.status = status
+        self.tell()
+
+    def set_activity(self, activity: str) -> None:
+        """BUSY while a request is with the engine; told to the client when it changes."""
+        activity = BUSY if self.busy > 0 else activity
+        if activity != self.activity:
+            self.activity = activity
+            self.tell()
+
+    def answered(self, model: str, latency_ms: float) -> None:
+        """An answer the user waited for: its latency, and the engine is ready."""
+        self.activity = BUSY if self.busy > 0 else IDLE
+        self.status = replace(self.status, state=READY, message="ready", model=model, latency_ms=latency_ms)
+        self.tell()
+
+    def machine_choice(self, name: str, value: Any, user_set: set[str]) -> Any:
+        """A setting's value: the user's when given (`user_set`), else what the engine chose for
+        this machine (its status' defaults: k, max_tokens, first_answer_ms, ...)."""
+        defaults = self.status.defaults
+        chosen = defaults.get(name) if defaults and name not in user_set else None
+        if chosen is None:
+            return value
+        return int(chosen) if isinstance(value, int) else chosen
