@@ -1,4 +1,9 @@
-"""4-bit weights as a Q4 GGUF file stores them, multiplied by PyTorch's CPU int4 kernel.
+"""Quantized weights on the CPU and the matmuls that read them without unpacking: the 4-bit form
+(GGUF Q4_0 / Q4_1 / Q4_K codes, for PyTorch's CPU int4 kernel or kspec's 4-bit x 8-bit one:
+`Int4Term`, `Q4Q8Term`), the 8-bit form (`Q8Q8Term`: Q8_0, and Q5_x / Q6_K where no 5-bit loop is
+built) and the 5-bit form (`Q5Q8Term`); `CpuLinear` sums a weight's terms and keeps a dense copy
+where the CPU's profile says so (cpu_profile.py). How each GGUF type becomes these terms:
+gguf_blocks.py.
 
 GGUF Q4_0 and Q4_1 blocks hold 32 weights of one row with a shared scale d (Q4_1 also a
 minimum m), codes q in 0..15:
