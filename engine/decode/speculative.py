@@ -257,15 +257,16 @@ class SpeculativeRun:
 
     @torch.inference_mode()
     def finished(self) -> bool:
-        """True when no branch is left to decode; otherwise compacts the live rows."""
+        """True when no branch is left to decode, or the run was interrupted (a question: it changes nothing)."""
+        return all(self.branches[index].done for index in self.live) or interrupted(self.branches, self.tracker.limits, self.cancel)
+
+    def _drop_finished_rows(self) -> None:
+        """Finished branches stop costing work: their cache and drafter rows go."""
         still = [row for row, index in enumerate(self.live) if not self.branches[index].done]
-        if not still or interrupted(self.branches, self.tracker.limits, self.cancel):
-            return True
-        if len(still) < len(self.live):  # finished branches stop costing work
+        if len(still) < len(self.live):
             self.cache.keep(still)
             self.drafter.keep(still)
             self.live = [self.live[row] for row in still]
-        return False
 
     @property
     def live_branches(self) -> list[Branch]:
@@ -273,6 +274,7 @@ class SpeculativeRun:
 
     def propose(self) -> list[list[int]]:
         """This round's rows, one per live branch: [last token, drafts...] (ragged)."""
+        self._drop_finished_rows()
         self._round_started = time.perf_counter()
         limits = self.tracker.limits
         live_branches = self.live_branches
