@@ -37,11 +37,11 @@ from kspec.engine.serve.protocol import (
     EngineUrl,
     client_tls,
     ProtocolError,
-    error_from_frame,
     read_frame,
     write_frame,
 )
 from kspec.engine.serve.load_slot import LoadSlot
+from kspec.engine.serve.messages import Cancel, Complete, Failed, Final, Interim, decode, encode
 from kspec.engine.serve.runner import EngineFactory, EngineRunner, default_engine_factory
 from kspec.engine.serve.status import ERROR, LOADING, Status
 
@@ -185,11 +185,11 @@ class DaemonEngine:
         if early is not None:
             connection.early[request_id] = early
         try:
-            write_frame(connection.writer, {"type": "complete", "id": request_id, "request": request.to_dict()})
+            write_frame(connection.writer, encode(Complete(request_id, request)))
             return await future
         except asyncio.CancelledError:
             if connection.alive:
-                write_frame(connection.writer, {"type": "cancel", "id": request_id})
+                write_frame(connection.writer, encode(Cancel(request_id)))
             raise
         finally:
             connection.pending.pop(request_id, None)
@@ -373,30 +373,34 @@ class DaemonEngine:
             if connection.alive:
                 self._lost(connection, reason)
 
-    def _dispatch(self, connection: _Connection, message: dict[str, Any]) -> None:
-        kind = message["type"]
-        if kind == "status":
-            self._set_status(Status.from_wire(message, connection.pid))
+    def _dispatch(self, connection: _Connection, data: dict[str, Any]) -> None:
+        try:
+            message = decode(data, connection.pid)
+        except ProtocolError as exc:
+            future = connection.pending.get(str(data.get("id")))
+            if future is not None and not future.done() and data.get("type") == "result":
+                future.set_exception(EngineUnavailable(f"malformed result from the engine daemon: {exc}"))
+            else:
+                log.warning("malformed message from the engine daemon: %s", exc)
             return
-        future = connection.pending.get(str(message.get("id")))
+        if isinstance(message, Status):
+            self._set_status(message)
+            return
+        future = connection.pending.get(str(message.id)) if isinstance(message, (Interim, Final, Failed)) else None
         if future is None or future.done():
             return
-        if kind == "early":
-            callback = connection.early.get(str(message.get("id")))  # one per interim answer
+        if isinstance(message, Interim):
+            callback = connection.early.get(message.id)  # one per interim answer
             if callback is not None:
                 try:
-                    callback(CompletionResult.from_dict(message["result"]))
-                except (KeyError, TypeError, ValueError) as exc:
-                    log.warning("malformed early answer from the engine daemon: %s", exc)
-            return
-        if kind == "result":
+                    callback(message.result)
+                except (KeyError, TypeError, ValueError) as exc:  # the receiver's own mistake must not end the connection
+                    log.warning("an early answer could not be taken: %s", exc)
+        elif isinstance(message, Final):
             self._crashes.clear()  # it answers: a crash after this one is no crash loop
-            try:
-                future.set_result(CompletionResult.from_dict(message["result"]))
-            except (KeyError, TypeError, ValueError) as exc:
-                future.set_exception(EngineUnavailable(f"malformed result from the engine daemon: {exc}"))
-        elif kind == "error":
-            future.set_exception(error_from_frame(message))
+            future.set_result(message.result)
+        elif isinstance(message, Failed):
+            future.set_exception(message.error())
 
     def _drop(self, connection: _Connection, error: Exception) -> None:
         connection.alive = False
