@@ -7,7 +7,7 @@ on the host, that is a `.tolist()` / `.item()` per branch and per token, each on
 the device; here the whole round is tensor ops over [k', T, V] and one `.tolist()` of a packed
 [k', 1 + 2T] result (counts, tokens, log-probabilities), the round's one synchronisation.
 
-One implementation per rule (the plain greedy oracle lives in tests/unit/test_device_round.py):
+One implementation per rule (the plain greedy oracle lives in tests/unit/decode/test_device_round.py):
 - greedy, ``accept_greedy_rows``: the longest run of drafts equal to the target's argmax
   (argmax keeps the first maximum). ``accept_greedy_by_position`` is the same rule evaluated in
   the order a CPU wants it, where the head's many rows are compute and a read into Python costs

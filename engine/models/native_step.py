@@ -15,7 +15,7 @@ the PyTorch ops.
 Measured (`kspec bench step --paths auto,auto/torch`: default model, 512-token prompt,
 2 threads, a step with its logits; docs/measurements/avx512-bf16-no-amx.md): k = 1 11.9 -> 6.7 ms, k = 4
 15.6 -> 10.5 ms, k = 8 21.7 -> 15.4 ms against the PyTorch ops.
-Numbers: within bfloat16 rounding of the PyTorch fast path (tests/unit/test_native_step.py).
+Numbers: within bfloat16 rounding of the PyTorch fast path (tests/unit/models/test_native_step.py).
 """
 
 from __future__ import annotations

@@ -493,7 +493,7 @@ class Int4Embedding(nn.Module):
     Each term holds its codes two a byte ([V, D/2] uint8, low nibble first) and its group
     parameters in float32 ([V, D/32] each), so a row comes back as the file's float32 weights
     exactly: every term's (q - 8) * s + z and their sum are multiples of the block's scale far
-    below 2^24 of them (tests/unit/test_fast_path.py checks it). A quarter of the float32
+    below 2^24 of them (tests/unit/models/test_fast_path.py checks it). A quarter of the float32
     table's bytes for Q8_0, an eighth for Q4."""
 
     def __init__(self, terms: Sequence[Q4Codes], dtype: torch.dtype = torch.float32):
