@@ -148,6 +148,24 @@ class _Connection:
     reader_task: asyncio.Task | None = None
     alive: bool = True
 
+    def deliver(self, message: Interim | Final | Failed | Cancel | Complete) -> bool:
+        """A request's event to whoever waits for it; False when nobody does any more."""
+        future = self.pending.get(message.id) if isinstance(message, (Interim, Final, Failed)) and message.id else None
+        if future is None or future.done():
+            return False
+        if isinstance(message, Interim):
+            callback = self.early.get(message.id)  # one per interim answer
+            if callback is not None:
+                try:
+                    callback(message.result)
+                except (KeyError, TypeError, ValueError) as exc:  # the receiver's own mistake must not end the connection
+                    log.warning("an early answer could not be taken: %s", exc)
+        elif isinstance(message, Final):
+            future.set_result(message.result)
+        else:
+            future.set_exception(message.error())
+        return True
+
 
 class DaemonEngine:
     """Client of the shared `kspec engine` daemon."""
@@ -328,7 +346,8 @@ class DaemonEngine:
                 connection = await self._try_connect()  # someone may have finished starting one
                 if connection is not None:
                     return connection
-                child = self._spawn()
+                child = spawn_daemon(self.options, self.paths)
+                self._children = [c for c in self._children if c.poll() is None] + [child]
             while time.monotonic() < deadline:
                 connection = await self._try_connect()
                 if connection is not None:
@@ -340,27 +359,6 @@ class DaemonEngine:
         finally:
             if lock is not None:
                 lock.close()
-
-    def _spawn(self) -> subprocess.Popen:
-        command = [
-            self.options.python, "-m", "kspec.cli.main", "engine", *to_flags(self.options.config),
-            "--socket", str(self.paths.socket), "--idle-timeout", str(self.options.idle_timeout_s),
-        ]  # fmt: skip
-        log.info("starting the engine daemon: %s", " ".join(command))
-        too_big = self.paths.log.exists() and self.paths.log.stat().st_size > MAX_LOG_BYTES
-        with open(self.paths.log, "wb" if too_big else "ab") as log_file:
-            os.chmod(self.paths.log, 0o600)
-            child = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=log_file,
-                start_new_session=True,  # outlives this editor; serves the others
-                close_fds=True,
-                env={**os.environ, "PYTHONPATH": _package_root() + os.pathsep + os.environ.get("PYTHONPATH", "")},
-            )
-        self._children = [c for c in self._children if c.poll() is None] + [child]
-        return child
 
     async def _read(self, connection: _Connection) -> None:
         reason = "the engine daemon closed the connection"
@@ -385,22 +383,8 @@ class DaemonEngine:
             return
         if isinstance(message, Status):
             self._set_status(message)
-            return
-        future = connection.pending.get(str(message.id)) if isinstance(message, (Interim, Final, Failed)) else None
-        if future is None or future.done():
-            return
-        if isinstance(message, Interim):
-            callback = connection.early.get(message.id)  # one per interim answer
-            if callback is not None:
-                try:
-                    callback(message.result)
-                except (KeyError, TypeError, ValueError) as exc:  # the receiver's own mistake must not end the connection
-                    log.warning("an early answer could not be taken: %s", exc)
-        elif isinstance(message, Final):
+        elif connection.deliver(message) and isinstance(message, Final):
             self._crashes.clear()  # it answers: a crash after this one is no crash loop
-            future.set_result(message.result)
-        elif isinstance(message, Failed):
-            future.set_exception(message.error())
 
     def _drop(self, connection: _Connection, error: Exception) -> None:
         connection.alive = False
@@ -439,6 +423,28 @@ def _current_task_cancelling() -> bool:
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
     return cancelling is None or cancelling() > 0
+
+
+def spawn_daemon(options: DaemonOptions, paths: DaemonPaths) -> subprocess.Popen:
+    """Start `kspec engine` for these options on the daemon's socket, in its own session (it
+    outlives this editor and serves the others), its output in the daemon's log."""
+    command = [
+        options.python, "-m", "kspec.cli.main", "engine", *to_flags(options.config),
+        "--socket", str(paths.socket), "--idle-timeout", str(options.idle_timeout_s),
+    ]  # fmt: skip
+    log.info("starting the engine daemon: %s", " ".join(command))
+    too_big = paths.log.exists() and paths.log.stat().st_size > MAX_LOG_BYTES
+    with open(paths.log, "wb" if too_big else "ab") as log_file:
+        os.chmod(paths.log, 0o600)
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,
+            close_fds=True,
+            env={**os.environ, "PYTHONPATH": _package_root() + os.pathsep + os.environ.get("PYTHONPATH", "")},
+        )
 
 
 def _try_lock(path: Path) -> IO[bytes] | None:
