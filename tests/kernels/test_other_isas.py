@@ -17,11 +17,19 @@ HERE = Path(__file__).parent
 CPU_FLAGS = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
 
 
+MODELS = HERE.parent / "unit" / "models"
+
+
 @pytest.mark.parametrize(
-    ("march", "isa", "needs"),
-    [("haswell", "avx2", {"avx2", "fma", "f16c", "bmi2"}), ("x86-64", "scalar", set())],
+    ("march", "isa", "needs", "model_tests"),
+    [
+        # AVX2 serves users (Zen 2/3): whole GGUF types and the layer loop on it too
+        ("haswell", "avx2", {"avx2", "fma", "f16c", "bmi2"}, ("test_gguf_types.py", "test_native_step.py")),
+        # the generic loops: correct, never chosen for speed (no fast path without AVX2), kernels only
+        ("x86-64", "scalar", set(), ()),
+    ],
 )
-def test_the_kernels_of_an_older_instruction_set(march: str, isa: str, needs: set[str], tmp_path: Path) -> None:
+def test_the_kernels_of_an_older_instruction_set(march: str, isa: str, needs: set[str], model_tests: tuple[str, ...], tmp_path: Path) -> None:
     if platform.machine() != "x86_64" or not needs <= CPU_FLAGS:
         pytest.skip(f"this CPU cannot run a -march={march} build")
     env = {**os.environ, "KSPEC_MARCH": march, "KSPEC_CACHE_DIR": str(tmp_path)}
@@ -33,7 +41,7 @@ def test_the_kernels_of_an_older_instruction_set(march: str, isa: str, needs: se
     if "could not be built" in built.stdout:
         pytest.skip(built.stdout.strip())
     assert built.stdout.strip().splitlines()[-1] == isa, built.stdout + built.stderr
-    tests = [str(HERE / "test_q4_q8_matmul.py"), str(HERE / "test_branch_attention.py")]
+    tests = [str(HERE / "test_q4_q8_matmul.py"), str(HERE / "test_branch_attention.py"), *(str(MODELS / name) for name in model_tests)]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *tests],
         env=env, capture_output=True, text=True, timeout=1200, cwd=HERE.parents[1],
