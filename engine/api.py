@@ -8,10 +8,11 @@ protocol) uses these plain dataclasses; they serialise to dicts with `to_dict` /
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable
 
-from kspec.engine.errors import InputError
+from kspec.engine.errors import DeadlineExceeded, InputError
 
 DEFAULT_SAMPLE_TEMPERATURE = 0.8  # mode "sample" with temperature 0
 
@@ -148,3 +149,13 @@ class CancelToken:
 
 Done = Callable[[CompletionResult | None, BaseException | None], None]  # a request's outcome: exactly one of the two is set
 EarlyAnswer = Callable[[CompletionResult], None]  # what was complete at `first_answer_ms`, then after each round that changed it; decoding goes on to `Done`
+
+
+def admitted(request: CompletionRequest, arrived: float) -> CompletionRequest:
+    """`request` as it starts now, having arrived at `arrived` (time.monotonic()): the time it
+    waited counts against its deadline and its early answer. The one place a request's waiting
+    is charged; DeadlineExceeded when less than a millisecond is left."""
+    waited = request.after_waiting((time.monotonic() - arrived) * 1000)
+    if waited.deadline_ms <= 1:
+        raise DeadlineExceeded("the deadline passed while waiting for the engine")
+    return waited

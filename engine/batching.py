@@ -29,10 +29,10 @@ from typing import Protocol
 
 import torch
 
-from kspec.engine.api import CancelToken, CompletionRequest, Done, EarlyAnswer
+from kspec.engine.api import CancelToken, CompletionRequest, Done, EarlyAnswer, admitted
 from kspec.engine.cache.kv import BranchCacheGroup
 from kspec.engine.decode.speculative import SpeculativeRun, pad_rows
-from kspec.engine.errors import DeadlineExceeded, KspecError
+from kspec.engine.errors import KspecError
 from kspec.engine.models.loading import LoadedModel
 from kspec.engine.request import ActiveCompletion, RequestState
 
@@ -243,12 +243,3 @@ class ContinuousBatcher:
             self._members.remove(member)
         member.done(None, error)
 
-
-def admitted(request: CompletionRequest, arrived: float) -> CompletionRequest:
-    """`request` as it starts now, having arrived at `arrived` (time.monotonic()): the time it
-    waited counts against its deadline and its early answer. The one place a request's waiting
-    is charged; DeadlineExceeded when less than a millisecond is left."""
-    waited = request.after_waiting((time.monotonic() - arrived) * 1000)
-    if waited.deadline_ms <= 1:
-        raise DeadlineExceeded("the deadline passed while waiting for the engine")
-    return waited

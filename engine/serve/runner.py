@@ -19,8 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult, Done, EarlyAnswer
-from kspec.engine.batching import admitted
+from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult, Done, EarlyAnswer, admitted
 from kspec.engine.errors import EngineUnavailable, KspecError, LoadCancelled
 from kspec.engine.serve.load_slot import LoadSlot
 from kspec.engine.serve.status import ERROR, LOADING, READY, Status

@@ -322,7 +322,7 @@ def test_the_batcher_charges_the_wait_since_arrival_once(random_engine):
     time left keeps only what is left."""
     import time
 
-    from kspec.engine.batching import admitted
+    from kspec.engine.api import admitted
     from kspec.engine.errors import DeadlineExceeded
 
     arrived = time.monotonic() - 5.0  # arrived five seconds ago
