@@ -1,0 +1,144 @@
+"""The modules a file imports, resolved to files inside its workspace folder (never outside it).
+
+Python: `import a.b`, `import a.b as c`, `from a.b import c` (c a module or a name defined in
+a.b), relative imports (`from . import x`, `from ..pkg.mod import y`); absolute names are looked
+up from the workspace folder, its `src/`, and each folder between it and the file (a package's
+own name: `from jinja2 import nodes` inside jinja2/compiler.py). JS/TS: relative `import ...
+from "./x"` and `require("./x")`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import tree_sitter
+
+from kspec.engine.syntax.languages import new_parser
+
+MAX_IMPORTS = 32
+JS_SPECIFIER = re.compile(r"""(?:\bfrom\s+|\brequire\(\s*|\bimport\s+)["'](\.{1,2}/[^"']+)["']""")
+JS_EXTENSIONS = ("", ".ts", ".tsx", ".js", ".jsx", ".mjs", "/index.ts", "/index.js")
+
+
+@dataclass(frozen=True)
+class Imported:
+    path: Path  # the module's file, inside the workspace folder
+    names: frozenset[str] | None  # the names taken from it; None: the whole module (its outline)
+
+
+@dataclass(frozen=True)
+class PyImport:
+    module: str  # dotted, without the leading dots
+    level: int  # leading dots: 0 absolute
+    names: tuple[str, ...]  # `from m import a, b`: ("a", "b"); `import m`: ()
+
+
+def _text(source: bytes, node: tree_sitter.Node) -> str:
+    return source[node.start_byte : node.end_byte].decode("utf-8", "replace")
+
+
+def _imported_name(source: bytes, node: tree_sitter.Node) -> str:
+    if node.type == "aliased_import":
+        node = node.child_by_field_name("name") or node
+    return _text(source, node)
+
+
+def python_imports(text: str) -> list[PyImport]:
+    """The import statements of a Python module (top level and nested), in order."""
+    source = text.encode("utf-8")
+    found: list[PyImport] = []
+    stack = [new_parser("python").parse(source).root_node]
+    while stack and len(found) < MAX_IMPORTS:
+        node = stack.pop()
+        if node.type == "import_statement":
+            found += [PyImport(_imported_name(source, n), 0, ()) for n in node.children_by_field_name("name")]
+        elif node.type == "import_from_statement":
+            module = node.child_by_field_name("module_name")
+            spelled = _text(source, module) if module is not None else ""
+            level = len(spelled) - len(spelled.lstrip("."))
+            names = tuple(_imported_name(source, n) for n in node.children_by_field_name("name"))
+            found.append(PyImport(spelled.lstrip("."), level, names))
+        else:
+            stack.extend(reversed(node.children))
+    return found
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(folder)
+    except OSError:
+        return False
+
+
+def _module_file(base: Path, dotted: str, folder: Path) -> Path | None:
+    target = base.joinpath(*dotted.split(".")) if dotted else base
+    for candidate in (target.with_name(target.name + ".py") if dotted else None, target / "__init__.py"):
+        if candidate is not None and candidate.is_file() and _inside(candidate, folder):
+            return candidate
+    return None
+
+
+def _roots(file: Path, folder: Path) -> list[Path]:
+    roots, here = [folder, folder / "src"], file.parent
+    while here != folder and _inside(here, folder) and here.parent != here:
+        roots.append(here)
+        here = here.parent
+    return roots
+
+
+def _resolve(spec: PyImport, file: Path, folder: Path) -> list[Imported]:
+    if spec.level:
+        base = file.parent
+        for _ in range(spec.level - 1):
+            base = base.parent
+        bases = [base]
+    else:
+        bases = _roots(file, folder)
+    for base in bases:
+        module = _module_file(base, spec.module, folder)
+        if module is None:
+            continue
+        if not spec.names:
+            return [Imported(module, None)]
+        found, names = [], []
+        for name in spec.names:
+            submodule = _module_file(base, f"{spec.module}.{name}" if spec.module else name, folder)
+            if submodule is not None:
+                found.append(Imported(submodule, None))
+            elif name != "*":
+                names.append(name)
+        return found + ([Imported(module, frozenset(names))] if names else [])
+    return []
+
+
+def resolve_python(text: str, file: Path, folder: Path) -> list[Imported]:
+    """The workspace modules `text` (the file at `file`) imports, first imported first."""
+    folder = folder.resolve()
+    resolved: list[Imported] = []
+    for spec in python_imports(text):
+        for found in _resolve(spec, file, folder):
+            if found.path.resolve() != file.resolve() and found not in resolved:
+                resolved.append(found)
+    return resolved
+
+
+def resolve_js(text: str, file: Path, folder: Path) -> list[Imported]:
+    """Relative JS/TS imports of `text` resolved to files inside `folder`."""
+    folder, resolved = folder.resolve(), []
+    for specifier in JS_SPECIFIER.findall(text)[:MAX_IMPORTS]:
+        base = file.parent / specifier
+        for extension in JS_EXTENSIONS:
+            candidate = Path(str(base) + extension)
+            if candidate.is_file() and _inside(candidate, folder):
+                resolved.append(Imported(candidate, None))
+                break
+    return resolved
+
+
+def resolve_imports(text: str, language: str | None, file: Path, folder: Path) -> list[Imported]:
+    if language == "python":
+        return resolve_python(text, file, folder)
+    if language in ("javascript", "typescript", "tsx"):
+        return resolve_js(text, file, folder)
+    return []
