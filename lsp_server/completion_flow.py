@@ -213,36 +213,13 @@ class CompletionFlow:
             raise
         return None
 
-    def request(self, query: Query) -> CompletionRequest:
-        settings, context = query.settings, query.context
-        max_tokens = self.choice("max_tokens", settings.max_tokens)
-        first_answer = self.choice("first_answer_ms", settings.first_answer_ms)
-        if first_answer is None:
-            first_answer = FALLBACK_FIRST_ANSWER_MS
-        if any(char not in CLOSERS for char in context.line_suffix):
-            max_tokens = min(max_tokens, MID_LINE_MAX_TOKENS)  # text right of the cursor: only the rest of this line
-            first_answer = 0.0  # such a short request answers once, when done
-        return CompletionRequest(
-            prefix=context.prefix,
-            suffix=context.suffix,
-            language=query.document.language_id,
-            path=_uri_path(query.document.uri),
-            k=self.choice("k", settings.k),
-            max_tokens=max_tokens,
-            mode=settings.mode,
-            temperature=settings.temperature,
-            deadline_ms=settings.deadline_ms,
-            first_answer_ms=min(first_answer, settings.deadline_ms) if settings.typeahead and self.handles_updates else 0.0,
-            raw=settings.raw,
-        )
-
     async def _ask_engine(self, query: Query, ticket: Ticket) -> tuple[list[str], asyncio.Future | None]:
         """The texts to show now, and the request still decoding after an early answer (its
         final answer lands in the typeahead cache), if any."""
         engine = self._engine()
         if engine is None:
             return [], None
-        request = self.request(query)
+        request = engine_request(query, self.choice, self.handles_updates)
         if query.settings.debug_log:
             context = query.context
             log.debug("request at %s:%d: ...%r | %r...", query.document.uri, query.cursor.line, context.prefix[-80:], context.suffix[:40])
@@ -324,7 +301,7 @@ class CompletionFlow:
         client is told (it asks again and gets the longer alternatives at once: the
         suggestion grows while the user pauses); a request for this document that the
         typeahead cache cannot answer supersedes (cancels) it."""
-        with self._engine_work_on():
+        with work_on(self.stats):
             ends = time.perf_counter() + request.deadline_ms / 1000 + ENGINE_GRACE_S
             told = time.perf_counter()
             done: set[asyncio.Future] = set()
@@ -363,7 +340,7 @@ class CompletionFlow:
         """The engine work of a request the client cancelled, for the requests that continue
         it: its answers go into the typeahead cache until a request it cannot serve
         supersedes it, or its deadline passes."""
-        with self._engine_work_on():
+        with work_on(self.stats):
             self.stats.unattended += 1
             left_s = request.deadline_ms / 1000 + ENGINE_GRACE_S - (time.perf_counter() - started)
             done: set[asyncio.Future] = set()
@@ -380,15 +357,6 @@ class CompletionFlow:
             elif early in done:
                 await self._decode_on(query, request, ticket, job, started)
 
-    @contextmanager
-    def _engine_work_on(self) -> Iterator[None]:
-        """Counts engine work that goes on after its request's answer or cancellation (`Stats.work_on`)."""
-        self.stats.work_on += 1
-        try:
-            yield
-        finally:
-            self.stats.work_on -= 1
-
     def _begin(self, uri: str, query: Query) -> Ticket:
         previous = self.inflight.get(uri)
         if previous is not None:
@@ -403,6 +371,42 @@ class CompletionFlow:
         ticket.finish()
         if self.inflight.get(uri) is ticket:
             del self.inflight[uri]
+
+
+def engine_request(query: Query, choice: Callable[[str, Any], Any], early_answers: bool) -> CompletionRequest:
+    """What the engine is asked for `query`: the settings' values, or the machine's where the user
+    set none (`choice`); an early answer only for a client that takes them (`early_answers`)."""
+    settings, context = query.settings, query.context
+    max_tokens = choice("max_tokens", settings.max_tokens)
+    first_answer = choice("first_answer_ms", settings.first_answer_ms)
+    if first_answer is None:
+        first_answer = FALLBACK_FIRST_ANSWER_MS
+    if any(char not in CLOSERS for char in context.line_suffix):
+        max_tokens = min(max_tokens, MID_LINE_MAX_TOKENS)  # text right of the cursor: only the rest of this line
+        first_answer = 0.0  # such a short request answers once, when done
+    return CompletionRequest(
+        prefix=context.prefix,
+        suffix=context.suffix,
+        language=query.document.language_id,
+        path=_uri_path(query.document.uri),
+        k=choice("k", settings.k),
+        max_tokens=max_tokens,
+        mode=settings.mode,
+        temperature=settings.temperature,
+        deadline_ms=settings.deadline_ms,
+        first_answer_ms=min(first_answer, settings.deadline_ms) if settings.typeahead and early_answers else 0.0,
+        raw=settings.raw,
+    )
+
+
+@contextmanager
+def work_on(stats: Stats) -> Iterator[None]:
+    """Counts engine work that goes on after its request's answer or cancellation (`Stats.work_on`)."""
+    stats.work_on += 1
+    try:
+        yield
+    finally:
+        stats.work_on -= 1
 
 
 def _retrieved(job: asyncio.Future) -> None:

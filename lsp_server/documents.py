@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from kspec.engine.errors import InputError
 
@@ -144,6 +145,16 @@ class Document:
             replacement.pop()  # the region ended with a terminator: the next line is not part of it
         self.lines[first : last + 1] = replacement
         self.length += len(new_text) - removed
+
+    def change(self, edited: tuple[Any, Any] | None, text: str, encoding: str) -> None:
+        """One content change of `didChange`: the text between two LSP positions (`.line`,
+        `.character`; a line past the end means the end of the document), or all of it (None).
+        A document too large for completions takes only whole replacements."""
+        if edited is None:
+            self.replace_all(text)
+        elif not self.too_large:
+            start, end = (self.clamped_cursor(p.line, p.character, encoding) for p in edited)
+            self.apply_edit(start, end, text)
 
     def offset(self, cursor: Cursor) -> int:
         """Code points before the cursor (O(lines before it))."""

@@ -317,7 +317,7 @@ class DaemonEngine:
                 f"this server {PROTOCOL_VERSION}: stop it (pid {reply.get('pid')})"
             )
         pid = reply.get("pid") if isinstance(reply.get("pid"), int) else None
-        self._set_status(_status_from_wire(reply.get("status"), pid))
+        self._set_status(Status.from_wire(reply.get("status"), pid))
         return _Connection(reader, writer, pid)
 
     async def _spawn_and_connect(self, deadline: float) -> _Connection:
@@ -376,7 +376,7 @@ class DaemonEngine:
     def _dispatch(self, connection: _Connection, message: dict[str, Any]) -> None:
         kind = message["type"]
         if kind == "status":
-            self._set_status(_status_from_wire(message, connection.pid))
+            self._set_status(Status.from_wire(message, connection.pid))
             return
         future = connection.pending.get(str(message.get("id")))
         if future is None or future.done():
@@ -435,29 +435,6 @@ def _current_task_cancelling() -> bool:
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
     return cancelling is None or cancelling() > 0
-
-
-def _status_from_wire(data: Any, pid: int | None) -> Status:
-    if not isinstance(data, dict):
-        return Status(LOADING, "connected", engine_pid=pid)
-    progress = data.get("progress")
-    latency = data.get("latency_ms")
-    defaults = data.get("defaults")
-    if not (isinstance(defaults, dict) and all(isinstance(k, str) and isinstance(v, (int, float)) for k, v in defaults.items())):
-        defaults = None
-    attention = data.get("attention")
-    if not (isinstance(attention, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in attention.items())):
-        attention = None
-    return Status(
-        state=str(data.get("state", LOADING)),
-        message=str(data.get("message", "")),
-        progress=float(progress) if isinstance(progress, (int, float)) else None,
-        model=str(data.get("model", "")),
-        latency_ms=float(latency) if isinstance(latency, (int, float)) else None,
-        engine_pid=pid,
-        defaults={k: float(v) for k, v in defaults.items()} if defaults else None,
-        attention=dict(attention) if attention else None,
-    )
 
 
 def _try_lock(path: Path) -> IO[bytes] | None:

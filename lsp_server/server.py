@@ -39,9 +39,11 @@ from kspec.lsp_server.jsonrpc import ChunkReader, Dispatcher, Frame, frames_to_l
 from kspec.lsp_server.options import Redactor, ServerOptions
 from kspec.lsp_server.progress import LoadingProgress, client_shows_progress
 from kspec.lsp_server.pygls_adapter import KspecProtocol, as_handler, running_handlers
-from kspec.lsp_server.settings import SECTION, Settings, parse_settings
+from kspec.lsp_server.messages import Messages
+from kspec.lsp_server.settings import Settings, parse_settings, pull_configuration
 from kspec.lsp_server.status_report import STATUS_METHOD, StatusReport
 from kspec.lsp_server.tcp_admission import Limits, admit
+from kspec.lsp_server.trigger_kinds import TriggerKinds
 from kspec.lsp_server.typeahead import TypeaheadCache
 
 __all__ = ["KspecServer", "Redactor", "ServerOptions", "Session", "negotiate_encoding"]
@@ -50,7 +52,6 @@ log = logging.getLogger("kspec.lsp")
 
 VERSION = version()  # pyproject.toml, through the installed distribution
 STATS_METHOD = "kspec/stats"
-CONFIGURATION_TIMEOUT_S = 5.0
 EXIT_JOIN_S = 3.0  # at exit, for the engine thread to leave torch code
 
 
@@ -79,9 +80,9 @@ class Session:
         self._engine_key: tuple[Any, ...] | None = None
         self._load_slot = LoadSlot()  # one in-process engine loads (or lives) at a time: a storm of model changes loads the last
         self._generation = 0  # of self.engine: statuses of the engines it replaced are dropped
-        self._legacy_trigger_kinds = False
+        self.trigger_kinds = TriggerKinds()
         self._pending_problems: list[str] = []
-        self._shown: set[str] = set()  # user messages already shown since the engine was last ready
+        self.messages = Messages(lambda params: self.server.window_show_message(params))
         self._user_set: set[str] = set()  # settings the client gave; the engine's machine defaults fill the rest
         self.report = StatusReport(lambda data: self.server.protocol.notify(STATUS_METHOD, data), self._status_extras)
         notify = lambda method, params: self.server.protocol.notify(method, params)  # noqa: E731
@@ -122,15 +123,14 @@ class Session:
 
     def initialized(self, params: lsp.InitializedParams) -> None:
         for problem in self._pending_problems:
-            self.show(f"kspec: {problem}", lsp.MessageType.Warning)
+            self.messages.show(f"kspec: {problem}", lsp.MessageType.Warning)
         self._pending_problems = []
         self._ensure_engine()
 
     def shutdown(self, params: None) -> None:
         self.close()
 
-    def exit(self, params: None) -> None:
-        self.close()
+    exit = shutdown  # both close the engine; pygls itself ends the process at `exit`
 
     def close(self) -> None:
         if self.report.closed:
@@ -164,14 +164,8 @@ class Session:
             return
         document = self.documents.get(uri)
         for change in params.content_changes:
-            if isinstance(change, lsp.TextDocumentContentChangePartial):
-                if document.too_large:
-                    continue
-                start = document.clamped_cursor(change.range.start.line, change.range.start.character, self.encoding)
-                end = document.clamped_cursor(change.range.end.line, change.range.end.character, self.encoding)
-                document.apply_edit(start, end, change.text)
-            else:
-                document.replace_all(change.text)
+            whole = not isinstance(change, lsp.TextDocumentContentChangePartial)
+            document.change(None if whole else (change.range.start, change.range.end), change.text, self.encoding)
             if document.too_large:
                 self._too_large(document)
         document.version = params.text_document.version
@@ -183,7 +177,7 @@ class Session:
         self.flow.supersede(uri)
 
     def _too_large(self, document: Document) -> None:
-        self.show(f"kspec: {document.uri} is too large for completions (over {MAX_DOCUMENT_CHARS} characters)", lsp.MessageType.Warning)
+        self.messages.show(f"kspec: {document.uri} is too large for completions (over {MAX_DOCUMENT_CHARS} characters)", lsp.MessageType.Warning)
 
     # --- settings and the engine ---------------------------------------------------------
 
@@ -191,22 +185,13 @@ class Session:
         raw = params.settings
         workspace = self.server.client_capabilities.workspace
         if not raw and workspace and workspace.configuration:  # the client wants to be asked
-            raw = await self._pull_configuration()
+            raw = await pull_configuration(self.server.workspace_configuration_async)
         parsed = parse_settings(raw, self.settings)
         self._user_set = (self._user_set - parsed.cleared) | parsed.given
         for problem in parsed.problems:
-            self.show(f"kspec: {problem}", lsp.MessageType.Warning)
+            self.messages.show(f"kspec: {problem}", lsp.MessageType.Warning)
         self._set_settings(parsed.settings)
         self._ensure_engine()
-
-    async def _pull_configuration(self) -> Any:
-        request = lsp.ConfigurationParams(items=[lsp.ConfigurationItem(section=SECTION)])
-        try:
-            values = await asyncio.wait_for(self.server.workspace_configuration_async(request), CONFIGURATION_TIMEOUT_S)
-        except (asyncio.TimeoutError, Exception) as exc:
-            log.warning("workspace/configuration failed: %s", type(exc).__name__)
-            return None
-        return values[0] if values else None
 
     def _set_settings(self, settings: Settings) -> None:
         if self.options.engine is not None and settings.engine != self.options.engine:
@@ -227,9 +212,9 @@ class Session:
             self._retired = [e for e in self._retired if not e.join(0)] + [self.engine]
             self.typeahead.clear()  # another model's suggestions
         self._engine_key = key
-        self._shown.clear()
+        self.messages.forget()
         self._generation += 1
-        tell = lambda message: self.show(message, lsp.MessageType.Info)  # noqa: E731
+        tell = lambda message: self.messages.show(message, lsp.MessageType.Info)  # noqa: E731
         self.engine = make_engine(self.settings, self.options, self._status_of(self._generation), self._load_slot, tell)
         self.report.status = self.engine.status  # the replaced engine's (its model, "ready") must not be told again
         asyncio.ensure_future(self.engine.start())
@@ -255,9 +240,9 @@ class Session:
         if self.loading is not None and not self.report.closed:
             self.loading.update(status)
         if status.state == READY:
-            self._shown.clear()
+            self.messages.forget()
         elif status.state == ERROR:
-            self.show(f"kspec: {status.message}", lsp.MessageType.Error)
+            self.messages.show(f"kspec: {status.message}", lsp.MessageType.Error)
         self.report.engine_status(status)
 
     def _status_extras(self) -> dict[str, Any]:
@@ -267,14 +252,6 @@ class Session:
         if log_file is not None:
             extras["logFile"] = str(log_file)
         return extras
-
-    def show(self, message: str, kind: lsp.MessageType) -> None:
-        """A user-visible message, once until the engine is ready again."""
-        if message in self._shown:
-            return
-        self._shown.add(message)
-        log.warning("%s", message)
-        self.server.window_show_message(lsp.ShowMessageParams(type=kind, message=message))
 
     def stats_request(self, params: Any) -> dict[str, Any]:
         return {
@@ -298,25 +275,6 @@ class Session:
             self.report.tell()
 
     # --- completions -------------------------------------------------------------------
-
-    def normalize(self, message: dict[str, Any]) -> None:
-        """Accept both inline-completion trigger-kind numberings before validation.
-
-        LSP 3.18 says Invoked = 1, Automatic = 2; older clients (the proposed API) sent
-        Invoked = 0, Automatic = 1. A client that ever sends 0 uses the old numbering, so
-        its 1 means Automatic. A missing context means Invoked."""
-        if message.get("method") != lsp.TEXT_DOCUMENT_INLINE_COMPLETION or not isinstance(message.get("params"), dict):
-            return
-        params = message["params"]
-        context = params.setdefault("context", {"triggerKind": 1})
-        if not isinstance(context, dict):
-            return
-        kind = context.setdefault("triggerKind", 1)
-        if kind == 0:
-            self._legacy_trigger_kinds = True
-            context["triggerKind"] = 1
-        elif kind == 1 and self._legacy_trigger_kinds:
-            context["triggerKind"] = 2
 
     async def inline_completion(self, params: lsp.InlineCompletionParams) -> lsp.InlineCompletionList:
         automatic = params.context.trigger_kind == lsp.InlineCompletionTriggerKind.Automatic
@@ -354,7 +312,7 @@ class Session:
             return None
         context = editor_context(document, cursor, Budgets(settings.prefix_chars, settings.suffix_chars))
         if looks_binary(context):
-            self.show(f"kspec: {uri} looks binary (NUL characters); no completions there", lsp.MessageType.Info)
+            self.messages.show(f"kspec: {uri} looks binary (NUL characters); no completions there", lsp.MessageType.Info)
             return None
         return Query(document, cursor, line_body(document.lines[cursor.line]), context, settings, document.version)
 
@@ -398,8 +356,8 @@ class KspecServer(LanguageServer):
         queue: asyncio.Queue = asyncio.Queue()
         limit = self.session.options.max_message_bytes
         frames_to_loop(frames, asyncio.get_running_loop(), queue)
-        report = lambda message: self.session.show(message, lsp.MessageType.Error)  # noqa: E731
-        dispatcher = Dispatcher(self.protocol, self.session.normalize, report, limit)
+        report = lambda message: self.session.messages.show(message, lsp.MessageType.Error)  # noqa: E731
+        dispatcher = Dispatcher(self.protocol, self.session.trigger_kinds.normalize, report, limit)
         while (frame := await queue.get()) is not None:
             dispatcher.dispatch(frame)
         log.info("the client closed the connection")

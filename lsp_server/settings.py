@@ -7,16 +7,22 @@ name and its default is used, the others still apply.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import re
 from dataclasses import Field, dataclass, field, fields, make_dataclass, replace
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
+
+from lsprotocol import types as lsp
 
 from kspec.engine.api import MAX_K, MAX_NEW_TOKENS, MODES
 from kspec.engine.config import EngineConfig, options, value_type
 
 PLACEMENTS = ("daemon", "inprocess", "remote", "openai")  # where completions are computed (the default first)
 SECTION = "kspec"
+
+log = logging.getLogger("kspec.lsp")
 
 
 @dataclass(frozen=True)
@@ -242,3 +248,18 @@ def parse_settings(raw: Any, base: Settings | None = None) -> Parsed:
         values[name] = RULES[name].convert(value)
     given = frozenset(name for name in values if name not in rejected and name not in cleared)
     return Parsed(replace(base, **values), problems, given, frozenset(cleared))
+
+
+CONFIGURATION_TIMEOUT_S = 5.0
+
+
+async def pull_configuration(ask: Callable[[lsp.ConfigurationParams], Awaitable[list[Any]]]) -> Any:
+    """The client's settings through `workspace/configuration` (`ask`: pygls' request), for a
+    client whose `didChangeConfiguration` carries none; None when it fails or takes too long."""
+    request = lsp.ConfigurationParams(items=[lsp.ConfigurationItem(section=SECTION)])
+    try:
+        values = await asyncio.wait_for(ask(request), CONFIGURATION_TIMEOUT_S)
+    except (asyncio.TimeoutError, Exception) as exc:
+        log.warning("workspace/configuration failed: %s", type(exc).__name__)
+        return None
+    return values[0] if values else None

@@ -51,19 +51,6 @@ log = logging.getLogger("kspec.daemon")
 MAX_UNIX_PATH = 107
 
 
-def status_to_wire(status: Status) -> dict[str, Any]:
-    return {
-        "type": "status",
-        "state": status.state,
-        "message": status.message,
-        "progress": status.progress,
-        "model": status.model,
-        "latency_ms": status.latency_ms,
-        "defaults": status.defaults,
-        "attention": status.attention,
-    }
-
-
 class _Peer:
     def __init__(self, writer: asyncio.StreamWriter):
         self.writer = writer
@@ -175,7 +162,7 @@ class Daemon:
             self._stop.set()
 
     def _broadcast(self, status: Status) -> None:
-        message = status_to_wire(status)
+        message = status.to_wire()
         for peer in list(self._peers):
             peer.send(message)
 
@@ -221,7 +208,7 @@ class Daemon:
         if not tokens_match(self.token, hello.get("token")):
             peer.send(error_frame(None, ProtocolError("bad token")))
             return False
-        peer.send({"type": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(), "status": status_to_wire(self.runner.status)})
+        peer.send({"type": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(), "status": self.runner.status.to_wire()})
         if hello.get("version") != PROTOCOL_VERSION:
             log.warning("client speaks protocol %r, we speak %d", hello.get("version"), PROTOCOL_VERSION)
             return False

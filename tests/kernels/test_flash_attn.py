@@ -179,15 +179,13 @@ def test_this_machine_paths_are_detected() -> None:
 
 
 def test_status_carries_the_attention_paths() -> None:
-    from kspec.engine.serve.daemon import status_to_wire
     from kspec.engine.serve.status import READY, Status
-    from kspec.lsp_server.engine_client import _status_from_wire
 
     paths = {"prefill": "flash-attn", "decode": "flash-attn"}
     status = Status(READY, "ready", model="m", attention=paths)
     assert status.to_dict()["attention"] == paths  # what $/kspec/status sends
-    assert _status_from_wire(status_to_wire(status), None).attention == paths  # through the daemon's wire
-    assert _status_from_wire({**status_to_wire(status), "attention": {"prefill": 3}}, None).attention is None
+    assert Status.from_wire(status.to_wire(), None).attention == paths  # through the daemon's wire
+    assert Status.from_wire({**status.to_wire(), "attention": {"prefill": 3}}, None).attention is None
     assert "attention" not in Status(READY).to_dict()
 
 

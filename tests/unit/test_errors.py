@@ -78,3 +78,4 @@ def test_the_apis_own_refusals_answer_as_an_input_error() -> None:
     refusal = ApiError.invalid("'n' must be an integer between 1 and 32", "n")
     expected = describe(InputError("x"))
     assert (refusal.status, refusal.body()["error"]["type"], refusal.param) == (expected.http_status, expected.http_type, "n")
+
