@@ -95,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="quality: post-process the cases of a --cases-out file again, without the model",
     )  # fmt: skip
     bench.add_argument(
+        "--cross-file", action="store_true",
+        help="quality: holes that need a name only a sibling module defines, through kspec lsp with the context off, "
+        "on with only the file open, and on with the sibling open too (bench/crossfile.py); --repeats: holes (default 24)",
+    )  # fmt: skip
+    bench.add_argument(
         "--lsp-points", type=int, default=3,
         help="keystroke: places in Python's textwrap.py typed again through kspec lsp, kspec's defaults vs the previous "
         "configuration (fp32, no early answer), interleaved (default 3). --model, --device, --threads and, when given, "
@@ -262,6 +267,8 @@ def _bench_peer(config, args: argparse.Namespace) -> dict:
 def _bench_quality(config, args: argparse.Namespace) -> dict:
     from kspec.bench.quality import QualityBenchConfig, replay_quality_bench, run_quality_bench
 
+    if args.cross_file:
+        return _bench_cross_file(config, args)
     quality = QualityBenchConfig(k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 48)
     if args.replay is not None:
         try:
@@ -283,6 +290,20 @@ def _bench_quality(config, args: argparse.Namespace) -> dict:
     if details:
         args.cases_out.write_text(json.dumps({"cases": report.pop("cases")}), encoding="utf-8")
     return report
+
+
+def _bench_cross_file(config, args: argparse.Namespace) -> dict:
+    from tqdm import tqdm
+
+    from kspec.bench.crossfile import CrossFileConfig
+    from kspec.bench.crossfile_lsp import run_crossfile_bench
+
+    try:
+        cross = CrossFileConfig(holes=args.repeats or 24, k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 32, model=config.model)
+    except ValueError as exc:
+        raise KspecError(str(exc)) from exc
+    with tqdm(desc="kspec bench quality --cross-file", unit="cut", disable=not show_progress(args), file=sys.stderr) as bar:
+        return run_crossfile_bench(cross, progress=lambda line: bar.update(1))
 
 
 # What a bench needs beyond kspec's own dependencies: pip install 'kspec[bench]'.

@@ -40,6 +40,19 @@ def _comment(language: str, path: str) -> str:
     return f"{mark} {path}\n"
 
 
+def display_path(cursor_path: str, context: tuple[ContextFile, ...]) -> str:
+    """The cursor's file as the pieces name theirs: an absolute path from the folder the pieces'
+    relative paths start in (`/home/u/ws/pkg/m.py` beside `pkg/utils.py`: `pkg/m.py`), else its name."""
+    parts = cursor_path.replace(os.sep, "/").split("/")
+    if not os.path.isabs(cursor_path):
+        return cursor_path or "file"
+    firsts = {p.path.split("/", 1)[0] for p in context if not os.path.isabs(p.path)}
+    for at in range(len(parts) - 1, 0, -1):
+        if parts[at] in firsts:
+            return "/".join(parts[at:])
+    return parts[-1] or "file"
+
+
 def _with_newline(text: str) -> str:
     return text if text.endswith("\n") or not text else text + "\n"
 
@@ -50,18 +63,18 @@ def _pieces(tokenizer: Tokenizer, context: tuple[ContextFile, ...], cursor_path:
     has = tokenizer.special_id
     qwen_file = has(QWEN_FILE) if has("<|fim_prefix|>") is not None else None
     star_file = has(STARCODER_FILE) if has("<fim_prefix>") is not None else None
-    name = os.path.basename(cursor_path) or "file"
+    name = display_path(cursor_path, context)
     if qwen_file is not None:
         repo = tokenizer.special_id(QWEN_REPO)
         head = [repo, *tokenizer.encode(REPO_NAME + "\n")] if repo is not None else []
         pieces = [[qwen_file, *tokenizer.encode(f"{p.path}\n{_with_newline(p.text)}")] for p in context]
-        return pieces, head, [qwen_file, *tokenizer.encode(f"{cursor_path or name}\n")]
+        return pieces, head, [qwen_file, *tokenizer.encode(f"{name}\n")]
     if star_file is not None:
         pieces = [[star_file, *tokenizer.encode(f"{p.path}\n{_with_newline(p.text)}")] for p in context]
-        return pieces, [], [star_file, *tokenizer.encode(f"{cursor_path or name}\n")]
+        return pieces, [], [star_file, *tokenizer.encode(f"{name}\n")]
     language = detect_language(language, cursor_path) or ""
     pieces = [tokenizer.encode(_comment(language, p.path) + _with_newline(p.text) + "\n") for p in context]
-    return pieces, [], tokenizer.encode(_comment(language, cursor_path or name))
+    return pieces, [], tokenizer.encode(_comment(language, name))
 
 
 def context_block(tokenizer: Tokenizer, context: tuple[ContextFile, ...], cursor_path: str, language: str, budget: int) -> ContextBlock:

@@ -19,15 +19,17 @@ CHARS_PER_TOKEN_BOUND = 8  # no tokenizer here averages more; used to pre-cut te
 class PromptBudget:
     max_tokens: int = 1536
     suffix_share: float = 0.25  # of max_tokens, when the model has FIM tokens
-    context_share: float = 0.5  # of max_tokens at most, for other files' context before the file's text
+    # other files' context before the file's text: at most this share of max_tokens, on top of the file's
+    # own budget (the file's window is never cut for it; it is prefilled only when it changes)
+    context_share: float = 1.0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 16:
             raise ValueError(f"prompt budget must be >= 16 tokens, got {self.max_tokens}")
         if not 0.0 <= self.suffix_share < 1.0:
             raise ValueError(f"suffix_share must be in [0, 1), got {self.suffix_share}")
-        if not 0.0 <= self.context_share < 1.0 or self.suffix_share + self.context_share >= 1.0:
-            raise ValueError(f"context_share must be in [0, 1 - suffix_share), got {self.context_share}")
+        if not 0.0 <= self.context_share <= 1.0:
+            raise ValueError(f"context_share must be in [0, 1], got {self.context_share}")
 
 
 @dataclass(frozen=True)
@@ -141,8 +143,7 @@ def build_prompt(
     if fim is not None:
         suffix_budget = int(budget.max_tokens * budget.suffix_share)
         suffix_ids = _head_tokens(tokenizer, suffix, suffix_budget) if suffix_budget else []
-    room = budget.max_tokens - len(block.ids) - len(suffix_ids) - 3
-    prefix_ids = _stable_tail_tokens(tokenizer, prefix, room, starts)
+    prefix_ids = _stable_tail_tokens(tokenizer, prefix, budget.max_tokens - len(suffix_ids) - 3, starts)
     prefix_ids, healed_text = split_for_healing(tokenizer, prefix_ids)
     extra = {"context_tokens": len(block.ids), "context_files": block.files}
     if fim is None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CHARS_PER_TOKEN = 3.0  # code averages 3-4 characters per BPE token: the budget is converted with the lower figure
-MACHINE_SHARE = 0.4  # of the prompt tokens the machine fit prefills cold in ~0.5 s (the engine allows 0.5)
+# of the prompt tokens the machine fit prefills cold in ~0.5 s: a context refresh costs at most one more
+# such prefill (the engine allows as many context tokens as its prompt budget, on top of the file's)
+MACHINE_SHARE = 1.0
 
 
 @dataclass(frozen=True)

@@ -17,18 +17,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kspec.engine.api import ContextFile
 from kspec.engine.syntax.languages import detect_language
 from kspec.lsp_server.crossfile.chunks import Chunk, chunk_at, chunk_text
 from kspec.lsp_server.crossfile.config import ContextConfig
-from kspec.lsp_server.crossfile.imports import Imported, resolve_imports
-from kspec.lsp_server.crossfile.outline import outline
+from kspec.lsp_server.crossfile.imports import resolve_imports
+from kspec.lsp_server.crossfile.outline import outline_entries
 from kspec.lsp_server.crossfile.places import RecentPlaces
 from kspec.lsp_server.crossfile.similarity import identifiers, jaccard
 from kspec.lsp_server.crossfile.workspace import Source, WorkspaceFiles
 
 MAX_FILE_CHARS = 1 << 20  # an imported file larger than this is not read
+MAX_OUTLINES = 256  # modules' outlines kept (by path, version and names)
+IMPORT_BASE = 1.0  # an imported module's piece ranks above any chunk (Jaccard <= 1): nearest the file's text
+IMPORT_NAMED_BONUS = 0.5  # for a module whose name is written around the cursor (`nodes.` in `nodes.Const(...)`)
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,8 @@ class ContextGatherer:
         self.config = config
         self.places = RecentPlaces(config.ring_size)
         self._chunks: dict[tuple[str, int], list[Chunk]] = {}
-        self._outlines: dict[tuple[str, int, frozenset[str] | None], str] = {}
-        self._kept: dict[str, tuple[list[Candidate], list[Candidate]]] = {}  # uri -> (imports, chunks)
+        self._outlines: dict[tuple[str, int, frozenset[str] | None], list[str]] = {}
+        self._kept: dict[str, tuple[tuple[Any, ...], list[Candidate]]] = {}  # uri -> (its imports' signature, the choice)
 
     def forget(self, uri: str) -> None:
         self.places.forget(uri)
@@ -71,27 +75,30 @@ class ContextGatherer:
         and files of `current`'s workspace folder only."""
         if budget_chars <= 0 or not self.config.enabled:
             return Gathered()
-        imports = self._fit(self._imports(current, workspace), int(budget_chars * self.config.import_share))
-        room = budget_chars - sum(len(c.piece.text) for c in imports)
         query = identifiers(_around(current.text, line, self.config.query_lines_before, self.config.query_lines_after))
+        modules = self._imported(current, workspace)
+        signature = tuple((m[0], m[1]) for m in modules)
+        imports = self._imports(modules, query, int(budget_chars * self.config.import_share))
+        room = budget_chars - sum(len(c.piece.text) for c in imports)
         chunks = self._fit(self._ranked_chunks(current, workspace, query), room)[: self.config.max_chunks]
-        imports, chunks = self._stable(current.uri, imports, chunks, workspace, query)
-        ordered = sorted(chunks, key=lambda c: c.score) + imports  # most relevant last: nearest the file's text
-        return Gathered(tuple(c.piece for c in ordered))
+        chosen = self._stable(current.uri, signature, imports + chunks, workspace, query)
+        return Gathered(tuple(c.piece for c in sorted(chosen, key=lambda c: c.score)))  # most relevant last: nearest the file's text
 
     # --- the kept choice ---------------------------------------------------------------
 
     def _stable(
-        self, uri: str, imports: list[Candidate], chunks: list[Candidate], workspace: WorkspaceFiles, query: frozenset[str]
-    ) -> tuple[list[Candidate], list[Candidate]]:  # fmt: skip
+        self, uri: str, signature: tuple[Any, ...], chosen: list[Candidate], workspace: WorkspaceFiles, query: frozenset[str]
+    ) -> list[Candidate]:  # fmt: skip
+        """The kept choice while the imports are the same, its chunks are still there, and the new
+        choice does not rank `refresh_gain` higher than the kept one does now."""
         kept = self._kept.get(uri)
-        if kept is not None and kept[0] == imports and self._still_there(kept[1], workspace):
-            old = sum(jaccard(identifiers(c.piece.text), query) for c in kept[1])
-            new = sum(c.score for c in chunks)
+        if kept is not None and kept[0] == signature and self._still_there([c for c in kept[1] if c.key[0] == "chunk"], workspace):
+            old = sum(_rescored(c, query) for c in kept[1])
+            new = sum(_merit(c) for c in chosen)
             if new <= old * (1.0 + self.config.refresh_gain) + 1e-9:
-                return kept
-        self._kept[uri] = (imports, chunks)
-        return imports, chunks
+                return kept[1]
+        self._kept[uri] = (signature, chosen)
+        return chosen
 
     def _still_there(self, chunks: list[Candidate], workspace: WorkspaceFiles) -> bool:
         """Every kept chunk is still a chunk of its document (open, and unchanged there)."""
@@ -103,29 +110,49 @@ class ContextGatherer:
 
     # --- candidates ----------------------------------------------------------------------
 
-    def _imports(self, current: Source, workspace: WorkspaceFiles) -> list[Candidate]:
-        language = detect_language(current.language_id, current.path)
+    def _imported(self, current: Source, workspace: WorkspaceFiles) -> list[tuple[str, int, list[str]]]:
+        """(path in the folder, its version, outline entries) of each module the file imports."""
+        language = detect_language(current.language_id, current.path or "")
         if current.path is None or language is None:
             return []
         found = []
         for imported in resolve_imports(current.text, language, current.path, workspace.folder):
-            text = self._outline(imported, workspace)
-            if text.strip():
-                path = workspace.relative(imported.path)
-                found.append(Candidate(("import", path, 0), ContextFile(path, text), 1.0))
+            source = workspace.source_of(imported.path, MAX_FILE_CHARS)
+            module_language = detect_language("", str(imported.path))
+            if source is None or module_language is None:
+                continue
+            key = (str(imported.path), source.version, imported.names)
+            if key not in self._outlines:
+                if len(self._outlines) > MAX_OUTLINES:
+                    self._outlines.clear()
+                self._outlines[key] = outline_entries(source.text, module_language, imported.names)
+            if self._outlines[key]:
+                found.append((workspace.relative(imported.path), source.version, self._outlines[key]))
         return found
 
-    def _outline(self, imported: Imported, workspace: WorkspaceFiles) -> str:
-        source = workspace.source_of(imported.path, MAX_FILE_CHARS)
-        language = detect_language("", str(imported.path))
-        if source is None or language is None:
-            return ""
-        key = (str(imported.path), source.version, imported.names)
-        if key not in self._outlines:
-            if len(self._outlines) > 256:
-                self._outlines.clear()
-            self._outlines[key] = outline(source.text, language, imported.names)
-        return self._outlines[key]
+    @staticmethod
+    def _imports(modules: list[tuple[str, int, list[str]]], query: frozenset[str], budget_chars: int) -> list[Candidate]:
+        """One piece per imported module: its outline entries that rank highest against the
+        cursor's lines (a module named there first), within the budget, in file order."""
+        ranked = []
+        for path, _version, entries in modules:
+            stem = Path(path).stem if Path(path).stem != "__init__" else Path(path).parent.name
+            named = IMPORT_NAMED_BONUS if stem in query else 0.0
+            ranked += [(jaccard(identifiers(entry) | {stem}, query) + named, path, at) for at, entry in enumerate(entries)]
+        ranked.sort(key=lambda r: -r[0])
+        chosen: dict[str, list[tuple[int, float]]] = {}
+        used = 0
+        for score, path, at in ranked:
+            entry = next(m[2][at] for m in modules if m[0] == path)
+            if used + len(entry) + len(path) <= budget_chars:
+                chosen.setdefault(path, []).append((at, score))
+                used += len(entry) + 1
+        pieces = []
+        for path, picked in chosen.items():
+            entries = next(m[2] for m in modules if m[0] == path)
+            text = "".join(entries[at] + "\n" for at, _ in sorted(picked))
+            pieces.append(Candidate(("import", path, 0), ContextFile(path, text), IMPORT_BASE + max(s for _, s in picked)))
+        return pieces
 
     def _chunks_of(self, source: Source) -> list[Chunk]:
         key = (source.uri, source.version)
@@ -164,3 +191,15 @@ class ContextGatherer:
 def _around(text: str, line: int, before: int, after: int) -> str:
     lines = text.splitlines()
     return "\n".join(lines[max(0, line - before) : line + after + 1])
+
+
+def _merit(candidate: Candidate) -> float:
+    """What a piece's score says of its fit with the cursor's lines (an import's rank base left out)."""
+    return candidate.score - IMPORT_BASE if candidate.key[0] == "import" else candidate.score
+
+
+def _rescored(candidate: Candidate, query: frozenset[str]) -> float:
+    """A kept piece's merit against the cursor's lines now (an import's: as when it was chosen)."""
+    if candidate.key[0] == "import":
+        return _merit(candidate)
+    return jaccard(identifiers(candidate.piece.text), query)

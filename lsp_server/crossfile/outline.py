@@ -73,10 +73,8 @@ def _py_statement(source: bytes, node: tree_sitter.Node, indent: str, wanted: fr
 
 
 def _python(source: bytes, root: tree_sitter.Node, wanted: frozenset[str] | None) -> list[str]:
-    lines: list[str] = []
-    for node in root.children:
-        lines += _py_statement(source, node, "", wanted)
-    return lines
+    entries = ["\n".join(lines) for node in root.children if (lines := _py_statement(source, node, "", wanted))]
+    return entries
 
 
 def _declared_name(source: bytes, node: tree_sitter.Node) -> str:
@@ -91,7 +89,7 @@ def _declared_name(source: bytes, node: tree_sitter.Node) -> str:
 
 
 def _c_family(source: bytes, root: tree_sitter.Node, wanted: frozenset[str] | None) -> list[str]:
-    lines: list[str] = []
+    lines: list[str] = []  # one entry per declaration
     for node in root.children:
         if "comment" in node.type or "import" in node.type or node.type in ("package_clause", "use_declaration"):
             continue
@@ -103,9 +101,14 @@ def _c_family(source: bytes, root: tree_sitter.Node, wanted: frozenset[str] | No
     return lines
 
 
-def outline(text: str, language: str, wanted: frozenset[str] | None = None) -> str:
-    """The outline of a module's text; only the definitions named in `wanted` when given."""
+def outline_entries(text: str, language: str, wanted: frozenset[str] | None = None) -> list[str]:
+    """The outline of a module's text, one entry per top-level definition (a class with its
+    methods' signatures is one entry), in file order; only those named in `wanted` when given."""
     source = text.encode("utf-8")
     root = new_parser(language).parse(source).root_node
-    lines = _python(source, root, wanted) if language == "python" else _c_family(source, root, wanted)
-    return "".join(line + "\n" for line in lines)
+    return _python(source, root, wanted) if language == "python" else _c_family(source, root, wanted)
+
+
+def outline(text: str, language: str, wanted: frozenset[str] | None = None) -> str:
+    """The whole outline as text."""
+    return "".join(entry + "\n" for entry in outline_entries(text, language, wanted))
