@@ -32,6 +32,7 @@ from kspec.lsp_server.crossfile.workspace import Source, WorkspaceFiles
 MAX_FILE_CHARS = 1 << 20  # an imported file larger than this is not read
 MAX_OUTLINES = 256  # modules' outlines kept (by path, version and names)
 IMPORT_BASE = 1.0  # an imported module's piece ranks above any chunk (Jaccard <= 1): nearest the file's text
+MIN_GAIN = 0.02  # and by at least this much (a kept choice that ranks ~0 is not replaced by another ~0)
 IMPORT_NAMED_BONUS = 0.5  # for a module whose name is written around the cursor (`nodes.` in `nodes.Const(...)`)
 
 
@@ -93,9 +94,12 @@ class ContextGatherer:
         choice does not rank `refresh_gain` higher than the kept one does now."""
         kept = self._kept.get(uri)
         if kept is not None and kept[0] == signature and self._still_there([c for c in kept[1] if c.key[0] == "chunk"], workspace):
-            old = sum(_rescored(c, query) for c in kept[1])
-            new = sum(_merit(c) for c in chosen)
-            if new <= old * (1.0 + self.config.refresh_gain) + 1e-9:
+            better = False
+            for kind in ("import", "chunk"):  # each part on its own: a better chunk is not drowned by the imports' merit
+                old = sum(_rescored(c, query) for c in kept[1] if c.key[0] == kind)
+                new = sum(_merit(c) for c in chosen if c.key[0] == kind)
+                better = better or new > old * (1.0 + self.config.refresh_gain) + MIN_GAIN
+            if not better:
                 return kept[1]
         self._kept[uri] = (signature, chosen)
         return chosen
