@@ -37,7 +37,7 @@ class SessionContext:
     def __init__(self) -> None:
         self.folders: tuple[Path, ...] = ()
         self.gatherer = ContextGatherer()
-        self.last: dict[str, Any] = {"files": [], "chars": 0, "tokens": 0}
+        self.last: dict[str, Any] = {"files": [], "chars": 0}  # the last query's (the engine's answer adds `tokens`)
 
     def set_folders(self, params: lsp.InitializeParams) -> None:
         self.folders = workspace_folders(params)
@@ -57,13 +57,9 @@ class SessionContext:
         current = _source(document)
         folder = folder_for(current.path.resolve() if current.path else None, self.folders)
         if folder is None or not on:
-            self.last = {"files": [], "chars": 0, "tokens": 0}
+            self.last = {"files": [], "chars": 0}
             return ()
         workspace = WorkspaceFiles(folder, [_source(d) for d in documents.all()], self.folders)
         gathered = self.gatherer.gather(current, line, workspace, config.budget_chars(prompt_tokens))
-        self.last = {"files": list(gathered.files), "chars": gathered.chars, "tokens": 0}
+        self.last = {"files": list(gathered.files), "chars": gathered.chars}
         return gathered.pieces
-
-    def used(self, timing: dict[str, float]) -> None:
-        """The engine's answer: how many tokens of the context went into its prompt."""
-        self.last = {**self.last, "tokens": int(timing.get("context_tokens", 0))}

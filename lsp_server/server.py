@@ -321,6 +321,7 @@ class Session:
             return None
         fitted = (self.report.status.defaults or {}).get("prompt_tokens")
         extra = self.extra.pieces(self.documents, document, cursor.line, settings.context_files, settings.context_tokens, fitted)
+        self.report.context_tokens = 0  # until the engine's answer says how many of them went in
         return Query(document, cursor, line_body(document.lines[cursor.line]), context, settings, document.version, extra)
 
 
