@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     complete = commands.add_parser("complete", help="complete at PATH:LINE:COL (1-based)")
     complete.add_argument("location", help="PATH:LINE:COL, 1-based")
     complete.add_argument("--json", action="store_true", help="print one JSON object")
+    complete.add_argument(
+        "--no-context", action="store_true",
+        help="leave out the definitions the file imports (resolved in the current folder, or the file's; --json says which went in)",
+    )  # fmt: skip
     add_flags(complete)
     add_log_level(complete, "warning")
     _generation_args(complete)
@@ -148,6 +152,20 @@ def _request_fields(args: argparse.Namespace) -> dict:
     }
 
 
+def _file_context(path: Path, prefix: str, suffix: str, fitted: float | None) -> tuple:
+    """The definitions the file imports, resolved in its workspace: the current folder when the
+    file is inside it, else the file's own folder (the language server also adds open documents)."""
+    from kspec.lsp_server.crossfile.config import ContextConfig
+    from kspec.lsp_server.crossfile.gatherer import ContextGatherer
+    from kspec.lsp_server.crossfile.workspace import Source, WorkspaceFiles
+
+    path, text = path.resolve(), prefix + suffix
+    folder = Path.cwd().resolve() if path.is_relative_to(Path.cwd().resolve()) else path.parent
+    current = Source(path.as_uri(), "", 1, lambda: text)
+    config = ContextConfig()
+    return ContextGatherer(config).gather(current, prefix.count("\n"), WorkspaceFiles(folder, [current]), config.budget_chars(fitted)).pieces
+
+
 def run_complete(args: argparse.Namespace) -> int:
     from kspec.engine.api import CompletionRequest
     from kspec.engine.completion import CompletionEngine
@@ -156,12 +174,16 @@ def run_complete(args: argparse.Namespace) -> int:
     fields = _request_fields(args)
     context = read_location(args.location)  # validate the file before loading a model
     engine = CompletionEngine.load(engine_config(args))
-    request = CompletionRequest(prefix=context.prefix, suffix=context.suffix, path=str(context.path), **fields)
+    fitted = engine.defaults.prompt_tokens if engine.defaults is not None else None
+    pieces = () if args.no_context else _file_context(context.path, context.prefix, context.suffix, fitted)
+    request = CompletionRequest(prefix=context.prefix, suffix=context.suffix, path=str(context.path), context=pieces, **fields)
     result = engine.complete(request)
     if engine.defaults is not None:  # what the engine chose for this machine (what `kspec lsp` uses unless set)
         result.timing_ms.update({f"machine_{name}": value for name, value in engine.defaults.to_dict().items()})
     if args.json:
-        print(json.dumps({**result.to_dict(), "attention": engine.attention}, ensure_ascii=False))  # attention: kernels/paths.py
+        told = {"files": list(dict.fromkeys(p.path for p in pieces)), "chars": sum(len(p.text) for p in pieces),
+                "tokens": int(result.timing_ms.get("context_tokens", 0))}  # fmt: skip
+        print(json.dumps({**result.to_dict(), "attention": engine.attention, "context": told}, ensure_ascii=False))  # attention: kernels/paths.py
         return 0
     print(f"model: {result.model}    {result.timing_ms.get('total', 0):.0f} ms")
     for index, completion in enumerate(result.completions, 1):
