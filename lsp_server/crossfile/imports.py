@@ -4,7 +4,10 @@ Python: `import a.b`, `import a.b as c`, `from a.b import c` (c a module or a na
 a.b), relative imports (`from . import x`, `from ..pkg.mod import y`); absolute names are looked
 up from the workspace folder, its `src/`, and each folder between it and the file (a package's
 own name: `from jinja2 import nodes` inside jinja2/compiler.py). JS/TS: relative `import ...
-from "./x"` and `require("./x")`."""
+from "./x"` and `require("./x")`. Go: the other files of the file's package (its folder) and the
+packages imported under the module path of the folder's go.mod. Rust: `use crate::a::b` (and
+`super::`, `self::`) to src/a.rs, src/a/mod.rs or src/a/b.rs. Java: `import a.b.C` to a/b/C.java
+under the folder, `src/main/java` or `src`."""
 
 from __future__ import annotations
 
@@ -19,6 +22,11 @@ from kspec.engine.syntax.languages import new_parser
 MAX_IMPORTS = 32
 JS_SPECIFIER = re.compile(r"""(?:\bfrom\s+|\brequire\(\s*|\bimport\s+)["'](\.{1,2}/[^"']+)["']""")
 JS_EXTENSIONS = ("", ".ts", ".tsx", ".js", ".jsx", ".mjs", "/index.ts", "/index.js")
+GO_IMPORT = re.compile(r'^\s*(?:import\s+)?(?:\w+\s+)?"([^"]+)"', re.M)
+GO_MODULE = re.compile(r"^module\s+(\S+)", re.M)
+RUST_USE = re.compile(r"^\s*(?:pub\s+)?use\s+((?:crate|super|self)(?:::\w+)+)", re.M)
+JAVA_IMPORT = re.compile(r"^\s*import\s+([\w.]+)\s*;", re.M)
+MAX_GO_FILES = 8
 
 
 @dataclass(frozen=True)
@@ -136,9 +144,48 @@ def resolve_js(text: str, file: Path, folder: Path) -> list[Imported]:
     return resolved
 
 
+def resolve_go(text: str, file: Path, folder: Path) -> list[Imported]:
+    """The other files of the file's package, then the files of the packages it imports from
+    the folder's own module (go.mod's `module` path)."""
+    folder = folder.resolve()
+    found = [Imported(f, None) for f in sorted(file.parent.glob("*.go")) if f.resolve() != file.resolve() and not f.name.endswith("_test.go")]
+    go_mod = folder / "go.mod"
+    module = GO_MODULE.search(go_mod.read_text(errors="replace")) if go_mod.is_file() else None
+    for path in GO_IMPORT.findall(text)[:MAX_IMPORTS] if module else ():
+        if path.startswith(module.group(1) + "/"):  # type: ignore[union-attr]
+            package = folder / path[len(module.group(1)) + 1 :]  # type: ignore[union-attr]
+            found += [Imported(f, None) for f in sorted(package.glob("*.go")) if _inside(f, folder) and not f.name.endswith("_test.go")]
+    return found[:MAX_GO_FILES]
+
+
+def resolve_rust(text: str, file: Path, folder: Path) -> list[Imported]:
+    folder, found = folder.resolve(), []
+    crate = next((p for p in (file.parent, *file.parents) if (p / "Cargo.toml").is_file() and _inside(p, folder)), None)
+    for path in RUST_USE.findall(text)[:MAX_IMPORTS]:
+        head, *parts = path.split("::")
+        base = (crate / "src") if head == "crate" and crate is not None else file.parent.parent if head == "super" else file.parent
+        for end in range(len(parts), 0, -1):  # the longest prefix of the path that is a module file
+            stem = base.joinpath(*parts[:end])
+            module = next((c for c in (stem.with_suffix(".rs"), stem / "mod.rs") if c.is_file() and _inside(c, folder)), None)
+            if module is not None:
+                found.append(Imported(module, frozenset(parts[end:end + 1]) if end < len(parts) else None))
+                break
+    return found
+
+
+def resolve_java(text: str, file: Path, folder: Path) -> list[Imported]:
+    folder, found = folder.resolve(), []
+    for dotted in JAVA_IMPORT.findall(text)[:MAX_IMPORTS]:
+        relative = Path(*dotted.split(".")).with_suffix(".java")
+        for root in (folder, folder / "src" / "main" / "java", folder / "src"):
+            if (root / relative).is_file() and _inside(root / relative, folder):
+                found.append(Imported(root / relative, None))
+                break
+    return found
+
+
 def resolve_imports(text: str, language: str | None, file: Path, folder: Path) -> list[Imported]:
-    if language == "python":
-        return resolve_python(text, file, folder)
-    if language in ("javascript", "typescript", "tsx"):
-        return resolve_js(text, file, folder)
-    return []
+    resolvers = {"python": resolve_python, "javascript": resolve_js, "typescript": resolve_js, "tsx": resolve_js,
+                 "go": resolve_go, "rust": resolve_rust, "java": resolve_java}  # fmt: skip
+    resolver = resolvers.get(language or "")
+    return resolver(text, file, folder) if resolver is not None else []

@@ -13,6 +13,7 @@ from kspec.engine.syntax.languages import new_parser
 
 MAX_CONSTANT_CHARS = 120  # a longer value is cut: the name and the start of the value are what count
 PY_DEFINITIONS = ("function_definition", "class_definition")
+CONTAINERS = ("class", "impl", "interface", "trait")  # declarations whose members are listed
 
 
 def _text(source: bytes, node: tree_sitter.Node) -> str:
@@ -91,14 +92,32 @@ def _declared_name(source: bytes, node: tree_sitter.Node) -> str:
 def _c_family(source: bytes, root: tree_sitter.Node, wanted: frozenset[str] | None) -> list[str]:
     lines: list[str] = []  # one entry per declaration
     for node in root.children:
-        if "comment" in node.type or "import" in node.type or node.type in ("package_clause", "use_declaration"):
+        if "comment" in node.type or "import" in node.type or node.type in ("package_clause", "package_declaration", "use_declaration"):
             continue
         if wanted is not None and _declared_name(source, node) not in wanted:
             continue
-        body = node.child_by_field_name("body") or next((c.child_by_field_name("body") for c in node.children if c.child_by_field_name("body")), None)
+        owner = node if node.child_by_field_name("body") is not None else next((c for c in node.children if c.child_by_field_name("body")), node)
+        body = owner.child_by_field_name("body")
         text = source[node.start_byte : body.start_byte if body is not None else node.end_byte].decode("utf-8", "replace").rstrip()
-        lines.append(text + (" { ... }" if body is not None else "") if text.count("\n") < 6 else _short(text))
+        members = _members(source, body) if body is not None and any(k in owner.type for k in CONTAINERS) else []
+        if members:
+            lines.append(text + " {\n" + "".join(f"    {m}\n" for m in members) + "}")
+        else:
+            lines.append(text + (" { ... }" if body is not None else "") if text.count("\n") < 6 else _short(text))
     return lines
+
+
+def _members(source: bytes, body: tree_sitter.Node) -> list[str]:
+    """A class's (impl's, interface's) members: methods up to their body, short fields whole."""
+    members = []
+    for child in body.named_children:
+        if "comment" in child.type:
+            continue
+        inner = child.child_by_field_name("body")
+        end = inner.start_byte if inner is not None else child.end_byte
+        text = " ".join(source[child.start_byte : end].decode("utf-8", "replace").split())
+        members.append(_short(text + (" { ... }" if inner is not None else "")))
+    return members
 
 
 def outline_entries(text: str, language: str, wanted: frozenset[str] | None = None) -> list[str]:

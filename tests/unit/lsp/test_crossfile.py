@@ -213,3 +213,30 @@ def test_nothing_comes_from_outside_the_folder(workspace: Path, tmp_path: Path) 
     assert "SECRET" not in texts and "INNER" not in texts and gathered.files
     assert folder_for(nested / "inner.py", [workspace, nested]) == nested
     assert folder_for(tmp_path / "loose.py", [workspace]) == tmp_path  # outside every folder: its own folder only
+
+
+def test_go_rust_java_imports_resolve_inside_the_folder(tmp_path: Path) -> None:
+    (tmp_path / "go.mod").write_text("module example.com/app\n\ngo 1.22\n")
+    (tmp_path / "shapes").mkdir()
+    (tmp_path / "shapes" / "area.go").write_text("package shapes\n\nfunc Area(r float64) float64 {\n\treturn r\n}\n")
+    (tmp_path / "main.go").write_text('package main\n\nimport (\n\t"fmt"\n\t"example.com/app/shapes"\n)\n')
+    (tmp_path / "util.go").write_text("package main\n\nfunc helper() int { return 1 }\n")
+    go = resolve_imports((tmp_path / "main.go").read_text(), "go", tmp_path / "main.go", tmp_path)
+    assert [imp.path.name for imp in go] == ["util.go", "area.go"]  # its package's other file, then the imported package
+    crate = tmp_path / "crate"
+    (crate / "src" / "geo").mkdir(parents=True)
+    (crate / "Cargo.toml").write_text('[package]\nname = "c"\n')
+    (crate / "src" / "geo" / "mod.rs").write_text("pub fn dist(a: i32) -> i32 { a }\npub fn other() {}\n")
+    (crate / "src" / "main.rs").write_text("use crate::geo::dist;\nuse std::fmt;\n")
+    rust = resolve_imports((crate / "src" / "main.rs").read_text(), "rust", crate / "src" / "main.rs", tmp_path)
+    assert [(imp.path.relative_to(crate).as_posix(), imp.names) for imp in rust] == [("src/geo/mod.rs", frozenset({"dist"}))]
+    assert outline((crate / "src" / "geo" / "mod.rs").read_text(), "rust", frozenset({"dist"})).strip() == "pub fn dist(a: i32) -> i32 { ... }"
+    java_root = tmp_path / "j" / "src" / "main" / "java" / "com" / "acme"
+    java_root.mkdir(parents=True)
+    (java_root / "Shape.java").write_text("package com.acme;\npublic class Shape {\n  public double area(double r) { return r; }\n}\n")
+    app = tmp_path / "j" / "App.java"
+    app.write_text("import com.acme.Shape;\nimport java.util.List;\n")
+    java = resolve_imports(app.read_text(), "java", app, tmp_path / "j")
+    assert [imp.path.name for imp in java] == ["Shape.java"]
+    assert "public double area(double r) { ... }" in outline((java_root / "Shape.java").read_text(), "java")
+    assert resolve_imports(app.read_text(), "java", app, tmp_path / "elsewhere") == []  # never outside the folder
