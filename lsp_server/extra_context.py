@@ -55,6 +55,7 @@ class SessionContext:
         if self.gatherer.config != config:
             self.gatherer.config = config
         current = _source(document)
+        self.note(document.uri, line)  # a visited place: its chunk weighs more once the user is in another file
         folder = folder_for(current.path.resolve() if current.path else None, self.folders)
         if folder is None or not on:
             self.last = {"files": [], "chars": 0}
