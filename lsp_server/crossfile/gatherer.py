@@ -23,7 +23,7 @@ from kspec.engine.api import ContextFile
 from kspec.engine.syntax.languages import detect_language
 from kspec.lsp_server.crossfile.chunks import Chunk, chunk_at, chunk_text
 from kspec.lsp_server.crossfile.config import ContextConfig
-from kspec.lsp_server.crossfile.imports import resolve_imports
+from kspec.lsp_server.crossfile.imports import Imported, import_key, resolve_imports
 from kspec.lsp_server.crossfile.outline import outline_entries
 from kspec.lsp_server.crossfile.places import RecentPlaces
 from kspec.lsp_server.crossfile.similarity import identifiers, jaccard
@@ -41,6 +41,12 @@ class Candidate:
     key: tuple[str, str, int]  # (kind, uri or path, first line): what a kept choice is checked against
     piece: ContextFile
     score: float  # chunks: similarity with the cursor's lines; imports: 1.0
+
+
+@dataclass(frozen=True)
+class Entry:
+    text: str  # an outline entry: a definition's signature, a class with its members' signatures
+    words: frozenset[str]  # its identifiers
 
 
 @dataclass(frozen=True)
@@ -63,13 +69,17 @@ class ContextGatherer:
         self.config = config
         self.places = RecentPlaces(config.ring_size)
         self._chunks: dict[tuple[str, int], list[Chunk]] = {}
-        self._outlines: dict[tuple[str, int, frozenset[str] | None], list[str]] = {}
+        self._words: dict[tuple[str, int], list[frozenset[str]]] = {}  # the identifiers of each cached chunk
+        self._outlines: dict[tuple[str, int, frozenset[str] | None], list[Entry]] = {}
+        self._resolved: dict[str, tuple[tuple[Any, ...], list[Imported]]] = {}  # uri -> (its import lines, their files)
         self._kept: dict[str, tuple[tuple[Any, ...], list[Candidate]]] = {}  # uri -> (its imports' signature, the choice)
 
     def forget(self, uri: str) -> None:
         self.places.forget(uri)
         self._kept.pop(uri, None)
+        self._resolved.pop(uri, None)
         self._chunks = {key: value for key, value in self._chunks.items() if key[0] != uri}
+        self._words = {key: value for key, value in self._words.items() if key[0] != uri}
 
     def gather(self, current: Source, line: int, workspace: WorkspaceFiles, budget_chars: int) -> Gathered:
         """The pieces for a cursor at `line` of `current`; `workspace` holds the open documents
@@ -114,13 +124,17 @@ class ContextGatherer:
 
     # --- candidates ----------------------------------------------------------------------
 
-    def _imported(self, current: Source, workspace: WorkspaceFiles) -> list[tuple[str, int, list[str]]]:
+    def _imported(self, current: Source, workspace: WorkspaceFiles) -> list[tuple[str, int, list[Entry]]]:
         """(path in the folder, its version, outline entries) of each module the file imports."""
         language = detect_language(current.language_id, current.path or "")
         if current.path is None or language is None:
             return []
         found = []
-        for imported in resolve_imports(current.text, language, current.path, workspace.folder):
+        key = (str(workspace.folder), import_key(current.text, language))
+        cached = self._resolved.get(current.uri)
+        if cached is None or cached[0] != key:
+            cached = self._resolved[current.uri] = (key, resolve_imports(current.text, language, current.path, workspace.folder))
+        for imported in cached[1]:
             source = workspace.source_of(imported.path, MAX_FILE_CHARS)
             module_language = detect_language("", str(imported.path))
             if source is None or module_language is None:
@@ -129,32 +143,33 @@ class ContextGatherer:
             if key not in self._outlines:
                 if len(self._outlines) > MAX_OUTLINES:
                     self._outlines.clear()
-                self._outlines[key] = outline_entries(source.text, module_language, imported.names)
+                entries = outline_entries(source.text, module_language, imported.names)
+                self._outlines[key] = [Entry(text, identifiers(text)) for text in entries]
             if self._outlines[key]:
                 found.append((workspace.relative(imported.path), source.version, self._outlines[key]))
         return found
 
     @staticmethod
-    def _imports(modules: list[tuple[str, int, list[str]]], query: frozenset[str], budget_chars: int) -> list[Candidate]:
+    def _imports(modules: list[tuple[str, int, list[Entry]]], query: frozenset[str], budget_chars: int) -> list[Candidate]:
         """One piece per imported module: its outline entries that rank highest against the
         cursor's lines (a module named there first), within the budget, in file order."""
         ranked = []
         for path, _version, entries in modules:
             stem = Path(path).stem if Path(path).stem != "__init__" else Path(path).parent.name
             named = IMPORT_NAMED_BONUS if stem in query else 0.0
-            ranked += [(jaccard(identifiers(entry) | {stem}, query) + named, path, at) for at, entry in enumerate(entries)]
+            ranked += [(jaccard(entry.words | {stem}, query) + named, path, at) for at, entry in enumerate(entries)]
         ranked.sort(key=lambda r: -r[0])
         chosen: dict[str, list[tuple[int, float]]] = {}
         used = 0
         for score, path, at in ranked:
-            entry = next(m[2][at] for m in modules if m[0] == path)
+            entry = next(m[2][at].text for m in modules if m[0] == path)
             if used + len(entry) + len(path) <= budget_chars:
                 chosen.setdefault(path, []).append((at, score))
                 used += len(entry) + 1
         pieces = []
         for path, picked in chosen.items():
             entries = next(m[2] for m in modules if m[0] == path)
-            text = "".join(entries[at] + "\n" for at, _ in sorted(picked))
+            text = "".join(entries[at].text + "\n" for at, _ in sorted(picked))
             pieces.append(Candidate(("import", path, 0), ContextFile(path, text), IMPORT_BASE + max(s for _, s in picked)))
         return pieces
 
@@ -163,6 +178,8 @@ class ContextGatherer:
         if key not in self._chunks:
             self._chunks = {k: v for k, v in self._chunks.items() if k[0] != source.uri}
             self._chunks[key] = chunk_text(source.text, detect_language(source.language_id, source.uri))
+            self._words = {k: v for k, v in self._words.items() if k[0] != source.uri}
+            self._words[key] = [identifiers(chunk.text) for chunk in self._chunks[key]]
         return self._chunks[key]
 
     def _ranked_chunks(self, current: Source, workspace: WorkspaceFiles, query: frozenset[str]) -> list[Candidate]:
@@ -173,8 +190,8 @@ class ContextGatherer:
             path = workspace.relative_uri(source.uri)
             chunks = self._chunks_of(source)
             noted = {id(c) for c in (chunk_at(chunks, line) for line in self.places.of(source.uri)) if c is not None}
-            for chunk in chunks:
-                score = jaccard(identifiers(chunk.text), query)
+            for chunk, words in zip(chunks, self._words[(source.uri, source.version)]):
+                score = jaccard(words, query)
                 if id(chunk) in noted:
                     score *= 1.25  # an edited or visited place weighs a little more
                 if score >= self.config.min_similarity:

@@ -27,6 +27,21 @@ GO_MODULE = re.compile(r"^module\s+(\S+)", re.M)
 RUST_USE = re.compile(r"^\s*(?:pub\s+)?use\s+((?:crate|super|self)(?:::\w+)+)", re.M)
 JAVA_IMPORT = re.compile(r"^\s*import\s+([\w.]+)\s*;", re.M)
 MAX_GO_FILES = 8
+# the lines that can import, per language: what the resolved imports are cached by (a keystroke
+# elsewhere in the file keeps them; parsing and resolving again on every keystroke would cost ms)
+IMPORT_LINES = {
+    "python": re.compile(r"^[ \t]*(?:from[ \t]+[\w.]+[ \t]+import[ \t]*(?:\([^)]*\)?|[^\n]*)|import[ \t][^\n]*)", re.M),
+    "go": re.compile(r'^[ \t]*(?:import[^\n]*|"[^"\n]+"|\w+[ \t]+"[^"\n]+")[ \t]*$', re.M),
+    "rust": RUST_USE,
+    "java": JAVA_IMPORT,
+}
+JS_LINES = re.compile(r"^[^\n]*(?:\bimport\b|\brequire\()[^\n]*", re.M)
+
+
+def import_key(text: str, language: str | None) -> tuple[str, ...]:
+    """The file's import lines: while they stay the same, so do its resolved imports."""
+    pattern = IMPORT_LINES.get(language or "", JS_LINES)
+    return tuple(match.group(0) for match in pattern.finditer(text))
 
 
 @dataclass(frozen=True)
@@ -185,6 +200,12 @@ def resolve_java(text: str, file: Path, folder: Path) -> list[Imported]:
 
 
 def resolve_imports(text: str, language: str | None, file: Path, folder: Path) -> list[Imported]:
+    """The files `text` imports inside `folder`, their paths resolved."""
+    found = _resolvers(text, language, file, folder)
+    return list(dict.fromkeys(Imported(imported.path.resolve(), imported.names) for imported in found))
+
+
+def _resolvers(text: str, language: str | None, file: Path, folder: Path) -> list[Imported]:
     resolvers = {"python": resolve_python, "javascript": resolve_js, "typescript": resolve_js, "tsx": resolve_js,
                  "go": resolve_go, "rust": resolve_rust, "java": resolve_java}  # fmt: skip
     resolver = resolvers.get(language or "")

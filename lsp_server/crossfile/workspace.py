@@ -45,12 +45,12 @@ class WorkspaceFiles:
         workspace folder nested in it, are left out."""
         self.folder = folder.resolve()
         nested = [f.resolve() for f in folders if f.resolve() != self.folder and f.resolve().is_relative_to(self.folder)]
+        # documents' paths are normalised, not resolved (a resolve is a syscall per component, on every keystroke)
         self._open = {
             d.uri: d for d in documents
-            if d.path is not None and d.path.resolve().is_relative_to(self.folder)
-            and not any(d.path.resolve().is_relative_to(n) for n in nested)
+            if d.path is not None and _under(d.path, self.folder) and not any(_under(d.path, n) for n in nested)
         }  # fmt: skip
-        self._by_path = {str(d.path.resolve()): d for d in self._open.values() if d.path is not None}
+        self._by_path = {os.path.normpath(d.path): d for d in self._open.values() if d.path is not None}
 
     def open_sources(self) -> list[Source]:
         return list(self._open.values())
@@ -59,24 +59,36 @@ class WorkspaceFiles:
         return self._open.get(uri)
 
     def source_of(self, path: Path, max_chars: int) -> Source | None:
-        """An open document's text, else the file's (inside the folder only)."""
-        resolved = path.resolve()
-        if not resolved.is_relative_to(self.folder):
+        """An open document's text, else the file's (inside the folder only; `path` resolved)."""
+        resolved = path
+        if not _under(resolved, self.folder):
             return None
-        if (document := self._by_path.get(str(resolved))) is not None:
+        if (document := self._by_path.get(os.path.normpath(resolved))) is not None:
             return document
         try:
             stat = resolved.stat()
-            if stat.st_size > max_chars:
-                return None
-            text = resolved.read_text(encoding="utf-8", errors="replace")
         except OSError:
             return None
-        return Source(resolved.as_uri(), "", stat.st_mtime_ns, lambda: text)
+        if stat.st_size > max_chars:
+            return None
+        return Source(resolved.as_uri(), "", stat.st_mtime_ns, lambda: _read(resolved))  # read only when its outline is not cached
 
     def relative(self, path: Path) -> str:
-        return os.path.relpath(path.resolve(), self.folder)
+        return os.path.relpath(path, self.folder)
 
     def relative_uri(self, uri: str) -> str:
         path = uri_path(uri)
         return self.relative(path) if path is not None else uri
+
+
+def _under(path: Path, folder: Path) -> bool:
+    """`path` (absolute) is `folder` or inside it, by its normalised spelling."""
+    spelled = os.path.normpath(path)
+    return spelled == str(folder) or spelled.startswith(str(folder).rstrip(os.sep) + os.sep)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
