@@ -174,6 +174,7 @@ class Tally:
     context_tokens: list[int] = field(default_factory=list)
     context_files: list[int] = field(default_factory=list)
     flags: list[dict[str, bool]] = field(default_factory=list)  # per cut: the counters' terms
+    shown: list[list[str]] = field(default_factory=list)  # per cut: the first line of each suggestion
 
     def add(self, cut: Cut, texts: list[str], cold_ms: float, warm_ms: float, context: dict[str, Any]) -> None:
         normal = lambda s: " ".join(s.split())  # noqa: E731
@@ -182,6 +183,7 @@ class Tally:
         flags = {"empty": not texts, "name_top1": bool(writes and writes[0]), "name_any": any(writes),
                  "exact_top1": bool(exact and exact[0]), "exact_any": any(exact)}  # fmt: skip
         self.flags.append(flags)
+        self.shown.append([t.split("\n", 1)[0][:100] for t in texts])
         self.cuts += 1
         for name, value in flags.items():
             setattr(self, name, getattr(self, name) + value)

@@ -169,6 +169,11 @@ def run_crossfile_bench(config: CrossFileConfig, progress: Callable[[str], None]
     report["machine_defaults"] = defaults
     for kind in ("all", "line", "name"):
         report[kind] = {way: _subset(tallies[way], cuts, kind).summary() for way in WAYS}
+    report["cases"] = [
+        {"package": c.package, "module": str(c.module), "sibling": str(c.sibling), "name": c.name, "kind": c.kind,
+         "reference": c.reference, **{way: tallies[way].shown[at] for way in WAYS}}
+        for at, c in enumerate(cuts)
+    ]  # fmt: skip
     off, opened = report["all"]["off"], report["all"]["open"]
     if off["warm_p95_ms"] and opened["warm_p95_ms"]:
         report["warm_p95_open_over_off"] = round(opened["warm_p95_ms"] / off["warm_p95_ms"], 3)
