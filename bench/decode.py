@@ -197,15 +197,7 @@ def bench_decode(
     are checked to be identical to regular decoding's (on the fast path: the share that is)."""
     loaded = CompletionEngine.load(config)
     model = loaded.target.model
-    draft_layers = min(config.draft_layers, model.args.n_layers)
-    drafters = {"lookup": "lookup", f"layerskip{draft_layers}": "layerskip"}
-    if loaded.draft is not None:
-        drafters["model"] = "model"
-    engines = {name: CompletionEngine(loaded.target, replace(config, drafter=choice), loaded.draft) for name, choice in drafters.items()}
-    drafters["lookup-always"] = "lookup"  # drafting every round, even where it does not pay (DraftPayoff off)
-    engines["lookup-always"] = CompletionEngine(loaded.target, replace(config, drafter="lookup", draft_only_when_paying=False), loaded.draft)
-    engines["regular"] = CompletionEngine(loaded.target, replace(config, drafter="none"), loaded.draft)
-    engines["sequential-lookup"] = CompletionEngine(loaded.target, replace(config, drafter="lookup"), loaded.draft)
+    engines, drafters = _decode_engines(loaded, config)
     prompts = [loaded.target.tokenizer.decode(ids) for ids in _source_prompts(loaded.target, 384)]
     # float32: BASS must reproduce regular decoding token for token. The CPU fast path verifies
     # many rows with dense bfloat16 weights and decodes one row with the 4-bit kernel, so the two
@@ -247,20 +239,7 @@ def bench_decode(
                         if texts != reference and exact:
                             raise AssertionError(f"BASS with {name} diverged from regular decoding (k={k})")
                 bar.update(1)
-        regular_rate = statistics.median(rates["regular"])
-        for name in [*drafters, "sequential-lookup"]:
-            rate = statistics.median(rates[name])
-            cases.append(
-                {
-                    "k": k,
-                    "drafter": name,
-                    "regular_tok_s": round(regular_rate, 1),
-                    "bass_tok_s": round(rate, 1),
-                    "ratio": round(rate / regular_rate, 2),
-                    "mean_accepted_per_round": round(statistics.mean(accepted[name]), 2) if name in accepted else None,
-                    "identical_to_regular": round(statistics.mean(identical[name]), 2) if name in identical else None,
-                }
-            )
+        cases += _decode_cases(k, [*drafters, "sequential-lookup"], rates, accepted, identical)
     bar.close()
     report = {
         "model": loaded.model_name,
@@ -275,6 +254,42 @@ def bench_decode(
     if plot_path:
         report["plot"] = plot_decode(report, plot_path)
     return report
+
+
+def _decode_engines(loaded: CompletionEngine, config: EngineConfig) -> tuple[dict[str, CompletionEngine], dict[str, str]]:
+    """The engines `bench_decode` compares over one loaded model (by name), and the drafting ones' drafters."""
+    draft_layers = min(config.draft_layers, loaded.target.model.args.n_layers)
+    drafters = {"lookup": "lookup", f"layerskip{draft_layers}": "layerskip"}
+    if loaded.draft is not None:
+        drafters["model"] = "model"
+    engines = {name: CompletionEngine(loaded.target, replace(config, drafter=choice), loaded.draft) for name, choice in drafters.items()}
+    drafters["lookup-always"] = "lookup"  # drafting every round, even where it does not pay (DraftPayoff off)
+    engines["lookup-always"] = CompletionEngine(loaded.target, replace(config, drafter="lookup", draft_only_when_paying=False), loaded.draft)
+    engines["regular"] = CompletionEngine(loaded.target, replace(config, drafter="none"), loaded.draft)
+    engines["sequential-lookup"] = CompletionEngine(loaded.target, replace(config, drafter="lookup"), loaded.draft)
+    return engines, drafters
+
+
+def _decode_cases(
+    k: int, names: list[str], rates: dict[str, list[float]], accepted: dict[str, list[float]], identical: dict[str, list[bool]]
+) -> list[dict[str, Any]]:
+    """One report row per method at this k: medians against regular decoding's."""
+    regular_rate = statistics.median(rates["regular"])
+    cases = []
+    for name in names:
+        rate = statistics.median(rates[name])
+        cases.append(
+            {
+                "k": k,
+                "drafter": name,
+                "regular_tok_s": round(regular_rate, 1),
+                "bass_tok_s": round(rate, 1),
+                "ratio": round(rate / regular_rate, 2),
+                "mean_accepted_per_round": round(statistics.mean(accepted[name]), 2) if name in accepted else None,
+                "identical_to_regular": round(statistics.mean(identical[name]), 2) if name in identical else None,
+            }
+        )
+    return cases
 
 
 def plot_decode(report: dict[str, Any], path: str) -> str:

@@ -88,6 +88,7 @@ from kspec.engine.syntax.checks import error_nodes, python_parses
 from kspec.engine.syntax.languages import SPECS, new_parser
 from kspec.engine.syntax.lexer import lex, unmatched_openers
 from kspec.engine.syntax.rank import dedupe_key
+from kspec.engine.syntax.window import MAX_AFTER, MAX_BEFORE
 
 MBXP_FILES = {
     "java": "mbjp_release_v1.2.jsonl.gz",
@@ -125,8 +126,8 @@ class QualityBenchConfig:
     timing_repeats: int = 3
     timing_k: int = 8
     windowed: bool = True  # also complete every hole from a window of its file
-    window_before: int = 6000  # at most this many characters before the cursor (as the language server)
-    window_after: int = 2000
+    window_before: int = MAX_BEFORE  # at most this many characters before the cursor (as the language server)
+    window_after: int = MAX_AFTER
 
     def __post_init__(self) -> None:
         for name in ("humaneval_single", "humaneval_multi", "mbxp_per_language", "stdlib"):

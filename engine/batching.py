@@ -97,13 +97,15 @@ class ContinuousBatcher:
     def size(self) -> int:
         return len(self._members)
 
-    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done, early: EarlyAnswer | None = None) -> None:
+    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done, early: EarlyAnswer | None = None, arrived: float | None = None) -> None:
         """Queue a request; `done(result, error)` is called once, from `run_round`. With
         `request.first_answer_ms` > 0, `early(result)` is called before that: at the first
         round past that moment whose interim answer has an alternative, and again after each
         later round whose interim answer says something else (the branches grew), so that a
-        typist's next keystrokes can be served from what the branches have written by then."""
-        self._waiting.append((request, cancel, done, early, time.monotonic()))
+        typist's next keystrokes can be served from what the branches have written by then.
+        `arrived` (time.monotonic(), default now) is when the request reached the engine: its
+        deadline and early answer count from then, here and nowhere else."""
+        self._waiting.append((request, cancel, done, early, time.monotonic() if arrived is None else arrived))
 
     def cancel_all(self) -> None:
         for member in self._members:
@@ -127,12 +129,8 @@ class ContinuousBatcher:
     def _admit(self) -> None:
         while self._waiting and len(self._members) < self.config.max_requests:
             request, cancel, done, early, arrived = self._waiting.popleft()
-            waited = request.after_waiting((time.monotonic() - arrived) * 1000)  # waiting counts
-            if waited.deadline_ms <= 1:
-                done(None, DeadlineExceeded("the deadline passed while waiting for a place in the batch"))
-                continue
             try:
-                self._members.append(_Member(self.engine.begin(waited, cancel), done, early))
+                self._members.append(_Member(self.engine.begin(admitted(request, arrived), cancel), done, early))
             except Exception as exc:  # an invalid request (InputError) fails alone
                 done(None, exc)
 
@@ -244,3 +242,13 @@ class ContinuousBatcher:
         if member in self._members:
             self._members.remove(member)
         member.done(None, error)
+
+
+def admitted(request: CompletionRequest, arrived: float) -> CompletionRequest:
+    """`request` as it starts now, having arrived at `arrived` (time.monotonic()): the time it
+    waited counts against its deadline and its early answer. The one place a request's waiting
+    is charged; DeadlineExceeded when less than a millisecond is left."""
+    waited = request.after_waiting((time.monotonic() - arrived) * 1000)
+    if waited.deadline_ms <= 1:
+        raise DeadlineExceeded("the deadline passed while waiting for the engine")
+    return waited

@@ -27,6 +27,12 @@ CPU_KERNELS = ("auto", "torch")  # the CPU fast path's decode steps: the C++ lay
 CPU_INT4 = ("auto", "torch", "kspec")  # the CPU fast path's 4-bit matmul: by CPU (cpu_profile.PROFILES), PyTorch's int4 or kspec's 4-bit x 8-bit
 CPU_KV = ("auto", "float32", "float16")  # the CPU fast path's prompt KV dtype: auto (cpu_fast.FastPath.resolved_prompt_kv) or a torch dtype name
 QUANTIZE = ("q8", "q4", "none")  # float weights at load (engine/models/gguf_blocks.py, quantize_at_load.py)
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    """The one rule for an option that takes one of `choices`: a ValueError naming them."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
 CPU_FAST_PATH_FIELDS = ("cpu_weights", "cpu_kernels", "cpu_int4", "cpu_kv")  # EngineConfig's settings of the CPU fast path (FastPath.for_weights)
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"  # the whole value
 
@@ -98,26 +104,19 @@ class EngineConfig:
     fit_to_machine: bool = True  # at load, time this machine and choose k / max tokens / first answer (engine/machine_fit.py)
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_choice("dtype", self.dtype, DTYPES)
         if not isinstance(self.device, str) or not re.fullmatch(DEVICE_PATTERN, self.device):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.prompt_tokens < 16:
             raise ValueError(f"prompt_tokens must be >= 16, got {self.prompt_tokens}")
-        if self.cpu_weights not in CPU_WEIGHTS:
-            raise ValueError(f"cpu_weights must be one of {', '.join(CPU_WEIGHTS)}, got {self.cpu_weights!r}")
-        if self.cpu_kernels not in CPU_KERNELS:
-            raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}, got {self.cpu_kernels!r}")
-        if self.cpu_int4 not in CPU_INT4:
-            raise ValueError(f"cpu_int4 must be one of {', '.join(CPU_INT4)}, got {self.cpu_int4!r}")
-        if self.cpu_kv not in CPU_KV:
-            raise ValueError(f"cpu_kv must be one of {', '.join(CPU_KV)}, got {self.cpu_kv!r}")
-        if self.quantize not in QUANTIZE:
-            raise ValueError(f"quantize must be one of {', '.join(QUANTIZE)}, got {self.quantize!r}")
+        check_choice("cpu_weights", self.cpu_weights, CPU_WEIGHTS)
+        check_choice("cpu_kernels", self.cpu_kernels, CPU_KERNELS)
+        check_choice("cpu_int4", self.cpu_int4, CPU_INT4)
+        check_choice("cpu_kv", self.cpu_kv, CPU_KV)
+        check_choice("quantize", self.quantize, QUANTIZE)
         if self.prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
-        if self.drafter not in DRAFTER_CHOICES:
-            raise ValueError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {self.drafter!r}")
+        check_choice("drafter", self.drafter, DRAFTER_CHOICES)
         if self.drafter == "model" and not self.draft:
             raise ValueError("drafter 'model' needs a draft model (--draft PATH)")
         if self.draft_layers < 1:

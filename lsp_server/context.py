@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kspec.engine.syntax.window import MAX_AFTER, MAX_BEFORE
 from kspec.lsp_server.documents import Cursor, Document, line_body
 
 
 @dataclass(frozen=True)
 class Budgets:
-    prefix_chars: int = 6000
-    suffix_chars: int = 2000
+    prefix_chars: int = MAX_BEFORE
+    suffix_chars: int = MAX_AFTER
 
     def __post_init__(self) -> None:
         if self.prefix_chars < 1 or self.suffix_chars < 0:

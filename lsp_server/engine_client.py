@@ -37,11 +37,11 @@ from kspec.engine.serve.protocol import (
     EngineUrl,
     client_tls,
     ProtocolError,
-    error_from_frame,
     read_frame,
     write_frame,
 )
 from kspec.engine.serve.load_slot import LoadSlot
+from kspec.engine.serve.messages import Cancel, Complete, Failed, Final, Interim, decode, encode
 from kspec.engine.serve.runner import EngineFactory, EngineRunner, default_engine_factory
 from kspec.engine.serve.status import ERROR, LOADING, Status
 
@@ -148,6 +148,24 @@ class _Connection:
     reader_task: asyncio.Task | None = None
     alive: bool = True
 
+    def deliver(self, message: Interim | Final | Failed | Cancel | Complete) -> bool:
+        """A request's event to whoever waits for it; False when nobody does any more."""
+        future = self.pending.get(message.id) if isinstance(message, (Interim, Final, Failed)) and message.id else None
+        if future is None or future.done():
+            return False
+        if isinstance(message, Interim):
+            callback = self.early.get(message.id)  # one per interim answer
+            if callback is not None:
+                try:
+                    callback(message.result)
+                except (KeyError, TypeError, ValueError) as exc:  # the receiver's own mistake must not end the connection
+                    log.warning("an early answer could not be taken: %s", exc)
+        elif isinstance(message, Final):
+            future.set_result(message.result)
+        else:
+            future.set_exception(message.error())
+        return True
+
 
 class DaemonEngine:
     """Client of the shared `kspec engine` daemon."""
@@ -185,11 +203,11 @@ class DaemonEngine:
         if early is not None:
             connection.early[request_id] = early
         try:
-            write_frame(connection.writer, {"type": "complete", "id": request_id, "request": request.to_dict()})
+            write_frame(connection.writer, encode(Complete(request_id, request)))
             return await future
         except asyncio.CancelledError:
             if connection.alive:
-                write_frame(connection.writer, {"type": "cancel", "id": request_id})
+                write_frame(connection.writer, encode(Cancel(request_id)))
             raise
         finally:
             connection.pending.pop(request_id, None)
@@ -328,7 +346,8 @@ class DaemonEngine:
                 connection = await self._try_connect()  # someone may have finished starting one
                 if connection is not None:
                     return connection
-                child = self._spawn()
+                child = spawn_daemon(self.options, self.paths)
+                self._children = [c for c in self._children if c.poll() is None] + [child]
             while time.monotonic() < deadline:
                 connection = await self._try_connect()
                 if connection is not None:
@@ -341,27 +360,6 @@ class DaemonEngine:
             if lock is not None:
                 lock.close()
 
-    def _spawn(self) -> subprocess.Popen:
-        command = [
-            self.options.python, "-m", "kspec.cli.main", "engine", *to_flags(self.options.config),
-            "--socket", str(self.paths.socket), "--idle-timeout", str(self.options.idle_timeout_s),
-        ]  # fmt: skip
-        log.info("starting the engine daemon: %s", " ".join(command))
-        too_big = self.paths.log.exists() and self.paths.log.stat().st_size > MAX_LOG_BYTES
-        with open(self.paths.log, "wb" if too_big else "ab") as log_file:
-            os.chmod(self.paths.log, 0o600)
-            child = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=log_file,
-                start_new_session=True,  # outlives this editor; serves the others
-                close_fds=True,
-                env={**os.environ, "PYTHONPATH": _package_root() + os.pathsep + os.environ.get("PYTHONPATH", "")},
-            )
-        self._children = [c for c in self._children if c.poll() is None] + [child]
-        return child
-
     async def _read(self, connection: _Connection) -> None:
         reason = "the engine daemon closed the connection"
         try:
@@ -373,30 +371,20 @@ class DaemonEngine:
             if connection.alive:
                 self._lost(connection, reason)
 
-    def _dispatch(self, connection: _Connection, message: dict[str, Any]) -> None:
-        kind = message["type"]
-        if kind == "status":
-            self._set_status(Status.from_wire(message, connection.pid))
-            return
-        future = connection.pending.get(str(message.get("id")))
-        if future is None or future.done():
-            return
-        if kind == "early":
-            callback = connection.early.get(str(message.get("id")))  # one per interim answer
-            if callback is not None:
-                try:
-                    callback(CompletionResult.from_dict(message["result"]))
-                except (KeyError, TypeError, ValueError) as exc:
-                    log.warning("malformed early answer from the engine daemon: %s", exc)
-            return
-        if kind == "result":
-            self._crashes.clear()  # it answers: a crash after this one is no crash loop
-            try:
-                future.set_result(CompletionResult.from_dict(message["result"]))
-            except (KeyError, TypeError, ValueError) as exc:
+    def _dispatch(self, connection: _Connection, data: dict[str, Any]) -> None:
+        try:
+            message = decode(data, connection.pid)
+        except ProtocolError as exc:
+            future = connection.pending.get(str(data.get("id")))
+            if future is not None and not future.done() and data.get("type") == "result":
                 future.set_exception(EngineUnavailable(f"malformed result from the engine daemon: {exc}"))
-        elif kind == "error":
-            future.set_exception(error_from_frame(message))
+            else:
+                log.warning("malformed message from the engine daemon: %s", exc)
+            return
+        if isinstance(message, Status):
+            self._set_status(message)
+        elif connection.deliver(message) and isinstance(message, Final):
+            self._crashes.clear()  # it answers: a crash after this one is no crash loop
 
     def _drop(self, connection: _Connection, error: Exception) -> None:
         connection.alive = False
@@ -435,6 +423,28 @@ def _current_task_cancelling() -> bool:
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
     return cancelling is None or cancelling() > 0
+
+
+def spawn_daemon(options: DaemonOptions, paths: DaemonPaths) -> subprocess.Popen:
+    """Start `kspec engine` for these options on the daemon's socket, in its own session (it
+    outlives this editor and serves the others), its output in the daemon's log."""
+    command = [
+        options.python, "-m", "kspec.cli.main", "engine", *to_flags(options.config),
+        "--socket", str(paths.socket), "--idle-timeout", str(options.idle_timeout_s),
+    ]  # fmt: skip
+    log.info("starting the engine daemon: %s", " ".join(command))
+    too_big = paths.log.exists() and paths.log.stat().st_size > MAX_LOG_BYTES
+    with open(paths.log, "wb" if too_big else "ab") as log_file:
+        os.chmod(paths.log, 0o600)
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,
+            close_fds=True,
+            env={**os.environ, "PYTHONPATH": _package_root() + os.pathsep + os.environ.get("PYTHONPATH", "")},
+        )
 
 
 def _try_lock(path: Path) -> IO[bytes] | None:

@@ -18,6 +18,7 @@ from lsprotocol import types as lsp
 
 from kspec.engine.api import MAX_K, MAX_NEW_TOKENS, MODES
 from kspec.engine.config import EngineConfig, options, value_type
+from kspec.engine.syntax.window import MAX_AFTER, MAX_BEFORE
 
 PLACEMENTS = ("daemon", "inprocess", "remote", "openai")  # where completions are computed (the default first)
 SECTION = "kspec"
@@ -168,8 +169,8 @@ class Settings(EngineSettings):  # type: ignore[misc,valid-type]
     # other open files of the workspace folder and the definitions the file imports, before the file's text (crossfile/)
     context_files: bool = setting(True, Rule("boolean"))
     context_tokens: int = setting(1024, Rule("integer", minimum=0, maximum=8192))  # their cap; the machine fit may choose less
-    prefix_chars: int = setting(6000, Rule("integer", minimum=1, maximum=200000), vscode=False)
-    suffix_chars: int = setting(2000, Rule("integer", minimum=0, maximum=100000), vscode=False)
+    prefix_chars: int = setting(MAX_BEFORE, Rule("integer", minimum=1, maximum=200000), vscode=False)
+    suffix_chars: int = setting(MAX_AFTER, Rule("integer", minimum=0, maximum=100000), vscode=False)
     typeahead: bool = setting(True, Rule("boolean"), vscode=False)
     raw: bool = setting(False, Rule("boolean"), vscode=False)  # untrimmed, unranked alternatives (comparisons, tests with random models)
     debug_log: bool = setting(False, Rule("boolean"), vscode=False)  # logs may contain document text only when this is on

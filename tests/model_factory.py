@@ -23,6 +23,7 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "llama": {"model_type": "llama", "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "qwen2": {"model_type": "qwen2", "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "rope_theta": 1000000.0},
     "mistral": {"model_type": "mistral", "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": 4096},
+    "qwen3": {"model_type": "qwen3", "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "rope_theta": 1000000.0, "head_dim": 16},
     "starcoder2": {
         "model_type": "starcoder2",
         "norm_epsilon": 1e-5,
@@ -81,4 +82,8 @@ def quantized_model(family: str, seed: int) -> tuple[Transformer, dict[str, Q4Co
                 module.weight.copy_(q4.dequantize())
                 codes[f"model.layers.{name}.weight"] = q4
         model.lm_head.weight.mul_(8.0)
+        generator = torch.Generator().manual_seed(seed)
+        for name, param in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):  # Qwen3's per-head norms: not all ones, so they matter
+                param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
     return model, codes

@@ -7,17 +7,17 @@ on the host, that is a `.tolist()` / `.item()` per branch and per token, each on
 the device; here the whole round is tensor ops over [k', T, V] and one `.tolist()` of a packed
 [k', 1 + 2T] result (counts, tokens, log-probabilities), the round's one synchronisation.
 
-- ``accept_greedy_rows``: the longest run of drafts equal to the target's argmax; the same
-  numbers as ``speculative.accept_greedy`` row by row (argmax keeps the first maximum).
-- ``accept_greedy_by_position``: the same acceptance on the CPU, where the head's many rows
-  are compute and a read into Python costs microseconds: the logits position by position, only
-  for the rows whose drafts all matched so far; one read per position.
+One implementation per rule (the plain greedy oracle lives in tests/unit/decode/test_device_round.py):
+- greedy, ``accept_greedy_rows``: the longest run of drafts equal to the target's argmax
+  (argmax keeps the first maximum). ``accept_greedy_by_position`` is the same rule evaluated in
+  the order a CPU wants it, where the head's many rows are compute and a read into Python costs
+  microseconds: the logits position by position, only for the rows whose drafts all matched so
+  far; one read per position (tested identical to the rows form).
 - ``accept_sampling_rows``: exact speculative sampling (accept d_j with probability
   min(1, p(d_j) / q(d_j)), on the first rejection draw from the normalised max(0, p - q), after
   the last draft draw the bonus from p), vectorised; the uniforms come from the request's CPU
   generator and inverse-CDF draws replace multinomial, so a seed gives the same tokens on any
-  device. It draws in another order than the per-branch host version, so a seed's tokens differ
-  from that version's (both follow the target's distribution); the CPU path keeps the host version.
+  device; the CPU runs it too.
 """
 
 from __future__ import annotations

@@ -169,39 +169,6 @@ class SpeculativeOutput(DecodeOutput):
     stats: SpeculationStats = field(default_factory=SpeculationStats)
 
 
-def accept_greedy(draft: list[int], target_logits: Tensor) -> tuple[int, int]:
-    """target_logits [n+1, V] for [last, d1..dn] -> (accepted count, the target's next token)."""
-    choices = target_logits.argmax(dim=-1).tolist()  # [n+1]
-    accepted = 0
-    while accepted < len(draft) and draft[accepted] == choices[accepted]:
-        accepted += 1
-    return accepted, choices[accepted]
-
-
-def accept_sampling(
-    draft: Draft, target_logits: Tensor, params: SamplingParams, generator: torch.Generator
-) -> tuple[int, int]:
-    """Exact speculative sampling: accept d_j with probability min(1, p(d_j)/q(d_j)); on the
-    first rejection draw from the normalised residual max(0, p - q); if all are accepted,
-    draw the bonus token from p. Each branch's output then follows the target's
-    distribution. A draft without q is deterministic (q is one-hot)."""
-    p = probabilities(target_logits, params)  # [n+1, V]
-    for j, token in enumerate(draft.tokens):
-        q_j = draft.q[j] if draft.q is not None else None
-        q_token = float(q_j[token]) if q_j is not None else 1.0
-        if torch.rand((), generator=generator).item() * q_token < float(p[j, token]):
-            continue
-        residual = p[j] - q_j if q_j is not None else p[j].clone()
-        if q_j is None:
-            residual[token] = 0.0
-        residual = residual.clamp_min(0.0)
-        total = float(residual.sum())
-        if total <= 0.0:  # p == q: any draw from p is exact
-            residual = p[j]
-        return j, int(torch.multinomial(residual, 1, generator=generator))
-    return len(draft.tokens), int(torch.multinomial(p[len(draft.tokens)], 1, generator=generator))
-
-
 class SpeculativeRun:
     """One request's k branches being decoded, one round at a time.
 
@@ -257,15 +224,16 @@ class SpeculativeRun:
 
     @torch.inference_mode()
     def finished(self) -> bool:
-        """True when no branch is left to decode; otherwise compacts the live rows."""
+        """True when no branch is left to decode, or the run was interrupted (a question: it changes nothing)."""
+        return all(self.branches[index].done for index in self.live) or interrupted(self.branches, self.tracker.limits, self.cancel)
+
+    def _drop_finished_rows(self) -> None:
+        """Finished branches stop costing work: their cache and drafter rows go."""
         still = [row for row, index in enumerate(self.live) if not self.branches[index].done]
-        if not still or interrupted(self.branches, self.tracker.limits, self.cancel):
-            return True
-        if len(still) < len(self.live):  # finished branches stop costing work
+        if len(still) < len(self.live):
             self.cache.keep(still)
             self.drafter.keep(still)
             self.live = [self.live[row] for row in still]
-        return False
 
     @property
     def live_branches(self) -> list[Branch]:
@@ -273,6 +241,7 @@ class SpeculativeRun:
 
     def propose(self) -> list[list[int]]:
         """This round's rows, one per live branch: [last token, drafts...] (ragged)."""
+        self._drop_finished_rows()
         self._round_started = time.perf_counter()
         limits = self.tracker.limits
         live_branches = self.live_branches
@@ -308,16 +277,7 @@ class SpeculativeRun:
             logits = self.model.logits(hidden)  # [k', T, V]
             logits[:, 0] = constrain(logits[:, 0])
             log_probs = torch.log_softmax(logits, dim=-1)  # [k', T, V]
-            if self.params.greedy or logits.device.type != "cpu":
-                taken = self._accept_rows(logits, log_probs)  # every row on the device, one transfer
-            else:  # sampling on CPU: per branch (a seed keeps its tokens)
-                taken = RoundAcceptance([], [], [])
-                for row, draft in enumerate(drafts):
-                    accepted, next_token = accept_sampling(draft, logits[row, : len(draft.tokens) + 1], self.params, self.generator)
-                    tokens = draft.tokens[:accepted] + [next_token]
-                    taken.accepted.append(accepted)
-                    taken.tokens.append(tokens)
-                    taken.logprobs.append([float(log_probs[row, position, token]) for position, token in enumerate(tokens)])
+            taken = self._accept_rows(logits, log_probs)  # every row on the device, one transfer
         head_ms = (time.perf_counter() - verified_at) * 1000  # the head and the acceptance
         accepted_counts = taken.accepted
         for row, branch in enumerate(live_branches):

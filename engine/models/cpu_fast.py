@@ -26,7 +26,7 @@ from typing import Mapping
 
 import torch
 
-from kspec.engine.config import CPU_INT4, CPU_KERNELS, CPU_KV
+from kspec.engine.config import CPU_INT4, CPU_KERNELS, CPU_KV, CPU_WEIGHTS, check_choice
 from kspec.engine.models.cpu_profile import INT4_KERNELS, INT4_MAX_ROWS, Q5Q8_ISAS, Q8Q8_ISAS, CpuFacts, dense_pays, profile_for
 from kspec.engine.models.quantized import (
     CpuLinear, Int4Embedding, Q4Codes, Q8HeadEmbedding, Q8Q8Term, TiledTerm, fused_linear, int4_kernel_available, weight_terms,
@@ -52,7 +52,7 @@ class FastPath:
         if self.dense_dtype not in (None, torch.float32, torch.bfloat16):
             raise ValueError(f"dense_dtype must be float32 or bfloat16, got {self.dense_dtype}")
         if self.int4_kernel not in (None, *INT4_KERNELS):
-            raise ValueError(f"int4_kernel must be one of {', '.join(INT4_KERNELS)}, got {self.int4_kernel!r}")
+            check_choice("int4_kernel", self.int4_kernel, INT4_KERNELS)
         if self.prompt_kv not in (None, torch.float32, torch.float16):
             raise ValueError(f"prompt_kv must be float32 or float16, got {self.prompt_kv}")
 
@@ -60,15 +60,10 @@ class FastPath:
     def for_weights(cls, cpu_weights: str, cpu_kernels: str = "auto", cpu_int4: str = "auto", cpu_kv: str = "auto") -> "FastPath":
         """EngineConfig.cpu_weights (auto, 4bit or 4bit+dense), cpu_kernels (auto or torch),
         cpu_int4 (auto, torch or kspec) and cpu_kv (auto, float32 or float16)."""
+        for name, value, allowed in (("cpu_weights", cpu_weights, CPU_WEIGHTS), ("cpu_kernels", cpu_kernels, CPU_KERNELS),
+                                     ("cpu_int4", cpu_int4, CPU_INT4), ("cpu_kv", cpu_kv, CPU_KV)):
+            check_choice(name, value, allowed)
         choices = {"auto": None, "4bit": False, "4bit+dense": True}
-        if cpu_weights not in choices:
-            raise ValueError(f"cpu_weights must be one of {', '.join(choices)}, got {cpu_weights!r}")
-        if cpu_kernels not in CPU_KERNELS:
-            raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}, got {cpu_kernels!r}")
-        if cpu_int4 not in CPU_INT4:
-            raise ValueError(f"cpu_int4 must be one of {', '.join(CPU_INT4)}, got {cpu_int4!r}")
-        if cpu_kv not in CPU_KV:
-            raise ValueError(f"cpu_kv must be one of {', '.join(CPU_KV)}, got {cpu_kv!r}")
         return cls(
             keep_dense=choices[cpu_weights], native_steps=cpu_kernels == "auto", int4_kernel=None if cpu_int4 == "auto" else cpu_int4,
             prompt_kv=None if cpu_kv == "auto" else getattr(torch, cpu_kv),

@@ -6,16 +6,16 @@ up to the projections' own 4-bit limit, ``CpuLinear.int4_max_rows``, or ``LOOP_I
 where that is larger and the dense copy bfloat16; the loop always multiplies the 4-bit terms)
 over a ``BranchKVCache`` (one shared prefix, each branch's own entries), for a llama-family
 model on the fast path:
-RMSNorm, q|k|v fused into one 4-bit matmul (a bias allowed), o, gate|up and down 4-bit (every
+RMSNorm, q|k|v fused into one 4-bit matmul (a bias and Qwen3's per-head q/k norms allowed), o, gate|up and down 4-bit (every
 one on the same kernel: PyTorch's int4 one or kspec's 4-bit x 8-bit one, quantized.py),
 a SiLU-gated MLP, no key hidden by a sliding window. Everything else (prefill, verification
-above the row limit, several requests batched, StarCoder2, Qwen3's q/k norms, float32) takes
+above the row limit, several requests batched, StarCoder2, float32) takes
 the PyTorch ops.
 
 Measured (`kspec bench step --paths auto,auto/torch`: default model, 512-token prompt,
 2 threads, a step with its logits; docs/measurements/avx512-bf16-no-amx.md): k = 1 11.9 -> 6.7 ms, k = 4
 15.6 -> 10.5 ms, k = 8 21.7 -> 15.4 ms against the PyTorch ops.
-Numbers: within bfloat16 rounding of the PyTorch fast path (tests/unit/test_native_step.py).
+Numbers: within bfloat16 rounding of the PyTorch fast path (tests/unit/models/test_native_step.py).
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ class LayerWeights:
     qkv_packed: list[Tensor]  # the 4-bit kernel's layout of q|k|v (PyTorch's int4 one or kspec's)
     qkv_scales: list[Tensor]  # its group parameters: [dim/32, (H + 2 Hkv) D, 2] bfloat16 or float16 params
     qkv_bias: list[Tensor]  # [(H + 2 Hkv) D] float32 per layer, or empty
+    q_norm: list[Tensor]  # [D] float32 per layer (Qwen3's per-head norms, before rotary), or empty
+    k_norm: list[Tensor]
     o_packed: list[Tensor]
     o_scales: list[Tensor]
     post_norm: list[Tensor]
@@ -79,7 +81,7 @@ class NativeSteps:
         """For a fast-path Transformer whose every layer has the served form, else None;
         `load` gives the op (kernels/cpu_layers.py) and is called only for such a model."""
         args, parts = model.args, []
-        if model.dtype != torch.float32 or args.activation != "silu" or args.qk_norm:
+        if model.dtype != torch.float32 or args.activation != "silu":
             return None
         for block in model.model.layers:
             attention, mlp = block.self_attn, block.mlp
@@ -100,6 +102,8 @@ class NativeSteps:
             input_norm=[norms[0].weight.detach() for norms, _ in parts],
             qkv_packed=[t[0][0] for t in terms], qkv_scales=[t[0][1] for t in terms],
             qkv_bias=[b for b in biases if b is not None],
+            q_norm=[block.self_attn.q_norm.weight.detach() for block in model.model.layers] if args.qk_norm else [],
+            k_norm=[block.self_attn.k_norm.weight.detach() for block in model.model.layers] if args.qk_norm else [],
             o_packed=[t[1][0] for t in terms], o_scales=[t[1][1] for t in terms],
             post_norm=[norms[1].weight.detach() for norms, _ in parts],
             gate_up_packed=[t[2][0] for t in terms], gate_up_scales=[t[2][1] for t in terms],
@@ -153,7 +157,7 @@ class NativeSteps:
             x, cos, sin = x[places], cos[places], sin[places]  # [N, ...]
         out = self.op(
             x, cos, sin,
-            weights.input_norm, weights.qkv_packed, weights.qkv_scales, weights.qkv_bias,
+            weights.input_norm, weights.qkv_packed, weights.qkv_scales, weights.qkv_bias, weights.q_norm, weights.k_norm,
             weights.o_packed, weights.o_scales, weights.post_norm,
             weights.gate_up_packed, weights.gate_up_scales, weights.down_packed, weights.down_scales,
             cache.prefix_keys, cache.prefix_values, cache.keys, cache.values, cache.branch_mask(step), cache.lengths,

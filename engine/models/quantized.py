@@ -1,4 +1,9 @@
-"""4-bit weights as a Q4 GGUF file stores them, multiplied by PyTorch's CPU int4 kernel.
+"""Quantized weights on the CPU and the matmuls that read them without unpacking: the 4-bit form
+(GGUF Q4_0 / Q4_1 / Q4_K codes, for PyTorch's CPU int4 kernel or kspec's 4-bit x 8-bit one:
+`Int4Term`, `Q4Q8Term`), the 8-bit form (`Q8Q8Term`: Q8_0, and Q5_x / Q6_K where no 5-bit loop is
+built) and the 5-bit form (`Q5Q8Term`); `CpuLinear` sums a weight's terms and keeps a dense copy
+where the CPU's profile says so (cpu_profile.py). How each GGUF type becomes these terms:
+gguf_blocks.py.
 
 GGUF Q4_0 and Q4_1 blocks hold 32 weights of one row with a shared scale d (Q4_1 also a
 minimum m), codes q in 0..15:
@@ -488,7 +493,7 @@ class Int4Embedding(nn.Module):
     Each term holds its codes two a byte ([V, D/2] uint8, low nibble first) and its group
     parameters in float32 ([V, D/32] each), so a row comes back as the file's float32 weights
     exactly: every term's (q - 8) * s + z and their sum are multiples of the block's scale far
-    below 2^24 of them (tests/unit/test_fast_path.py checks it). A quarter of the float32
+    below 2^24 of them (tests/unit/models/test_fast_path.py checks it). A quarter of the float32
     table's bytes for Q8_0, an eighth for Q4."""
 
     def __init__(self, terms: Sequence[Q4Codes], dtype: torch.dtype = torch.float32):

@@ -51,10 +51,10 @@ from starlette.responses import JSONResponse
 from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.config import EngineConfig, from_values
 from kspec.engine.config import options as engine_options
-from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError, from_kind
-from kspec.engine.errors import describe as describe_error
+from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError, ProtocolError
 from kspec.engine.serve.affinity import MAX_DOCUMENTS, DocumentPlacement
 from kspec.engine.serve.http_api import MAX_BODY, HttpApi
+from kspec.engine.serve.messages import Complete, Failed, Final, decode, encode
 from kspec.engine.serve.openai_api import ApiError, error_body
 from kspec.engine.serve.protocol import free_port, read_token
 
@@ -148,20 +148,21 @@ class KspecEngine:
         self._model = status.model
         log.info("replica %s ready: %s", self._replica, self._model)
 
-    async def complete(self, request: dict[str, Any], document: str = "") -> dict[str, Any]:
-        """`document` is read by DocumentRouter only. Errors come back as data, not exceptions."""
-        answer: dict[str, Any] = {"replica": self._replica}
+    async def complete(self, message: dict[str, Any], document: str = "") -> dict[str, Any]:
+        """A `Complete` message (messages.py) in; its `Final` or `Failed` event out, as the wire
+        encodes them, with the replica's name. `document` is read by DocumentRouter only. Errors
+        come back as data, not exceptions."""
         self._running += 1
         try:
-            result = await self._runner.complete(CompletionRequest.from_dict(request))
+            complete = decode(message)
+            if not isinstance(complete, Complete):
+                raise ProtocolError(f"an engine replica takes 'complete' messages, not {message.get('type')!r}")
+            event: Final | Failed = Final(complete.id, await self._runner.complete(complete.request))
         except KspecError as exc:
-            error = describe_error(exc)
-            answer["error"] = {"kind": error.kind, "message": error.message}
-        else:
-            answer["result"] = result.to_dict()
+            event = Failed.of(str(message.get("id")), exc)
         finally:
             self._running -= 1
-        return answer
+        return {"replica": self._replica, "event": encode(event)}
 
     async def info(self, replica: str = "") -> dict[str, Any]:
         """This replica's id, state and load (`replica` is read by DocumentRouter only)."""
@@ -223,9 +224,12 @@ class KspecIngress:
     async def _complete(self, request: CompletionRequest, document: str) -> tuple[CompletionResult, dict[str, str]]:
         answer = await self._complete_with_failover(request, document)
         headers = {REPLICA_HEADER: answer["replica"]}
-        if "error" in answer:
-            raise ApiError.of(from_kind(answer["error"]["kind"], answer["error"]["message"]), headers)
-        return CompletionResult.from_dict(answer["result"]), headers
+        event = decode(answer["event"])
+        if isinstance(event, Failed):
+            raise ApiError.of(event.error(), headers)
+        if not isinstance(event, Final):
+            raise ApiError.of(ProtocolError(f"an engine replica answered {answer['event'].get('type')!r}"), headers)
+        return event.result, headers
 
     async def _complete_with_failover(self, request: CompletionRequest, document: str) -> dict[str, Any]:
         """Send the request; when its replica dies, send it again elsewhere with the time left."""
@@ -235,7 +239,7 @@ class KspecIngress:
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0.001:
                 break
-            call = replace(request, deadline_ms=remaining_s * 1000).to_dict()
+            call = encode(Complete(f"a{attempt}", replace(request, deadline_ms=remaining_s * 1000)))
             try:
                 return await asyncio.wait_for(self._engine.complete.remote(call, document=document), remaining_s + DEADLINE_GRACE_S)
             except (RayActorError, ActorUnavailableError) as exc:  # ActorDiedError is a RayActorError

@@ -33,13 +33,13 @@ from kspec.engine.config import EngineConfig
 from kspec.engine.errors import InputError, KspecError
 from kspec.engine.serve.admission import Admission, AdmissionLimits
 from kspec.engine.serve.http_api import HttpApi, looks_like_http, serve_http
+from kspec.engine.serve.messages import Cancel, Complete, Failed, Final, Interim, decode, encode
 from kspec.engine.serve.metrics import EngineMetrics
 from kspec.engine.serve.platform import unix_only
 from kspec.engine.serve.protocol import (
     PROTOCOL_VERSION,
     DaemonPaths,
     ProtocolError,
-    error_frame,
     read_frame,
     tokens_match,
     write_frame,
@@ -203,10 +203,10 @@ class Daemon:
         except asyncio.TimeoutError:
             return False
         if hello is None or hello.get("type") != "hello":
-            peer.send(error_frame(None, ProtocolError("expected a hello")))
+            peer.send(encode(Failed.of(None, ProtocolError("expected a hello"))))
             return False
         if not tokens_match(self.token, hello.get("token")):
-            peer.send(error_frame(None, ProtocolError("bad token")))
+            peer.send(encode(Failed.of(None, ProtocolError("bad token"))))
             return False
         peer.send({"type": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(), "status": self.runner.status.to_wire()})
         if hello.get("version") != PROTOCOL_VERSION:
@@ -214,31 +214,37 @@ class Daemon:
             return False
         return True
 
-    def _handle(self, peer: _Peer, message: dict[str, Any]) -> None:
-        kind, request_id = message["type"], str(message.get("id"))
-        if kind == "cancel":
-            job = peer.jobs.get(request_id)
+    def _handle(self, peer: _Peer, data: dict[str, Any]) -> None:
+        request_id = str(data.get("id"))
+        try:
+            message = decode(data)
+        except (ProtocolError, InputError) as exc:  # an unknown type, or a request that is not one: it fails alone
+            peer.send(encode(Failed.of(request_id, exc)))
+            return
+        if isinstance(message, Cancel):
+            job = peer.jobs.get(message.id)
             if job is not None:
                 job.cancel()
-        elif kind == "complete":
-            if request_id in peer.jobs:
-                peer.send(error_frame(request_id, InputError("duplicate request id")))
+        elif isinstance(message, Complete):
+            if message.id in peer.jobs:
+                peer.send(encode(Failed.of(message.id, InputError("duplicate request id"))))
                 return
-            peer.jobs[request_id] = asyncio.ensure_future(self._complete(peer, request_id, message.get("request")))
+            peer.jobs[message.id] = asyncio.ensure_future(self._complete(peer, message))
         else:
-            peer.send(error_frame(request_id, ProtocolError(f"unknown message type {kind!r}")))
+            peer.send(encode(Failed.of(request_id, ProtocolError(f"a client does not send {data.get('type')!r}"))))
 
-    async def _complete(self, peer: _Peer, request_id: str, data: Any) -> None:
+    async def _complete(self, peer: _Peer, message: Complete) -> None:
+        """The request's events, forwarded as the engine emits them: Interim..., then Final or Failed."""
         try:
-            def early(interim: CompletionResult) -> None:  # then the final "result" frame
-                peer.send({"type": "early", "id": request_id, "result": interim.to_dict()})
+            def early(interim: CompletionResult) -> None:
+                peer.send(encode(Interim(message.id, interim)))
 
-            result = await self._observed("protocol", CompletionRequest.from_dict(data), early)
-            peer.send({"type": "result", "id": request_id, "result": result.to_dict()})
+            result = await self._observed("protocol", message.request, early)
+            peer.send(encode(Final(message.id, result)))
         except (asyncio.CancelledError, Exception) as exc:  # the request fails alone, with the kind of its error
-            peer.send(error_frame(request_id, exc))
+            peer.send(encode(Failed.of(message.id, exc)))
         finally:
-            peer.jobs.pop(request_id, None)
+            peer.jobs.pop(message.id, None)
 
 
 def _lock(path: Path) -> int | None:

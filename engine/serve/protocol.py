@@ -1,10 +1,9 @@
 """The engine daemon's wire protocol: length-prefixed msgpack frames.
 
-A frame is a 4-byte big-endian length and a msgpack map with a "type". Client ->
-daemon: hello {version, token}, complete {id, request}, cancel {id}. Daemon -> client:
-hello {version, model, pid, state}, result {id, result}, error {id, kind, message},
-status {state, message, progress, model}. Frames over `MAX_FRAME` are a protocol error
-on either side and close the connection.
+A frame is a 4-byte big-endian length and a msgpack map with a "type": after the hello
+{version, token} / {version, pid, status}, the typed messages of messages.py (complete,
+cancel; early, result, error, status), encoded and decoded there only. Frames over
+`MAX_FRAME` are a protocol error on either side and close the connection.
 
 The socket lives in the user's runtime directory (0700) and is created 0600; its name
 carries the protocol version and a hash of the engine settings, so daemons of other
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from kspec.engine.config import EngineConfig, options
-from kspec.engine.errors import InputError, KspecError, ProtocolError, describe, from_kind
+from kspec.engine.errors import InputError, ProtocolError
 
 if TYPE_CHECKING:
     import ssl
@@ -88,17 +87,6 @@ async def read_frame(reader: asyncio.StreamReader, header: bytes | None = None, 
 
 def write_frame(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
     writer.write(pack(message))
-
-
-def error_frame(request_id: str | None, error: BaseException) -> dict[str, Any]:
-    """The daemon's answer to a request (or a handshake, id None) that failed with `error`."""
-    answer = describe(error)
-    return {"type": "error", "id": request_id, "kind": answer.kind, "message": answer.message}
-
-
-def error_from_frame(message: dict[str, Any]) -> KspecError:
-    """What the engine raised, from its error frame."""
-    return from_kind(message.get("kind"), str(message.get("message", "engine error")))
 
 
 # --- where daemons live ------------------------------------------------------------

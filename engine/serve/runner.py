@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult, Done, EarlyAnswer
-from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError, LoadCancelled
+from kspec.engine.batching import admitted
+from kspec.engine.errors import EngineUnavailable, KspecError, LoadCancelled
 from kspec.engine.serve.load_slot import LoadSlot
 from kspec.engine.serve.status import ERROR, LOADING, READY, Status
 
@@ -44,7 +45,7 @@ class Batcher(Protocol):
     @property
     def idle(self) -> bool: ...
 
-    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done, early: EarlyAnswer | None = None) -> None: ...
+    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done, early: EarlyAnswer | None = None, arrived: float | None = None) -> None: ...
 
     def run_round(self) -> None: ...
 
@@ -56,26 +57,26 @@ class SerialBatcher:
 
     def __init__(self, engine: Engine):
         self._engine = engine
-        self._waiting: list[tuple[CompletionRequest, CancelToken, Done]] = []
+        self._waiting: list[tuple[CompletionRequest, CancelToken, Done, float]] = []
 
     @property
     def idle(self) -> bool:
         return not self._waiting
 
-    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done, early: EarlyAnswer | None = None) -> None:
-        self._waiting.append((request, cancel, done))  # whole requests only: no early answer
+    def add(self, request: CompletionRequest, cancel: CancelToken, done: Done, early: EarlyAnswer | None = None, arrived: float | None = None) -> None:
+        self._waiting.append((request, cancel, done, time.monotonic() if arrived is None else arrived))  # whole requests only: no early answer
 
     def run_round(self) -> None:
-        request, cancel, done = self._waiting.pop(0)
+        request, cancel, done, arrived = self._waiting.pop(0)
         try:
-            result = self._engine.complete(request, cancel)
+            result = self._engine.complete(admitted(request, arrived), cancel)
         except BaseException as exc:  # handed to the waiting coroutine
             done(None, exc)
             return
         done(result, None)
 
     def cancel_all(self) -> None:
-        for _, cancel, _ in self._waiting:
+        for _, cancel, _, _ in self._waiting:
             cancel.cancel()
 
 
@@ -263,14 +264,11 @@ class EngineRunner:
         if batcher is None:
             _resolve(job, None, EngineUnavailable(self.status.message))
             return
-        request = job.request.after_waiting((time.monotonic() - job.arrived) * 1000)
-        if request.deadline_ms <= 1:
-            _resolve(job, None, DeadlineExceeded("the deadline passed while waiting for the engine"))
-            return
         with self._guard:
             self._running.add(job.cancel)
         early = (lambda result: _call_soon(job, job.early, result)) if job.early is not None else None  # type: ignore[arg-type]
-        batcher.add(request, job.cancel, lambda result, error: self._settle(job, result, error), early)
+        # The batcher admits it and owns its deadline, counted from its arrival here
+        batcher.add(job.request, job.cancel, lambda result, error: self._settle(job, result, error), early, arrived=job.arrived)
 
     def _settle(self, job: _Job, result: CompletionResult | None, error: BaseException | None) -> None:
         with self._guard:

@@ -129,6 +129,31 @@ def _point_after(text: bytes, start: tree_sitter.Point) -> tree_sitter.Point:
     return tree_sitter.Point(start.row + newlines, len(text) - text.rfind(b"\n") - 1)
 
 
+def error_signature(node: tree_sitter.Node, cursor: int, inserted: int) -> tuple[str, int, int]:
+    """(kind, start, end) of an error node of a parse with `inserted` bytes at `cursor`, in the
+    coordinates of the text without them; -1 for a place inside the inserted text."""
+    end_of_completion = cursor + inserted
+
+    def mapped(position: int) -> int:
+        if position <= cursor:
+            return position
+        if position >= end_of_completion:
+            return position - inserted
+        return -1
+
+    kind = ("MISSING " + node.type) if node.is_missing else "ERROR"
+    return kind, mapped(node.start_byte), mapped(node.end_byte)
+
+
+def missing_by_kind(errors: set[tuple[str, int, int]]) -> dict[str, list[int]]:
+    """Where each kind of MISSING node starts, in order."""
+    missing: dict[str, list[int]] = {}
+    for kind, start, _ in sorted(errors):
+        if kind.startswith("MISSING"):
+            missing.setdefault(kind, []).append(start)
+    return missing
+
+
 class Checker:
     """Checks the alternatives of one request against its prefix and suffix (a window of the file)."""
 
@@ -164,11 +189,8 @@ class Checker:
         self.window: PythonWindow | None = None
         if region is not None:
             self._python(prefix, suffix, region, start, end, above)
-        self.baseline_errors = {self._signature(node, 0) for node in error_nodes(self.baseline.root_node)}
-        self.baseline_missing: dict[str, list[int]] = {}
-        for kind, start, _ in sorted(self.baseline_errors):
-            if kind.startswith("MISSING"):
-                self.baseline_missing.setdefault(kind, []).append(start)
+        self.baseline_errors = {error_signature(node, self.cursor, 0) for node in error_nodes(self.baseline.root_node)}
+        self.baseline_missing = missing_by_kind(self.baseline_errors)
         # Errors of the window away from the hole that its repair does not mend (an `except`
         # whose `try` the cut removed): no completion is expected to mend them.
         self.window_errors = sum(not self._at_cursor(start, end) for _, start, end in self.baseline_errors)
@@ -233,20 +255,6 @@ class Checker:
         its own, none at the cursor, and no more elsewhere than the window had."""
         return not result.breaks_parse and result.unfixed_at_cursor == 0 and result.unfixed_errors <= self.window_errors
 
-    def _signature(self, node: tree_sitter.Node, inserted: int) -> tuple[str, int, int]:
-        """(kind, start, end) in prefix+suffix coordinates; -1 for a place inside the completion."""
-        end_of_completion = self.cursor + inserted
-
-        def mapped(position: int) -> int:
-            if position <= self.cursor:
-                return position
-            if position >= end_of_completion:
-                return position - inserted
-            return -1
-
-        kind = ("MISSING " + node.type) if node.is_missing else "ERROR"
-        return kind, mapped(node.start_byte), mapped(node.end_byte)
-
     def parse(self, completion: str) -> tuple[tree_sitter.Tree, int]:
         """The tree of prefix + completion + suffix (an incremental reparse) and the completion's byte length."""
         inserted = completion.encode("utf-8", "surrogatepass")
@@ -279,7 +287,7 @@ class Checker:
         new = unfixed = at_cursor = 0
         missing_left = {kind: list(places) for kind, places in self.baseline_missing.items()}
         for node in error_nodes(tree.root_node):
-            kind, start, end = self._signature(node, inserted)
+            kind, start, end = error_signature(node, self.cursor, inserted)
             if node.is_missing and missing_left.get(kind):
                 places = missing_left[kind]
                 old = start if start in places else places[0]

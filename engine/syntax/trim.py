@@ -248,7 +248,7 @@ class _Scanner:
                 if j >= len(ctx.open_brackets) or CLOSERS[tok.char] != ctx.open_brackets[-1 - j]:
                     return self.cut(tok.start, BRACKET), pending
                 if j < ctx.suffix_closes:
-                    reopen_at = self._reopened_on_line(index)
+                    reopen_at = reopened_on_line(self.tokens, index)
                     if reopen_at >= 0:
                         continue
                     return self.cut(tok.start, BRACKET), pending
@@ -296,52 +296,7 @@ class _Scanner:
         return self.undecided(), pending
 
     def repeats_suffix(self, pos: int, head: str = "") -> bool | None:
-        """Do the completion's lines from `pos` (the first one after `head`) repeat the
-        suffix's next lines? Two lines must match when the completion has two, so that a
-        line the code really needs twice is not taken for a repeat. None: still generating,
-        and the lines so far cannot tell."""
-        expected = self.ctx.suffix_lines
-        if not expected:
-            return False
-        needed = min(2, len(expected))
-        matched, text = 0, self.text
-        while matched < needed:
-            end = text.find("\n", pos)
-            line = (head + (text[pos:] if end < 0 else text[pos:end])).rstrip()
-            head = ""
-            if line.strip():
-                if end < 0:  # the last line, possibly cut short
-                    if not expected[matched].startswith(line):
-                        return False
-                    return (matched > 0 or line == expected[0]) if self.final else None
-                if line != expected[matched]:
-                    return False
-                matched += 1
-            if end < 0:
-                return matched > 0 if self.final else None
-            pos = end + 1
-        return True
-
-    def _reopened_on_line(self, index: int) -> int:
-        """Offset of an opener of the same kind that the line of closer `index` leaves open, else -1.
-
-        `} else {`, `} catch (e) {`, `}, {`: the closer ends the prefix's bracket but the line
-        opens another in its place, which the suffix's closer then ends; no cut there.
-        """
-        closer = self.tokens[index]
-        open_on_line: list[Tok] = []
-        for tok in self.tokens[index + 1 :]:
-            if tok.kind == NEWLINE:
-                break
-            if tok.kind == OPEN:
-                open_on_line.append(tok)
-            elif tok.kind == CLOSE:
-                if not open_on_line:
-                    return -1
-                open_on_line.pop()
-        if open_on_line and open_on_line[0].char == CLOSERS[closer.char]:
-            return open_on_line[0].start
-        return -1
+        return repeats_lines(self.text, pos, self.ctx.suffix_lines, self.final, head)
 
     def at_line_end(
         self, mode: str, unit_indent: int, newline: int, code: str, seen_code: bool,
@@ -412,3 +367,52 @@ def _next_nonblank(text: str, pos: int) -> _NextLine | None:
             return None
         pos = end + 1
     return None
+
+
+def repeats_lines(text: str, pos: int, expected: list[str] | tuple[str, ...], final: bool, head: str = "") -> bool | None:
+    """Do the completion's lines from `pos` (the first one after `head`) repeat the suffix's next
+    lines (`expected`)? Two lines must match when the completion has two, so that a line the code
+    really needs twice is not taken for a repeat. None: still generating (not `final`), and the
+    lines so far cannot tell."""
+    if not expected:
+        return False
+    needed = min(2, len(expected))
+    matched = 0
+    while matched < needed:
+        end = text.find("\n", pos)
+        line = (head + (text[pos:] if end < 0 else text[pos:end])).rstrip()
+        head = ""
+        if line.strip():
+            if end < 0:  # the last line, possibly cut short
+                if not expected[matched].startswith(line):
+                    return False
+                return (matched > 0 or line == expected[0]) if final else None
+            if line != expected[matched]:
+                return False
+            matched += 1
+        if end < 0:
+            return matched > 0 if final else None
+        pos = end + 1
+    return True
+
+
+def reopened_on_line(tokens: list[Tok], index: int) -> int:
+    """Offset of an opener of the same kind that the line of closer `tokens[index]` leaves open, else -1.
+
+    `} else {`, `} catch (e) {`, `}, {`: the closer ends the prefix's bracket but the line
+    opens another in its place, which the suffix's closer then ends; no cut there.
+    """
+    closer = tokens[index]
+    open_on_line: list[Tok] = []
+    for tok in tokens[index + 1 :]:
+        if tok.kind == NEWLINE:
+            break
+        if tok.kind == OPEN:
+            open_on_line.append(tok)
+        elif tok.kind == CLOSE:
+            if not open_on_line:
+                return -1
+            open_on_line.pop()
+    if open_on_line and open_on_line[0].char == CLOSERS[closer.char]:
+        return open_on_line[0].start
+    return -1

@@ -48,8 +48,9 @@ from kspec.engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, OP
 from kspec.engine.syntax.memo import request_memo
 
 SPAN = 3000  # characters before the cursor the region is looked for in
-# At most this much of the text around the cursor is analysed (what the language server
-# sends), so that post-processing costs the same for a file of any size.
+# The window of text around the cursor, defined once: what the language server sends by default
+# (its prefixChars / suffixChars settings) and at most what post-processing analyses, so that it
+# costs the same for a file of any size.
 MAX_BEFORE = 6000
 MAX_AFTER = 2000
 

@@ -4,7 +4,7 @@
 // A decode step of the default model runs ~35 ATen ops per layer at 2-5 us of Python and
 // dispatch each, more than the 4-bit matmuls themselves at one row. Here a layer is four 4-bit
 // matmuls (q|k|v, o, gate|up, down) and loops over the few rows of the step for the rest:
-// RMSNorm, rotary, the KV writes, bifurcated attention, SiLU-gated MLP, residual adds. The
+// RMSNorm, Qwen3's per-head q/k norms, rotary, the KV writes, bifurcated attention, SiLU-gated MLP, residual adds. The
 // matmuls are the weights' own kernel: PyTorch's int4 one (aten::_weight_int4pack_mm_for_cpu,
 // AVX-512 CPUs) or kspec's 4-bit x 8-bit one (q4_q8_matmul.cpp, AVX2, Zen 4 and Zen 5 CPUs: cpu_fast.py).
 //
@@ -176,6 +176,16 @@ void rms_norm_to(const float* x, const float* w, Act* out, int64_t rows, int64_t
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) o[i] = to_act(xr[i] * inv * w[i], o);
   }
+}
+
+// One head's values [D] through RMSNorm over D, in place: v * rsqrt(mean(v^2) + eps) * w
+inline void head_rms_norm(float* v, const float* w, int64_t n, float eps) {
+  float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+  for (int64_t i = 0; i < n; ++i) squares += v[i] * v[i];
+  const float inv = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) v[i] = v[i] * inv * w[i];
 }
 
 template <typename Act>
@@ -698,14 +708,15 @@ int64_t check_rows(Dims& s, at::IntArrayRef padded_rows, at::IntArrayRef lengths
 // padded_rows of those, see check_rows); cos, signed sin [R, D] float32 (engine/models/rope.py:
 // rotate_half folded into a roll and a signed sin).
 // Per layer l: input and post-attention norm weights [dim]; the int4 kernel's packed weights
-// and scales/zeros of q|k|v, o, gate|up and down; the q|k|v bias [(H + 2 Hkv) D] or none.
+// and scales/zeros of q|k|v, o, gate|up and down; the q|k|v bias [(H + 2 Hkv) D] or none; the
+// per-head RMSNorm weights of q and of k [D] (Qwen3's q_norm / k_norm, before rotary) or none.
 // prefix_k/v [L, 1, Hkv, P, D] float32 or float16 (unit last stride), branch_k/v [L, k, Hkv, S, D]
 // float32 contiguous, written at slots lengths[b] + t; branch_mask the branch piece's additive mask [k, 1, T, cols]
 // (kernels/contract.py BranchLayout: the masking rules are written once, there) or none.
 // Returns the residual stream after the last layer [R, dim].
 Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed_sin, at::TensorList input_norm,
                      at::TensorList qkv_packed, at::TensorList qkv_scales, at::TensorList qkv_bias,
-                     at::TensorList o_packed, at::TensorList o_scales, at::TensorList post_norm,
+                     at::TensorList q_norm, at::TensorList k_norm, at::TensorList o_packed, at::TensorList o_scales, at::TensorList post_norm,
                      at::TensorList gate_up_packed, at::TensorList gate_up_scales, at::TensorList down_packed,
                      at::TensorList down_scales, const Tensor& prefix_k, const Tensor& prefix_v, const Tensor& branch_k,
                      const Tensor& branch_v, const std::optional<Tensor>& branch_mask, at::IntArrayRef lengths,
@@ -718,6 +729,10 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
   check(prefix_k.dim() == 5 && prefix_k.stride(4) == 1 && prefix_v.strides() == prefix_k.strides(), "prefix KV must be [L, 1, Hkv, P, D] with unit last stride");
   check(branch_k.size(0) >= layers && prefix_k.size(0) >= layers, "fewer cache layers than weights");
   check(qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == layers, "one q|k|v bias per layer or none");
+  check(q_norm.size() == k_norm.size() && (q_norm.empty() || static_cast<int64_t>(q_norm.size()) == layers),
+        "one q norm and one k norm per layer or none");
+  for (const Tensor& w : q_norm) check(w.scalar_type() == at::kFloat && w.numel() == branch_k.size(4), "q norm weights must be [D] float32");
+  for (const Tensor& w : k_norm) check(w.scalar_type() == at::kFloat && w.numel() == branch_k.size(4), "k norm weights must be [D] float32");
   check(layers > 0, "no layers");
   Dims s{};
   s.rows = x_in.size(0);
@@ -753,6 +768,8 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
       Tensor qkv = matmul(normed, qkv_packed[l], qkv_scales[l]);  // [R, (H + 2 Hkv) D]
       const Act* proj = act_data<Act>(qkv);
       const float* bias = qkv_bias.empty() ? nullptr : qkv_bias[l].data_ptr<float>();
+      const float* qn = q_norm.empty() ? nullptr : q_norm[l].data_ptr<float>();
+      const float* kn = k_norm.empty() ? nullptr : k_norm[l].data_ptr<float>();
       float* bk = branch_k.data_ptr<float>() + l * cache_layer;
       float* bv = branch_v.data_ptr<float>() + l * cache_layer;
       for (int64_t r = 0; r < s.rows; ++r) {  // rotary on q and k, k and v into the branch buffers
@@ -766,6 +783,7 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
           for (int64_t i = 0; i < D; ++i) value[i] = from_act(src[i]);
           if (bias_h)
             for (int64_t i = 0; i < D; ++i) value[i] += bias_h[i];
+          if (qn != nullptr && h < heads + kv_heads) head_rms_norm(value, h < heads ? qn : kn, D, static_cast<float>(eps));
           if (h >= heads + kv_heads) {
             std::memcpy(bv + ((b * kv_heads + h - heads - kv_heads) * s.capacity + slot) * D, value, D * sizeof(float));
             continue;
@@ -827,7 +845,7 @@ Tensor branch_attention(const Tensor& queries, const Tensor& prefix_k, const Ten
 TORCH_LIBRARY(kspec, m) {
   m.def(
       "branch_layers(Tensor x, Tensor cos, Tensor signed_sin, Tensor[] input_norm, Tensor[] qkv_packed, "
-      "Tensor[] qkv_scales, Tensor[] qkv_bias, Tensor[] o_packed, Tensor[] o_scales, Tensor[] post_norm, "
+      "Tensor[] qkv_scales, Tensor[] qkv_bias, Tensor[] q_norm, Tensor[] k_norm, Tensor[] o_packed, Tensor[] o_scales, Tensor[] post_norm, "
       "Tensor[] gate_up_packed, Tensor[] gate_up_scales, Tensor[] down_packed, Tensor[] down_scales, "
       "Tensor prefix_k, Tensor prefix_v, Tensor(a!) branch_k, Tensor(b!) branch_v, Tensor? branch_mask, int[] lengths, "
       "int[] padded_rows, int n_new, "

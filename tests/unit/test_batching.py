@@ -314,3 +314,24 @@ def test_a_round_of_one_request_runs_over_its_own_cache(random_engine, monkeypat
             assert decode_caches == {BranchKVCache}
         else:  # together while both decode (one finishing first decodes the other alone)
             assert BranchCacheGroup in decode_caches
+
+
+def test_the_batcher_charges_the_wait_since_arrival_once(random_engine):
+    """The runner hands over a request with the moment it arrived; the batcher alone charges the
+    waiting against its deadline: one that waited past it fails before any work, one that has
+    time left keeps only what is left."""
+    import time
+
+    from kspec.engine.batching import admitted
+    from kspec.engine.errors import DeadlineExceeded
+
+    arrived = time.monotonic() - 5.0  # arrived five seconds ago
+    batcher = random_engine.batcher(max_requests=1)
+    outcomes = Outcomes()
+    batcher.add(_request(0, deadline_ms=1000.0), CancelToken(), outcomes.callback(0), arrived=arrived)
+    batcher.add(_request(1, deadline_ms=60_000.0, max_tokens=4), CancelToken(), outcomes.callback(1), arrived=arrived)
+    _drain(batcher)
+    assert isinstance(outcomes.by_index[0][1], DeadlineExceeded)
+    assert outcomes.by_index[1][1] is None
+    left = admitted(_request(2, deadline_ms=60_000.0), time.monotonic() - 5.0).deadline_ms
+    assert 54_000 < left <= 55_000

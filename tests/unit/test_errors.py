@@ -21,7 +21,7 @@ from kspec.engine.errors import (
     from_status,
 )
 from kspec.engine.serve.openai_api import ApiError
-from kspec.engine.serve.protocol import error_frame, error_from_frame
+from kspec.engine.serve.messages import Failed, decode, encode
 
 
 @pytest.mark.parametrize(
@@ -51,9 +51,11 @@ def test_a_cancelled_task_and_a_bug_have_kinds_too() -> None:
 
 @pytest.mark.parametrize("error_type", [InputError, DeadlineExceeded, EngineUnavailable, CancelledError, ProtocolError])
 def test_a_client_raises_what_the_engine_raised(error_type: type[KspecError]) -> None:
-    frame = error_frame("r1", error_type("why"))
+    frame = encode(Failed.of("r1", error_type("why")))
     assert frame["type"] == "error" and frame["id"] == "r1"
-    raised = error_from_frame(frame)
+    decoded = decode(frame)
+    assert isinstance(decoded, Failed)
+    raised = decoded.error()
     assert type(raised) is error_type and str(raised) == "why"
     assert type(from_kind(describe(error_type("why")).kind, "why")) is error_type
 

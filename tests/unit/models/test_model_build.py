@@ -13,7 +13,7 @@ from kspec.engine.models.args import ModelArgs
 from kspec.engine.models.rope import inverse_frequencies
 from kspec.engine.models.transformer import Transformer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_loading_a_checkpoint_does_not_import_the_compiler(random_llama_dir: Path) -> None:

@@ -379,3 +379,22 @@ def test_bass_on_the_serving_path_is_exact_for_every_drafter(random_engine, draf
     assert all(texts for texts in plain)
     for name, made in {"none": engine("none"), "lookup": engine("lookup"), "layerskip": engine("layerskip"), "model": engine("model", True)}.items():
         assert _served_texts(made, requests, together=True) == plain, name
+
+
+def test_finished_is_a_question_and_finished_branches_leave_at_the_next_proposal(random_engine):
+    """`finished()` changes nothing, however often it is asked; a branch that ended stops costing
+    a row when the next round's rows are proposed."""
+    model = random_engine.target.model
+    run = SpeculativeRun(model, _tracker(random_engine, 30), 3, SamplingParams(), WrongDrafter(), diverse=True)
+    with torch.inference_mode():
+        while not run.finished():
+            run.branches[run.live[0]].finish_reason = "stop"  # one branch ends (as a stop rule would)
+            live = list(run.live)
+            for _ in range(3):
+                run.finished()
+            assert run.live == live  # asking did not compact
+            if run.finished():
+                break
+            rows = run.propose()
+            assert len(rows) == len(run.live) == sum(not run.branches[index].done for index in live)
+            run.accept(model(pad_rows(rows, model.device), run.cache), 10.0)

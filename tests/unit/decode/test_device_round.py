@@ -25,7 +25,7 @@ from kspec.engine.decode.acceptance import accept_greedy_by_position, accept_gre
 from kspec.engine.decode.branches import BranchTracker, DecodeLimits
 from kspec.engine.decode.drafters import ModelDrafter, NoDrafter, PromptLookupDrafter
 from kspec.engine.decode.sampling import SamplingParams
-from kspec.engine.decode.speculative import SpeculationConfig, SpeculativeRun, accept_greedy, pad_rows
+from kspec.engine.decode.speculative import SpeculationConfig, SpeculativeRun, pad_rows
 from kspec.engine.decode.stopping import StopRule
 from kspec.engine.models.hf_folder import load_transformer
 from kspec.engine.models.tokenizer import Tokenizer
@@ -236,3 +236,13 @@ def test_bfloat16_is_the_default_on_cuda() -> None:
     assert Compute.choose(EngineConfig(device="cuda:1")).dtype == torch.bfloat16
     assert Compute.choose(EngineConfig(device="cuda", dtype="float32")).dtype == torch.float32  # an explicit dtype stays
     assert Compute.choose(EngineConfig(device="cpu")).dtype == torch.float32  # the CPU keeps its own rule
+
+
+def accept_greedy(draft: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
+    """The greedy rule written plainly, the oracle the engine's acceptance is checked against:
+    target_logits [n+1, V] for [last, d1..dn] -> (accepted count, the target's next token)."""
+    choices = target_logits.argmax(dim=-1).tolist()  # [n+1]
+    accepted = 0
+    while accepted < len(draft) and draft[accepted] == choices[accepted]:
+        accepted += 1
+    return accepted, choices[accepted]

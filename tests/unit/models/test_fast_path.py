@@ -342,7 +342,7 @@ def test_every_cpu_profile_row_is_reachable_and_agrees_with_the_dense_rule(match
         assert matches(facts)
         assert profile.dense_copy == cpu_profile.dense_pays(profile.int4_kernel, facts), (profile.name, facts)
     for path in profile.measured_in.split(", "):
-        assert (Path(__file__).parents[2] / path).is_file(), path
+        assert (Path(__file__).parents[3] / path).is_file(), path
 
 
 needs_q8_head = pytest.mark.skipif(
