@@ -193,10 +193,11 @@ def test_the_choice_stays_while_typing_and_changes_when_it_matters(workspace: Pa
     third = gather(gatherer, workspace, source(parser, typed, 3), 9, [kept, rival, better])
     assert third.files[0] == "pkg/more.py"
     # an import added: made again too
-    fourth = gather(gatherer, workspace, source(parser, "import pkg.lexer\n" + typed, 4), 10, [kept, rival, better])
-    assert fourth.pieces != third.pieces and "pkg/lexer.py" in fourth.files
+    (workspace / "pkg" / "extra.py").write_text("def extra_thing(stream): ...\n")
+    fourth = gather(gatherer, workspace, source(parser, "from . import extra\n" + typed, 4), 10, [kept, rival, better])
+    assert fourth.pieces != third.pieces and "pkg/extra.py" in fourth.files
     # the kept chunk's document closed: its chunk goes
-    fifth = gather(gatherer, workspace, source(parser, "import pkg.lexer\n" + typed, 5), 10, [kept, rival])
+    fifth = gather(gatherer, workspace, source(parser, "from . import extra\n" + typed, 5), 10, [kept, rival])
     assert "pkg/more.py" not in fifth.files
 
 
