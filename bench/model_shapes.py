@@ -51,6 +51,7 @@ SHAPES = {
     "qwen2.5-coder-1.5b": Shape("qwen2", 28, 1536, 8960, 12, 2, True, 1000000.0),
     "qwen2.5-coder-7b": Shape("qwen2", 28, 3584, 18944, 28, 4, False, 1000000.0),
     "starcoder2-3b": Shape("starcoder2", 30, 3072, 12288, 24, 2, True, 999999.4, 16384),
+    "qwen3-1.7b": Shape("qwen3", 28, 2048, 6144, 16, 8, True, 1000000.0, 40960),
     "tiny": Shape("qwen2", 2, 256, 512, 4, 2, True, 1000000.0, 4096),  # tests
 }
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import platform
 from pathlib import Path
 from typing import Callable
@@ -29,6 +30,10 @@ SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("branch_lay
 # on AVX2 (the exponentials of SiLU and the attention's softmax: "control flow in loop"); the
 # values computed are the same
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-trapping-math"]
+# Builds for another instruction set than this CPU's best: `KSPEC_MARCH=haswell` (AVX2) or
+# `x86-64` (the generic loops) runs those loops on any newer CPU, so the tests check every ISA's
+# code on whatever machine they run on (tests/kernels/test_other_isas.py)
+MARCH_VARIABLE = "KSPEC_MARCH"
 # The sources include per-ISA headers (csrc/simd.h, csrc/q4q8/*.h); torch's build versions a
 # library by its .cpp files and flags only, so a digest of every file under csrc goes in as a flag
 CSRC = Path(__file__).with_name("csrc")
@@ -44,8 +49,22 @@ def sources_digest() -> str:
 
 
 def build_folder(cache_dir: Path) -> Path:
-    """Where the built library lives under kspec's cache folder: per torch version and CPU."""
-    return cache_dir / "native" / f"torch-{torch.__version__}-{_cpu_tag()}"
+    """Where the built library lives under kspec's cache folder: per torch version and CPU (and
+    `KSPEC_MARCH`, when set)."""
+    march = _march()
+    return cache_dir / "native" / (f"torch-{torch.__version__}-{_cpu_tag()}" + ("" if march == "native" else f"-{march}"))
+
+
+def _march() -> str:
+    march = os.environ.get(MARCH_VARIABLE, "").strip() or "native"
+    if not march.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise ValueError(f"${MARCH_VARIABLE} must be a -march value such as haswell or x86-64, got {march!r}")
+    return march
+
+
+def build_flags() -> list[str]:
+    """The compiler flags of this build: FLAGS with `KSPEC_MARCH` for -march when set."""
+    return [f"-march={_march()}" if flag == "-march=native" else flag for flag in FLAGS]
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,7 +105,7 @@ def _built(cache_dir: Path) -> tuple[bool, str]:
 
         folder = build_folder(cache_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        build("kspec_branch_layers", [str(source) for source in SOURCES], extra_cflags=[*FLAGS, f"-DKSPEC_CSRC_DIGEST={sources_digest()}"],
+        build("kspec_branch_layers", [str(source) for source in SOURCES], extra_cflags=[*build_flags(), f"-DKSPEC_CSRC_DIGEST={sources_digest()}"],
               build_directory=str(folder), is_python_module=False, verbose=False)  # fmt: skip
         return True, ""
     except Exception as exc:  # no compiler, headers or ninja: the PyTorch ops serve instead

@@ -16,6 +16,7 @@ import numpy as np
 from kspec.engine.models.quantized import GROUP, CpuLinear, Q4Codes, Q4Q8Term, Q8HeadEmbedding, Q8Q8Term, eight_bit_codes
 from kspec.engine.models.gguf_blocks import q8_0 as gguf_q8_0
 from kspec.engine.models.resolve import cache_root
+from kspec.engine.models.cpu_profile import Q5Q8_ISAS
 from kspec.kernels import cpu_layers
 
 matmul = cpu_layers.load_matmul(cache_root())
@@ -64,6 +65,8 @@ def test_matmul_is_the_documented_arithmetic(rows: int, n: int, k: int) -> None:
 def test_the_build_names_the_instructions_this_cpu_has() -> None:
     """The AVX-512 VNNI code path is built where the compiler targets it (-march=native), AVX2's
     elsewhere; the tests above then check the one this machine runs."""
+    if os.environ.get(cpu_layers.MARCH_VARIABLE):
+        pytest.skip("built for another instruction set on purpose (tests/kernels/test_other_isas.py checks which)")
     flags = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
     isa = cpu_layers.matmul_isa(cache_root())
     if {"avx512f", "avx512bw", "avx512_vnni"} <= flags:
@@ -193,11 +196,15 @@ def test_the_5bit_form_is_the_8bit_form_on_5bit_codes(rows: int, n: int, k: int)
     five = Q5Q8Term(codes, scale, minimum, matmul5)
     eight = Q8Q8Term(codes, scale, minimum, matmul8)
     assert five.codes.shape[2] == 5 and five.nbytes < 0.7 * eight.nbytes
-    torch.testing.assert_close(five(x), eight(x), atol=0, rtol=0)
+    if cpu_layers.matmul_isa(cache_root()) in Q5Q8_ISAS:  # the same loop over either layout
+        torch.testing.assert_close(five(x), eight(x), atol=0, rtol=0)
+    else:  # 5-bit codes take the generic loop here (kspec keeps such weights 8-bit): float32 order only
+        torch.testing.assert_close(five(x), eight(x), atol=1e-5 * float(eight(x).abs().max()), rtol=0)
     dequantized = (codes.float().view(n, -1, GROUP) * scale.half().float()[..., None] + minimum.half().float()[..., None]).view(n, k)
     want = x.double() @ dequantized.double().t()
     bound = (x.abs().view(rows, -1, GROUP).amax(-1) / 254).repeat_interleave(GROUP, -1).double() @ dequantized.abs().double().t()
     assert bool(((five(x) - want).abs() <= bound + 1e-5).all())
+    assert bool(((eight(x) - want).abs() <= bound + 1e-5).all())  # any minimum, on every ISA's 8-bit loop
     with pytest.raises(ValueError, match="0..31"):
         Q5Q8Term(codes + 32, scale, minimum, matmul5)
 

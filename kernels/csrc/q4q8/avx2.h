@@ -232,9 +232,11 @@ void dot_tile_unpacked_avx2(const Quantized& q, int64_t rows, const uint8_t* cod
 // pairs), so the codes flip back to the file's signed q (u xor 0x80) and maddubs takes |q|
 // against the activations with q's sign (llama.cpp's AVX2 Q8_0 dot): each int16 pair sum is at
 // most 2 * 127 * 127 < 2^15, and a madd with ones makes each output's int32 dot of four weights.
-// So y = sum_b s d (q . a), the 8-bit form's sum without its m term (s (u . a) + m (a sum) with
-// m = -128 s is the same integer sum, q . a). Zen 3, the default model's head against its two
-// 4-bit terms (docs/measurements/zen3-avx2.md).
+// The 8-bit form's y = sum_b s d (u . a) + m d (sum a) is then, with u = q + 128,
+// sum_b s d (q . a) + (m + 128 s) d (sum a): the second term is zero for a Q8_0 weight
+// (m = -128 s exactly), and carries the minimum of any other weight in this form (Q5_x and Q6_K
+// where no 5-bit loop is built). Zen 3, the default model's head against its two 4-bit terms
+// (docs/measurements/zen3-avx2.md).
 template <int R>
 void dot_half_q8_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
                       int half, float* y, int64_t ldy) {
@@ -255,6 +257,8 @@ void dot_half_q8_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, cons
     for (int j = 0; j < 8; ++j)
       signed_codes[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block_codes + 64 * j + 32 * half)), flip);
     const __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block_params + 8 * half)));
+    const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block_params + kTile + 8 * half)));
+    const __m256 shift = _mm256_fmadd_ps(scales, _mm256_set1_ps(128.f), mins);  // m + 128 s: 0 for Q8_0
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const int8_t* a = a0 + r * k + b * kBlock;
@@ -267,6 +271,7 @@ void dot_half_q8_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, cons
         keep_in_register(dot);
       }
       acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(scales, _mm256_set1_ps(xd[r * blocks + b])), _mm256_cvtepi32_ps(dot), acc[r]);
+      acc[r] = _mm256_fmadd_ps(shift, _mm256_set1_ps(q.code_sum[(r0 + r) * blocks + b]), acc[r]);
     }
   }
 #pragma GCC unroll 4

@@ -1,0 +1,42 @@
+"""Every instruction set's loops, checked on whatever machine the tests run on: the kernels are
+built again for an older -march (`KSPEC_MARCH`, kernels/cpu_layers.py) in a fresh process and
+cache folder, and the matmul and attention tests run against that build. An AVX-512 machine so
+also checks the AVX2 loops (q4q8/avx2.h, attention/avx2.h) and the generic ones (q4q8/generic.h)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+CPU_FLAGS = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
+
+
+@pytest.mark.parametrize(
+    ("march", "isa", "needs"),
+    [("haswell", "avx2", {"avx2", "fma", "f16c", "bmi2"}), ("x86-64", "scalar", set())],
+)
+def test_the_kernels_of_an_older_instruction_set(march: str, isa: str, needs: set[str], tmp_path: Path) -> None:
+    if platform.machine() != "x86_64" or not needs <= CPU_FLAGS:
+        pytest.skip(f"this CPU cannot run a -march={march} build")
+    env = {**os.environ, "KSPEC_MARCH": march, "KSPEC_CACHE_DIR": str(tmp_path)}
+    built = subprocess.run(
+        [sys.executable, "-c", "from kspec.engine.models.resolve import cache_root; from kspec.kernels import cpu_layers; "
+         "print(cpu_layers.matmul_isa(cache_root()) or cpu_layers.unavailable_reason(cache_root()))"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if "could not be built" in built.stdout:
+        pytest.skip(built.stdout.strip())
+    assert built.stdout.strip().splitlines()[-1] == isa, built.stdout + built.stderr
+    tests = [str(HERE / "test_q4_q8_matmul.py"), str(HERE / "test_branch_attention.py")]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *tests],
+        env=env, capture_output=True, text=True, timeout=1200, cwd=HERE.parents[1],
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1].replace("1 skipped", ""), run.stdout[-500:]
