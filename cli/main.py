@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     complete = commands.add_parser("complete", help="complete at PATH:LINE:COL (1-based)")
     complete.add_argument("location", help="PATH:LINE:COL, 1-based")
     complete.add_argument("--json", action="store_true", help="print one JSON object")
+    complete.add_argument(
+        "--no-context", action="store_true",
+        help="leave out the definitions the file imports (resolved in the current folder, or the file's; --json says which went in)",
+    )  # fmt: skip
     add_flags(complete)
     add_log_level(complete, "warning")
     _generation_args(complete)
@@ -95,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="quality: post-process the cases of a --cases-out file again, without the model",
     )  # fmt: skip
     bench.add_argument(
+        "--cross-file", action="store_true",
+        help="quality: holes that need a name only a sibling module defines, through kspec lsp with the context off, "
+        "on with only the file open, and on with the sibling open too (bench/crossfile.py); --repeats: holes (default 24)",
+    )  # fmt: skip
+    bench.add_argument(
         "--lsp-points", type=int, default=3,
         help="keystroke: places in Python's textwrap.py typed again through kspec lsp, kspec's defaults vs the previous "
         "configuration (fp32, no early answer), interleaved (default 3). --model, --device, --threads and, when given, "
@@ -143,6 +152,20 @@ def _request_fields(args: argparse.Namespace) -> dict:
     }
 
 
+def _file_context(path: Path, prefix: str, suffix: str, fitted: float | None) -> tuple:
+    """The definitions the file imports, resolved in its workspace: the current folder when the
+    file is inside it, else the file's own folder (the language server also adds open documents)."""
+    from kspec.lsp_server.crossfile.config import ContextConfig
+    from kspec.lsp_server.crossfile.gatherer import ContextGatherer
+    from kspec.lsp_server.crossfile.workspace import Source, WorkspaceFiles
+
+    path, text = path.resolve(), prefix + suffix
+    folder = Path.cwd().resolve() if path.is_relative_to(Path.cwd().resolve()) else path.parent
+    current = Source(path.as_uri(), "", 1, lambda: text)
+    config = ContextConfig()
+    return ContextGatherer(config).gather(current, prefix.count("\n"), WorkspaceFiles(folder, [current]), config.budget_chars(fitted)).pieces
+
+
 def run_complete(args: argparse.Namespace) -> int:
     from kspec.engine.api import CompletionRequest
     from kspec.engine.completion import CompletionEngine
@@ -151,12 +174,16 @@ def run_complete(args: argparse.Namespace) -> int:
     fields = _request_fields(args)
     context = read_location(args.location)  # validate the file before loading a model
     engine = CompletionEngine.load(engine_config(args))
-    request = CompletionRequest(prefix=context.prefix, suffix=context.suffix, path=str(context.path), **fields)
+    fitted = engine.defaults.prompt_tokens if engine.defaults is not None else None
+    pieces = () if args.no_context else _file_context(context.path, context.prefix, context.suffix, fitted)
+    request = CompletionRequest(prefix=context.prefix, suffix=context.suffix, path=str(context.path), context=pieces, **fields)
     result = engine.complete(request)
     if engine.defaults is not None:  # what the engine chose for this machine (what `kspec lsp` uses unless set)
         result.timing_ms.update({f"machine_{name}": value for name, value in engine.defaults.to_dict().items()})
     if args.json:
-        print(json.dumps({**result.to_dict(), "attention": engine.attention}, ensure_ascii=False))  # attention: kernels/paths.py
+        told = {"files": list(dict.fromkeys(p.path for p in pieces)), "chars": sum(len(p.text) for p in pieces),
+                "tokens": int(result.timing_ms.get("context_tokens", 0))}  # fmt: skip
+        print(json.dumps({**result.to_dict(), "attention": engine.attention, "context": told}, ensure_ascii=False))  # attention: kernels/paths.py
         return 0
     print(f"model: {result.model}    {result.timing_ms.get('total', 0):.0f} ms")
     for index, completion in enumerate(result.completions, 1):
@@ -262,6 +289,8 @@ def _bench_peer(config, args: argparse.Namespace) -> dict:
 def _bench_quality(config, args: argparse.Namespace) -> dict:
     from kspec.bench.quality import QualityBenchConfig, replay_quality_bench, run_quality_bench
 
+    if args.cross_file:
+        return _bench_cross_file(config, args)
     quality = QualityBenchConfig(k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 48)
     if args.replay is not None:
         try:
@@ -283,6 +312,20 @@ def _bench_quality(config, args: argparse.Namespace) -> dict:
     if details:
         args.cases_out.write_text(json.dumps({"cases": report.pop("cases")}), encoding="utf-8")
     return report
+
+
+def _bench_cross_file(config, args: argparse.Namespace) -> dict:
+    from tqdm import tqdm
+
+    from kspec.bench.crossfile import CrossFileConfig
+    from kspec.bench.crossfile_lsp import run_crossfile_bench
+
+    try:
+        cross = CrossFileConfig(holes=args.repeats or 24, k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 32, model=config.model)
+    except ValueError as exc:
+        raise KspecError(str(exc)) from exc
+    with tqdm(desc="kspec bench quality --cross-file", unit="cut", disable=not show_progress(args), file=sys.stderr) as bar:
+        return run_crossfile_bench(cross, progress=lambda line: bar.update(1))
 
 
 # What a bench needs beyond kspec's own dependencies: pip install 'kspec[bench]'.

@@ -22,6 +22,33 @@ MAX_NEW_TOKENS = 512  # tokens per alternative
 MAX_STOPS = 8  # extra stop strings
 MAX_STOP_CHARS = 256  # characters per stop string
 MODES = ("diverse", "sample")  # see CompletionRequest.mode
+MAX_CONTEXT_FILES = 64  # extra context pieces per request (other files' chunks, imported definitions)
+MAX_CONTEXT_CHARS = 1 << 20  # characters of extra context per request, all pieces together
+
+
+@dataclass(frozen=True)
+class ContextFile:
+    """A piece of another file given as context: its path (shown to the model as the file's
+    name) and text (a chunk or an outline of definitions, not necessarily the whole file)."""
+
+    path: str
+    text: str
+
+    @classmethod
+    def parse_all(cls, data: Any) -> "tuple[ContextFile, ...]":
+        """A list of {path, text} maps (msgpack, JSON) -> the pieces; raises InputError."""
+        if not isinstance(data, (list, tuple)) or len(data) > MAX_CONTEXT_FILES:
+            raise InputError(f"request field 'context' must be a list of at most {MAX_CONTEXT_FILES} {{path, text}} maps")
+        pieces = []
+        for item in data:
+            if isinstance(item, ContextFile):
+                item = asdict(item)
+            if not isinstance(item, dict) or not isinstance(item.get("path"), str) or not isinstance(item.get("text"), str):
+                raise InputError("each 'context' piece must be a map with string 'path' and 'text'")
+            pieces.append(cls(item["path"], item["text"]))
+        if sum(len(p.text) + len(p.path) for p in pieces) > MAX_CONTEXT_CHARS:
+            raise InputError(f"request field 'context' holds more than {MAX_CONTEXT_CHARS} characters")
+        return tuple(pieces)
 
 
 def mode_for_temperature(temperature: float) -> str:
@@ -50,10 +77,16 @@ class CompletionRequest:
     request_id: str = ""
     stop: tuple[str, ...] = ()  # extra stop strings: a branch ends where one first occurs (dropped)
     cursor_rules: bool = True  # end at the end of the line / block begun at the cursor; False: only stop, EOS, max_tokens
+    # other files' text put before the file's own in the prompt (the repository format where the
+    # model has one, file names as comments otherwise); kept apart from `prefix` so that trimming
+    # and checks see only the file, and so that the prompt's stable start stays put
+    context: tuple[ContextFile, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.stop, tuple):  # a list from JSON or msgpack
             object.__setattr__(self, "stop", tuple(self.stop))
+        if not (isinstance(self.context, tuple) and all(isinstance(p, ContextFile) for p in self.context)):
+            object.__setattr__(self, "context", ContextFile.parse_all(self.context))
 
     def after_waiting(self, waited_ms: float) -> "CompletionRequest":
         """The same request after `waited_ms` in a queue: waiting counts against its deadline
@@ -83,6 +116,9 @@ class CompletionRequest:
         values: dict[str, Any] = {}
         for spec in fields(cls):
             if spec.name not in data:
+                continue
+            if spec.name == "context":
+                values["context"] = ContextFile.parse_all(data["context"])
                 continue
             value, expected = data[spec.name], type(getattr(defaults, spec.name))
             if expected is float and isinstance(value, int) and not isinstance(value, bool):

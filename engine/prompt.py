@@ -7,6 +7,8 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from kspec.engine.api import ContextFile
+from kspec.engine.context_prompt import context_block
 from kspec.engine.decode.healing import split_for_healing
 from kspec.engine.models.tokenizer import Tokenizer
 
@@ -17,12 +19,17 @@ CHARS_PER_TOKEN_BOUND = 8  # no tokenizer here averages more; used to pre-cut te
 class PromptBudget:
     max_tokens: int = 1536
     suffix_share: float = 0.25  # of max_tokens, when the model has FIM tokens
+    # other files' context before the file's text: at most this share of max_tokens, on top of the file's
+    # own budget (the file's window is never cut for it; it is prefilled only when it changes)
+    context_share: float = 1.0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 16:
             raise ValueError(f"prompt budget must be >= 16 tokens, got {self.max_tokens}")
         if not 0.0 <= self.suffix_share < 1.0:
             raise ValueError(f"suffix_share must be in [0, 1), got {self.suffix_share}")
+        if not 0.0 <= self.context_share <= 1.0:
+            raise ValueError(f"context_share must be in [0, 1], got {self.context_share}")
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,8 @@ class Prompt:
     ids: list[int]
     uses_fim: bool
     healed_text: str = ""  # text of the prompt's last token, removed so the model can re-choose it (token healing)
+    context_tokens: int = 0  # of ids, other files' context at the start
+    context_files: tuple[str, ...] = ()  # the paths of that context
 
 
 def _tail_tokens(tokenizer: Tokenizer, text: str, budget: int) -> list[int]:
@@ -120,18 +129,25 @@ def _head_tokens(tokenizer: Tokenizer, text: str, budget: int) -> list[int]:
     return tokenizer.encode(text)[:budget]
 
 
-def build_prompt(tokenizer: Tokenizer, prefix: str, suffix: str, budget: PromptBudget, starts: PromptStarts | None = None) -> Prompt:
+def build_prompt(
+    tokenizer: Tokenizer, prefix: str, suffix: str, budget: PromptBudget, starts: PromptStarts | None = None,
+    context: tuple[ContextFile, ...] = (), path: str = "", language: str = "",
+) -> Prompt:  # fmt: skip
     """The prefix's last tokens are held back for token healing (engine/decode/healing.py).
     `starts`: where recent prompts began (the engine's), so that this one begins there too
-    while it fits."""
+    while it fits. `context` (other files) goes first, within `budget.context_share`, so that
+    it stays at the start of consecutive keystrokes' prompts (engine/context_prompt.py)."""
     fim = tokenizer.fim
+    block = context_block(tokenizer, context, path, language, int(budget.max_tokens * budget.context_share))
     suffix_ids: list[int] = []
     if fim is not None:
         suffix_budget = int(budget.max_tokens * budget.suffix_share)
         suffix_ids = _head_tokens(tokenizer, suffix, suffix_budget) if suffix_budget else []
     prefix_ids = _stable_tail_tokens(tokenizer, prefix, budget.max_tokens - len(suffix_ids) - 3, starts)
     prefix_ids, healed_text = split_for_healing(tokenizer, prefix_ids)
+    extra = {"context_tokens": len(block.ids), "context_files": block.files}
     if fim is None:
-        return Prompt(prefix_ids, uses_fim=False, healed_text=healed_text)
+        return Prompt([*block.ids, *prefix_ids], uses_fim=False, healed_text=healed_text, **extra)
     # PSM order, shared by Qwen2.5-Coder, StarCoder2, DeepSeek-Coder and CodeLlama
-    return Prompt([fim.prefix, *prefix_ids, fim.suffix, *suffix_ids, fim.middle], uses_fim=True, healed_text=healed_text)
+    ids = [*block.ids, fim.prefix, *prefix_ids, fim.suffix, *suffix_ids, fim.middle]
+    return Prompt(ids, uses_fim=True, healed_text=healed_text, **extra)

@@ -113,13 +113,20 @@ def choose_drafter(parts: EngineParts, params: SamplingParams) -> Drafter:
 
 
 def prepare(
-    parts: EngineParts, request: CompletionRequest, cancel: CancelToken, deadline: float, language: str
+    parts: EngineParts, request: CompletionRequest, cancel: CancelToken, deadline: float, language: str,
+    noted: dict[str, float] | None = None,
 ) -> Generator[None, None, SpeculativeRun | None]:
     """Prompt, prefill (yielding between chunks) and the healing walk -> the request's
     decoding state, or None when there is nothing to complete (empty prompt).
-    `deadline` (time.monotonic()) was set when the request arrived: prefill counts."""
+    `deadline` (time.monotonic()) was set when the request arrived: prefill counts. `noted`
+    receives the other files' context that went into the prompt (tokens, pieces)."""
     tokenizer, model = parts.target.tokenizer, parts.target.model
-    prompt = build_prompt(tokenizer, request.prefix, request.suffix, PromptBudget(parts.prompt_tokens), parts.prompt_starts)
+    prompt = build_prompt(
+        tokenizer, request.prefix, request.suffix, PromptBudget(parts.prompt_tokens), parts.prompt_starts,
+        request.context, request.path, request.language,
+    )  # fmt: skip
+    if noted is not None and request.context:
+        noted.update(context_tokens=float(prompt.context_tokens), context_files=float(len(prompt.context_files)))
     if not prompt.ids:
         return None
     first = yield from parts.prefix_cache.prefill_steps(model, prompt.ids)
@@ -163,8 +170,9 @@ class ActiveCompletion:
         self.language = detect_language(request.language, request.path)
         self.state = RequestState.PREPARING
         self.run: SpeculativeRun | None = None
+        self.prompt_noted: dict[str, float] = {}  # context tokens and pieces, for timing_ms
         self._preparing: Generator[None, None, SpeculativeRun | None] | None = prepare(
-            parts, request, cancel, self.deadline, self.language
+            parts, request, cancel, self.deadline, self.language, self.prompt_noted
         )
         self._decode_started = 0.0
         self.batch_peak = 0  # most requests verified together in one of this request's rounds
@@ -237,6 +245,7 @@ class ActiveCompletion:
             "prefill": (self._decode_started - self.started) * 1000,
             "prompt_tokens": float(len(run.tracker.prompt_ids)),
             "reused_prompt_tokens": float(run.reused_tokens),
+            **self.prompt_noted,
             "decode": (now - self._decode_started) * 1000,
             "postprocess": (finished - now) * 1000,
             "total": (finished - self.started) * 1000,

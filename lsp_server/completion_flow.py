@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kspec.engine.api import CompletionRequest, CompletionResult
+from kspec.engine.api import CompletionRequest, CompletionResult, ContextFile
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError
 from kspec.lsp_server.client_kind import whole_texts
 from kspec.lsp_server.context import EditorContext
@@ -71,6 +71,7 @@ class Query:
     context: EditorContext
     settings: Settings
     version: int  # the document's version at request time
+    extra: tuple[ContextFile, ...] = ()  # other files' pieces before the file's text (extra_context.py)
 
 
 class Ticket:
@@ -292,7 +293,7 @@ class CompletionFlow:
         if texts and settings.typeahead and not kept:
             self.typeahead.store(query.document.uri, Entry(query.context, settings.prefix_chars, settings.suffix_chars, tuple(texts)))
         if shown:
-            self.report.answered(result.model, (time.perf_counter() - started) * 1000)
+            self.report.answered(result.model, (time.perf_counter() - started) * 1000, int(result.timing_ms.get("context_tokens", 0)))
         return texts
 
     async def _decode_on(self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, started: float) -> None:
@@ -396,6 +397,7 @@ def engine_request(query: Query, choice: Callable[[str, Any], Any], early_answer
         deadline_ms=settings.deadline_ms,
         first_answer_ms=min(first_answer, settings.deadline_ms) if settings.typeahead and early_answers else 0.0,
         raw=settings.raw,
+        context=query.extra,
     )
 
 

@@ -184,5 +184,8 @@ class DocumentStore:
     def __contains__(self, uri: str) -> bool:
         return uri in self._documents
 
+    def all(self) -> list[Document]:
+        return list(self._documents.values())
+
     def __len__(self) -> int:
         return len(self._documents)

@@ -34,6 +34,7 @@ from kspec.lsp_server.context import Budgets, editor_context, looks_binary
 from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Document, DocumentStore, line_body
 from kspec.lsp_server.engine_client import EngineClient
 from kspec.lsp_server.engine_placement import make_engine
+from kspec.lsp_server.extra_context import SessionContext
 from kspec.lsp_server.items import completion_items, inline_items, renders_markdown
 from kspec.lsp_server.jsonrpc import ChunkReader, Dispatcher, Frame, frames_to_loop, read_frames, strict_converter
 from kspec.lsp_server.options import Redactor, ServerOptions
@@ -86,6 +87,7 @@ class Session:
         self._user_set: set[str] = set()  # settings the client gave; the engine's machine defaults fill the rest
         self.report = StatusReport(lambda data: self.server.protocol.notify(STATUS_METHOD, data), self._status_extras)
         notify = lambda method, params: self.server.protocol.notify(method, params)  # noqa: E731
+        self.extra = SessionContext()  # other files' context (workspace folders, recent places)
         self.flow = CompletionFlow(self.typeahead, self.report, self._current_engine, notify, lambda: self._user_set)
 
     @property
@@ -113,6 +115,7 @@ class Session:
 
     def initialize(self, params: lsp.InitializeParams) -> None:
         self.encoding = negotiate_encoding(params.capabilities)
+        self.extra.set_folders(params)
         self.flow.handles_updates = handles_updates(params.capabilities.experimental)
         self.loading = LoadingProgress(self.server.work_done_progress, client_shows_progress(params.capabilities))
         parsed = parse_settings(params.initialization_options, self.settings)
@@ -166,6 +169,7 @@ class Session:
         for change in params.content_changes:
             whole = not isinstance(change, lsp.TextDocumentContentChangePartial)
             document.change(None if whole else (change.range.start, change.range.end), change.text, self.encoding)
+            self.extra.note(uri, 0 if whole else change.range.start.line)
             if document.too_large:
                 self._too_large(document)
         document.version = params.text_document.version
@@ -174,6 +178,7 @@ class Session:
         uri = params.text_document.uri
         self.documents.close(uri)
         self.typeahead.forget(uri)
+        self.extra.forget(uri)
         self.flow.supersede(uri)
 
     def _too_large(self, document: Document) -> None:
@@ -247,7 +252,7 @@ class Session:
 
     def _status_extras(self) -> dict[str, Any]:
         """What $/kspec/status adds to the engine's status: acceptance totals, the daemon's log file."""
-        extras: dict[str, Any] = {"acceptance": self.acceptance.summary()}
+        extras: dict[str, Any] = {"acceptance": self.acceptance.summary(), "context": {**self.extra.last, "tokens": self.report.context_tokens}}
         log_file = getattr(self.engine, "log_file", None)
         if log_file is not None:
             extras["logFile"] = str(log_file)
@@ -314,7 +319,10 @@ class Session:
         if looks_binary(context):
             self.messages.show(f"kspec: {uri} looks binary (NUL characters); no completions there", lsp.MessageType.Info)
             return None
-        return Query(document, cursor, line_body(document.lines[cursor.line]), context, settings, document.version)
+        fitted = (self.report.status.defaults or {}).get("prompt_tokens")
+        extra = self.extra.pieces(self.documents, document, cursor.line, settings.context_files, settings.context_tokens, fitted)
+        self.report.context_tokens = 0  # until the engine's answer says how many of them went in
+        return Query(document, cursor, line_body(document.lines[cursor.line]), context, settings, document.version, extra)
 
 
 class KspecServer(LanguageServer):

@@ -166,6 +166,9 @@ class Settings(EngineSettings):  # type: ignore[misc,valid-type]
     enabled: bool = setting(True, Rule("boolean"))
     # languageIds to complete; empty (or "*") means all
     languages: tuple[str, ...] = setting((), Rule("array", expected="a list of languageIds (empty for all)"))
+    # other open files of the workspace folder and the definitions the file imports, before the file's text (crossfile/)
+    context_files: bool = setting(True, Rule("boolean"))
+    context_tokens: int = setting(1024, Rule("integer", minimum=0, maximum=8192))  # their cap; the machine fit may choose less
     prefix_chars: int = setting(MAX_BEFORE, Rule("integer", minimum=1, maximum=200000), vscode=False)
     suffix_chars: int = setting(MAX_AFTER, Rule("integer", minimum=0, maximum=100000), vscode=False)
     typeahead: bool = setting(True, Rule("boolean"), vscode=False)

@@ -25,6 +25,7 @@ class StatusReport:
         self.status = Status("loading", "starting")
         self.activity = IDLE
         self.busy = 0  # requests with the engine now
+        self.context_tokens = 0  # of other files' context in the last answer's prompt
         self.closed = False
 
     def tell(self) -> None:
@@ -42,8 +43,9 @@ class StatusReport:
             self.activity = activity
             self.tell()
 
-    def answered(self, model: str, latency_ms: float) -> None:
-        """An answer the user waited for: its latency, and the engine is ready."""
+    def answered(self, model: str, latency_ms: float, context_tokens: int = 0) -> None:
+        """An answer the user waited for: its latency (and its prompt's context tokens), and the engine is ready."""
+        self.context_tokens = context_tokens
         self.activity = BUSY if self.busy > 0 else IDLE
         self.status = replace(self.status, state=READY, message="ready", model=model, latency_ms=latency_ms)
         self.tell()

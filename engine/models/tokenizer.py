@@ -67,6 +67,10 @@ class Tokenizer:
                 return FimTokens(*ids)  # type: ignore[arg-type]
         return None
 
+    def special_id(self, spelling: str) -> int | None:
+        """The id of a special token (`<|file_sep|>`, ...) when the vocabulary has it."""
+        return self._tok.token_to_id(spelling)
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 

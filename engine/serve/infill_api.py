@@ -3,7 +3,8 @@
 
 `POST /infill` fields read: input_prefix, input_suffix, prompt (the part of the cursor's
 line before it, appended to input_prefix as llama.cpp does), input_extra (chunks of other
-files, `[{"text", "filename"}]`, put before the prefix), n_predict (-1: the default,
+files, `[{"text", "filename"}]`: the request's `context`, laid out before the file's text with
+their file names as the language server's context is, engine/context_prompt.py), n_predict (-1: the default,
 0: nothing is generated: llama.vscode/llama.vim warm the cache with it), n_indent (a
 line indented less ends the completion), n_cmpl (-> k alternatives decoded together over
 the shared prefix), t_max_prompt_ms + t_max_predict_ms (-> the deadline: kspec answers
@@ -27,7 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kspec.engine.api import MAX_K, MAX_NEW_TOKENS, CompletionRequest, CompletionResult, mode_for_temperature
+from kspec.engine.api import MAX_K, MAX_NEW_TOKENS, CompletionRequest, CompletionResult, ContextFile, mode_for_temperature
+from kspec.engine.errors import InputError
 from kspec.engine.serve.openai_api import DEFAULT_DEADLINE_MS, ApiError, _integer, _number, _stops, _text
 
 DEFAULT_N_PREDICT = 128  # n_predict -1 ("until done"), capped by the engine's per-request limit
@@ -43,7 +45,7 @@ class ParsedInfill:
     prompt_chars: int  # what the engine was given, for `prompt` in the answer
 
 
-def _extra(body: dict[str, Any]) -> str:
+def _extra(body: dict[str, Any]) -> tuple[ContextFile, ...]:
     chunks = body.get("input_extra") or []
     if not isinstance(chunks, list) or len(chunks) > MAX_EXTRA_CHUNKS:
         raise ApiError.invalid(f"'input_extra' must be a list of up to {MAX_EXTRA_CHUNKS} {{text, filename}} objects", "input_extra")
@@ -51,9 +53,12 @@ def _extra(body: dict[str, Any]) -> str:
     for chunk in chunks:
         if not isinstance(chunk, dict) or not isinstance(chunk.get("text", ""), str) or not isinstance(chunk.get("filename", ""), str):
             raise ApiError.invalid("each 'input_extra' chunk must be an object with string 'text' (and 'filename')", "input_extra")
-        text = chunk.get("text", "")
-        parts.append(text if text.endswith("\n") or not text else text + "\n")
-    return "".join(parts)
+        if chunk.get("text"):
+            parts.append(ContextFile(chunk.get("filename", "") or "extra", chunk["text"]))
+    try:
+        return ContextFile.parse_all(parts)
+    except InputError as exc:
+        raise ApiError.invalid(str(exc), "input_extra") from exc
 
 
 def _response_fields(body: dict[str, Any]) -> tuple[str, ...]:
@@ -70,13 +75,14 @@ def parse_infill(body: Any, infill: bool = True) -> ParsedInfill:
     if body.get("stream"):
         raise ApiError.invalid("'stream' is not supported by this server", "stream")
     if infill:
-        prefix = _extra(body) + _text(body, "input_prefix") + _text(body, "prompt")
+        context = _extra(body)
+        prefix = _text(body, "input_prefix") + _text(body, "prompt")
         suffix = _text(body, "input_suffix")
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise ApiError.invalid("'prompt' must be a string", "prompt")
-        prefix, suffix = prompt, ""
+        prefix, suffix, context = prompt, "", ()
     n_predict = _integer(body, "n_predict", -1, -1, 1 << 30)
     temperature = _number(body, "temperature", 0.0, 0.0, 2.0)
     deadline_ms = DEFAULT_DEADLINE_MS
@@ -103,9 +109,11 @@ def parse_infill(body: Any, infill: bool = True) -> ParsedInfill:
         raw=not postprocess,
         stop=_stops(body),
         cursor_rules=postprocess,
+        context=context,
     )
     return ParsedInfill(
-        request, _integer(body, "n_indent", 0, 0, 1000), _response_fields(body), n_predict != 0, len(prefix)
+        request, _integer(body, "n_indent", 0, 0, 1000), _response_fields(body), n_predict != 0,
+        len(prefix) + sum(len(piece.text) for piece in context),
     )
 
 

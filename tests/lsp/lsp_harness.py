@@ -170,6 +170,7 @@ async def editor_session(
     args: tuple[str, ...] = ("--engine", "inprocess"),
     runtime_dir: Path | None = None,
     updates: bool = True,
+    folders: tuple[Path, ...] = (),
 ) -> AsyncIterator[Editor]:
     config = ClientServerConfig(server_command=server_command(*args), server_env=server_env(runtime_dir))
     language_client = await config.start()
@@ -179,6 +180,8 @@ async def editor_session(
         if updates:  # like our editors: it handles $/kspec/suggestionsUpdated (the Editor above does)
             declared.experimental = {**(declared.experimental or {}), "kspec": {"suggestionsUpdated": True}}
         params = lsp.InitializeParams(capabilities=declared, initialization_options=options)
+        if folders:  # the client's workspace folders (the context gatherer reads only inside them)
+            params.workspace_folders = [lsp.WorkspaceFolder(uri=folder.as_uri(), name=folder.name) for folder in folders]
         editor.initialize_result = await asyncio.wait_for(language_client.initialize_session(params), START_TIMEOUT_S)  # type: ignore[attr-defined]
         yield editor
         if not language_client.stopped:  # a test may have ended the server itself

@@ -34,6 +34,10 @@ export interface ServerSettings {
 	deadlineMs: number;
 	languages: string[];
 	enabled: boolean;
+	/** Other open files of the workspace folder and the definitions the file imports as context. */
+	contextFiles: boolean;
+	/** Their cap in tokens; the engine's machine fit may choose less. */
+	contextTokens: number;
 }
 
 export type EnginePlacement = 'daemon' | 'inprocess' | 'remote' | 'openai';
@@ -84,12 +88,14 @@ export const DEFAULTS: KspecSettings = {
 	deadlineMs: 3000,
 	languages: [],
 	enabled: true,
+	contextFiles: true,
+	contextTokens: 1024,
 	server: { command: '', args: ['lsp'], env: {} },
 };
 
 /** The keys sent to the server, in the order the server documents them. */
 export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
-	'model', 'draft', 'device', 'dtype', 'engine', 'engineUrl', 'engineTokenFile', 'engineCaFile', 'allowInsecureRemote', 'remoteModel', 'remoteFim', 'k', 'maxTokens', 'mode', 'temperature', 'debounceMs', 'deadlineMs', 'languages', 'enabled',
+	'model', 'draft', 'device', 'dtype', 'engine', 'engineUrl', 'engineTokenFile', 'engineCaFile', 'allowInsecureRemote', 'remoteModel', 'remoteFim', 'k', 'maxTokens', 'mode', 'temperature', 'debounceMs', 'deadlineMs', 'languages', 'enabled', 'contextFiles', 'contextTokens',
 ];
 
 /**
@@ -228,6 +234,8 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 		typeof v === 'object' && v !== null && !Array.isArray(v) && Object.values(v).every((x) => typeof x === 'string');
 
 	take('enabled', isBool, 'true or false', (v) => { s.enabled = v; });
+	take('contextFiles', isBool, 'true or false', (v) => { s.contextFiles = v; });
+	take('contextTokens', intIn(0, 8192), 'an integer from 0 to 8192', (v) => { s.contextTokens = v; });
 	take('model', isString, 'a path (or empty for the embedded demo model)', (v) => { s.model = v.trim() === '' ? null : expandPath(v, ctx); });
 	take('draft', isString, 'a path (or empty for none)', (v) => { s.draft = v.trim() === '' ? null : expandPath(v, ctx); });
 	take('device', isDevice, '"cpu" or "cuda[:N]"', (v) => { s.device = v.trim(); });
@@ -289,6 +297,8 @@ function allServerSettings(s: KspecSettings): ServerSettings {
 		deadlineMs: s.deadlineMs,
 		languages: [...s.languages],
 		enabled: s.enabled,
+		contextFiles: s.contextFiles,
+		contextTokens: s.contextTokens,
 	};
 }
 

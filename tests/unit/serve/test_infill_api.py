@@ -37,7 +37,9 @@ LLAMA_VIM = {
 def test_llama_vim_request_becomes_one_engine_request() -> None:
     parsed = parse_infill(LLAMA_VIM)
     request = parsed.request
-    assert request.prefix == "def helper():\n    return 1\n" + "import os\n\ndef main():\n" + "    x = "
+    assert request.prefix == "import os\n\ndef main():\n" + "    x = "
+    # the chunks travel as the request's context, with their file names, not glued into the prefix
+    assert [(piece.path, piece.text) for piece in request.context] == [("util.py", "def helper():\n    return 1\n")]
     assert request.suffix == "\n\nmain()\n"
     assert (request.k, request.max_tokens, request.deadline_ms, request.top_p) == (1, 128, 1500.0, 0.9)
     assert request.mode == "diverse" and not request.raw and request.cursor_rules

@@ -17,7 +17,7 @@ def test_every_message_crosses_the_wire_as_itself() -> None:
     """encode then decode (through msgpack, as a frame carries it) gives back the same typed message."""
     import msgpack
 
-    from kspec.engine.api import Completion, CompletionRequest, CompletionResult
+    from kspec.engine.api import Completion, CompletionRequest, CompletionResult, ContextFile
     from kspec.engine.errors import DeadlineExceeded
     from kspec.engine.serve.messages import Cancel, Complete, Failed, Final, Interim, decode, encode
     from kspec.engine.serve.status import READY, Status
@@ -25,6 +25,7 @@ def test_every_message_crosses_the_wire_as_itself() -> None:
     result = CompletionResult([Completion("x = 1", 0.5, -1.25, 3, "stop")], "m", {"total": 12.5})
     messages = [
         Complete("r1", CompletionRequest(prefix="def f(", suffix=")", k=3, stop=("\n",))),
+        Complete("r4", CompletionRequest(prefix="x = utils.", context=(ContextFile("pkg/utils.py", "def decode_params(p): ...\n"),))),
         Cancel("r1"), Interim("r2", result), Final("r2", result), Failed.of("r3", DeadlineExceeded("late")),
         Status(READY, "ready", model="m", latency_ms=3.0),
     ]

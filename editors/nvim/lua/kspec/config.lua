@@ -66,6 +66,8 @@ local SERVER_KEYS = {
   firstAnswerMs = { 'number', 'nil' }, -- answer with what is complete this soon (ms), then decode on; 0: off, nil: the engine's choice
   languages = 'table',
   enabled = 'boolean',
+  contextFiles = 'boolean', -- other open files of the workspace folder and imported definitions as context
+  contextTokens = 'number', -- their cap in tokens (the engine may choose less)
   -- further server keys
   prefixChars = 'number',
   suffixChars = 'number',

@@ -20,6 +20,7 @@ describe('readSettings', () => {
 		const { settings, problems } = readSettings(config({
 			enabled: false, model: '~/models/qwen', draft: '${workspaceFolder}/draft.gguf', device: 'cuda:1', dtype: 'bfloat16', k: 7, maxTokens: 100,
 			mode: 'sample', temperature: 0.6, debounceMs: 10, deadlineMs: 900, languages: ['python', ' go ', ''],
+			contextFiles: false, contextTokens: 512,
 			'server.command': ' /opt/kspec/bin/kspec ', 'server.args': ['lsp', '--log', 'debug'], 'server.env': { KSPEC_X: '1' },
 		}), ctx);
 		assert.deepEqual(problems, []);
@@ -28,6 +29,7 @@ describe('readSettings', () => {
 			engine: 'daemon', engineUrl: null, engineTokenFile: null, engineCaFile: null, allowInsecureRemote: false, remoteModel: null, remoteFim: 'auto',
 			k: 7, maxTokens: 100, mode: 'sample',
 			temperature: 0.6, debounceMs: 10, deadlineMs: 900, languages: ['python', 'go'], enabled: false,
+			contextFiles: false, contextTokens: 512,
 		});
 		assert.deepEqual(settings.server, { command: '/opt/kspec/bin/kspec', args: ['lsp', '--log', 'debug'], env: { KSPEC_X: '1' } });
 	});
@@ -48,10 +50,12 @@ describe('readSettings', () => {
 		const { settings, problems } = readSettings(config({
 			k: 0, device: "gpu", dtype: "fp8", maxTokens: 2.5, mode: 'greedy', temperature: -1, debounceMs: '50', deadlineMs: 10,
 			languages: 'python', enabled: 'yes', model: 3, 'server.args': 'lsp', 'server.env': { A: 1 },
+			contextFiles: 'on', contextTokens: 9000,
 		}), ctx);
 		const expected = { ...DEFAULTS, server: { ...DEFAULTS.server } };
 		assert.deepEqual(settings, expected);
-		assert.equal(problems.length, 13);
+		assert.equal(problems.length, 15);
+		assert.ok(problems.some((p) => p.startsWith('kspec.contextTokens: expected an integer from 0 to 8192')));
 		assert.ok(problems.some((p) => p.startsWith('kspec.k: expected an integer from 1 to 32')));
 		assert.ok(problems.some((p) => p.startsWith('kspec.mode: expected "diverse" or "sample", got "greedy"')));
 	});

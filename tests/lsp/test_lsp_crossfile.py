@@ -1,0 +1,78 @@
+"""Context beyond the window end to end (`kspec lsp`, a small random model): what went in is told
+in `$/kspec/status` (`context`: files, characters, tokens), and it comes only from the cursor's
+workspace folder: never from another client of the same shared daemon, nor from another
+workspace folder of the same client."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lsp_harness import FAST, Editor, editor_session
+
+pytestmark = pytest.mark.asyncio
+DAEMON = ("--engine", "daemon", "--engine-idle-timeout", "60")
+MAIN = "from . import nodes\n\n\ndef parse(stream):\n    token = stream.current\n    return nodes.\n"
+CURSOR = (5, len("    return nodes."))
+
+
+def workspace(root: Path, tag: str) -> dict[str, str]:
+    """A package whose main.py imports nodes.py, and an open module sharing main.py's names."""
+    package = root / "pkg"
+    package.mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "nodes.py": f"class {tag.capitalize()}Node:\n    def render_{tag}(self, stream): ...\n",
+        "main.py": MAIN,
+        f"open_{tag}.py": f"def parse_stream_{tag}(stream, token):\n    return stream.current, token\n",
+    }
+    for name, text in files.items():
+        (package / name).write_text(text)
+    return {name: (package / name).as_uri() for name in files}
+
+
+async def context_after(editor: Editor, uri: str) -> dict[str, Any]:
+    """The `context` of the status told after an inline request at main.py's cursor."""
+    seen = len(editor.statuses)
+    await editor.inline(uri, *CURSOR)
+    status = await editor.wait_status(lambda s: s.get("state") == "ready" and s.get("activity") == "idle" and s.get("context") is not None, after=seen)
+    return status["context"]
+
+
+def open_all(editor: Editor, uris: dict[str, str], folder: Path) -> None:
+    for name in ("nodes.py", *[n for n in uris if n.startswith("open_")], "main.py"):
+        editor.open(uris[name], (folder / "pkg" / name).read_text())
+
+
+async def test_two_clients_of_one_daemon_see_only_their_own_folder(model_dir: Path, runtime_dir: Path, tmp_path: Path) -> None:
+    alpha, beta = tmp_path / "alpha", tmp_path / "beta"
+    uris_a, uris_b = workspace(alpha, "alpha"), workspace(beta, "beta")
+    options = {"model": str(model_dir), **FAST}
+    async with (
+        editor_session(options, args=DAEMON, runtime_dir=runtime_dir, folders=(alpha,)) as first,
+        editor_session(options, args=DAEMON, runtime_dir=runtime_dir, folders=(beta,)) as second,
+    ):
+        assert (await first.ready())["enginePid"] == (await second.ready())["enginePid"]  # one shared daemon
+        open_all(first, uris_a, alpha)
+        open_all(second, uris_b, beta)
+        seen_a = await context_after(first, uris_a["main.py"])
+        seen_b = await context_after(second, uris_b["main.py"])
+        assert set(seen_a["files"]) == {"pkg/open_alpha.py", "pkg/nodes.py"} and seen_a["tokens"] > 0
+        assert set(seen_b["files"]) == {"pkg/open_beta.py", "pkg/nodes.py"} and seen_b["tokens"] > 0
+        # switched off: nothing goes in
+        second.configure({**options, "contextFiles": False})
+        off = await context_after(second, uris_b["main.py"])
+        assert off["files"] == [] and off["tokens"] == 0
+
+
+async def test_one_client_two_folders_keeps_them_apart(model_dir: Path, tmp_path: Path) -> None:
+    alpha, beta = tmp_path / "alpha", tmp_path / "beta"
+    uris_a, uris_b = workspace(alpha, "alpha"), workspace(beta, "beta")
+    async with editor_session({"model": str(model_dir), **FAST}, folders=(alpha, beta)) as editor:
+        await editor.ready()
+        open_all(editor, uris_a, alpha)
+        open_all(editor, uris_b, beta)
+        assert set((await context_after(editor, uris_a["main.py"]))["files"]) == {"pkg/open_alpha.py", "pkg/nodes.py"}
+        assert set((await context_after(editor, uris_b["main.py"]))["files"]) == {"pkg/open_beta.py", "pkg/nodes.py"}

@@ -1,0 +1,43 @@
+"""The cross-file bench's holes (bench/crossfile.py): each needs a name that only a sibling module
+defines and that appears nowhere before the cursor; and its tally."""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+from pathlib import Path
+
+from kspec.bench.crossfile import Cut, Tally, find_cuts, package_folders
+from kspec.bench.crossfile_lsp import _holed
+
+
+def test_holes_need_a_name_only_the_sibling_defines() -> None:
+    packages = package_folders()
+    roots = {name: folder.parent for name, folder in packages}
+    cuts = find_cuts(packages, 6, random.Random(41))
+    assert len(cuts) >= 8 and {cut.kind for cut in cuts} == {"line", "name"}
+    assert cuts == find_cuts(packages, 6, random.Random(41))  # seeded: every run sees the same holes
+    for cut in cuts:
+        root = roots[cut.package]
+        text = (root / cut.module).read_text()
+        sibling = ast.parse((root / cut.sibling).read_text())
+        defined = {n.name for n in sibling.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {
+            t.id for n in sibling.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
+        }
+        assert cut.name in defined and cut.sibling != cut.module
+        holed = _holed(text, cut)
+        before = "".join(holed.splitlines(keepends=True)[: cut.line]) + holed.splitlines()[cut.line]
+        assert not re.search(rf"\b{cut.name}\b", before)  # nowhere before the cursor
+        assert cut.name in cut.reference and text.splitlines()[cut.line][cut.column :] == cut.reference
+
+
+def test_tally_counts_the_name_in_the_first_line_only() -> None:
+    cut = Cut("p", Path("p/a.py"), Path("p/b.py"), "Impossible", "name", 3, 10, "Impossible()")
+    tally = Tally()
+    tally.add(cut, ["Const()", "Impossible()"], 100.0, 10.0, {"files": ["p/b.py"], "tokens": 40})
+    tally.add(cut, ["x\nImpossible()"], 200.0, 20.0, {})
+    tally.add(cut, [], 300.0, 30.0, {})
+    summary = tally.summary()
+    assert (summary["name_top1"], summary["name_any_of_k"], summary["exact_any_of_k"], summary["empty"]) == (0.0, 0.333, 0.333, 0.333)
+    assert summary["cold_p50_ms"] == 200.0 and summary["context_tokens_mean"] == 13.3
