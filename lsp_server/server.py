@@ -16,6 +16,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict, replace
+from functools import partial
 from typing import Any, BinaryIO, Callable
 
 from lsprotocol import types as lsp
@@ -29,7 +30,7 @@ from kspec.engine.serve.status import ERROR, READY, Status
 from kspec.engine.version import version
 from kspec.lsp_server.acceptance import ACCEPT_COMMAND, Acceptance
 from kspec.lsp_server.client_kind import handles_updates
-from kspec.lsp_server.completion_flow import CompletionFlow, Query, Stats
+from kspec.lsp_server.completion_flow import CompletionFlow, Query
 from kspec.lsp_server.context import Budgets, editor_context, looks_binary
 from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Document, DocumentStore, line_body
 from kspec.lsp_server.engine_client import EngineClient
@@ -89,10 +90,6 @@ class Session:
         notify = lambda method, params: self.server.protocol.notify(method, params)  # noqa: E731
         self.extra = SessionContext()  # other files' context (workspace folders, recent places)
         self.flow = CompletionFlow(self.typeahead, self.report, self._current_engine, notify, lambda: self._user_set)
-
-    @property
-    def stats(self) -> Stats:
-        return self.flow.stats
 
     def register(self) -> None:
         def feature(name: str, options: Any = None) -> Callable[[Callable], None]:
@@ -220,7 +217,7 @@ class Session:
         self.messages.forget()
         self._generation += 1
         tell = lambda message: self.messages.show(message, lsp.MessageType.Info)  # noqa: E731
-        self.engine = make_engine(self.settings, self.options, self._status_of(self._generation), self._load_slot, tell)
+        self.engine = make_engine(self.settings, self.options, partial(self._status_from, self._generation), self._load_slot, tell)
         self.report.status = self.engine.status  # the replaced engine's (its model, "ready") must not be told again
         asyncio.ensure_future(self.engine.start())
 
@@ -229,14 +226,10 @@ class Session:
             self._ensure_engine()
         return self.engine
 
-    def _status_of(self, generation: int) -> Callable[[Status], None]:
-        """The status callback of the engine of `generation`: silent once it was replaced."""
-
-        def on_status(status: Status) -> None:
-            if generation == self._generation:
-                self._on_status(status)
-
-        return on_status
+    def _status_from(self, generation: int, status: Status) -> None:
+        """A status of the engine of `generation`: dropped once that engine was replaced."""
+        if generation == self._generation:
+            self._on_status(status)
 
     # --- status and messages ---------------------------------------------------------
 
@@ -260,7 +253,7 @@ class Session:
 
     def stats_request(self, params: Any) -> dict[str, Any]:
         return {
-            **asdict(self.stats),
+            **asdict(self.flow.stats),
             "documents": len(self.documents),
             "typeahead_entries": len(self.typeahead),
             "inflight": len(self.flow.inflight),
@@ -303,14 +296,14 @@ class Session:
 
     def _query(self, uri: str, position: lsp.Position) -> Query | None:
         """The request's context, None when this document gets no completions, InvalidParams for bad input."""
-        self.stats.requests += 1
+        self.flow.stats.requests += 1
         try:
             document = self.documents.get(uri)
             if document.too_large:
                 return None
             cursor = document.cursor(position.line, position.character, self.encoding)
         except InputError as exc:
-            self.stats.errors += 1
+            self.flow.stats.errors += 1
             raise JsonRpcInvalidParams(str(exc)) from None
         settings = self.settings
         if not settings.language_enabled(document.language_id):
