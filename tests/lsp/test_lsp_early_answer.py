@@ -92,7 +92,9 @@ async def _cancelled_once_decoding(editor: Editor, uri: str, msg_id: int) -> Non
         assert asyncio.get_running_loop().time() < deadline, "no interim answer from the cancelled request"
 
 
-LONG = {**FAST, "maxTokens": 512, "firstAnswerMs": 300}  # interim answers from 300 ms on, decoding far longer than a test
+# interim answers from 300 ms on, decoding far longer than a test; no other files' context: the
+# documents here share one text, and each other's context would make their prompts differ
+LONG = {**FAST, "maxTokens": 512, "firstAnswerMs": 300, "contextFiles": False}
 
 
 async def test_typing_on_is_served_by_the_cancelled_request_that_went_on(editor: Editor) -> None:
