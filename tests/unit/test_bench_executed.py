@@ -161,8 +161,8 @@ def test_every_task_k_and_budget_is_one_request_with_that_deadline(sandbox: Sand
 @needs_data
 def test_a_small_run_on_the_embedded_model(default_engine, sandbox: Sandbox, tmp_path: Path) -> None:
     """Real generations, really executed: the figures agree with the cases they come from."""
-    config = ExecutedBenchConfig(humaneval_single=1, humaneval_multi=1, mbxp_per_language=1, mbxp_languages=("python",),
-                                 ks=(1, 2), budgets_s=(0.25, 3.0), max_tokens=32)  # fmt: skip
+    config = ExecutedBenchConfig(humaneval_single=1, humaneval_multi=1, mbxp_per_language=0, ks=(1, 2), budgets_s=(0.25, 1.0),
+                                 max_tokens=16)  # fmt: skip
     report = run_executed_bench(default_engine, DATA, config, sandbox=sandbox, details=True)
     assert report["meta"]["model"] == default_engine.model_name
     assert report["meta"]["programs_run"] >= report["meta"]["tasks"] * 2  # each reference, each empty hole
