@@ -6,22 +6,16 @@ import re
 from dataclasses import dataclass
 
 
-MAX_LEADING_BLANK_LINES = 2
-
-
 @dataclass(frozen=True)
 class StopRule:
     """Cuts generated text. `stop_strings` end it where they first occur (the string is
-    dropped); `single_line` ends it at the first newline (with `line_start`, the first after
-    it wrote something: leading blank lines, at most MAX_LEADING_BLANK_LINES, are not its
-    line); `block_indent` (start-of-line mode) ends it at a blank line or a line indented
-    less than the cursor's block."""
+    dropped); `single_line` ends it at the first newline; `block_indent` (start-of-line
+    mode) ends it at a blank line or a line indented less than the cursor's block."""
 
     stop_strings: tuple[str, ...] = ()
     single_line: bool = False
     block_mode: bool = False
     block_indent: int | None = None  # None in block mode: the indent of the first generated line
-    line_start: bool = False  # single line written before code at a line start: blank lines first do not end it
 
     def cut(self, text: str) -> tuple[str, bool]:
         """(text up to the stop, whether a stop was found)."""
@@ -31,25 +25,12 @@ class StopRule:
             if index != -1:
                 end = min(end, index)
         if self.single_line:
-            newline = self._line_end(text)
+            newline = text.find("\n")
             if newline != -1:
                 end = min(end, newline)
         if self.block_mode:
             end = min(end, self._block_end(text))
         return text[:end], end < len(text)
-
-    def _line_end(self, text: str) -> int:
-        """Where the single line ends: its first newline, or with `line_start` the first
-        after its first non-blank character (-1: not yet)."""
-        if not self.line_start:
-            return text.find("\n")
-        content = len(text) - len(text.lstrip())
-        newline = -1
-        for _ in range(MAX_LEADING_BLANK_LINES + 1):  # a run of blank lines ends it after all
-            newline = text.find("\n", newline + 1, content)
-            if newline == -1:
-                return text.find("\n", content) if content < len(text) else -1
-        return newline
 
     def _block_end(self, text: str) -> int:
         offset = 0
@@ -95,9 +76,7 @@ def rule_for_cursor(prefix: str, suffix: str, extra_stops: tuple[str, ...] = ())
         indent = len(line_before) - len(line_before.lstrip(" \t"))
         return StopRule(stop_strings=extra_stops, block_mode=True, block_indent=indent + 1)
     if line_before.strip() or line_after.strip():
-        # Only indentation before the cursor and code after it: lines are being inserted
-        # before that code; a branch's first newline may come before what it writes.
-        return StopRule(stop_strings=extra_stops, single_line=True, line_start=not line_before.strip())
+        return StopRule(stop_strings=extra_stops, single_line=True)
     if not line_before:  # column 1: the first generated line sets the block's indent
         return StopRule(stop_strings=extra_stops, block_mode=True)
     return StopRule(stop_strings=extra_stops, block_mode=True, block_indent=len(line_before))
