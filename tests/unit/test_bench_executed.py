@@ -176,3 +176,27 @@ def test_a_small_run_on_the_embedded_model(default_engine, sandbox: Sandbox, tmp
     from kspec.bench.executed import plot_executed
 
     assert Path(plot_executed(report, str(tmp_path / "table.png"))).stat().st_size > 0
+
+
+def test_command_line_usage_errors_exit_2_before_any_model_loads(capsys) -> None:
+    import logging
+
+    from kspec.cli.main import main
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)  # main() configures the root logger: put it back
+    try:
+        _usage_errors(main, capsys)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+def _usage_errors(main, capsys) -> None:
+
+    assert main(["bench", "quality", "--execute", "--budgets", "0.5,soon"]) == 2
+    assert main(["bench", "quality", "--execute", "--budgets", "0"]) == 2
+    assert main(["bench", "quality", "--execute", "--ks", "0,4"]) == 2
+    assert main(["bench", "quality", "--execute", "--replay", "cases.json"]) == 2
+    assert main(["bench", "quality", "--execute", "--data", "/nowhere/at/all"]) == 1
+    assert "evaluation data folder not found" in capsys.readouterr().err
