@@ -86,7 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--contexts", default=None, help="comma-separated context lengths (tokens)")
     bench.add_argument("--max-tokens", type=int, default=None, help="new tokens per branch (default: 48 for quality, 32 otherwise)")
     bench.add_argument("--repeats", type=int, default=None, help="measurements per point (default per bench; serve: rounds, --hop: samples)")
-    bench.add_argument("--plot", default="bench-decode.png", help="decode: where to write the PNG plot ('' for none; needs matplotlib)")
+    bench.add_argument(
+        "--plot", default=None,
+        help="decode: where to write the PNG plot (default bench-decode.png; '' for none); quality --execute: plot the "
+        "pass@first / pass@all table there (no plot unless given); needs matplotlib",
+    )  # fmt: skip
     bench.add_argument(
         "--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"), help="quality: the shared evaluation data"
     )
@@ -103,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="quality: holes that need a name only a sibling module defines, through kspec lsp with the context off, "
         "on with only the file open, and on with the sibling open too (bench/crossfile.py); --repeats: holes (default 24)",
     )  # fmt: skip
+    bench.add_argument(
+        "--execute", action="store_true",
+        help="quality: run the suggestions instead: HumanEval infilling (single- and multi-line) and MBXP Python and "
+        "JavaScript holes, each k of --ks (default 1,4,8) at each time budget of --budgets, every alternative run against "
+        "the task's tests in a sandbox; reports pass@first, pass@all and latency (docs/measurements/executed-quality.md)",
+    )  # fmt: skip
+    bench.add_argument("--budgets", default=None, help="quality --execute: comma-separated time budgets per request in seconds (default 0.25,0.5,1,2)")
+    bench.add_argument("--tasks", type=int, default=None, help="quality --execute: tasks per source (default 8 per HumanEval file, 4 per MBXP language; seeded)")
+    bench.add_argument("--full", action="store_true", help="quality --execute: every task of every source (thousands: hours on a CPU)")
+    bench.add_argument("--warm-prompt", action="store_true", help="quality --execute: prefill each prompt first, untimed, as the previous keystroke would (default: cold)")
     bench.add_argument(
         "--lsp-points", type=int, default=3,
         help="keystroke: places in Python's textwrap.py typed again through kspec lsp, kspec's defaults vs the previous "
@@ -286,11 +300,54 @@ def _bench_peer(config, args: argparse.Namespace) -> dict:
     return bench_peer(dataclasses.replace(config, threads=threads), peer)
 
 
+def _floats(text: str | None, default: list[float]) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",") if part] if text else default
+    except ValueError as exc:
+        raise UsageError(f"expected comma-separated numbers, got {text!r}") from exc
+
+
+def _bench_executed(config, args: argparse.Namespace) -> dict:
+    from kspec.bench.executed import DEFAULT_BUDGETS_S, DEFAULT_KS, ExecutedBenchConfig, plot_executed, run_executed_bench
+    from kspec.engine.completion import CompletionEngine
+
+    counts = {} if args.tasks is None else {"humaneval_single": args.tasks, "humaneval_multi": args.tasks, "mbxp_per_language": args.tasks}
+    try:
+        executed = ExecutedBenchConfig(
+            ks=tuple(_ints(args.ks, list(DEFAULT_KS))), budgets_s=tuple(_floats(args.budgets, list(DEFAULT_BUDGETS_S))),
+            max_tokens=args.max_tokens or 128, full=args.full, warm_prompt=args.warm_prompt, **counts,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if any(k > MAX_K for k in executed.ks):
+        raise UsageError(f"--ks: k must be between 1 and {MAX_K}")
+    data = Path(args.data)
+    if not data.is_dir():
+        raise KspecError(f"{data}: evaluation data folder not found (pass --data DIR)")
+    engine = CompletionEngine.load(config)
+    from tqdm import tqdm
+
+    with tqdm(desc="kspec bench quality --execute", unit="task", disable=not show_progress(args), file=sys.stderr) as bar:
+        report = run_executed_bench(engine, data, executed, progress=lambda line: bar.update(1), details=args.cases_out is not None)
+    if args.cases_out is not None:
+        args.cases_out.write_text(json.dumps({"cases": report.pop("cases")}), encoding="utf-8")
+    if args.plot:
+        report["plot"] = plot_executed(report, args.plot)
+    return report
+
+
 def _bench_quality(config, args: argparse.Namespace) -> dict:
     from kspec.bench.quality import QualityBenchConfig, replay_quality_bench, run_quality_bench
 
+    if args.cross_file and args.execute:
+        raise UsageError("--cross-file and --execute are two benches: give one")
     if args.cross_file:
         return _bench_cross_file(config, args)
+    if args.execute:
+        if args.replay is not None:
+            raise UsageError("--execute does not replay: run it again")
+        return _bench_executed(config, args)
+
     quality = QualityBenchConfig(k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 48)
     if args.replay is not None:
         try:
@@ -337,8 +394,10 @@ def _check_bench_extra(args: argparse.Namespace) -> None:
     import importlib.util
 
     needs = BENCH_NEEDS.get(args.what, ())
-    if args.what == "decode" and not args.plot:
+    if args.what == "decode" and args.plot == "":
         needs = ()
+    if args.what == "quality" and args.execute and args.plot:
+        needs = (*needs, "matplotlib")
     missing = [name for name in needs if importlib.util.find_spec(name) is None]
     if missing:
         hint = " (or --plot '' for no plot)" if args.what == "decode" else ""
@@ -359,7 +418,8 @@ def run_bench(args: argparse.Namespace) -> int:
     elif args.what == "quality":
         report = _bench_quality(config, args)
     elif args.what == "decode":
-        report = bench.bench_decode(config, _ints(args.ks, [1, 4, 8]), args.max_tokens or 32, args.repeats or 1, args.plot, progress=show_progress(args))
+        plot = "bench-decode.png" if args.plot is None else args.plot
+        report = bench.bench_decode(config, _ints(args.ks, [1, 4, 8]), args.max_tokens or 32, args.repeats or 1, plot, progress=show_progress(args))
     elif args.what == "serve":
         report = _bench_serve(config, args)
     elif args.what == "peer":
