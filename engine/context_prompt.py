@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kspec.engine.api import ContextFile
-from kspec.engine.models.tokenizer import Tokenizer
 from kspec.engine.syntax.languages import detect_language
+
+if TYPE_CHECKING:  # the package of models imports torch: a language server with a remote engine stays light
+    from kspec.engine.models.tokenizer import Tokenizer
 
 QWEN_REPO, QWEN_FILE = "<|repo_name|>", "<|file_sep|>"
 STARCODER_FILE = "<file_sep>"
@@ -73,8 +76,22 @@ def _pieces(tokenizer: Tokenizer, context: tuple[ContextFile, ...], cursor_path:
         pieces = [[star_file, *tokenizer.encode(f"{p.path}\n{_with_newline(p.text)}")] for p in context]
         return pieces, [], [star_file, *tokenizer.encode(f"{name}\n")]
     language = detect_language(language, cursor_path) or ""
-    pieces = [tokenizer.encode(_comment(language, p.path) + _with_newline(p.text) + "\n") for p in context]
+    pieces = [tokenizer.encode(_commented(language, p)) for p in context]
     return pieces, [], tokenizer.encode(_comment(language, name))
+
+
+def _commented(language: str, piece: ContextFile) -> str:
+    """A piece in the comment layout: a comment with its path, its text, a blank line."""
+    return _comment(language, piece.path) + _with_newline(piece.text) + "\n"
+
+
+def comment_block(context: tuple[ContextFile, ...], cursor_path: str, language: str) -> str:
+    """The comment layout as text, for an engine kspec does not tokenize for (an OpenAI-compatible
+    server: its own prefix cache keeps this stable start); '' without context."""
+    if not context:
+        return ""
+    language = detect_language(language, cursor_path) or ""
+    return "".join(_commented(language, p) for p in context) + _comment(language, display_path(cursor_path, context))
 
 
 def context_block(tokenizer: Tokenizer, context: tuple[ContextFile, ...], cursor_path: str, language: str, budget: int) -> ContextBlock:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kspec.engine.api import CompletionRequest, CompletionResult, EarlyAnswer
+from kspec.engine.context_prompt import comment_block
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, InputError, KspecError, from_status
 from kspec.engine.decode.stopping import rule_for_cursor
 from kspec.engine.syntax import Candidate, detect_language, postprocess
@@ -133,7 +134,8 @@ class OpenAIEngine:
         return self._result(request, rule, reply)
 
     async def _post(self, body: dict[str, Any], request: CompletionRequest) -> tuple[int, Any]:
-        body = {**body, **self._fim.fields(request.prefix, request.suffix)}
+        prefix = comment_block(request.context, request.path, request.language) + request.prefix  # other files first
+        body = {**body, **self._fim.fields(prefix, request.suffix)}
         try:
             return await self._client().request_json("POST", "/completions", body, self._headers(), request.deadline_ms / 1000)
         except asyncio.TimeoutError:

@@ -137,3 +137,21 @@ async def test_sglang_which_ignores_suffix_gets_the_template(serve) -> None:
     engine, _ = await connect(server)
     await engine.complete(REQUEST)
     assert "suffix" not in server.bodies[0] and server.bodies[0]["prompt"].startswith("<|fim_prefix|>")
+
+
+async def test_other_files_context_goes_before_the_prefix_as_path_comments(serve) -> None:
+    """An OpenAI-compatible server gets the request's context too: each piece under a comment with
+    its path, then a comment naming the cursor's file, before the text before the cursor (inside
+    the model's template), so the server's own prefix cache keeps that stable start."""
+    from dataclasses import replace
+
+    from kspec.engine.api import ContextFile
+
+    server = serve("Qwen/Qwen2.5-Coder-1.5B")
+    engine, _ = await connect(server)
+    pieces = (ContextFile("pkg/util.py", "def helper(x):\n    ..."), ContextFile("pkg/const.py", "LIMIT = 3\n"))
+    await engine.complete(replace(REQUEST, path="/w/pkg/a.py", language="python", context=pieces))
+    block = "# pkg/util.py\ndef helper(x):\n    ...\n\n# pkg/const.py\nLIMIT = 3\n\n# pkg/a.py\n"
+    assert server.bodies[0]["prompt"] == QWEN_TEMPLATE.format(prefix=block + REQUEST.prefix, suffix=REQUEST.suffix)
+    await engine.complete(REQUEST)  # no context: the prompt is as before
+    assert server.bodies[1]["prompt"] == QWEN_TEMPLATE.format(prefix=REQUEST.prefix, suffix=REQUEST.suffix)
