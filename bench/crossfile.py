@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kspec.bench.stats import percentile
+from kspec.engine.syntax.rank import dedupe_key
 
 WAYS = ("off", "closed", "open")
 STDLIB_PACKAGES = ("email", "json", "importlib", "http", "logging", "concurrent", "xml", "urllib")
@@ -177,9 +178,8 @@ class Tally:
     shown: list[list[str]] = field(default_factory=list)  # per cut: the first line of each suggestion
 
     def add(self, cut: Cut, texts: list[str], cold_ms: float, warm_ms: float, context: dict[str, Any]) -> None:
-        normal = lambda s: " ".join(s.split())  # noqa: E731
         writes = [bool(re.search(rf"\b{re.escape(cut.name)}\b", t.split("\n", 1)[0])) for t in texts]
-        exact = [normal(t.split("\n", 1)[0]) == normal(cut.reference) for t in texts]
+        exact = [dedupe_key(t.split("\n", 1)[0]) == dedupe_key(cut.reference) for t in texts]
         flags = {"empty": not texts, "name_top1": bool(writes and writes[0]), "name_any": any(writes),
                  "exact_top1": bool(exact and exact[0]), "exact_any": any(exact)}  # fmt: skip
         self.flags.append(flags)

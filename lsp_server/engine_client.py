@@ -41,7 +41,7 @@ from kspec.engine.serve.protocol import (
     write_frame,
 )
 from kspec.engine.serve.load_slot import LoadSlot
-from kspec.engine.serve.messages import Cancel, Complete, Failed, Final, Interim, decode, encode
+from kspec.engine.serve.messages import WIRE_TYPES, Cancel, Complete, Failed, Final, Interim, decode, encode
 from kspec.engine.serve.runner import EngineFactory, EngineRunner, default_engine_factory
 from kspec.engine.serve.status import ERROR, LOADING, Status
 
@@ -376,7 +376,7 @@ class DaemonEngine:
             message = decode(data, connection.pid)
         except ProtocolError as exc:
             future = connection.pending.get(str(data.get("id")))
-            if future is not None and not future.done() and data.get("type") == "result":
+            if future is not None and not future.done() and data.get("type") == WIRE_TYPES[Final]:
                 future.set_exception(EngineUnavailable(f"malformed result from the engine daemon: {exc}"))
             else:
                 log.warning("malformed message from the engine daemon: %s", exc)

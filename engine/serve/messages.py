@@ -60,14 +60,15 @@ class Failed:
 Message = Union[Complete, Cancel, Interim, Final, Failed, Status]
 
 # The wire's "type" of each message (the names the protocol had before they were typed)
-_TYPES: dict[type, str] = {Complete: "complete", Cancel: "cancel", Interim: "early", Final: "result", Failed: "error", Status: "status"}
+WIRE_TYPES: dict[type, str] = {Complete: "complete", Cancel: "cancel", Interim: "early", Final: "result", Failed: "error", Status: "status"}
+_MESSAGE_OF = {name: cls for cls, name in WIRE_TYPES.items()}
 
 
 def encode(message: Message) -> dict[str, Any]:
     """The map a frame carries."""
     if isinstance(message, Status):
         return message.to_wire()
-    kind = _TYPES[type(message)]
+    kind = WIRE_TYPES[type(message)]
     if isinstance(message, Complete):
         return {"type": kind, "id": message.id, "request": message.request.to_dict()}
     if isinstance(message, (Interim, Final)):
@@ -81,18 +82,18 @@ def decode(data: dict[str, Any], engine_pid: int | None = None) -> Message:
     """The typed message of a frame's map; ProtocolError for an unknown type or a malformed body
     (a request's own fields are checked by CompletionRequest.from_dict: InputError)."""
     kind = data.get("type")
-    if kind == "status":
+    cls = _MESSAGE_OF.get(kind) if isinstance(kind, str) else None
+    if cls is Status:
         return Status.from_wire(data, engine_pid)
     request_id = data.get("id")
     try:
-        if kind == "complete":
+        if cls is Complete:
             return Complete(str(request_id), CompletionRequest.from_dict(data.get("request")))
-        if kind == "cancel":
+        if cls is Cancel:
             return Cancel(str(request_id))
-        if kind in ("early", "result"):
-            result = CompletionResult.from_dict(data["result"])
-            return Interim(str(request_id), result) if kind == "early" else Final(str(request_id), result)
-        if kind == "error":
+        if cls is Interim or cls is Final:
+            return cls(str(request_id), CompletionResult.from_dict(data["result"]))
+        if cls is Failed:
             return Failed(None if request_id is None else str(request_id), str(data.get("kind")), str(data.get("message", "engine error")))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed {kind!r} message: {exc}") from None
