@@ -80,10 +80,8 @@ class FastPath:
     def resolved_keep_dense(self) -> bool:
         if self.keep_dense is not None:
             return self.keep_dense
-        facts = CpuFacts.here()
-        profile = profile_for(facts)
-        kernel = self.resolved_int4_kernel()
-        return profile.dense_copy if kernel == profile.int4_kernel else dense_pays(kernel, facts)
+        # the profile's dense_copy column is this rule for its kernel (tests/unit/models/test_fast_path.py)
+        return dense_pays(self.resolved_int4_kernel(), CpuFacts.here())
 
     def resolved_prompt_kv(self, native_steps: NativeSteps | None) -> torch.dtype:
         """float16 where the C++ layer loop serves every branch step (it reads float16 itself;
