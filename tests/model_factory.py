@@ -5,6 +5,7 @@ The tokenizer is the embedded default model's, so prompts are real code tokens."
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,15 @@ def write_random_model(folder: Path, family: str = "llama", seed: int = 0, **ove
         state.pop("lm_head.weight", None)
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config, indent=1))
-    shutil.copyfile(resolve_model(None, progress=False).folder / "tokenizer.json", folder / "tokenizer.json")
+    shutil.copyfile(borrowed_tokenizer(), folder / "tokenizer.json")
     return folder
+
+
+def borrowed_tokenizer() -> Path:
+    """The tokenizer random models borrow: the embedded model's, or $KSPEC_TEST_TOKENIZER's file on a
+    machine without the embedded model (the GPU machine of docs/measurements/h200.md)."""
+    given = os.environ.get("KSPEC_TEST_TOKENIZER")
+    return Path(given) if given else resolve_model(None, progress=False).folder / "tokenizer.json"
 
 
 def quantized_model(family: str, seed: int) -> tuple[Transformer, dict[str, Q4Codes]]:
