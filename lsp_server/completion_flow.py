@@ -60,6 +60,7 @@ class Stats:
     interim_updates: int = 0  # of those, interim answers that grew the alternatives meanwhile (client told)
     joined: int = 0  # waited for the next rounds of an older request whose branches they continue
     unattended: int = 0  # engine work that went on after its request was cancelled
+    retried: int = 0  # timed-out requests answered when asked again, unattended (client told)
     work_on: int = 0  # now: requests whose engine work goes on after their early answer or cancellation
 
 
@@ -127,6 +128,42 @@ async def race(futures: Iterable[asyncio.Future], ticket: Ticket, timeout_s: flo
     return done - {superseded}, superseded in done
 
 
+class Inflight:
+    """The newest request of each document with the engine (its ticket)."""
+
+    def __init__(self) -> None:
+        self.tickets: dict[str, Ticket] = {}
+
+    def __len__(self) -> int:
+        return len(self.tickets)
+
+    def get(self, uri: str) -> Ticket | None:
+        return self.tickets.get(uri)
+
+    def supersede(self, uri: str | None = None) -> None:
+        """Document `uri`'s request stops (every document's: None)."""
+        tickets = list(self.tickets.values()) if uri is None else [t for t in [self.tickets.pop(uri, None)] if t]
+        for ticket in tickets:
+            ticket.supersede()
+
+    def begin(self, uri: str, query: Query) -> Ticket:
+        """A new request of `uri`: it supersedes the one before, and cancelled work on other documents
+        (the user moved on)."""
+        previous = self.tickets.get(uri)
+        if previous is not None:
+            previous.supersede()
+        for other, ticket in self.tickets.items():
+            if other != uri and ticket.unattended is not None:
+                ticket.supersede()
+        ticket = self.tickets[uri] = Ticket(query)
+        return ticket
+
+    def end(self, uri: str, ticket: Ticket) -> None:
+        ticket.finish()
+        if self.tickets.get(uri) is ticket:
+            del self.tickets[uri]
+
+
 class CompletionFlow:
     """The requests of one client: its documents' tickets, the typeahead cache, and the engine
     work going on for them."""
@@ -139,7 +176,7 @@ class CompletionFlow:
         self.report = report
         self.stats = Stats()
         self.handles_updates = False  # the client declared $/kspec/suggestionsUpdated: early answers for it
-        self.inflight: dict[str, Ticket] = {}
+        self.inflight = Inflight()
         self._engine = engine
         self._notify = notify
         self._user_set = user_set
@@ -147,19 +184,13 @@ class CompletionFlow:
     def choice(self, name: str, value: Any) -> Any:
         return self.report.machine_choice(name, value, self._user_set())
 
-    def supersede(self, uri: str | None = None) -> None:
-        """The request of document `uri` (every document's, None) stops: its document closed, or the server."""
-        tickets = list(self.inflight.values()) if uri is None else [t for t in [self.inflight.pop(uri, None)] if t]
-        for ticket in tickets:
-            ticket.supersede()
-
     async def suggest(self, query: Query, debounce: bool) -> list[str]:
         settings, uri = query.settings, query.document.uri
         if (texts := self._cached(query)) is not None:
             return texts
         if (texts := await self._join(query)) is not None:
             return texts
-        ticket = self._begin(uri, query)
+        ticket = self.inflight.begin(uri, query)
         continuing: asyncio.Future | None = None
         try:
             if debounce and settings.debounce_ms > 0:
@@ -173,9 +204,9 @@ class CompletionFlow:
         finally:
             continuing = continuing or ticket.unattended
             if continuing is None:
-                self._end(uri, ticket)
+                self.inflight.end(uri, ticket)
             else:  # the request decodes on after its answer or its cancelling: a diverging request still supersedes it
-                continuing.add_done_callback(lambda _: self._end(uri, ticket))
+                continuing.add_done_callback(lambda _: self.inflight.end(uri, ticket))
         if texts:
             self.stats.answered += 1
         else:
@@ -260,6 +291,7 @@ class CompletionFlow:
                 if not texts and _timed_out(job, started, request.deadline_ms):
                     self.stats.timeouts += 1
                     outcome = TIMED_OUT
+                    return texts, self._after_timeout(query, ticket)
                 return texts, None
             if early in done:
                 texts = self._store(query, early.result(), started, kept=True)
@@ -271,6 +303,7 @@ class CompletionFlow:
                 self.stats.timeouts += 1
                 outcome = TIMED_OUT
                 log.info("no answer within deadlineMs (%.0f ms)", request.deadline_ms)
+                return [], self._after_timeout(query, ticket)
             return [], None
         finally:
             self.report.set_activity(outcome)
@@ -331,6 +364,27 @@ class CompletionFlow:
                 self.stats.continued += 1
                 self._tell_updated(query)
 
+    def _after_timeout(self, query: Query, ticket: Ticket) -> asyncio.Future | None:
+        """Nothing by the deadline: mostly a first request at a file, the engine still reading its prompt,
+        which the prefix cache keeps. Asked once more, unattended, it comes in time and a client that
+        re-asks on $/kspec/suggestionsUpdated is told (seen in VS Code: else nothing till the next key)."""
+        if self.handles_updates and not ticket.superseded.is_set() and not self.report.closed:
+            return asyncio.ensure_future(self._retry(query, ticket))
+        return None  # a plain client would never ask again
+
+    async def _retry(self, query: Query, ticket: Ticket) -> None:
+        if (engine := self._engine()) is None:
+            return
+        with work_on(self.stats):
+            request, started = engine_request(query, self.choice, early_answers=False), time.perf_counter()
+            job = asyncio.ensure_future(engine.complete(request, None))
+            job.add_done_callback(_retrieved)
+            if job not in (await race({job}, ticket, request.deadline_ms / 1000 + ENGINE_GRACE_S))[0]:
+                job.cancel()
+            elif self._answered(query, request, job, started, shown=False) and not self.report.closed:
+                self.stats.retried += 1
+                self._tell_updated(query)
+
     def _tell_updated(self, query: Query) -> None:
         """Longer alternatives for the document at the request's version are in the typeahead cache."""
         self._notify(UPDATED_METHOD, {"uri": query.document.uri, "version": query.version})
@@ -357,21 +411,6 @@ class CompletionFlow:
                 self._answered(query, request, job, started, shown=False)
             elif early in done:
                 await self._decode_on(query, request, ticket, job, started)
-
-    def _begin(self, uri: str, query: Query) -> Ticket:
-        previous = self.inflight.get(uri)
-        if previous is not None:
-            previous.supersede()
-        for other, ticket in self.inflight.items():
-            if other != uri and ticket.unattended is not None:
-                ticket.supersede()  # the user moved on to another document: its cancelled request's decoding ends
-        ticket = self.inflight[uri] = Ticket(query)
-        return ticket
-
-    def _end(self, uri: str, ticket: Ticket) -> None:
-        ticket.finish()
-        if self.inflight.get(uri) is ticket:
-            del self.inflight[uri]
 
 
 def engine_request(query: Query, choice: Callable[[str, Any], Any], early_answers: bool) -> CompletionRequest:

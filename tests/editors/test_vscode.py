@@ -1,35 +1,19 @@
 """The VS Code extension (editors/vscode): build from the lockfile, its node tests,
 the .vsix package, and the protocol test against the real `kspec lsp`.
 
-VS Code itself cannot run here; what these cover and what they do not is listed in
-docs/editors-tested.md."""
+The extension in a real VS Code (code-server in Chromium): test_vscode_in_code_server.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
+from vscode_build import NPM, NO_NPM, VSCODE, npm, package
 
-VSCODE = Path(__file__).resolve().parents[2] / "editors" / "vscode"
-NPM = shutil.which("npm")
-
-pytestmark = pytest.mark.skipif(NPM is None, reason="npm is not installed (the extension is built and tested with node 20 + npm)")
-
-
-def npm(*args: str, timeout: float, env: dict[str, str] | None = None) -> str:
-    assert NPM is not None
-    result = subprocess.run(
-        [NPM, *args], cwd=VSCODE, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-    )
-    assert result.returncode == 0, f"npm {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-6000:]}"
-    return result.stdout
+pytestmark = pytest.mark.skipif(NPM is None, reason=NO_NPM)
 
 
 def tap_counts(output: str) -> tuple[int, int]:
@@ -39,23 +23,13 @@ def tap_counts(output: str) -> tuple[int, int]:
     return int(passed.group(1)), int(failed.group(1))
 
 
-@pytest.fixture(scope="module")
-def built() -> Path:
-    npm("ci", "--no-audit", "--no-fund", timeout=600)
-    npm("run", "compile", timeout=300)
-    assert (VSCODE / "out" / "src" / "extension.js").exists()
-    return VSCODE
-
-
 def test_node_unit_tests(built: Path):
     passed, failed = tap_counts(npm("test", timeout=120))
     assert failed == 0 and passed >= 30
 
 
 def test_vsix_package(built: Path, tmp_path: Path):
-    npm("run", "package", timeout=300)
-    vsix = tmp_path / "kspec.vsix"
-    shutil.move(VSCODE / "kspec.vsix", vsix)
+    vsix = package(tmp_path)
     names = set(zipfile.ZipFile(vsix).namelist())
     for required in (
         "extension/package.json",

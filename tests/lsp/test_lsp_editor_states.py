@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,9 +30,10 @@ class ScriptedEngine(LoopbackServer):
     """An OpenAI-compatible /v1 on loopback whose completions are the texts given for the
     end of the prompt they continue (what a code model writes there)."""
 
-    def __init__(self, texts: dict[str, list[str]]) -> None:
+    def __init__(self, texts: dict[str, list[str]], stall_first: threading.Event | None = None) -> None:
         self.texts = texts
-        engine = self
+        self.posts = 0
+        engine, count = self, threading.Lock()
 
         class Handler(JsonHandler):
             def do_GET(self) -> None:
@@ -39,6 +41,11 @@ class ScriptedEngine(LoopbackServer):
 
             def do_POST(self) -> None:
                 body = self.read_json()
+                with count:
+                    engine.posts += 1
+                    first = engine.posts == 1
+                if first and stall_first is not None:  # a first question slower than any deadline (a cold prompt)
+                    stall_first.wait(60)
                 prompt = str(body.get("prompt", ""))
                 texts = next((texts for end, texts in engine.texts.items() if end in prompt), [])
                 choices = [{"index": i, "text": text, "finish_reason": "stop"} for i, text in enumerate(texts[: body.get("n", 1)])]
@@ -117,6 +124,32 @@ async def test_no_answer_by_the_deadline_says_timed_out(tmp_path: Path) -> None:
             assert [s["activity"] for s in editor.statuses[seen:]][:1] == ["busy"]
             assert status["serverPid"] > 0
             assert (await editor.stats())["timeouts"] == 1
+
+
+async def test_a_request_that_timed_out_is_asked_again_and_the_client_told() -> None:
+    """The first question at a file may outlast the deadline (the engine reads the whole prompt);
+    asked once more it is answered in time. A client that re-asks on $/kspec/suggestionsUpdated
+    is told, and its next ask gets the answer from the typeahead cache."""
+    stall = threading.Event()
+    engine = ScriptedEngine(SCRIPT, stall_first=stall)
+    settings = {"engine": "openai", "engineUrl": engine.url, "k": 1, "debounceMs": 0, "deadlineMs": 300}
+    try:
+        async with editor_session(settings, args=()) as editor:
+            await editor.ready()
+            uri = "file:///work/cart.py"
+            editor.open(uri, DEF_FILE)
+            end = len("def average_price(items):")
+            assert await editor.inline(uri, 3, end) == []  # the stalled first question: nothing by the deadline
+            stall.set()  # the engine gets through the slow question; the one asked again follows it
+            update = await editor.wait_update(uri, timeout=30)
+            assert update["version"] == 1
+            items = await editor.inline(uri, 3, end)
+            stats = await editor.stats()
+            assert [item.insert_text for item in items] == ["\n    return sum(item.price for item in items) / len(items)"]
+            assert (stats["timeouts"], stats["retried"], stats["typeahead_hits"], engine.posts) == (1, 1, 1, 2), stats
+    finally:
+        stall.set()
+        engine.close()
 
 
 def wait_exit(pid: int, timeout: float) -> float | None:
