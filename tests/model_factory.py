@@ -86,4 +86,8 @@ def quantized_model(family: str, seed: int) -> tuple[Transformer, dict[str, Q4Co
         for name, param in model.named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight")):  # Qwen3's per-head norms: not all ones, so they matter
                 param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
+            elif args.layer_norm and name.endswith("norm.weight"):  # StarCoder2's LayerNorms: weights and biases that matter
+                param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
+            elif args.layer_norm and name.endswith("bias"):  # LayerNorm and projection biases (init_random's 0.02 would vanish)
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
     return model, codes
