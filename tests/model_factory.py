@@ -69,9 +69,10 @@ def write_random_model(folder: Path, family: str = "llama", seed: int = 0, **ove
     return folder
 
 
-def quantized_model(family: str, seed: int) -> tuple[Transformer, dict[str, Q4Codes]]:
-    """A random float32 model whose projection weights are exactly 4-bit weights, and those codes."""
-    args = ModelArgs.from_hf_config(random_config(family, vocab_size=512))
+def quantized_model(family: str, seed: int, **overrides: Any) -> tuple[Transformer, dict[str, Q4Codes]]:
+    """A random float32 model whose projection weights are exactly 4-bit weights, and those codes
+    (`overrides`: config.json fields over the family's)."""
+    args = ModelArgs.from_hf_config(random_config(family, vocab_size=512, **overrides))
     model = init_random(args, seed)
     codes = {}
     with torch.no_grad():

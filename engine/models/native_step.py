@@ -5,12 +5,14 @@ It serves what a keystroke runs most: a forward pass of few rows (k branches x T
 up to the projections' own 4-bit limit, ``CpuLinear.int4_max_rows``, or ``LOOP_INT4_ROWS``
 where that is larger and the dense copy bfloat16; the loop always multiplies the 4-bit terms)
 over a ``BranchKVCache`` (one shared prefix, each branch's own entries), for a llama-family
-model on the fast path:
-RMSNorm, q|k|v fused into one 4-bit matmul (a bias and Qwen3's per-head q/k norms allowed), o, gate|up and down 4-bit (every
-one on the same kernel: PyTorch's int4 one or kspec's 4-bit x 8-bit one, quantized.py),
-a SiLU-gated MLP, no key hidden by a sliding window. Everything else (prefill, verification
-above the row limit, several requests batched, StarCoder2, float32) takes
-the PyTorch ops.
+or StarCoder2 model on the fast path:
+RMSNorm, or StarCoder2's LayerNorm with its bias; q|k|v fused into one 4-bit matmul (a bias and
+Qwen3's per-head q/k norms allowed), o (a bias allowed), then a SiLU-gated MLP (gate|up, down) or
+StarCoder2's ungated one (c_fc with its bias, tanh GELU, c_proj with its bias), every matmul 4-bit
+and on the same kernel (PyTorch's int4 one or kspec's 4-bit x 8-bit one, quantized.py); no key
+hidden by a sliding window. The kinds are read from the modules (`_kinds`): an erf GELU, a bias
+before a gated MLP's SiLU, or layers of mixed forms take the PyTorch ops, as does everything
+else (prefill, verification above the row limit, several requests batched, float32).
 
 Measured (`kspec bench step --paths auto,auto/torch`: default model, 512-token prompt,
 2 threads, a step with its logits; docs/measurements/avx512-bf16-no-amx.md): k = 1 11.9 -> 6.7 ms, k = 4

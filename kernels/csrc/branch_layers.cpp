@@ -843,11 +843,12 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
   check(static_cast<int64_t>(input_norm_bias.size()) == (layer_norm ? layers : 0) && post_norm_bias.size() == input_norm_bias.size(),
         "norm biases: one per layer for LayerNorm, none for RMSNorm");
   for (at::TensorList biases : {input_norm_bias, post_norm_bias, o_bias, down_bias})
-    for (const Tensor& b : biases) check(b.scalar_type() == at::kFloat && b.numel() == x_in.size(1), "norm, o and down biases must be [dim] float32");
+    for (const Tensor& b : biases)
+      check(b.scalar_type() == at::kFloat && b.numel() == x_in.size(1) && b.is_contiguous(), "norm, o and down biases must be [dim] float32");
   for (at::TensorList biases : {o_bias, down_bias}) check(biases.empty() || static_cast<int64_t>(biases.size()) == layers, "one o / down bias per layer or none");
   check(static_cast<int64_t>(gate_up_bias.size()) == (mlp_type == MlpKind::gelu_tanh ? layers : 0),
         "the first MLP matmul's bias: one per layer for gelu_tanh (c_fc), none for silu_gated");
-  for (const Tensor& b : gate_up_bias) check(b.scalar_type() == at::kFloat && b.dim() == 1, "c_fc biases must be [I] float32");
+  for (const Tensor& b : gate_up_bias) check(b.scalar_type() == at::kFloat && b.dim() == 1 && b.is_contiguous(), "c_fc biases must be [I] float32");
   check(layers > 0, "no layers");
   Dims s{};
   s.rows = x_in.size(0);

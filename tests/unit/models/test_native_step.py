@@ -426,3 +426,23 @@ def test_starcoder2_decodes_in_one_call_of_the_loop(kernel: str) -> None:
     with torch.inference_mode():
         want = exact(tokens, _branches(exact, prompt, lengths))  # [k, 1, dim]
     assert float((got - want).abs().max()) <= 1.1 * float((fast - want).abs().max())
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_llama_with_attention_biases_runs_in_the_loop(kernel: str) -> None:
+    """q|k|v and o biases (llama's attention_bias) are the loop's own, as StarCoder2's are; a bias
+    before a gated MLP's SiLU (mlp_bias) is not, so such a model keeps the PyTorch ops."""
+    model, codes = quantized_model("llama", 3, attention_bias=True)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for block in model.model.layers:  # init_random's 0.02 would vanish beside the weights
+            block.self_attn.o_proj.bias.normal_(0.0, 0.3, generator=generator)
+    model = to_fast_path(model, codes, FastPath(int4_max_rows=16, keep_dense=True, int4_kernel=kernel))
+    native = model.native_steps
+    assert native is not None and len(native.weights.o_bias) == model.args.n_layers
+    cache = _branches(model, [(7 * i + 3) % 500 for i in range(20)], [2, 5, 0])
+    tokens = (torch.arange(6).view(3, 2) * 11 + 5) % 500  # [k, T]
+    (got, _), (want, _) = _both(model, tokens, cache)
+    _close(got, want, SHARE[kernel])
+    model, codes = quantized_model("llama", 3, mlp_bias=True)
+    assert to_fast_path(model, codes, FastPath(int4_max_rows=16, keep_dense=True, int4_kernel=kernel)).native_steps is None
