@@ -77,9 +77,10 @@ def borrowed_tokenizer() -> Path:
     return Path(given) if given else resolve_model(None, progress=False).folder / "tokenizer.json"
 
 
-def quantized_model(family: str, seed: int) -> tuple[Transformer, dict[str, Q4Codes]]:
-    """A random float32 model whose projection weights are exactly 4-bit weights, and those codes."""
-    args = ModelArgs.from_hf_config(random_config(family, vocab_size=512))
+def quantized_model(family: str, seed: int, **overrides: Any) -> tuple[Transformer, dict[str, Q4Codes]]:
+    """A random float32 model whose projection weights are exactly 4-bit weights, and those codes
+    (`overrides`: config.json fields over the family's)."""
+    args = ModelArgs.from_hf_config(random_config(family, vocab_size=512, **overrides))
     model = init_random(args, seed)
     codes = {}
     with torch.no_grad():
@@ -94,4 +95,8 @@ def quantized_model(family: str, seed: int) -> tuple[Transformer, dict[str, Q4Co
         for name, param in model.named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight")):  # Qwen3's per-head norms: not all ones, so they matter
                 param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
+            elif args.layer_norm and name.endswith("norm.weight"):  # StarCoder2's LayerNorms: weights and biases that matter
+                param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
+            elif args.layer_norm and name.endswith("bias"):  # LayerNorm and projection biases (init_random's 0.02 would vanish)
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
     return model, codes

@@ -5,12 +5,14 @@ It serves what a keystroke runs most: a forward pass of few rows (k branches x T
 up to the projections' own 4-bit limit, ``CpuLinear.int4_max_rows``, or ``LOOP_INT4_ROWS``
 where that is larger and the dense copy bfloat16; the loop always multiplies the 4-bit terms)
 over a ``BranchKVCache`` (one shared prefix, each branch's own entries), for a llama-family
-model on the fast path:
-RMSNorm, q|k|v fused into one 4-bit matmul (a bias and Qwen3's per-head q/k norms allowed), o, gate|up and down 4-bit (every
-one on the same kernel: PyTorch's int4 one or kspec's 4-bit x 8-bit one, quantized.py),
-a SiLU-gated MLP, no key hidden by a sliding window. Everything else (prefill, verification
-above the row limit, several requests batched, StarCoder2, float32) takes
-the PyTorch ops.
+or StarCoder2 model on the fast path:
+RMSNorm, or StarCoder2's LayerNorm with its bias; q|k|v fused into one 4-bit matmul (a bias and
+Qwen3's per-head q/k norms allowed), o (a bias allowed), then a SiLU-gated MLP (gate|up, down) or
+StarCoder2's ungated one (c_fc with its bias, tanh GELU, c_proj with its bias), every matmul 4-bit
+and on the same kernel (PyTorch's int4 one or kspec's 4-bit x 8-bit one, quantized.py); no key
+hidden by a sliding window. The kinds are read from the modules (`_kinds`): an erf GELU, a bias
+before a gated MLP's SiLU, or layers of mixed forms take the PyTorch ops, as does everything
+else (prefill, verification above the row limit, several requests batched, float32).
 
 Measured (`kspec bench step --paths auto,auto/torch`: default model, 512-token prompt,
 2 threads, a step with its logits; docs/measurements/avx512-bf16-no-amx.md): k = 1 11.9 -> 6.7 ms, k = 4
@@ -46,6 +48,7 @@ class LayerWeights:
     """What the C++ loop reads of every layer, in layer order (the model's own tensors)."""
 
     input_norm: list[Tensor]  # [dim] float32
+    input_norm_bias: list[Tensor]  # [dim] float32 per layer (StarCoder2's LayerNorm), or empty (RMSNorm)
     qkv_packed: list[Tensor]  # the 4-bit kernel's layout of q|k|v (PyTorch's int4 one or kspec's)
     qkv_scales: list[Tensor]  # its group parameters: [dim/32, (H + 2 Hkv) D, 2] bfloat16 or float16 params
     qkv_bias: list[Tensor]  # [(H + 2 Hkv) D] float32 per layer, or empty
@@ -53,11 +56,15 @@ class LayerWeights:
     k_norm: list[Tensor]
     o_packed: list[Tensor]
     o_scales: list[Tensor]
+    o_bias: list[Tensor]  # [dim] float32 per layer, or empty
     post_norm: list[Tensor]
-    gate_up_packed: list[Tensor]
+    post_norm_bias: list[Tensor]
+    gate_up_packed: list[Tensor]  # gate|up of a SiLU-gated MLP, or StarCoder2's c_fc
     gate_up_scales: list[Tensor]
-    down_packed: list[Tensor]
+    gate_up_bias: list[Tensor]  # c_fc's [I] float32 per layer (GELU MLP), or empty (gated: none served)
+    down_packed: list[Tensor]  # down, or c_proj
     down_scales: list[Tensor]
+    down_bias: list[Tensor]  # [dim] float32 per layer, or empty
 
     def first(self, n_layers: int) -> "LayerWeights":
         """The first n layers (an early-exit drafter)."""
@@ -69,10 +76,11 @@ class NativeSteps:
 
     def __init__(
         self, weights: LayerWeights, op: Callable[..., Tensor], heads: int, kv_heads: int, eps: float, max_rows: int | None,
-        sliding_window: int | None = None,
+        sliding_window: int | None = None, norm: str = "rms", mlp: str = "silu_gated",
     ):  # fmt: skip
         self.weights, self.op = weights, op
         self.heads, self.kv_heads, self.eps = heads, kv_heads, eps
+        self.norm, self.mlp = norm, mlp  # the loop's kinds: "rms" or "layer"; "silu_gated" or "gelu_tanh" (_kinds)
         self.max_rows = max_rows  # rows every projection multiplies with its 4-bit terms; None: any (no dense copy)
         self.sliding_window = sliding_window  # served only while it hides no key
 
@@ -81,33 +89,38 @@ class NativeSteps:
         """For a fast-path Transformer whose every layer has the served form, else None;
         `load` gives the op (kernels/cpu_layers.py) and is called only for such a model."""
         args, parts = model.args, []
-        if model.dtype != torch.float32 or args.activation != "silu":
+        kinds = _kinds(model)
+        if model.dtype != torch.float32 or kinds is None:
             return None
+        norm, mlp_kind = kinds
         for block in model.model.layers:
             attention, mlp = block.self_attn, block.mlp
-            linears = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            first, second = (mlp.gate_up_proj, mlp.down_proj) if mlp.gated else (mlp.c_fc, mlp.c_proj)
+            linears = (attention.qkv_proj, attention.o_proj, first, second)
             norms = (block.input_layernorm, block.post_attention_layernorm)
-            if not all(isinstance(n, RMSNorm) for n in norms) or not all(_one_int4_term(m) for m in linears):
+            if not all(_one_int4_term(m) for m in linears):
                 return None
-            if any(m.bias is not None for m in linears[1:]):
+            if mlp.gated and first.bias is not None:  # a bias before the SiLU: not in the loop
                 return None
             parts.append((norms, linears))
         terms = [[_term_tensors(m.terms[0]) for m in linears] for _, linears in parts]
         if len({t[0][1].dtype for t in terms}) != 1:  # the loop takes one kernel for every matmul
             return None
-        biases = [linears[0].bias for _, linears in parts]
-        if any(b is None for b in biases) and not all(b is None for b in biases):
-            return None
+        biases = [[linears[i].bias for _, linears in parts] for i in range(4)]  # per projection, per layer
+        if any(any(b is None for b in layers) and not all(b is None for b in layers) for layers in biases):
+            return None  # a bias in some layers only
+        norm_biases = [[n[i].bias.detach() for n, _ in parts] if norm == "layer" else [] for i in range(2)]
         weights = LayerWeights(
-            input_norm=[norms[0].weight.detach() for norms, _ in parts],
+            input_norm=[norms[0].weight.detach() for norms, _ in parts], input_norm_bias=norm_biases[0],
             qkv_packed=[t[0][0] for t in terms], qkv_scales=[t[0][1] for t in terms],
-            qkv_bias=[b for b in biases if b is not None],
+            qkv_bias=[b for b in biases[0] if b is not None],
             q_norm=[block.self_attn.q_norm.weight.detach() for block in model.model.layers] if args.qk_norm else [],
             k_norm=[block.self_attn.k_norm.weight.detach() for block in model.model.layers] if args.qk_norm else [],
-            o_packed=[t[1][0] for t in terms], o_scales=[t[1][1] for t in terms],
-            post_norm=[norms[1].weight.detach() for norms, _ in parts],
+            o_packed=[t[1][0] for t in terms], o_scales=[t[1][1] for t in terms], o_bias=[b for b in biases[1] if b is not None],
+            post_norm=[norms[1].weight.detach() for norms, _ in parts], post_norm_bias=norm_biases[1],
             gate_up_packed=[t[2][0] for t in terms], gate_up_scales=[t[2][1] for t in terms],
-            down_packed=[t[3][0] for t in terms], down_scales=[t[3][1] for t in terms],
+            gate_up_bias=[b for b in biases[2] if b is not None],
+            down_packed=[t[3][0] for t in terms], down_scales=[t[3][1] for t in terms], down_bias=[b for b in biases[3] if b is not None],
         )  # fmt: skip
         dense = [m for _, linears in parts for m in linears if m.has_dense]
         max_rows = min((m.int4_max_rows for m in dense), default=None)
@@ -118,7 +131,7 @@ class NativeSteps:
         op = load()
         if op is None:
             return None
-        return cls(weights, op, args.n_heads, args.n_kv_heads, args.norm_eps, max_rows, args.sliding_window)
+        return cls(weights, op, args.n_heads, args.n_kv_heads, args.norm_eps, max_rows, args.sliding_window, norm, mlp_kind)
 
     def serves(self, cache: KVCache, rows: int, computed_rows: int | None = None) -> TypeGuard[BranchKVCache]:
         """Whether a forward pass of this many rows (padded: k x T) over this cache runs here,
@@ -157,15 +170,38 @@ class NativeSteps:
             x, cos, sin = x[places], cos[places], sin[places]  # [N, ...]
         out = self.op(
             x, cos, sin,
-            weights.input_norm, weights.qkv_packed, weights.qkv_scales, weights.qkv_bias, weights.q_norm, weights.k_norm,
-            weights.o_packed, weights.o_scales, weights.post_norm,
-            weights.gate_up_packed, weights.gate_up_scales, weights.down_packed, weights.down_scales,
+            weights.input_norm, weights.input_norm_bias, weights.qkv_packed, weights.qkv_scales, weights.qkv_bias,
+            weights.q_norm, weights.k_norm, weights.o_packed, weights.o_scales, weights.o_bias, weights.post_norm, weights.post_norm_bias,
+            weights.gate_up_packed, weights.gate_up_scales, weights.gate_up_bias, weights.down_packed, weights.down_scales, weights.down_bias,
             cache.prefix_keys, cache.prefix_values, cache.keys, cache.values, cache.branch_mask(step), cache.lengths,
-            padded_rows, new, self.heads, self.kv_heads, self.eps,
+            padded_rows, new, self.heads, self.kv_heads, self.eps, self.norm, self.mlp,
         )  # fmt: skip  # [N, dim]
         if padded_rows:
             out = out.new_zeros(rows, dim).index_copy_(0, places, out)  # [k T, dim]
         return out.view(k, new, dim)  # [k, T, dim]
+
+
+def _kinds(model: Transformer) -> tuple[str, str] | None:
+    """The loop's norm and MLP kinds of this model's every layer, from its modules: ("rms" for
+    RMSNorm, "layer" for a LayerNorm with weight and bias, of the model's eps; "silu_gated" for a
+    gated SiLU MLP, "gelu_tanh" for an ungated one of tanh GELU); None where a layer has another."""
+    found = set()
+    for block in model.model.layers:
+        norms, mlp = (block.input_layernorm, block.post_attention_layernorm), block.mlp
+        if all(isinstance(n, RMSNorm) for n in norms):
+            norm = "rms"
+        elif all(isinstance(n, nn.LayerNorm) and n.weight is not None and n.bias is not None and n.eps == model.args.norm_eps for n in norms):
+            norm = "layer"
+        else:
+            return None
+        if mlp.gated and isinstance(mlp.act, nn.SiLU):
+            kind = "silu_gated"
+        elif not mlp.gated and isinstance(mlp.act, nn.GELU) and mlp.act.approximate == "tanh":
+            kind = "gelu_tanh"
+        else:
+            return None
+        found.add((norm, kind))
+    return found.pop() if len(found) == 1 else None
 
 
 def _one_int4_term(module: nn.Module | None) -> bool:

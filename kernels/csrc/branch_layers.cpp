@@ -3,15 +3,17 @@
 //
 // A decode step of the default model runs ~35 ATen ops per layer at 2-5 us of Python and
 // dispatch each, more than the 4-bit matmuls themselves at one row. Here a layer is four 4-bit
-// matmuls (q|k|v, o, gate|up, down) and loops over the few rows of the step for the rest:
-// RMSNorm, Qwen3's per-head q/k norms, rotary, the KV writes, bifurcated attention, SiLU-gated MLP, residual adds. The
+// matmuls (q|k|v, o, gate|up or StarCoder2's c_fc, down or c_proj) and loops over the few rows of
+// the step for the rest: RMSNorm or LayerNorm (StarCoder2), Qwen3's per-head q/k norms, the
+// projections' biases, rotary, the KV writes, bifurcated attention, the SiLU-gated MLP or
+// StarCoder2's GELU one (`NormKind`, `MlpKind`), residual adds. The
 // matmuls are the weights' own kernel: PyTorch's int4 one (aten::_weight_int4pack_mm_for_cpu,
 // AVX-512 CPUs) or kspec's 4-bit x 8-bit one (q4_q8_matmul.cpp, AVX2, Zen 4 and Zen 5 CPUs: cpu_fast.py).
 //
 // Numbers as in the PyTorch fast path: the residual stream, norms, rotary, attention and KV in
 // float32; the matmuls' inputs and outputs bfloat16 for PyTorch's kernel (the gate's SiLU times
-// up is rounded to bfloat16 once; PyTorch rounds after the SiLU and after the product), float32
-// for kspec's.
+// up is rounded to bfloat16 once; PyTorch rounds after the SiLU and after the product; a bias is
+// added to the rounded output in float32, as CpuLinear adds it), float32 for kspec's.
 //
 // Attention (the contract of kernels/contract.py, no sliding window): query t of branch b sees
 // every prefix key and its branch's entries j < len_b + t + 1 (len_b: entries before this
@@ -41,6 +43,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -163,6 +166,22 @@ void silu_times(const Act* __restrict gate, const Act* __restrict up, Act* __res
   for (int64_t i = 0; i < n; ++i) out[i] = to_act(silu(from_act(gate[i])) * from_act(up[i]), out);
 }
 
+// GELU, tanh approximation (nn.GELU(approximate="tanh"), StarCoder2's gelu_pytorch_tanh):
+// x (1 + tanh(u)) / 2 = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3); the sigmoid from
+// e^-|2u| as in silu, so that the exponent is never positive and the loop vectorizes
+inline float gelu_tanh(float x) {
+  const float z = 1.5957691216057308f * (x + 0.044715f * x * x * x);  // 2u
+  const float t = exp_nonpositive(-std::fabs(z));
+  return (z >= 0.f ? x : x * t) / (1.f + t);
+}
+
+// out = gelu_tanh(y + bias), y rounded as the matmul gave it, the sum float32; rounded once
+template <typename Act>
+void gelu_of_biased(const Act* __restrict y, const float* __restrict bias, Act* __restrict out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = to_act(gelu_tanh(from_act(y[i]) + bias[i]), out);
+}
+
 // out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w, x [rows, n] float32, rounded once (to bfloat16)
 template <typename Act>
 void rms_norm_to(const float* x, const float* w, Act* out, int64_t rows, int64_t n, float eps) {
@@ -176,6 +195,46 @@ void rms_norm_to(const float* x, const float* w, Act* out, int64_t rows, int64_t
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) o[i] = to_act(xr[i] * inv * w[i], o);
   }
+}
+
+// out[r] = (x[r] - mean) / sqrt(var + eps) * w + b (nn.LayerNorm: biased variance, two passes),
+// x [rows, n] float32, rounded once (to bfloat16)
+template <typename Act>
+void layer_norm_to(const float* x, const float* w, const float* b, Act* out, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; ++i) sum += xr[i];
+    const float mean = sum / static_cast<float>(n);
+    float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < n; ++i) squares += (xr[i] - mean) * (xr[i] - mean);
+    const float inv = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
+    Act* o = out + r * n;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = to_act((xr[i] - mean) * inv * w[i] + b[i], o);
+  }
+}
+
+// The decoder's norms: RMSNorm (llama family) or LayerNorm with a bias (StarCoder2).
+// norm_to, add_biased_to and mlp_hidden are noinline: inlined into the layer loop, they changed
+// how GCC compiled the q|k|v loop beside them, and with it the order of Qwen3's q/k norm sums on
+// an AVX2 build (one ulp, which the 8-bit activations carried to 6 % of a test's scale); out of
+// line, llama/qwen2/qwen3 compute bit for bit what they did before StarCoder2 (AVX-512 and AVX2
+// builds). One call per layer and row block: nothing to measure.
+enum class NormKind { rms, layer };
+
+NormKind norm_kind(const std::string& name) {
+  TORCH_CHECK(name == "rms" || name == "layer", "kspec branch_layers: norm must be rms or layer, got ", name);
+  return name == "rms" ? NormKind::rms : NormKind::layer;
+}
+
+// x [rows, n] through the layer's norm (weights w, bias b: LayerNorm's) into out, rounded once
+template <typename Act>
+__attribute__((noinline)) void norm_to(NormKind kind, const float* x, const float* w, const float* b, Act* out, int64_t rows, int64_t n, float eps) {
+  if (kind == NormKind::rms) return rms_norm_to(x, w, out, rows, n, eps);
+  layer_norm_to(x, w, b, out, rows, n, eps);
 }
 
 // One head's values [D] through RMSNorm over D, in place: v * rsqrt(mean(v^2) + eps) * w
@@ -192,6 +251,46 @@ template <typename Act>
 void add_to(float* x, const Act* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) x[i] += from_act(y[i]);
+}
+
+// x [rows, n] += y + bias (bias [n] or none), y + bias first: CpuLinear's output, then the residual add
+template <typename Act>
+__attribute__((noinline)) void add_biased_to(float* x, const Act* y, const float* bias, int64_t rows, int64_t n) {
+  if (bias == nullptr) return add_to(x, y, rows * n);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x + r * n;
+    const Act* yr = y + r * n;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) xr[i] += from_act(yr[i]) + bias[i];
+  }
+}
+
+// The MLP: SiLU(gate) * up of one gate|up matmul (llama family), or GELU (tanh) of StarCoder2's
+// c_fc with its bias; then the down projection (c_proj)
+enum class MlpKind { silu_gated, gelu_tanh };
+
+MlpKind mlp_kind(const std::string& name) {
+  TORCH_CHECK(name == "silu_gated" || name == "gelu_tanh", "kspec branch_layers: mlp must be silu_gated or gelu_tanh, got ", name);
+  return name == "silu_gated" ? MlpKind::silu_gated : MlpKind::gelu_tanh;
+}
+
+// The first matmul's output [rows, 2 I] (gate | up) or [rows, I] (c_fc, bias [I]) -> the down
+// projection's input [rows, I]
+template <typename Act>
+__attribute__((noinline)) Tensor mlp_hidden(MlpKind kind, const Tensor& first, const float* bias) {
+  const int64_t rows = first.size(0), inter = kind == MlpKind::silu_gated ? first.size(1) / 2 : first.size(1);
+  Tensor hidden = at::empty({rows, inter}, first.options());  // [R, I]
+  const Act* in = act_data<Act>(first);
+  Act* out = act_data<Act>(hidden);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (kind == MlpKind::silu_gated) {
+      const Act* gate = in + r * 2 * inter;
+      silu_times(gate, gate + inter, out + r * inter, inter);
+    } else {
+      gelu_of_biased(in + r * inter, bias, out + r * inter, inter);
+    }
+  }
+  return hidden;
 }
 
 // Row r's place among a step's k T padded rows (branch p / T, new token p % T): padded_rows[r]
@@ -707,21 +806,28 @@ int64_t check_rows(Dims& s, at::IntArrayRef padded_rows, at::IntArrayRef lengths
 // x [R, dim] float32 (R = k * T rows, row r: branch r / T, new token r % T; or the rows at
 // padded_rows of those, see check_rows); cos, signed sin [R, D] float32 (engine/models/rope.py:
 // rotate_half folded into a roll and a signed sin).
-// Per layer l: input and post-attention norm weights [dim]; the int4 kernel's packed weights
-// and scales/zeros of q|k|v, o, gate|up and down; the q|k|v bias [(H + 2 Hkv) D] or none; the
-// per-head RMSNorm weights of q and of k [D] (Qwen3's q_norm / k_norm, before rotary) or none.
+// Per layer l: input and post-attention norm weights [dim] (and biases [dim]: norm "layer",
+// LayerNorm; none: "rms"); the int4 kernel's packed weights and scales/zeros of q|k|v, o, the
+// MLP's first matmul (mlp "silu_gated": gate|up [2 I]; "gelu_tanh": c_fc [I]) and down (c_proj);
+// the q|k|v bias [(H + 2 Hkv) D] or none; the per-head RMSNorm weights of q and of k [D] (Qwen3's
+// q_norm / k_norm, before rotary) or none; the biases of o [dim], of the first MLP matmul [I]
+// (gelu_tanh only) and of down [dim], each one per layer or none.
 // prefix_k/v [L, 1, Hkv, P, D] float32 or float16 (unit last stride), branch_k/v [L, k, Hkv, S, D]
 // float32 contiguous, written at slots lengths[b] + t; branch_mask the branch piece's additive mask [k, 1, T, cols]
 // (kernels/contract.py BranchLayout: the masking rules are written once, there) or none.
 // Returns the residual stream after the last layer [R, dim].
 Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed_sin, at::TensorList input_norm,
-                     at::TensorList qkv_packed, at::TensorList qkv_scales, at::TensorList qkv_bias,
-                     at::TensorList q_norm, at::TensorList k_norm, at::TensorList o_packed, at::TensorList o_scales, at::TensorList post_norm,
-                     at::TensorList gate_up_packed, at::TensorList gate_up_scales, at::TensorList down_packed,
-                     at::TensorList down_scales, const Tensor& prefix_k, const Tensor& prefix_v, const Tensor& branch_k,
+                     at::TensorList input_norm_bias, at::TensorList qkv_packed, at::TensorList qkv_scales, at::TensorList qkv_bias,
+                     at::TensorList q_norm, at::TensorList k_norm, at::TensorList o_packed, at::TensorList o_scales, at::TensorList o_bias,
+                     at::TensorList post_norm, at::TensorList post_norm_bias, at::TensorList gate_up_packed,
+                     at::TensorList gate_up_scales, at::TensorList gate_up_bias, at::TensorList down_packed,
+                     at::TensorList down_scales, at::TensorList down_bias, const Tensor& prefix_k, const Tensor& prefix_v, const Tensor& branch_k,
                      const Tensor& branch_v, const std::optional<Tensor>& branch_mask, at::IntArrayRef lengths,
-                     at::IntArrayRef padded_rows, int64_t n_new, int64_t heads, int64_t kv_heads, double eps) {
+                     at::IntArrayRef padded_rows, int64_t n_new, int64_t heads, int64_t kv_heads, double eps,
+                     const std::string& norm, const std::string& mlp) {
   const int64_t layers = input_norm.size();
+  const NormKind norm_type = norm_kind(norm);
+  const MlpKind mlp_type = mlp_kind(mlp);
   check(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be [R, dim] float32");
   check(branch_k.dim() == 5 && branch_k.is_contiguous() && branch_v.is_contiguous(), "branch buffers must be contiguous [L, k, Hkv, S, D]");
   check(branch_k.scalar_type() == at::kFloat && branch_v.scalar_type() == at::kFloat, "the branch buffers must be float32");
@@ -733,6 +839,16 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
         "one q norm and one k norm per layer or none");
   for (const Tensor& w : q_norm) check(w.scalar_type() == at::kFloat && w.numel() == branch_k.size(4), "q norm weights must be [D] float32");
   for (const Tensor& w : k_norm) check(w.scalar_type() == at::kFloat && w.numel() == branch_k.size(4), "k norm weights must be [D] float32");
+  const bool layer_norm = norm_type == NormKind::layer;
+  check(static_cast<int64_t>(input_norm_bias.size()) == (layer_norm ? layers : 0) && post_norm_bias.size() == input_norm_bias.size(),
+        "norm biases: one per layer for LayerNorm, none for RMSNorm");
+  for (at::TensorList biases : {input_norm_bias, post_norm_bias, o_bias, down_bias})
+    for (const Tensor& b : biases)
+      check(b.scalar_type() == at::kFloat && b.numel() == x_in.size(1) && b.is_contiguous(), "norm, o and down biases must be [dim] float32");
+  for (at::TensorList biases : {o_bias, down_bias}) check(biases.empty() || static_cast<int64_t>(biases.size()) == layers, "one o / down bias per layer or none");
+  check(static_cast<int64_t>(gate_up_bias.size()) == (mlp_type == MlpKind::gelu_tanh ? layers : 0),
+        "the first MLP matmul's bias: one per layer for gelu_tanh (c_fc), none for silu_gated");
+  for (const Tensor& b : gate_up_bias) check(b.scalar_type() == at::kFloat && b.dim() == 1 && b.is_contiguous(), "c_fc biases must be [I] float32");
   check(layers > 0, "no layers");
   Dims s{};
   s.rows = x_in.size(0);
@@ -764,7 +880,8 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
     const float* sp = sin_c.data_ptr<float>();
     const int64_t cache_layer = branch_k.stride(0);
     for (int64_t l = 0; l < layers; ++l) {
-      rms_norm_to(xp, input_norm[l].data_ptr<float>(), act_data<Act>(normed), s.rows, s.dim, static_cast<float>(eps));
+      norm_to(norm_type, xp, input_norm[l].data_ptr<float>(), layer_norm ? input_norm_bias[l].data_ptr<float>() : nullptr,
+              act_data<Act>(normed), s.rows, s.dim, static_cast<float>(eps));
       Tensor qkv = matmul(normed, qkv_packed[l], qkv_scales[l]);  // [R, (H + 2 Hkv) D]
       const Act* proj = act_data<Act>(qkv);
       const float* bias = qkv_bias.empty() ? nullptr : qkv_bias[l].data_ptr<float>();
@@ -794,19 +911,16 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
         }
       }
       attend_layer(s, queries, prefix_k[l], prefix_v[l], branch_k[l], branch_v[l], cols, branch_mask, act_data<Act>(attn));
-      add_to(xp, act_data<Act>(matmul(attn, o_packed[l], o_scales[l])), s.rows * s.dim);
-      rms_norm_to(xp, post_norm[l].data_ptr<float>(), act_data<Act>(normed), s.rows, s.dim, static_cast<float>(eps));
-      Tensor gate_up = matmul(normed, gate_up_packed[l], gate_up_scales[l]);  // [R, 2 I]
-      const int64_t inter = gate_up.size(1) / 2;
-      Tensor act = at::empty({s.rows, inter}, normed.options());  // [R, I]
-      const Act* gu = act_data<Act>(gate_up);
-      Act* ap = act_data<Act>(act);
-      for (int64_t r = 0; r < s.rows; ++r) {
-        const Act* gate = gu + r * 2 * inter;
-        const Act* up = gate + inter;
-        silu_times(gate, up, ap + r * inter, inter);
-      }
-      add_to(xp, act_data<Act>(matmul(act, down_packed[l], down_scales[l])), s.rows * s.dim);
+      add_biased_to(xp, act_data<Act>(matmul(attn, o_packed[l], o_scales[l])), o_bias.empty() ? nullptr : o_bias[l].data_ptr<float>(),
+                    s.rows, s.dim);
+      norm_to(norm_type, xp, post_norm[l].data_ptr<float>(), layer_norm ? post_norm_bias[l].data_ptr<float>() : nullptr,
+              act_data<Act>(normed), s.rows, s.dim, static_cast<float>(eps));
+      Tensor first = matmul(normed, gate_up_packed[l], gate_up_scales[l]);  // [R, 2 I] gate | up, or [R, I] c_fc
+      const float* first_bias = gate_up_bias.empty() ? nullptr : gate_up_bias[l].data_ptr<float>();
+      check(first_bias == nullptr || gate_up_bias[l].numel() == first.size(1), "a c_fc bias must be [I]");
+      Tensor hidden = mlp_hidden<Act>(mlp_type, first, first_bias);  // [R, I]
+      add_biased_to(xp, act_data<Act>(matmul(hidden, down_packed[l], down_scales[l])), down_bias.empty() ? nullptr : down_bias[l].data_ptr<float>(),
+                    s.rows, s.dim);
     }
     return x;
   };
@@ -844,12 +958,13 @@ Tensor branch_attention(const Tensor& queries, const Tensor& prefix_k, const Ten
 
 TORCH_LIBRARY(kspec, m) {
   m.def(
-      "branch_layers(Tensor x, Tensor cos, Tensor signed_sin, Tensor[] input_norm, Tensor[] qkv_packed, "
-      "Tensor[] qkv_scales, Tensor[] qkv_bias, Tensor[] q_norm, Tensor[] k_norm, Tensor[] o_packed, Tensor[] o_scales, Tensor[] post_norm, "
-      "Tensor[] gate_up_packed, Tensor[] gate_up_scales, Tensor[] down_packed, Tensor[] down_scales, "
+      "branch_layers(Tensor x, Tensor cos, Tensor signed_sin, Tensor[] input_norm, Tensor[] input_norm_bias, Tensor[] qkv_packed, "
+      "Tensor[] qkv_scales, Tensor[] qkv_bias, Tensor[] q_norm, Tensor[] k_norm, Tensor[] o_packed, Tensor[] o_scales, Tensor[] o_bias, "
+      "Tensor[] post_norm, Tensor[] post_norm_bias, Tensor[] gate_up_packed, Tensor[] gate_up_scales, Tensor[] gate_up_bias, "
+      "Tensor[] down_packed, Tensor[] down_scales, Tensor[] down_bias, "
       "Tensor prefix_k, Tensor prefix_v, Tensor(a!) branch_k, Tensor(b!) branch_v, Tensor? branch_mask, int[] lengths, "
       "int[] padded_rows, int n_new, "
-      "int heads, int kv_heads, float eps) -> Tensor");
+      "int heads, int kv_heads, float eps, str norm, str mlp) -> Tensor");
   m.def(
       "branch_attention(Tensor queries, Tensor prefix_k, Tensor prefix_v, Tensor branch_k, Tensor branch_v, "
       "Tensor? branch_mask, int[] lengths, int[] padded_rows, int n_new) -> Tensor");

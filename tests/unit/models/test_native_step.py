@@ -90,7 +90,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, share: float = 0.01) -> None:
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3", "starcoder2"])
 @pytest.mark.parametrize(
     ("lengths", "new", "prompt_len"),
     [([0], 1, 20), ([3, 3, 3, 3], 1, 20), ([2, 5, 0], 1, 20), ([4, 1], 3, 20), ([0, 2], 2, 0), ([6], 4, 9)],
@@ -211,8 +211,10 @@ def test_what_the_loop_does_not_serve_takes_the_pytorch_ops() -> None:
     assert not native.serves(RaggedKVCache(model.cache_shape, 1, 8, model.dtype), 1)  # prefill
     assert not native.serves(BranchCacheGroup([cache, _branches(model, [4], [0])]), 3)  # several requests
     asked: list[int] = []
-    assert NativeSteps.for_model(_fast("starcoder2"), lambda: asked.append(1)) is None  # type: ignore[func-returns-value]
-    assert asked == []  # LayerNorm, ungated MLP, biases: the loop is not even built
+    exact_gelu = _fast("starcoder2", native_steps=False)
+    exact_gelu.model.layers[1].mlp.act = torch.nn.GELU()  # erf GELU: the loop has tanh's only
+    assert NativeSteps.for_model(exact_gelu, lambda: asked.append(1)) is None  # type: ignore[func-returns-value]
+    assert asked == []  # the loop is not even built
     assert _fast("llama", native_steps=False).native_steps is None
     assert "C++ layer loop up to 16 rows" in describe(model)
     model, codes = quantized_model("llama", 3)
@@ -399,3 +401,48 @@ def test_qwen3_in_the_loop_is_as_close_to_float32_as_the_pytorch_fast_path(kerne
     with torch.inference_mode():
         want = exact(tokens, _branches(exact, prompt, lengths))  # [k, 1, dim]
     assert float((got - want).abs().max()) <= 1.1 * float((fast - want).abs().max())
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_starcoder2_decodes_in_one_call_of_the_loop(kernel: str) -> None:
+    """StarCoder2 (LayerNorms with biases, biases on every projection, an ungated GELU MLP) runs
+    in the C++ loop, not the PyTorch ops: a decode step is one call of the op, and its hidden
+    states are no farther from the exact float32 model's than the PyTorch fast path's are."""
+    model = _fast("starcoder2", kernel=kernel)
+    native = model.native_steps
+    assert native is not None and "C++ layer loop" in describe(model)
+    calls: list[int] = []
+    op = native.op
+    native.op = lambda *args: calls.append(1) or op(*args)  # type: ignore[method-assign]
+    prompt, lengths = [(7 * i + 3) % 500 for i in range(20)], [3, 3, 3, 3]
+    tokens = (torch.arange(4).view(4, 1) * 11 + 5) % 500  # [k, 1]
+    cache = _branches(model, prompt, lengths)
+    with torch.inference_mode():
+        model.step(tokens, copy.deepcopy(cache))
+    assert calls == [1]  # one call for every layer of the step
+    native.op = op  # type: ignore[method-assign]
+    exact, _ = quantized_model("starcoder2", 3)
+    (got, _), (fast, _) = _both(model, tokens, cache)
+    with torch.inference_mode():
+        want = exact(tokens, _branches(exact, prompt, lengths))  # [k, 1, dim]
+    assert float((got - want).abs().max()) <= 1.1 * float((fast - want).abs().max())
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_llama_with_attention_biases_runs_in_the_loop(kernel: str) -> None:
+    """q|k|v and o biases (llama's attention_bias) are the loop's own, as StarCoder2's are; a bias
+    before a gated MLP's SiLU (mlp_bias) is not, so such a model keeps the PyTorch ops."""
+    model, codes = quantized_model("llama", 3, attention_bias=True)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for block in model.model.layers:  # init_random's 0.02 would vanish beside the weights
+            block.self_attn.o_proj.bias.normal_(0.0, 0.3, generator=generator)
+    model = to_fast_path(model, codes, FastPath(int4_max_rows=16, keep_dense=True, int4_kernel=kernel))
+    native = model.native_steps
+    assert native is not None and len(native.weights.o_bias) == model.args.n_layers
+    cache = _branches(model, [(7 * i + 3) % 500 for i in range(20)], [2, 5, 0])
+    tokens = (torch.arange(6).view(3, 2) * 11 + 5) % 500  # [k, T]
+    (got, _), (want, _) = _both(model, tokens, cache)
+    _close(got, want, SHARE[kernel])
+    model, codes = quantized_model("llama", 3, mlp_bias=True)
+    assert to_fast_path(model, codes, FastPath(int4_max_rows=16, keep_dense=True, int4_kernel=kernel)).native_steps is None
