@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure speed, side by side in one run")
     bench.add_argument(
         "what",
-        choices=["generate", "attention", "step", "keystroke", "decode", "quality", "serve", "peer"],
+        choices=["generate", "attention", "step", "keystroke", "decode", "quality", "serve", "peer", "clients"],
         help="generate: our batched decoding vs transformers generate(); attention: bifurcated vs replicated "
         "attention alone; step: a whole decode step (logits included) per compute path for k branches and a "
         "verification of k x (gamma+1) rows, with the bytes-read floor, at a 512-token prompt or each of --contexts "
@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         "then typing replayed through kspec lsp (under \"lsp\": kspec vs the previous configuration); "
         "serve: N editors at once, continuous batching vs one request at a time (or --url endpoints); "
         "peer: kspec's engine beside llama.cpp's llama-server (--llama-server) on the same GGUF, keystrokes "
-        "interleaved through both servers' /completion, and their resident memory",
+        "interleaved through both servers' /completion, and their resident memory; clients: what a plain LSP client "
+        "(no kspec extensions) gets when it asks at fresh positions (HumanEval function bodies, --repeats of them, "
+        "default 20): the share with >= 2 distinct whole alternatives, fragments, latency",
     )
     bench.add_argument("--json", action="store_true", help="print the report as one JSON line (no progress bar when stdout is a pipe)")
     bench.add_argument(
@@ -371,6 +373,19 @@ def _bench_quality(config, args: argparse.Namespace) -> dict:
     return report
 
 
+def _bench_clients(config, args: argparse.Namespace) -> dict:
+    from tqdm import tqdm
+
+    from kspec.bench.plain_client import ClientsConfig, run_clients_bench
+
+    try:
+        clients = ClientsConfig(Path(args.data), positions=args.repeats or 20, k=_ints(args.ks, [4])[0], model=config.model)
+    except ValueError as exc:
+        raise KspecError(str(exc)) from exc
+    with tqdm(desc="kspec bench clients", unit="position", disable=not show_progress(args), file=sys.stderr) as bar:
+        return run_clients_bench(clients, progress=lambda _: bar.update(1))
+
+
 def _bench_cross_file(config, args: argparse.Namespace) -> dict:
     from tqdm import tqdm
 
@@ -424,6 +439,8 @@ def run_bench(args: argparse.Namespace) -> int:
         report = _bench_serve(config, args)
     elif args.what == "peer":
         report = _bench_peer(config, args)
+    elif args.what == "clients":
+        report = _bench_clients(config, args)
     elif args.what == "step":
         from kspec.bench.step import bench_step
 
