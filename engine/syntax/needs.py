@@ -7,6 +7,7 @@ first, for the decoder to force on some of the k branches (engine/decode/steerin
 
 * Python: `msg =`, and `us, them =` when the suffix needs several names; `for x in` when
   the suffix's next line is indented deeper than the cursor's (the hole is a block header);
+  `import getopt` for a standard-library module the suffix reads as `getopt.getopt(...)`;
 * JavaScript / TypeScript: `const x =` (`let x =` when the suffix assigns it again);
   `for (const x of` for a block header.
 
@@ -21,6 +22,7 @@ as it does in code it has read.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 
 from kspec.engine.syntax.context import indent_of
@@ -41,6 +43,7 @@ class HoleNeeds:
     reassigned: frozenset[str] = frozenset()  # needed names the suffix assigns again (JS: `let`)
     typed: str = ""  # the start of a needed name typed before the cursor (`ms|`): starts go on with it
     indent: str = ""  # what a start begins with where the cursor is at column 0: the next line's indentation
+    modules: frozenset[str] = frozenset()  # Python: needed names of standard-library modules the suffix reads as `name.x`
 
 
 def hole_needs(prefix: str, suffix: str, language: str | None) -> HoleNeeds:
@@ -59,6 +62,9 @@ def hole_needs(prefix: str, suffix: str, language: str | None) -> HoleNeeds:
     indent, header = "", following is not None and indent_of(following) > indent_of(ctx.line_prefix)
     if not ctx.line_prefix:  # at column 0, before a line or not: the statement goes at the next line's depth
         next_line = ctx.suffix_line_rest if ctx.suffix_line_rest.strip() else following or ""
+        previous = _last_code_line(found.prefix)
+        if indent_of(next_line) > indent_of(previous) and not previous.rstrip().endswith((":", "{")):
+            next_line = previous  # the next line is in a block the hole opens: the statement goes at the previous one's depth
         indent, header, at_start = next_line[: len(next_line) - len(next_line.lstrip(" \t"))], False, in_code
     ordered = sorted(names, key=lambda name: _first_read(found.suffix, name))
     if header:  # a loop variable is read in the block the header opens, not after it
@@ -66,7 +72,8 @@ def hole_needs(prefix: str, suffix: str, language: str | None) -> HoleNeeds:
         ordered.sort(key=lambda name: _first_read(after, name) < len(after) or _first_read(body, name) == len(body))
     ordered = [name for name in ordered if name.startswith(typed) and name != typed]
     reassigned = frozenset(name for name in ordered if _assigned(found.suffix, name))
-    return HoleNeeds(language, tuple(ordered), at_start, header, reassigned, typed, indent)
+    modules = frozenset(name for name in ordered if language == "python" and _module_read(found.suffix, name))
+    return HoleNeeds(language, tuple(ordered), at_start, header, reassigned, typed, indent, modules)
 
 
 _WORD = re.compile(r"[A-Za-z_$][\w$]*")
@@ -93,6 +100,19 @@ def _assigned(text: str, name: str) -> bool:
     return re.search(_ASSIGNED.format(re.escape(name)), text) is not None
 
 
+def _last_code_line(prefix: str) -> str:
+    lines = [line for line in prefix.split("\n") if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _module_read(suffix: str, name: str) -> bool:
+    """`name` is a standard-library module and the suffix reads it only as `name.attribute`."""
+    if name not in sys.stdlib_module_names:
+        return False
+    reads = re.findall(r"(?<![\w.])" + re.escape(name) + r"\b(\s*\.)?", suffix)
+    return bool(reads) and all(reads)
+
+
 def binding_starts(needs: HoleNeeds) -> list[str]:
     """The starts that bind what the hole needs, most likely first; [] where none applies.
     After a typed start of a name (`ms|`) they go on with the rest of it (`g =`)."""
@@ -103,6 +123,8 @@ def binding_starts(needs: HoleNeeds) -> list[str]:
     if needs.language == "python":
         if needs.header:
             starts = [f"for {names[0]} in"]
+        elif names[0] in needs.modules:
+            starts = [f"import {names[0]}"]
         else:
             starts = [f"{names[0]} ="] + ([", ".join(names[:MAX_TUPLE_NAMES]) + " ="] if len(names) > 1 else [])
     elif needs.language in JS_LANGUAGES:

@@ -50,3 +50,14 @@ def test_no_start_where_nothing_is_to_bind_or_no_statement_starts(prefix, suffix
 def test_no_start_for_languages_without_name_analysis():
     assert starts("int f() {\n  ", "\n  return msg;\n}\n", "cpp") == []
     assert starts("x = ", "\ny = msg\n", None) == []
+
+
+def test_a_standard_library_module_read_as_one_is_imported():
+    suffix = "\n    opts, args = getopt.getopt(sys.argv[1:], 'ib:')\n"
+    assert starts("import sys\n\ndef _test():\n    ", suffix) == ["import getopt"]
+    assert starts("def f(xs):\n    ", "\n    data.append(1)\n    return data\n") == ["data ="]  # not a module
+
+
+def test_at_column_0_before_a_block_the_hole_opens_the_statement_goes_at_the_previous_depth():
+    prefix = 'def encode(s):\n    """Encode."""\n'
+    assert starts(prefix, "        out += c\n    return out\n") == ["    out =", "    out, c ="]
