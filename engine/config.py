@@ -105,7 +105,7 @@ class EngineConfig:
         1, "branches (of the k) that start by binding a name the code after the cursor reads and nothing before it "
         "binds (`msg =`), verified by the model like a draft; 0: off (engine/decode/steering.py)",
     )  # fmt: skip
-    steer_min_logprob: float = -10.0  # a forced start the model scores below this (summed log-probability) is undone
+    steer_min_logprob: float = -20.0  # a forced start the model scores below this (summed log-probability) is undone (measured: docs/measurements/branch-steering.md)
     fit_to_machine: bool = True  # at load, time this machine and choose k / max tokens / first answer (engine/machine_fit.py)
 
     def __post_init__(self) -> None:

@@ -32,7 +32,7 @@ MAX_FORCED_TOKENS = 12  # a start longer than this is not a start
 @dataclass(frozen=True)
 class SteeringConfig:
     branches: int = 1  # at most this many of the k branches get a forced start (0: off; branch 0 is never steered)
-    min_logprob: float = -10.0  # a forced start the target scores below this (the sum over its tokens) is undone
+    min_logprob: float = -20.0  # a forced start the target scores below this (the sum over its tokens) is undone
 
     def __post_init__(self) -> None:
         if not isinstance(self.branches, int) or self.branches < 0:
