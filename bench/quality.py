@@ -381,6 +381,10 @@ class Judge:
         written = set(_IDENTIFIER.findall(text))
         return any(name in written for _, name in pyflakes_names(source) - self.reference_flakes)
 
+    def undefined_name(self, text: str) -> bool:
+        """An undefined name the reference does not have (tree-sitter scopes; unused variables aside)."""
+        return bool(set(self.checker.check(text).undefined_names) - self.reference_names)
+
     def exact(self, text: str) -> bool:
         return dedupe_key(text) == dedupe_key(self.hole.reference)
 
@@ -400,6 +404,7 @@ class Column:
     exact_any: int = 0
     python_top1: int = 0
     python_top1_static: int = 0
+    python_top1_undefined: int = 0
     python_top1_pyflakes_judged: int = 0
     python_top1_pyflakes_static: int = 0
     postprocess_ms: list[float] = field(default_factory=list)
@@ -427,6 +432,7 @@ class Column:
         if judge.python:
             self.python_top1 += 1
             self.python_top1_static += judge.static_error(texts[0])
+            self.python_top1_undefined += judge.undefined_name(texts[0])
             flakes = judge.static_error_pyflakes(texts[0])
             if flakes is not None:
                 self.python_top1_pyflakes_judged += 1
@@ -446,6 +452,7 @@ class Column:
             "no_suggestion_rate_raw_parses": rate(self.raw_parses_nothing_shown, self.raw_parses),
             "raw_top1_parses": self.raw_parses,
             "python_top1_static_error_rate": rate(self.python_top1_static, self.python_top1),
+            "python_top1_undefined_name_rate": rate(self.python_top1_undefined, self.python_top1),
             "python_top1_static_error_rate_pyflakes": rate(
                 self.python_top1_pyflakes_static, self.python_top1_pyflakes_judged
             ),
@@ -569,6 +576,7 @@ def run_quality_bench(
     skipped: list[str] = []
     records: list[dict[str, Any]] = []
     starts: dict[str, int] = {}
+    steered = 0  # requests where a branch kept a forced start (engine/decode/steering.py)
     for number, hole in enumerate(holes, 1):
         judge = Judge(hole)
         if not judge.valid:
@@ -582,6 +590,7 @@ def run_quality_bench(
             started = time.perf_counter()
             result = engine.complete(request)
             engine_ms.append((time.perf_counter() - started) * 1000)
+            steered += result.timing_ms.get("steered", 0.0) > 0
             candidates = [Candidate(c.text, c.logprob, c.n_tokens, c.finish_reason) for c in result.completions]
             shown = _score_case(judge, window.prefix, window.suffix, candidates, variants[name], config, timing=True)
             if name == "windowed":
@@ -589,10 +598,12 @@ def run_quality_bench(
                 starts[key] = starts.get(key, 0) + 1
             if details:
                 records.append(_record(hole, name, window, candidates, shown))
+                records[-1]["steered"] = [result.timing_ms.get(key, 0.0) for key in ("steered", "steer_undone")]
             if progress is not None:
                 top = shown[0] if shown else ""
                 progress(f"[{number}/{len(holes)}] {hole.id} ({hole.language}, {hole.kind}, {name}): top {top[:40]!r}")
     report = _report(variants, config, holes, skipped, engine.model_name, engine_ms, starts)
+    report["meta"]["steered_requests"] = steered
     if details:
         report["cases"] = records
     return report
@@ -627,6 +638,7 @@ def _report(
         "sample": sample,
         "skipped_reference_does_not_parse": skipped,
         "engine_ms_p50": round(statistics.median(engine_ms), 1) if engine_ms else None,
+        "engine_ms_p95": rounded(percentile(engine_ms, 95), 1) if engine_ms else None,
         "timing_k": config.timing_k,
         "window": {"before": config.window_before, "after": config.window_after, "starts_in/ends_in": dict(sorted(starts.items()))},
         "stdlib": f"Python {sys.version.split()[0]}",

@@ -101,6 +101,11 @@ class EngineConfig:
     gamma: int = 4  # starting draft length (adapts per round)
     draft_only_when_paying: bool = True  # greedy: pause drafting while it costs more than it brings (decode/speculative.py DraftPayoff)
     early_stop: bool = True  # stop a branch once tree-sitter says its unit is complete
+    steer_branches: int = option(
+        1, "branches (of the k) that start by binding a name the code after the cursor reads and nothing before it "
+        "binds (`msg =`), verified by the model like a draft; 0: off (engine/decode/steering.py)",
+    )  # fmt: skip
+    steer_min_logprob: float = -20.0  # a forced start the model scores below this (summed log-probability) is undone (measured: docs/measurements/branch-steering.md)
     fit_to_machine: bool = True  # at load, time this machine and choose k / max tokens / first answer (engine/machine_fit.py)
 
     def __post_init__(self) -> None:
@@ -123,6 +128,10 @@ class EngineConfig:
             raise ValueError(f"draft_layers must be >= 1, got {self.draft_layers}")
         if not 1 <= self.gamma <= 16:
             raise ValueError(f"gamma must be in [1, 16], got {self.gamma}")
+        if self.steer_branches < 0:
+            raise ValueError(f"steer_branches must be >= 0, got {self.steer_branches}")
+        if not self.steer_min_logprob < 0:
+            raise ValueError(f"steer_min_logprob must be < 0, got {self.steer_min_logprob}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 

@@ -29,12 +29,13 @@ from kspec.engine.decode.drafters import Drafter, ModelDrafter, NoDrafter, Promp
 from kspec.engine.decode.healing import HealingBias, walk_healing
 from kspec.engine.decode.sampling import SamplingParams
 from kspec.engine.decode.speculative import DraftPayoffs, SpeculationConfig, SpeculativeRun
+from kspec.engine.decode.steering import SteeringConfig, forced_tokens
 from kspec.engine.decode.stopping import StopRule, rule_for_cursor
 from kspec.engine.errors import CancelledError, InputError
 from kspec.engine.models.loading import LoadedModel
 from kspec.engine.models.transformer import EarlyExit
 from kspec.engine.prompt import PromptBudget, PromptStarts, build_prompt
-from kspec.engine.syntax import Candidate, UnitPredicate, detect_language, postprocess
+from kspec.engine.syntax import Candidate, UnitPredicate, binding_starts, detect_language, hole_needs, postprocess
 
 
 class RequestState(enum.Enum):
@@ -112,6 +113,17 @@ def choose_drafter(parts: EngineParts, params: SamplingParams) -> Drafter:
     return PromptLookupDrafter() if choice == "lookup" else NoDrafter()
 
 
+def steering_starts(parts: EngineParts, request: CompletionRequest, language: str | None, healed_text: str) -> list[list[int]]:
+    """The forced starts for some of the request's branches (engine/decode/steering.py): starts
+    that bind what the code after the cursor needs (engine/syntax/needs.py), as tokens after
+    the healed text; none when steering is off, k is 1, or the cursor rules are off."""
+    if parts.config.steer_branches == 0 or request.k < 2 or not request.cursor_rules or language is None:
+        return []
+    starts = binding_starts(hole_needs(request.prefix, request.suffix, language))
+    tokens = [forced_tokens(parts.target.tokenizer, healed_text, start) for start in starts]
+    return [ids for ids in tokens if ids is not None]
+
+
 def prepare(
     parts: EngineParts, request: CompletionRequest, cancel: CancelToken, deadline: float, language: str,
     noted: dict[str, float] | None = None,
@@ -155,6 +167,8 @@ def prepare(
         unit_done=unit_done,
         healing=bias,
         payoff=parts.draft_payoffs.for_k(request.k),
+        forced=steering_starts(parts, request, language, healed_text),
+        steering=SteeringConfig(parts.config.steer_branches, parts.config.steer_min_logprob),
     )
 
 
@@ -251,6 +265,8 @@ class ActiveCompletion:
             "total": (finished - self.started) * 1000,
             "rounds": float(output.stats.rounds),
             "accepted_per_round": output.stats.mean_accepted_per_round,
+            "steered": float(run.forced.assigned - run.forced.undone),  # branches that kept a forced start
+            "steer_undone": float(run.forced.undone),  # ... that started forced, the model scoring it below the floor
             "batch_requests_max": float(self.batch_peak),
             "interim": float(interim),
             "interim_partial": float(partial),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,7 @@ from kspec.engine.cache.kv import BranchKVCache
 from kspec.engine.models.transformer import Transformer
 from kspec.engine.cache.prefix_cache import Prefill, prefill_uncached
 from kspec.engine.decode.sampling import SamplingParams, first_tokens, probabilities
+from kspec.engine.decode.steering import ForcedStarts, SteeringConfig
 from kspec.kernels.transfer import to_device
 
 UnitDone = Callable[[str], bool]  # early-stop hook: this branch's text has completed its unit
@@ -192,9 +193,14 @@ class SpeculativeRun:
         unit_done: UnitDone | None = None,
         healing: HealingBias | None = None,
         payoff: DraftPayoff | None = None,
+        forced: Sequence[list[int]] = (),
+        steering: SteeringConfig = SteeringConfig(),
     ):
         """payoff: what drafting was measured to be worth so far (DraftPayoffs.for_k); None: a
-        fresh one for this run. Used only by greedy runs with config.cost_aware."""
+        fresh one for this run. Used only by greedy runs with config.cost_aware.
+        forced: token starts for some branches, most wanted first (engine/decode/steering.py:
+        `forced_tokens`, the healed text included); `steering` says how many and how low the
+        target may score them."""
         self.model, self.tracker, self.params, self.drafter, self.config = model, tracker, params, drafter, config
         self.cancel, self.unit_done = cancel, unit_done
         self.generator = torch.Generator().manual_seed(params.seed)
@@ -211,7 +217,14 @@ class SpeculativeRun:
             self.detoks = [tracker.new_detokenizer() for _ in range(k)]
             first_logits = tracker.constrain(prefill.last_logits[None].expand(k, -1), self.branches, self.healing)  # [k, V]
             tokens, logprobs = first_tokens(first_logits, params, self.generator, diverse, tracker.tokenizer.stop_ids)  # [k], [k]
-        for branch, detok, token, logprob in zip(self.branches, self.detoks, tokens.tolist(), logprobs.tolist()):
+            token_list, logprob_list = tokens.tolist(), logprobs.tolist()
+            starts = [start for start in forced if len(start) < limits.max_new_tokens]
+            if starts and steering.branches:
+                first_log_probs = torch.log_softmax(first_logits.float(), dim=-1)  # [k, V]
+                self.forced = ForcedStarts.assign(steering, starts, first_log_probs, token_list, logprob_list)
+            else:
+                self.forced = ForcedStarts(steering)
+        for branch, detok, token, logprob in zip(self.branches, self.detoks, token_list, logprob_list):
             _commit(tracker, branch, detok, token, logprob, unit_done)
         drafter.begin(tracker.prompt_ids, k, limits.max_new_tokens)
         self.live = list(range(k))  # branch index of each cache row
@@ -257,6 +270,8 @@ class SpeculativeRun:
             elif len(draft.tokens) > room:
                 draft.tokens = draft.tokens[:room]
                 draft.q = draft.q[:room] if draft.q is not None else None
+        for row, rest in self.forced.drafts(self.live).items():
+            drafts[row] = Draft(rest)  # verified in this pass, accepted whatever the target's argmax (see `_verify_forced`)
         self._drafts = drafts
         self._drafted_at = time.perf_counter()
         return [[b.token_ids[-1], *d.tokens] for b, d in zip(live_branches, drafts)]
@@ -278,21 +293,28 @@ class SpeculativeRun:
             logits[:, 0] = constrain(logits[:, 0])
             log_probs = torch.log_softmax(logits, dim=-1)  # [k', T, V]
             taken = self._accept_rows(logits, log_probs)  # every row on the device, one transfer
+        forced_rows = self.forced.verifying
+        restarted: set[int] = set()
+        if forced_rows:
+            taken, restarted = self._verify_forced(taken, hidden, live_branches)
         head_ms = (time.perf_counter() - verified_at) * 1000  # the head and the acceptance
         accepted_counts = taken.accepted
         for row, branch in enumerate(live_branches):
+            if row in restarted:
+                branch = self._restart(row)
             detok = self.detoks[self.live[row]]
             for token, logprob in zip(taken.tokens[row], taken.logprobs[row]):
                 if branch.done:
                     break
                 _commit(self.tracker, branch, detok, token, logprob, self.unit_done)
-        self.cache.advance([1 + accepted for accepted in accepted_counts])  # the previous last token and the accepted drafts
+        # the previous last token and the accepted drafts (a restarted branch keeps nothing)
+        self.cache.advance([0 if row in restarted else 1 + accepted for row, accepted in enumerate(accepted_counts)])
         stats = self.stats
         stats.rounds += 1
         stats.branch_rounds += len(self.live)
         stats.drafting_branch_rounds += len(self.live) if self._drafting else 0
-        stats.drafted += sum(len(d.tokens) for d in drafts)
-        stats.accepted += sum(accepted_counts)
+        stats.drafted += sum(len(d.tokens) for row, d in enumerate(drafts) if row not in forced_rows)
+        stats.accepted += sum(a for row, a in enumerate(accepted_counts) if row not in forced_rows)
         stats.gammas.append(self.gamma)
         draft_ms = (self._drafted_at - self._round_started) * 1000
         stats.draft_ms += draft_ms
@@ -301,7 +323,37 @@ class SpeculativeRun:
         if self.payoff is not None:
             self.payoff.record(any(d.tokens for d in drafts), sum(len(t) for t in taken.tokens), draft_ms + verify_ms + head_ms)
         if self._drafting:
-            self.gamma = adapt_gamma(self.gamma, [len(d.tokens) for d in drafts], accepted_counts, self.config)
+            free = [row for row in range(len(drafts)) if row not in forced_rows]
+            self.gamma = adapt_gamma(self.gamma, [len(drafts[r].tokens) for r in free], [accepted_counts[r] for r in free], self.config)
+
+    def _verify_forced(
+        self, taken: RoundAcceptance, hidden: Tensor, live_branches: list[Branch]
+    ) -> tuple[RoundAcceptance, set[int]]:
+        """The rows whose draft is a forced start take it as the target scored it (steering.py),
+        whatever the target's argmax; -> the round's acceptance, and the rows whose start was
+        undone (they decode again from their own first token)."""
+        accepted, tokens, logprobs = list(taken.accepted), list(taken.tokens), list(taken.logprobs)
+        restarted: set[int] = set()
+        for row in sorted(self.forced.verifying):
+            branch = live_branches[row]
+            verified = self.forced.score(
+                self.live[row], hidden[row], self.model.logits,
+                lambda first, branch=branch: self.tracker.constrain(first, [branch], self.healing),
+                self.params, self.generator,
+            )  # fmt: skip
+            tokens[row], logprobs[row] = verified.tokens, verified.logprobs
+            accepted[row] = 0 if verified.undone else len(verified.tokens) - 1
+            if verified.undone:
+                restarted.add(row)
+        self.forced.verifying = set()
+        return RoundAcceptance(accepted, tokens, logprobs), restarted
+
+    def _restart(self, row: int) -> Branch:
+        """Row `row`'s branch from scratch (its forced start undone): the tokens it takes next start it."""
+        index = self.live[row]
+        self.branches[index] = Branch(heal_remaining=self.tracker.healed_text)
+        self.detoks[index] = self.tracker.new_detokenizer()
+        return self.branches[index]
 
     def _accept_rows(self, logits: Tensor, log_probs: Tensor) -> RoundAcceptance:
         """Acceptance of every live row as tensor ops on the logits' device (engine/decode/acceptance.py)."""

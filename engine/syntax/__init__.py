@@ -8,6 +8,8 @@ Public API (other packages import from here):
   (prefix and suffix may be a window of the file, cut anywhere: window.py)
 * `unit_complete(prefix, completion_so_far, suffix, language)` — the early-stop hook
   (`UnitPredicate` is the same with the request's context built once)
+* `hole_needs(prefix, suffix, language)` / `binding_starts(needs)` — what the hole must bind,
+  as the starts the decoder can force on some branches (needs.py, issue 42)
 * `forget_requests()` — empty the per-request memos (memo.py), so that the next call for a
   text costs what a new keystroke's does (benchmarks)
 """
@@ -16,6 +18,7 @@ from kspec.engine.syntax.checks import ANALYSIS, Checker, CheckResult
 from kspec.engine.syntax.early_stop import UnitPredicate, unit_complete
 from kspec.engine.syntax.languages import LANGUAGES, detect_language, normalize_language
 from kspec.engine.syntax.memo import forget_requests
+from kspec.engine.syntax.needs import HoleNeeds, binding_starts, hole_needs
 from kspec.engine.syntax.postprocess import (
     Candidate,
     PostprocessConfig,
@@ -32,12 +35,15 @@ __all__ = [
     "Candidate",
     "CheckResult",
     "Checker",
+    "HoleNeeds",
     "PostprocessConfig",
     "RankConfig",
     "Ranked",
     "UnitPredicate",
     "detect_language",
+    "binding_starts",
     "forget_requests",
+    "hole_needs",
     "normalize_language",
     "postprocess",
     "rank_alternatives",

@@ -343,6 +343,17 @@ class Checker:
             self.language or "", self.window_prefix, self.window_suffix, self.baseline.root_node, self.cursor, needs_end, self.above
         )
 
+    def needed_names(self) -> tuple[str, ...]:
+        """Names the code right after the cursor reads that nothing before it binds (Python:
+        pynames `needs`; JavaScript/TypeScript: jsnames `needs`); () for other languages."""
+        if self.language is None:
+            return ()
+        if self.names is not None:
+            return self.names.needs
+        if self.language in jsnames.LANGUAGES:
+            return tuple(sorted(self._js_names.needs))
+        return ()
+
     def _python2_statements(self, tree: tree_sitter.Tree, inserted: int) -> int:
         """`print x` / `exec code`: tree-sitter-python still parses Python 2 statements."""
         cursor = tree_sitter.QueryCursor(_python2_query())

@@ -1,0 +1,124 @@
+"""Branches steered by what the hole needs (issue 42): some of the k branches start with a
+forced text (`msg =` where the code after the cursor reads `msg` and nothing binds it:
+engine/syntax/needs.py), the others decode freely.
+
+A forced start is tokenized with the healed text in front of it (token healing: a branch
+first regenerates the prompt's last characters, so the forced tokens are what the tokenizer
+gives for that whole text, `forced_tokens`). Its first token replaces the branch's first
+token; the others ride in the first verification pass as that branch's draft, so the target
+scores every forced token in the pass that verifies the other branches' drafts, and the
+branch's log-probability (what ranking reads) is the model's for the forced text. A start
+the target scores below `SteeringConfig.min_logprob` in all is undone: the branch goes back
+to the first token it had, and decodes freely.
+
+The last branches are steered (`k - 1`, then `k - 2`, ...): in mode "diverse" the branches
+come in the order of the model's first-token preference, and branch 0 always stays free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from kspec.engine.decode.sampling import SamplingParams, choose_tokens
+from kspec.engine.models.tokenizer import Tokenizer
+
+MAX_FORCED_TOKENS = 12  # a start longer than this is not a start
+
+
+@dataclass(frozen=True)
+class SteeringConfig:
+    branches: int = 1  # at most this many of the k branches get a forced start (0: off; branch 0 is never steered)
+    min_logprob: float = -20.0  # a forced start the target scores below this (the sum over its tokens) is undone
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.branches, int) or self.branches < 0:
+            raise ValueError(f"steering branches must be an int >= 0, got {self.branches!r}")
+        if not self.min_logprob < 0:
+            raise ValueError(f"steering min_logprob must be < 0, got {self.min_logprob}")
+
+
+def forced_tokens(tokenizer: Tokenizer, healed_text: str, start: str) -> list[int] | None:
+    """The tokens a branch is forced to start with: `healed_text + start` as the tokenizer
+    splits it; None when they do not spell it back exactly or are too many."""
+    text = healed_text + start
+    ids = tokenizer.encode(text)
+    if not ids or len(ids) > MAX_FORCED_TOKENS or tokenizer.decode(ids) != text:
+        return None
+    return ids
+
+
+@dataclass
+class _Forced:
+    tokens: list[int]  # the whole forced start
+    free: tuple[int, float]  # the first token (and its log-probability) the branch had without it
+    first_logprob: float  # the target's log-probability of tokens[0] (the prompt's logits)
+
+
+@dataclass
+class ForcedStarts:
+    """Which branches start forced, and the one verification that scores their starts."""
+
+    config: SteeringConfig
+    by_branch: dict[int, _Forced] = field(default_factory=dict)
+    verifying: set[int] = field(default_factory=set)  # rows (this round) whose draft is a forced start
+    assigned: int = 0  # branches that started forced
+    undone: int = 0  # ... whose start the target scored below the floor
+
+    @classmethod
+    def assign(
+        cls, config: SteeringConfig, starts: Sequence[list[int]], first_log_probs: Tensor, tokens: list[int], logprobs: list[float]
+    ) -> "ForcedStarts":
+        """first_log_probs [k, V]: the branches' first-token log-probabilities (healing applied);
+        tokens / logprobs: their free first tokens, replaced in place where a start is forced.
+        A start whose first token alone scores below the floor is not forced."""
+        forced = cls(config)
+        k = len(tokens)
+        for start, branch in zip(starts[: min(config.branches, k - 1)], range(k - 1, 0, -1)):
+            first = float(first_log_probs[branch, start[0]])
+            if first < config.min_logprob:
+                continue
+            forced.by_branch[branch] = _Forced(list(start), (tokens[branch], logprobs[branch]), first)
+            tokens[branch], logprobs[branch] = start[0], first
+            forced.assigned += 1
+        return forced
+
+    def drafts(self, live: list[int]) -> dict[int, list[int]]:
+        """row -> the forced tokens still to verify, for the branches (of `live`, the branch of
+        each row) whose start is not verified yet; they are verified in this round."""
+        rows = {row: self.by_branch[index].tokens[1:] for row, index in enumerate(live) if index in self.by_branch}
+        self.verifying = {row for row, rest in rows.items() if rest}
+        return {row: rows[row] for row in self.verifying}
+
+    def score(
+        self, index: int, hidden: Tensor, head: Callable[[Tensor], Tensor], first: Callable[[Tensor], Tensor],
+        params: SamplingParams, generator: torch.Generator,
+    ) -> Verified:
+        """Branch `index`'s forced start as the target scored it. hidden [T, dim]: the final hidden
+        states of its row; head: [n, dim] -> logits [n, V]; first: position 0's logits [1, V] -> the
+        same, constrained (token healing)."""
+        forced = self.by_branch.pop(index)
+        rest = forced.tokens[1:]
+        logits = head(hidden[: len(rest) + 1]).float()  # [n + 1, V]
+        logits = torch.cat([first(logits[:1]), logits[1:]])
+        log_probs = torch.log_softmax(logits, dim=-1)  # [n + 1, V]
+        scores = log_probs[torch.arange(len(rest)), torch.tensor(rest)].tolist()  # [n]
+        if forced.first_logprob + sum(scores) < self.config.min_logprob:
+            self.undone += 1
+            return Verified([forced.free[0]], [forced.free[1]], undone=True)
+        own, own_logprob = choose_tokens(logits[len(rest) :], params, generator)  # [1], [1]
+        return Verified(rest + [int(own)], scores + [float(own_logprob)], undone=False)
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A forced start after its verification: the tokens the branch takes now, with their
+    log-probabilities — the forced ones after the first and the target's next token; or, where
+    the start was undone, the branch's own first token, from which it decodes again."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    undone: bool

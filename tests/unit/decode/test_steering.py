@@ -1,0 +1,141 @@
+"""Branches steered by what the hole needs (engine/decode/steering.py): a forced start rides
+in the first verification pass like a draft, is kept whatever the target's argmax, and is
+scored by the target; a start scored below the floor is undone."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from kspec.engine.api import CompletionRequest
+from kspec.engine.cache.prefix_cache import prefill_uncached
+from kspec.engine.decode.branches import BranchTracker, DecodeLimits
+from kspec.engine.decode.drafters import ModelDrafter, NoDrafter, PromptLookupDrafter
+from kspec.engine.decode.sampling import SamplingParams
+from kspec.engine.decode.speculative import SpeculativeRun, pad_rows
+from kspec.engine.decode.steering import MAX_FORCED_TOKENS, ForcedStarts, SteeringConfig, forced_tokens
+from kspec.engine.decode.stopping import StopRule
+
+CODE = "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n"
+START = "    return msg"  # what the random model would never write: forced, then scored
+OPEN = SteeringConfig(branches=1, min_logprob=-1000.0)
+
+
+def _run(engine, forced=(), steering=OPEN, drafter=None, params=SamplingParams(), k=4) -> SpeculativeRun:
+    model, tokenizer = engine.target.model, engine.target.tokenizer
+    tracker = BranchTracker(tokenizer, StopRule(), DecodeLimits(10, ignore_eos=True), tokenizer.encode(CODE))
+    run = SpeculativeRun(
+        model, tracker, k, params, drafter or PromptLookupDrafter(), diverse=params.greedy, forced=forced, steering=steering
+    )
+    with torch.inference_mode():
+        while not run.finished():
+            run.accept(model(pad_rows(run.propose(), model.device), run.cache), 1.0)
+    return run
+
+
+def _model_logprobs(engine, tokens: list[int]) -> list[float]:
+    """The target's log-probability of each of `tokens` after CODE, one plain prefill each."""
+    model, prompt = engine.target.model, engine.target.tokenizer.encode(CODE)
+    out = []
+    with torch.inference_mode():
+        for i, token in enumerate(tokens):
+            logits = prefill_uncached(model, prompt + tokens[:i]).last_logits.float()  # [V]
+            out.append(float(torch.log_softmax(logits, dim=-1)[token]))
+    return out
+
+
+@pytest.mark.parametrize("drafter", ["none", "lookup", "model-self"])
+def test_a_steered_branch_carries_its_start_scored_by_the_model_and_the_others_stay_free(random_engine, drafter):
+    start = forced_tokens(random_engine.target.tokenizer, "", START)
+    assert start is not None and len(start) > 1
+    make = {
+        "none": NoDrafter,
+        "lookup": PromptLookupDrafter,
+        "model-self": lambda: ModelDrafter(random_engine.target.model, SamplingParams()),
+    }[drafter]
+    free = _run(random_engine, drafter=make())
+    steered = _run(random_engine, forced=[start], drafter=make())
+    branch = steered.branches[3]  # the last branch is steered, branch 0 never
+    assert branch.token_ids[: len(start)] == start and len(branch.token_ids) == 10
+    expected = _model_logprobs(random_engine, branch.token_ids[: len(start) + 1])
+    assert branch.logprobs[: len(start) + 1] == pytest.approx(expected, abs=1e-3)  # what ranking reads is the model's
+    # after the start, the target's own greedy choice
+    prompt = random_engine.target.tokenizer.encode(CODE)
+    with torch.inference_mode():
+        after = prefill_uncached(random_engine.target.model, prompt + start).last_logits.argmax()
+    assert branch.token_ids[len(start)] == int(after)
+    assert [b.token_ids for b in steered.branches[:3]] == [b.token_ids for b in free.branches[:3]]
+    assert steered.forced.assigned == 1 and steered.forced.undone == 0
+    assert branch.text.startswith(START)
+
+
+def test_a_start_the_model_scores_below_the_floor_is_undone(random_engine):
+    start = forced_tokens(random_engine.target.tokenizer, "", START)
+    scores = _model_logprobs(random_engine, start)
+    floor = (scores[0] + sum(scores)) / 2  # the first token alone passes, the whole start does not
+    free = _run(random_engine)
+    undone = _run(random_engine, forced=[start], steering=SteeringConfig(branches=1, min_logprob=floor))
+    assert undone.forced.assigned == 1 and undone.forced.undone == 1
+    assert [b.token_ids for b in undone.branches] == [b.token_ids for b in free.branches]  # decoded as if never steered
+    flat = [lp for b in undone.branches for lp in b.logprobs]
+    assert flat == pytest.approx([lp for b in free.branches for lp in b.logprobs], abs=1e-4)
+
+
+def test_a_start_whose_first_token_scores_below_the_floor_is_not_forced(random_engine):
+    start = forced_tokens(random_engine.target.tokenizer, "", START)
+    first = _model_logprobs(random_engine, start[:1])[0]
+    run = _run(random_engine, forced=[start], steering=SteeringConfig(branches=1, min_logprob=first + 0.5))
+    assert run.forced.assigned == 0 and run.branches[3].token_ids[: len(start)] != start
+
+
+def test_a_sampled_run_keeps_its_start_too(random_engine):
+    start = forced_tokens(random_engine.target.tokenizer, "", START)
+    run = _run(random_engine, forced=[start], params=SamplingParams(temperature=0.8, seed=5))
+    assert run.branches[3].token_ids[: len(start)] == start and run.forced.assigned == 1
+
+
+def test_branch_zero_is_never_steered_and_at_most_the_configured_number_are():
+    log_probs = torch.zeros(3, 10)
+    tokens, logprobs = [1, 2, 3], [-0.1, -0.2, -0.3]
+    forced = ForcedStarts.assign(SteeringConfig(branches=5), [[7, 8], [6], [5]], log_probs, tokens, logprobs)
+    assert sorted(forced.by_branch) == [1, 2] and tokens == [1, 6, 7]  # the first start on the last branch
+    one = ForcedStarts.assign(SteeringConfig(branches=1), [[7, 8]], torch.zeros(1, 10), [4], [-0.1])
+    assert one.by_branch == {}  # k = 1: the only branch stays free
+
+
+def test_forced_tokens_spell_the_healed_text_and_the_start(random_engine):
+    tokenizer = random_engine.target.tokenizer
+    ids = forced_tokens(tokenizer, "\n    ", "msg =")
+    assert ids is not None and tokenizer.decode(ids) == "\n    msg ="
+    assert forced_tokens(tokenizer, "", "x" * 200 + " =") is None or len(tokenizer.encode("x" * 200)) <= MAX_FORCED_TOKENS
+
+
+def test_steering_config_is_validated():
+    with pytest.raises(ValueError):
+        SteeringConfig(branches=-1)
+    with pytest.raises(ValueError):
+        SteeringConfig(min_logprob=0.0)
+
+
+def test_the_embedded_model_steers_a_branch_to_bind_what_the_suffix_needs(default_engine):
+    """On the embedded model, through a whole request: a branch binds `us` (the suffix returns
+    it and nothing binds it; the model, which does not see the suffix, would not write it), and
+    its score is the model's for the text it wrote."""
+    request = CompletionRequest(
+        prefix="def stats(values):\n    ", suffix="\n    return us\n", language="python", k=4, max_tokens=16, raw=True,
+        deadline_ms=120_000,
+    )
+    saved = default_engine.config
+    try:
+        default_engine.config = replace(saved, steer_branches=0)
+        free = default_engine.complete(request)
+        default_engine.config = replace(saved, steer_branches=1, steer_min_logprob=-30.0)
+        steered = default_engine.complete(request)
+    finally:
+        default_engine.config = saved
+    assert not any(c.text.startswith("us =") for c in free.completions)
+    bound = [c for c in steered.completions if c.text.startswith("us =")]
+    assert steered.timing_ms["steered"] == 1.0 and len(bound) == 1, [c.text for c in steered.completions]
+    assert -30.0 < bound[0].logprob < max(c.logprob for c in free.completions)  # forced: less likely than the model's best
