@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
         "on with only the file open, and on with the sibling open too (bench/crossfile.py); --repeats: holes (default 24)",
     )  # fmt: skip
     bench.add_argument(
+        "--steering", default=None,
+        help="quality: the bench once per branch-steering setting, comma-separated BRANCHES or BRANCHES@FLOOR "
+        "(steer_branches, steer_min_logprob; e.g. 0,1@-20), one engine, same holes (bench/steering.py)",
+    )  # fmt: skip
+    bench.add_argument(
         "--execute", action="store_true",
         help="quality: run the suggestions instead: HumanEval infilling (single- and multi-line) and MBXP Python and "
         "JavaScript holes, each k of --ks (default 1,4,8) at each time budget of --budgets, every alternative run against "
@@ -345,6 +350,17 @@ def _bench_quality(config, args: argparse.Namespace) -> dict:
         raise UsageError("--cross-file and --execute are two benches: give one")
     if args.cross_file:
         return _bench_cross_file(config, args)
+    if args.steering is not None:
+        from kspec.bench.steering import compare_steering, parse_settings
+
+        try:
+            settings = parse_settings(args.steering)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        compared = compare_steering(config, args.data, settings, details=args.cases_out is not None, log=lambda line: print(line, file=sys.stderr))
+        if args.cases_out is not None:  # every setting's report, cases included
+            args.cases_out.write_text(json.dumps(compared.pop("reports")), encoding="utf-8")
+        return compared
     if args.execute:
         if args.replay is not None:
             raise UsageError("--execute does not replay: run it again")
