@@ -66,6 +66,7 @@ from kspec.engine.cache.prefix_cache import common_prefix_length
 from kspec.engine.models.tokenizer import Tokenizer
 from kspec.engine.prompt import PromptBudget, PromptStarts, build_prompt
 from kspec.engine.serve.runner import EngineFactory, default_engine_factory
+from kspec.lsp_server.client_kind import DECLARES_UPDATES
 from kspec.lsp_server.server import KspecServer, ServerOptions
 from kspec.lsp_server.settings import Settings, camel, parse_settings
 
@@ -377,7 +378,7 @@ async def _bench(
         for name, (factory, options) in configurations.items():
             server = servers[name] = ThreadServer(ServerOptions(engine="inprocess", engine_factory=factory))
             await server.connect()
-            await asyncio.wait_for(server.client.initialize_async(lsp.InitializeParams(capabilities=lsp.ClientCapabilities(), initialization_options=options)), 60)
+            await asyncio.wait_for(server.client.initialize_async(editor_initialize(options)), 60)
             server.client.initialized(lsp.InitializedParams())
         deadline_s = max(parse_settings(options).settings.deadline_ms for _, options in configurations.values()) / 1000 + 5
         for warm in configurations:  # load the models before measuring
@@ -393,6 +394,12 @@ async def _bench(
         for server in servers.values():
             await server.close()
     return {name: run.summary() for name, run in runs.items()}
+
+
+def editor_initialize(options: dict[str, Any]) -> lsp.InitializeParams:
+    """What our editors send: they re-ask on $/kspec/suggestionsUpdated, so they get early answers
+    (a client that does not declare it is a plain client, shown only final answers)."""
+    return lsp.InitializeParams(capabilities=lsp.ClientCapabilities(experimental=DECLARES_UPDATES), initialization_options=options)
 
 
 def known_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

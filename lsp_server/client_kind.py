@@ -21,6 +21,8 @@ from kspec.engine.api import Completion
 # finish reasons of an alternative stopped from outside, wherever it was (the token budget,
 # "length", is the user's own choice: such an answer is final, as the issue asks)
 CUT_SHORT = frozenset({"deadline", "cancelled"})
+# what a client puts in `capabilities.experimental` to declare it re-asks on $/kspec/suggestionsUpdated
+DECLARES_UPDATES = {"kspec": {"suggestionsUpdated": True}}
 
 
 def handles_updates(experimental: Any) -> bool:

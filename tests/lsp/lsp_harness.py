@@ -20,6 +20,8 @@ from typing import Any
 from lsprotocol import types as lsp
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
+from kspec.lsp_server.client_kind import DECLARES_UPDATES
+
 REPO = Path(__file__).resolve().parents[2]
 # Random weights make garbage that trimming and the syntax checks rightly drop: "raw"
 # keeps it, so every request has suggestions to check (tests/lsp/test_lsp_default_model.py
@@ -178,7 +180,7 @@ async def editor_session(
     try:
         declared = capabilities or client_capabilities(client)
         if updates:  # like our editors: it handles $/kspec/suggestionsUpdated (the Editor above does)
-            declared.experimental = {**(declared.experimental or {}), "kspec": {"suggestionsUpdated": True}}
+            declared.experimental = {**(declared.experimental or {}), **DECLARES_UPDATES}
         params = lsp.InitializeParams(capabilities=declared, initialization_options=options)
         if folders:  # the client's workspace folders (the context gatherer reads only inside them)
             params.workspace_folders = [lsp.WorkspaceFolder(uri=folder.as_uri(), name=folder.name) for folder in folders]

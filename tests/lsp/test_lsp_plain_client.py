@@ -12,11 +12,13 @@ import pytest
 from lsp_harness import FAST
 from raw_rpc import RawServer
 
+from kspec.lsp_server.client_kind import DECLARES_UPDATES
+
 pytestmark = [pytest.mark.asyncio]
 
 CODE = "def total(values):\n    result = 0\n    for value in values:\n        "
 URI = "file:///plain/total.py"
-DECLARES = {"experimental": {"kspec": {"suggestionsUpdated": True}}}
+DECLARES = {"experimental": DECLARES_UPDATES}
 
 
 def _inline(kind: int) -> dict[str, Any]:
