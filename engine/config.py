@@ -47,6 +47,20 @@ def option(default: Any, help: str, *, short: str | None = None, choices: tuple[
 
 
 @dataclass(frozen=True)
+class SteeringConfig:
+    """Branch steering (engine/decode/steering.py): the rule its two settings follow, defined once."""
+
+    branches: int = 1  # at most this many of the k branches get a forced start (0: off; branch 0 is never steered)
+    min_logprob: float = -20.0  # a forced start the target scores below this (the sum over its tokens) is undone
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.branches, int) or self.branches < 0:
+            raise ValueError(f"steering branches must be an int >= 0, got {self.branches!r}")
+        if not self.min_logprob < 0:
+            raise ValueError(f"steering min_logprob must be < 0, got {self.min_logprob}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: str | None = option(
         None, "HF model folder, .gguf file or cached hub id (default: the embedded SmolLM2-135M demonstration model)",
@@ -102,10 +116,10 @@ class EngineConfig:
     draft_only_when_paying: bool = True  # greedy: pause drafting while it costs more than it brings (decode/speculative.py DraftPayoff)
     early_stop: bool = True  # stop a branch once tree-sitter says its unit is complete
     steer_branches: int = option(
-        1, "branches (of the k) that start by binding a name the code after the cursor reads and nothing before it "
+        SteeringConfig.branches, "branches (of the k) that start by binding a name the code after the cursor reads and nothing before it "
         "binds (`msg =`), verified by the model like a draft; 0: off (engine/decode/steering.py)",
     )  # fmt: skip
-    steer_min_logprob: float = -20.0  # a forced start the model scores below this (summed log-probability) is undone (measured: docs/measurements/branch-steering.md)
+    steer_min_logprob: float = SteeringConfig.min_logprob  # a forced start the model scores below this (summed log-probability) is undone (measured: docs/measurements/branch-steering.md)
     fit_to_machine: bool = True  # at load, time this machine and choose k / max tokens / first answer (engine/machine_fit.py)
 
     def __post_init__(self) -> None:
@@ -128,10 +142,7 @@ class EngineConfig:
             raise ValueError(f"draft_layers must be >= 1, got {self.draft_layers}")
         if not 1 <= self.gamma <= 16:
             raise ValueError(f"gamma must be in [1, 16], got {self.gamma}")
-        if self.steer_branches < 0:
-            raise ValueError(f"steer_branches must be >= 0, got {self.steer_branches}")
-        if not self.steer_min_logprob < 0:
-            raise ValueError(f"steer_min_logprob must be < 0, got {self.steer_min_logprob}")
+        SteeringConfig(self.steer_branches, self.steer_min_logprob)  # its rule
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 

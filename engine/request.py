@@ -23,13 +23,13 @@ from kspec.engine.api import (
     CompletionResult,
 )
 from kspec.engine.cache.prefix_cache import PrefixCache
-from kspec.engine.config import EngineConfig
+from kspec.engine.config import EngineConfig, SteeringConfig
 from kspec.engine.decode.branches import BranchTracker, DecodeLimits
 from kspec.engine.decode.drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
 from kspec.engine.decode.healing import HealingBias, walk_healing
 from kspec.engine.decode.sampling import SamplingParams
 from kspec.engine.decode.speculative import DraftPayoffs, SpeculationConfig, SpeculativeRun
-from kspec.engine.decode.steering import SteeringConfig, forced_tokens
+from kspec.engine.decode.steering import forced_tokens
 from kspec.engine.decode.stopping import StopRule, rule_for_cursor
 from kspec.engine.errors import CancelledError, InputError
 from kspec.engine.models.loading import LoadedModel

@@ -36,7 +36,8 @@ from kspec.engine.cache.kv import BranchKVCache
 from kspec.engine.models.transformer import Transformer
 from kspec.engine.cache.prefix_cache import Prefill, prefill_uncached
 from kspec.engine.decode.sampling import SamplingParams, first_tokens, probabilities
-from kspec.engine.decode.steering import ForcedStarts, SteeringConfig
+from kspec.engine.config import SteeringConfig
+from kspec.engine.decode.steering import ForcedStarts
 from kspec.kernels.transfer import to_device
 
 UnitDone = Callable[[str], bool]  # early-stop hook: this branch's text has completed its unit

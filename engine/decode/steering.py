@@ -23,22 +23,11 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from kspec.engine.config import SteeringConfig
 from kspec.engine.decode.sampling import SamplingParams, choose_tokens
 from kspec.engine.models.tokenizer import Tokenizer
 
 MAX_FORCED_TOKENS = 12  # a start longer than this is not a start
-
-
-@dataclass(frozen=True)
-class SteeringConfig:
-    branches: int = 1  # at most this many of the k branches get a forced start (0: off; branch 0 is never steered)
-    min_logprob: float = -20.0  # a forced start the target scores below this (the sum over its tokens) is undone
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.branches, int) or self.branches < 0:
-            raise ValueError(f"steering branches must be an int >= 0, got {self.branches!r}")
-        if not self.min_logprob < 0:
-            raise ValueError(f"steering min_logprob must be < 0, got {self.min_logprob}")
 
 
 def forced_tokens(tokenizer: Tokenizer, healed_text: str, start: str) -> list[int] | None:
