@@ -300,6 +300,29 @@ async def test_stop_with_requests_queued_ends_the_worker() -> None:
         await asyncio.wait_for(runner.complete(CompletionRequest(prefix="late")), 10)
 
 
+def test_the_worker_is_never_a_daemon_thread_whoever_starts_it() -> None:
+    """The keystroke bench starts a server (so its engine) on a daemon thread: its worker
+    inherited the flag, and at exit finalization ended it inside torch's native code, which
+    aborted the process ("terminate called without an active exception"). The worker must
+    keep the interpreter's exit waiting instead."""
+    runners: list[EngineRunner] = []
+
+    def make_and_start_on_this_thread() -> None:
+        async def start_and_stop() -> None:
+            runner = EngineRunner(CONFIG, factory_for(FakeEngine()), lambda s: None)
+            runners.append(runner)
+            runner.start()
+            runner.stop()
+
+        asyncio.run(start_and_stop())
+
+    starter = threading.Thread(target=make_and_start_on_this_thread, daemon=True)
+    starter.start()
+    starter.join(10)
+    assert len(runners) == 1 and runners[0].join(10), "the worker thread did not end"
+    assert runners[0]._thread.daemon is False
+
+
 async def test_after_giving_up_a_daemon_running_again_is_used(short_dir: Path) -> None:
     options = DaemonOptions(config=EngineConfig(model="fake"), folder=short_dir, connect_timeout_s=5, max_restarts=0)
     paths = options.paths()
