@@ -99,8 +99,9 @@ class ContinuousBatcher:
 
     def add(self, request: CompletionRequest, cancel: CancelToken, done: Done, early: EarlyAnswer | None = None, arrived: float | None = None) -> None:
         """Queue a request; `done(result, error)` is called once, from `run_round`. With
-        `request.first_answer_ms` > 0, `early(result)` is called before that: at the first
-        round past that moment whose interim answer has an alternative, and again after each
+        `request.first_answer_ms` > 0, `early(result)` is called before that: at the end of
+        the prompt's prefill (each branch holds its first token) or of the first round past that
+        moment, whichever comes first with an interim answer that has an alternative, and again after each
         later round whose interim answer says something else (the branches grew), so that a
         typist's next keystrokes can be served from what the branches have written by then.
         `arrived` (time.monotonic(), default now) is when the request reached the engine: its
@@ -153,6 +154,8 @@ class ContinuousBatcher:
         for member in plan.prefill:
             try:
                 member.active.prepare_step()
+                if member.early is not None and member.active.early_answer_due:
+                    self._answer_early(member)  # each branch's first token came with the prompt's logits
             except Exception as exc:
                 self._fail(member, exc)
         self._draft(plan)  # a request whose prompt became ready just now decodes in this round too

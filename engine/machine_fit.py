@@ -5,14 +5,15 @@ suggestion while still typing. A user's explicit settings always win over these.
 The rule (each threshold in one place, below): a suggestion should be on screen about
 `TARGET_FIRST_ANSWER_MS` after a keystroke. Within that budget a request takes the keystroke
 into its cached prompt (measured: `keystroke_ms`) and decodes rounds; a speculative round
-yields ~`TOKENS_PER_ROUND` tokens per branch. The first answer is due when the first word
-can be there (`FIRST_WORD_TOKENS`, one round's worth: an interim answer shows what the
-branches wrote so far when no line is complete yet, later rounds grow it and the final
-answer replaces it; typing at 10 characters a second leaves ~100 ms per keystroke, and an
-answer later than that is never seen), half a round before the
-round that writes them ends (the engine answers after the first round ending past the
-moment); k shrinks until those
-words fit the budget (never below `MIN_K`), and max tokens is what fits in
+yields ~`TOKENS_PER_ROUND` tokens per branch. The first answer is due when each branch's
+first token is there: it comes with the prompt's logits, at the end of the keystroke's
+prefill (an interim answer shows what the branches wrote so far when no line is complete
+yet, later rounds grow it and the final answer replaces it; typing at 10 characters a second
+leaves ~100 ms per keystroke, and an answer later than that is never seen: at 1.5B a round
+later answered 25-39 % of a typing replay's keystrokes, at the prefill's end 51-55 %), half a
+round early (the engine answers at the end of the prefill or of the first round past the
+moment); k shrinks until the first words (`FIRST_WORD_TOKENS`, one round's worth) fit the
+budget (never below `MIN_K`), and max tokens is what fits in
 `DECODE_BUDGET_MS` (a block, not a novel): decoding goes on after the first answer.
 A prompt the prefix cache does not hold (a new document, a new place in a long one) costs
 a prefill of all its tokens: the prompt budget is what prefills in about `COLD_PROMPT_MS`
@@ -41,7 +42,7 @@ from kspec.engine.json_file import read_json_object, replace_json
 TARGET_FIRST_ANSWER_MS = 250.0  # what Continue and llama.vim aim for (300 ms / 250 ms caps)
 FIRST_ANSWER_RANGE_MS = (30.0, 1500.0)  # never sooner (not a word written yet), never later (useless)
 LINE_TOKENS = 12
-FIRST_WORD_TOKENS = 1  # the first answer after the first round: a word or a word piece of ghost text, grown by later rounds
+FIRST_WORD_TOKENS = 1  # what k must fit in one round: a word or a word piece of ghost text, grown by later rounds
 TOKENS_PER_ROUND = 1.5  # measured mean accepted tokens per branch-round with prompt lookup on code
 DECODE_BUDGET_MS = 2500.0  # decoding goes on after the first answer, into the typeahead cache
 K_CHOICES = (4, 3, 2)
@@ -151,10 +152,11 @@ def choose_defaults(timing: MachineTiming) -> MachineDefaults:
     k = next((k for k in K_CHOICES if tokens_ms(timing, k, FIRST_WORD_TOKENS) <= TARGET_FIRST_ANSWER_MS), MIN_K)
     low, high = FIRST_ANSWER_RANGE_MS
     round_ms = _round_ms(timing, k)
-    # The engine answers after the first round that ends past the moment: a moment exactly
-    # when the words are expected would wait a whole extra round whenever the round that
-    # writes them ends a little early. Half a round before, that round is the one.
-    first = min(high, max(low, tokens_ms(timing, k, FIRST_WORD_TOKENS) - round_ms / 2))
+    # The engine answers at the end of the prompt's prefill (each branch's first token comes
+    # with the prompt's logits: `keystroke_ms`) or after the first round that ends past the
+    # moment: a moment exactly when a token is expected would wait a whole extra round
+    # whenever the step that writes it ends a little early. Half a round before, that step is the one.
+    first = min(high, max(low, timing.keystroke_ms - round_ms / 2))
     tokens = int(DECODE_BUDGET_MS / round_ms * TOKENS_PER_ROUND)
     max_tokens = min(MAX_TOKENS_RANGE[1], max(MAX_TOKENS_RANGE[0], tokens))
     fits = COLD_PROMPT_MS / timing.prefill_ms_per_token if timing.prefill_ms_per_token > 0 else PROMPT_TOKENS_RANGE[1]

@@ -41,12 +41,16 @@ def test_a_slow_machine_trades_alternatives_and_length_for_time():
     slow = choose_defaults(timing)
     assert slow.k == MIN_K and slow.max_tokens < MAX_TOKENS_RANGE[1]
     assert FIRST_ANSWER_RANGE_MS[0] <= slow.first_answer_ms <= FIRST_ANSWER_RANGE_MS[1]
-    # the first answer is due when the first words can be there (an interim answer shows them), not a whole line:
-    # inside the round that writes them (the engine answers after the first round ending past the moment)
+    # k: the first words (one round's worth) fit the target only at the smallest k
     words_ms = tokens_ms(timing, 2, FIRST_WORD_TOKENS)
     assert words_ms == 100 + math.ceil(FIRST_WORD_TOKENS / TOKENS_PER_ROUND) * round_ms
-    assert words_ms - round_ms < slow.first_answer_ms < words_ms
-    assert slow.first_answer_ms == pytest.approx(words_ms - round_ms / 2, abs=1)
+    # the first answer is due when each branch's first token is there: it comes with the
+    # prompt's logits at the end of the keystroke's prefill (the engine answers then, or after
+    # the first round ending past the moment), half a round early so that a prefill ending a
+    # little late is still the step that answers, not the round after it
+    assert slow.first_answer_ms == pytest.approx(max(FIRST_ANSWER_RANGE_MS[0], 100 - round_ms / 2), abs=1)
+    later = choose_defaults(MachineTiming({2: round_ms, 4: 1.5 * round_ms}, prefill_ms_per_token=4.0, keystroke_ms=400.0))
+    assert later.first_answer_ms == pytest.approx(400 - round_ms / 2, abs=1)
 
 
 def test_choices_get_no_worse_as_the_machine_gets_faster():
