@@ -11,7 +11,8 @@ tokens each answer says it generated (tokens_predicted, summed over the alternat
 second of the whole request. Also measured side by side: the time from a server's start to its
 first healthy answer (load), a cold prefill (a new ~1.5k-token window, the language server's
 6000 characters, each server asked for one token; tokens/s of its reported prompt tokens), and
-resident memory (VmRSS, and the peak VmHWM) of both processes at the end.
+resident memory (VmRSS, and the peak VmHWM) of both processes at the end, and again after both
+have been idle for `IDLE_TRIM_S` + `IDLE_SETTLE_S` (`resident_idle_mb`).
 
 Each server treats the prompt its own way: kspec keeps the last tokens that fit its fitted
 prompt budget (`$/kspec/status` promptTokens), llama.cpp evaluates all of it. That is part
@@ -35,12 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from kspec.engine.config import EngineConfig, to_flags
+from kspec.engine.serve.freed_memory import IDLE_TRIM_S
 from kspec.engine.serve.protocol import free_port, parse_engine_url
 from kspec.lsp_server.http_client import HttpError, request_json
 
 PROMPT_CHARS = 4400  # ~1.1k tokens of the demo model's tokenizer
 COLD_CHARS = 6000  # a cold request's window: the language server's default characters before the cursor (~1.5k tokens)
 COLD_REPEATS = 3  # cold windows per server, each a different part of the file
+IDLE_SETTLE_S = 1.0  # past the engine's idle moment, before the idle memory is read
 CURSOR_LINE = "    def _split(self, text):"  # the place in textwrap.py where "typing" happens
 SLOTS, CONTEXT = 4, 8192  # llama-server: 4 parallel slots over an 8k context (its KV is allocated up front)
 
@@ -200,6 +203,12 @@ async def _measure(servers: list[_Server], config: PeerBenchConfig) -> dict[str,
     rss = {server.name: resident_mb(server.process.pid) for server in servers}
     report["resident_mb"] = rss
     report["kspec_rss_over_llama"] = round(rss[servers[0].name]["VmRSS"] / rss[servers[1].name]["VmRSS"], 2)
+    # ... and once both have been idle as long as an editor between bursts of typing: kspec's
+    # engine then gives the memory its requests freed back (engine/serve/freed_memory.py)
+    await asyncio.sleep(IDLE_TRIM_S + IDLE_SETTLE_S)
+    idle = {server.name: resident_mb(server.process.pid) for server in servers}
+    report["resident_idle_mb"] = idle
+    report["kspec_idle_rss_over_llama"] = round(idle[servers[0].name]["VmRSS"] / idle[servers[1].name]["VmRSS"], 2)
     return report
 
 

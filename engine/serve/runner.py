@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult, Done, EarlyAnswer, admitted
 from kspec.engine.errors import EngineUnavailable, KspecError, LoadCancelled
+from kspec.engine.serve.freed_memory import IDLE_TRIM_S, return_freed_memory
 from kspec.engine.serve.load_slot import LoadSlot
 from kspec.engine.serve.status import ERROR, LOADING, READY, Status
 
@@ -252,15 +253,23 @@ class EngineRunner:
                 return
 
     def _arrivals(self, block: bool) -> list[_Job | None]:
-        """The jobs queued since the last round; waits for one when there is no work."""
+        """The jobs queued since the last round; waits for one when there is no work (after
+        `IDLE_TRIM_S` of waiting, the memory the last requests freed goes back to the system)."""
         jobs: list[_Job | None] = []
         try:
-            jobs.append(self._queue.get() if block else self._queue.get_nowait())
+            jobs.append(self._next_job() if block else self._queue.get_nowait())
             while True:
                 jobs.append(self._queue.get_nowait())
         except queue.Empty:
             pass
         return jobs
+
+    def _next_job(self) -> _Job | None:
+        try:
+            return self._queue.get(timeout=IDLE_TRIM_S)
+        except queue.Empty:
+            return_freed_memory()
+            return self._queue.get()
 
     def _submit(self, job: _Job, batcher: Batcher | None) -> None:
         if batcher is None:
@@ -298,6 +307,7 @@ class EngineRunner:
                 return None
             return self._failed(exc)
         log.info("model %s loaded in %.1f s", engine.model_name, time.perf_counter() - started)
+        return_freed_memory()  # the loader's conversion buffers
         fitted = getattr(engine, "defaults", None)  # MachineDefaults, for engines that time themselves
         attention = getattr(engine, "attention", None)  # the attention paths the model takes (kernels/paths.py)
         self._set_status(Status(

@@ -51,3 +51,4 @@ def test_peer_bench_against_a_real_llama_server() -> None:
     report = bench_peer(EngineConfig(progress=False), config)
     assert set(report["n=2"]["ms"]) == {"kspec engine", "llama-server"}
     assert report["resident_mb"]["llama-server"]["VmRSS"] > 0
+    assert report["resident_idle_mb"]["kspec engine"]["VmRSS"] > 0 and report["kspec_idle_rss_over_llama"] > 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import platform
+import sys
 import os
 import stat
 import tempfile
@@ -321,6 +323,42 @@ def test_the_worker_is_never_a_daemon_thread_whoever_starts_it() -> None:
     starter.join(10)
     assert len(runners) == 1 and runners[0].join(10), "the worker thread did not end"
     assert runners[0]._thread.daemon is False
+
+
+async def test_an_idle_engine_gives_freed_memory_back_once_per_idle_spell(monkeypatch) -> None:
+    """After loading, and once it has waited IDLE_TRIM_S with nothing to do, the worker hands
+    the C heap's free pages back (engine/serve/freed_memory.py); once per idle spell, not per wait."""
+    from kspec.engine.serve import runner as runner_module
+
+    trims: list[float] = []
+    answered_at: list[float] = []
+    trimmed_after_answer = threading.Event()
+
+    def trim() -> bool:
+        trims.append(time.monotonic())
+        if answered_at and trims[-1] >= answered_at[0]:
+            trimmed_after_answer.set()
+        return True
+
+    monkeypatch.setattr(runner_module, "return_freed_memory", trim)
+    monkeypatch.setattr(runner_module, "IDLE_TRIM_S", 0.05)
+    runner = EngineRunner(CONFIG, factory_for(FakeEngine()), lambda s: None)
+    runner.start()
+    answered = await asyncio.wait_for(runner.complete(CompletionRequest(prefix="x")), 10)
+    answered_at.append(time.monotonic())
+    await wait_thread_event(trimmed_after_answer)
+    runner.stop()
+    assert await asyncio.to_thread(runner.join, 10)
+    assert isinstance(answered, CompletionResult)
+    assert 2 <= len(trims) <= 3  # after the load; after the answer's idle spell; at most one spell before the request came
+
+
+def test_freed_memory_goes_back_on_glibc() -> None:
+    from kspec.engine.serve.freed_memory import return_freed_memory
+
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        pytest.skip("malloc_trim is glibc's")
+    assert return_freed_memory() is True
 
 
 async def test_after_giving_up_a_daemon_running_again_is_used(short_dir: Path) -> None:
