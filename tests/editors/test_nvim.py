@@ -387,12 +387,12 @@ def test_typed_into_the_suggestion_its_requests_notification_still_asks_again(nv
 
 
 def test_the_servers_longer_answer_replaces_its_early_one_without_a_keystroke(tmp_path: Path, nvim_bin: str, kspec_bin: Path, random_llama_dir: Path):
-    """End to end: the server answers after its first decode round, decodes on, sends
+    """End to end: the server answers early (at the end of the prefill), decodes on, sends
     $/kspec/suggestionsUpdated; the plugin asks again by itself and shows the answer its
     typeahead cache gives."""
     settings = {"model": str(random_llama_dir), "k": K, "maxTokens": 24, "debounceMs": 0, "deadlineMs": 60000, "engine": "inprocess"}
     with started_nvim(tmp_path, nvim_bin, kspec_bin, settings) as editor:
-        editor.lua("require('kspec').set({ firstAnswerMs = 1 })")  # an early answer after the first round
+        editor.lua("require('kspec').set({ firstAnswerMs = 1 })")  # an early answer at the end of the prefill
         fresh_comment_line(editor)
         editor.wait_for(
             "the plugin to ask again after the server's notification",

@@ -22,7 +22,7 @@ CODE = "def total(values):\n    result = 0\n    for value in values:\n        "
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def editor(model_dir: Path) -> Any:
-    # answer after the first round (1 ms), then decode on to 48 tokens
+    # answer early (1 ms: at the end of the prefill), then decode on to 48 tokens
     options = {"model": str(model_dir), **FAST, "maxTokens": 48, "firstAnswerMs": 1}
     async with editor_session(options) as session:
         await session.ready()

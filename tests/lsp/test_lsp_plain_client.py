@@ -27,7 +27,7 @@ def _inline(kind: int) -> dict[str, Any]:
 
 async def _session(tmp_path: Path, model_dir: Path, capabilities: dict[str, Any] | None) -> RawServer:
     server = await RawServer.start(tmp_path / "stderr.log", "--engine", "inprocess")
-    # an early answer after the first round (1 ms) if the client may have one, decoding on to 32 tokens
+    # an early answer (1 ms: at the end of the prefill) if the client may have one, decoding on to 32 tokens
     await server.initialize({"model": str(model_dir), **FAST, "maxTokens": 32, "firstAnswerMs": 1}, capabilities=capabilities)
     await server.wait_ready()
     server.notify("textDocument/didOpen", {"textDocument": {"uri": URI, "languageId": "python", "version": 1, "text": CODE}})

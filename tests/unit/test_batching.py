@@ -230,7 +230,7 @@ def test_decoding_deadline_is_the_one_set_on_arrival(random_engine):
 
 
 def test_early_answer_comes_first_and_decoding_goes_on_unchanged(random_engine):
-    """An early answer (what was complete after the first round) before the final one,
+    """Early answers (what was complete at the end of the prefill, then after rounds) before the final one,
     which is the same as without an early answer: answering early changes no token."""
     request = _request(0, k=3, max_tokens=40)
     alone = _texts(random_engine.complete(request))
