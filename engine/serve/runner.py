@@ -145,11 +145,10 @@ class EngineRunner:
         self._factory = factory
         self._on_status = on_status
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        # Not a daemon thread: the interpreter must not exit while it runs torch code (that
-        # aborts the process); stop() makes it finish the current decode round and return.
-        # Never a daemon thread, whoever starts it (a thread inherits its starter's daemon flag): the
-        # interpreter's exit must wait for it to leave torch's native code; a daemon thread ended
-        # there by finalization unwinds through C++ and aborts the process ("terminate called ...").
+        # Never a daemon thread, whoever starts it (a thread inherits its starter's daemon flag):
+        # the interpreter's exit must wait for it to leave torch's native code (a daemon thread
+        # ended there by finalization aborts the process: "terminate called ..."); stop() makes it
+        # finish the current decode round and return.
         self._thread = threading.Thread(target=self._work, name="kspec-engine", daemon=False)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status = Status(LOADING, "loading the model", progress=0.0, model=config.model or "default")

@@ -269,18 +269,25 @@ def test_waiting_counts_against_the_early_answer_too():
     assert CompletionRequest(prefix="x", deadline_ms=1000).after_waiting(100).first_answer_ms == 0.0
 
 
+def _early_answers(engine, request: CompletionRequest) -> tuple[list[CompletionResult], CompletionResult | None]:
+    """`request` alone in a batcher, asking for an early answer at once: (the early answers, the final one)."""
+    batcher = engine.batcher(max_requests=1)
+    early: list[CompletionResult] = []
+    outcomes = Outcomes()
+    batcher.add(replace(request, first_answer_ms=0.001), CancelToken(), outcomes.callback(0), early.append)
+    _drain(batcher)
+    result, error = outcomes.by_index[0]
+    assert error is None and early
+    return early, result
+
+
 def test_an_early_answer_before_any_line_is_complete_shows_the_words_so_far(random_engine):
     """Trimmed answers drop a branch's unfinished last line; when no branch has finished one
     at the first-answer moment, the interim answer is what the branches wrote so far (raw,
     distinct), each the beginning of what that branch goes on to write."""
     request = _request(1, k=3, max_tokens=40, raw=False, language="python")
     raw_alone = _texts(random_engine.complete(replace(request, raw=True)))
-    batcher = random_engine.batcher(max_requests=1)
-    early: list[CompletionResult] = []
-    outcomes = Outcomes()
-    batcher.add(replace(request, first_answer_ms=0.001), CancelToken(), outcomes.callback(0), early.append)
-    _drain(batcher)
-    assert outcomes.by_index[0][1] is None and early
+    early, _ = _early_answers(random_engine, request)
     assert any(interim.timing_ms["interim_partial"] == 1.0 for interim in early)
     for interim in early:  # the first, and those after later rounds while no line is complete
         if interim.timing_ms["interim_partial"] == 1.0:
@@ -295,16 +302,11 @@ def test_a_first_answer_due_by_the_end_of_the_prefill_comes_before_any_round(ran
     typing replay saw nothing before the next one), each text the start of what the branch writes."""
     request = _request(1, k=3, max_tokens=40, raw=True)
     raw_alone = _texts(random_engine.complete(request))
-    batcher = random_engine.batcher(max_requests=1)
-    early: list[CompletionResult] = []
-    outcomes = Outcomes()
-    batcher.add(replace(request, first_answer_ms=0.001), CancelToken(), outcomes.callback(0), early.append)
-    _drain(batcher)
-    assert outcomes.by_index[0][1] is None and early
+    early, final = _early_answers(random_engine, request)
     first = early[0]
     assert first.timing_ms["rounds"] == 0.0 and all(c.n_tokens == 1 for c in first.completions)
     assert all(any(full.startswith(c.text) for full in raw_alone) for c in first.completions)
-    assert _texts(outcomes.by_index[0][0]) == raw_alone  # answering early changes no token
+    assert _texts(final) == raw_alone  # answering early changes no token
 
 
 def test_a_round_of_one_request_runs_over_its_own_cache(random_engine, monkeypatch):
