@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from kspec.engine.api import MAX_K, MAX_NEW_TOKENS
 from kspec.engine.errors import KspecError
@@ -173,7 +173,7 @@ def _request_fields(args: argparse.Namespace) -> dict:
     }
 
 
-def _file_context(path: Path, prefix: str, suffix: str, fitted: float | None) -> tuple:
+def _file_context(path: Path, prefix: str, suffix: str, fitted: float | None) -> Any:
     """The definitions the file imports, resolved in its workspace: the current folder when the
     file is inside it, else the file's own folder (the language server also adds open documents)."""
     from kspec.lsp_server.crossfile.config import ContextConfig
@@ -184,7 +184,7 @@ def _file_context(path: Path, prefix: str, suffix: str, fitted: float | None) ->
     folder = Path.cwd().resolve() if path.is_relative_to(Path.cwd().resolve()) else path.parent
     current = Source(path.as_uri(), "", 1, lambda: text)
     config = ContextConfig()
-    return ContextGatherer(config).gather(current, prefix.count("\n"), WorkspaceFiles(folder, [current]), config.budget_chars(fitted)).pieces
+    return ContextGatherer(config).gather(current, prefix.count("\n"), WorkspaceFiles(folder, [current]), config.budget_chars(fitted))
 
 
 def run_complete(args: argparse.Namespace) -> int:
@@ -196,14 +196,17 @@ def run_complete(args: argparse.Namespace) -> int:
     context = read_location(args.location)  # validate the file before loading a model
     engine = CompletionEngine.load(engine_config(args))
     fitted = engine.defaults.prompt_tokens if engine.defaults is not None else None
-    pieces = () if args.no_context else _file_context(context.path, context.prefix, context.suffix, fitted)
-    request = CompletionRequest(prefix=context.prefix, suffix=context.suffix, path=str(context.path), context=pieces, **fields)
+    gathered = None if args.no_context else _file_context(context.path, context.prefix, context.suffix, fitted)
+    pieces, members = (gathered.pieces, gathered.members) if gathered is not None else ((), ())
+    request = CompletionRequest(
+        prefix=context.prefix, suffix=context.suffix, path=str(context.path), context=pieces, members=members, **fields
+    )  # fmt: skip
     result = engine.complete(request)
     if engine.defaults is not None:  # what the engine chose for this machine (what `kspec lsp` uses unless set)
         result.timing_ms.update({f"machine_{name}": value for name, value in engine.defaults.to_dict().items()})
     if args.json:
         told = {"files": list(dict.fromkeys(p.path for p in pieces)), "chars": sum(len(p.text) for p in pieces),
-                "tokens": int(result.timing_ms.get("context_tokens", 0))}  # fmt: skip
+                "tokens": int(result.timing_ms.get("context_tokens", 0)), "modules": [m.qualifier for m in members]}  # fmt: skip
         print(json.dumps({**result.to_dict(), "attention": engine.attention, "context": told}, ensure_ascii=False))  # attention: kernels/paths.py
         return 0
     print(f"model: {result.model}    {result.timing_ms.get('total', 0):.0f} ms")

@@ -24,6 +24,8 @@ MAX_STOP_CHARS = 256  # characters per stop string
 MODES = ("diverse", "sample")  # see CompletionRequest.mode
 MAX_CONTEXT_FILES = 64  # extra context pieces per request (other files' chunks, imported definitions)
 MAX_CONTEXT_CHARS = 1 << 20  # characters of extra context per request, all pieces together
+MAX_MEMBER_MODULES = 64  # modules whose member names a request carries
+MAX_MEMBER_NAMES = 4096  # member names per request, all modules together
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,34 @@ class ContextFile:
         if sum(len(p.text) + len(p.path) for p in pieces) > MAX_CONTEXT_CHARS:
             raise InputError(f"request field 'context' holds more than {MAX_CONTEXT_CHARS} characters")
         return tuple(pieces)
+
+
+@dataclass(frozen=True)
+class ModuleMembers:
+    """The names a module offers (its functions, classes, constants), under the name the file
+    reaches it by (`nodes` for `from jinja2 import nodes`): after `nodes.` at the cursor, some
+    branches start with one of them (engine/syntax/members.py)."""
+
+    qualifier: str
+    names: tuple[str, ...]
+
+    @classmethod
+    def parse_all(cls, data: Any) -> "tuple[ModuleMembers, ...]":
+        """A list of {qualifier, names} maps (msgpack, JSON) -> the modules; raises InputError."""
+        if not isinstance(data, (list, tuple)) or len(data) > MAX_MEMBER_MODULES:
+            raise InputError(f"request field 'members' must be a list of at most {MAX_MEMBER_MODULES} {{qualifier, names}} maps")
+        modules = []
+        for item in data:
+            if isinstance(item, ModuleMembers):
+                item = asdict(item)
+            names = item.get("names") if isinstance(item, dict) else None
+            if not isinstance(item, dict) or not isinstance(item.get("qualifier"), str) or not isinstance(names, (list, tuple)) \
+                    or not all(isinstance(name, str) for name in names):  # fmt: skip
+                raise InputError("each 'members' entry must be a map with a string 'qualifier' and a list of string 'names'")
+            modules.append(cls(item["qualifier"], tuple(names)))
+        if sum(len(m.names) for m in modules) > MAX_MEMBER_NAMES:
+            raise InputError(f"request field 'members' holds more than {MAX_MEMBER_NAMES} names")
+        return tuple(modules)
 
 
 def mode_for_temperature(temperature: float) -> str:
@@ -81,12 +111,15 @@ class CompletionRequest:
     # model has one, file names as comments otherwise); kept apart from `prefix` so that trimming
     # and checks see only the file, and so that the prompt's stable start stays put
     context: tuple[ContextFile, ...] = ()
+    members: tuple[ModuleMembers, ...] = ()  # the member names of the modules the file imports (context gatherer)
 
     def __post_init__(self) -> None:
         if not isinstance(self.stop, tuple):  # a list from JSON or msgpack
             object.__setattr__(self, "stop", tuple(self.stop))
         if not (isinstance(self.context, tuple) and all(isinstance(p, ContextFile) for p in self.context)):
             object.__setattr__(self, "context", ContextFile.parse_all(self.context))
+        if not (isinstance(self.members, tuple) and all(isinstance(m, ModuleMembers) for m in self.members)):
+            object.__setattr__(self, "members", ModuleMembers.parse_all(self.members))
 
     def after_waiting(self, waited_ms: float) -> "CompletionRequest":
         """The same request after `waited_ms` in a queue: waiting counts against its deadline
@@ -117,8 +150,9 @@ class CompletionRequest:
         for spec in fields(cls):
             if spec.name not in data:
                 continue
-            if spec.name == "context":
-                values["context"] = ContextFile.parse_all(data["context"])
+            parse = {"context": ContextFile.parse_all, "members": ModuleMembers.parse_all}.get(spec.name)
+            if parse is not None:
+                values[spec.name] = parse(data[spec.name])
                 continue
             value, expected = data[spec.name], type(getattr(defaults, spec.name))
             if expected is float and isinstance(value, int) and not isinstance(value, bool):

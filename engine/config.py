@@ -119,6 +119,10 @@ class EngineConfig:
         SteeringConfig.branches, "branches (of the k) that start by binding a name the code after the cursor reads and nothing before it "
         "binds (`msg =`), verified by the model like a draft; 0: off (engine/decode/steering.py)",
     )  # fmt: skip
+    steer_member_branches: int = option(
+        3, "branches (of the k) that, after `module.` of a module the file imports, start with one of its member names "
+        "(the context gatherer's), the model's likeliest first; 0: off (engine/decode/steering.py)",
+    )  # fmt: skip
     steer_min_logprob: float = SteeringConfig.min_logprob  # a forced start the model scores below this (summed log-probability) is undone (measured: docs/measurements/branch-steering.md)
     fit_to_machine: bool = True  # at load, time this machine and choose k / max tokens / first answer (engine/machine_fit.py)
 
@@ -143,6 +147,7 @@ class EngineConfig:
         if not 1 <= self.gamma <= 16:
             raise ValueError(f"gamma must be in [1, 16], got {self.gamma}")
         SteeringConfig(self.steer_branches, self.steer_min_logprob)  # its rule
+        SteeringConfig(self.steer_member_branches, self.steer_min_logprob)
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import replace
-from typing import Generator, Protocol
+from typing import Callable, Generator, Protocol
+
+import torch
+from torch import Tensor
 
 from kspec.engine.api import (
     MAX_K,
@@ -29,13 +32,13 @@ from kspec.engine.decode.drafters import Drafter, ModelDrafter, NoDrafter, Promp
 from kspec.engine.decode.healing import HealingBias, walk_healing
 from kspec.engine.decode.sampling import SamplingParams
 from kspec.engine.decode.speculative import DraftPayoffs, SpeculationConfig, SpeculativeRun
-from kspec.engine.decode.steering import forced_tokens
+from kspec.engine.decode.steering import forced_tokens, ranked_by_model
 from kspec.engine.decode.stopping import StopRule, rule_for_cursor
 from kspec.engine.errors import CancelledError, InputError
 from kspec.engine.models.loading import LoadedModel
 from kspec.engine.models.transformer import EarlyExit
 from kspec.engine.prompt import PromptBudget, PromptStarts, build_prompt
-from kspec.engine.syntax import Candidate, UnitPredicate, binding_starts, detect_language, hole_needs, postprocess
+from kspec.engine.syntax import Candidate, UnitPredicate, binding_starts, detect_language, hole_needs, member_names, postprocess
 
 
 class RequestState(enum.Enum):
@@ -113,15 +116,30 @@ def choose_drafter(parts: EngineParts, params: SamplingParams) -> Drafter:
     return PromptLookupDrafter() if choice == "lookup" else NoDrafter()
 
 
-def steering_starts(parts: EngineParts, request: CompletionRequest, language: str | None, healed_text: str) -> list[list[int]]:
-    """The forced starts for some of the request's branches (engine/decode/steering.py): starts
-    that bind what the code after the cursor needs (engine/syntax/needs.py), as tokens after
-    the healed text; none when steering is off, k is 1, or the cursor rules are off."""
-    if parts.config.steer_branches == 0 or request.k < 2 or not request.cursor_rules or language is None:
-        return []
-    starts = binding_starts(hole_needs(request.prefix, request.suffix, language))
+def steering_starts(
+    parts: EngineParts, request: CompletionRequest, language: str | None, healed_text: str,
+    next_log_probs: Callable[[list[int]], Tensor],
+) -> tuple[list[list[int]], SteeringConfig]:  # fmt: skip
+    """The forced starts for some of the request's branches (engine/decode/steering.py), as
+    tokens after the healed text, most wanted first, with the rule they follow: after `module.`
+    the module's member names (engine/syntax/members.py), ranked by the model
+    (`next_log_probs(ids)` -> [V]: its log-probabilities after the prompt and `ids`); else starts
+    that bind what the code after the cursor needs (engine/syntax/needs.py). None when steering
+    is off, k is 1, or the cursor rules are off."""
+    config = parts.config
+    binding = SteeringConfig(config.steer_branches, config.steer_min_logprob)
+    if request.k < 2 or not request.cursor_rules:
+        return [], binding
+    members = member_names(request.prefix, request.members) if config.steer_member_branches else None
+    if members is not None:
+        starts, steering = list(members.rests), SteeringConfig(config.steer_member_branches, config.steer_min_logprob)
+    elif config.steer_branches and language is not None:
+        starts, steering = binding_starts(hole_needs(request.prefix, request.suffix, language)), binding
+    else:
+        return [], binding
     tokens = [forced_tokens(parts.target.tokenizer, healed_text, start) for start in starts]
-    return [ids for ids in tokens if ids is not None]
+    kept = [ids for ids in tokens if ids is not None]
+    return (ranked_by_model(kept, next_log_probs) if members is not None else kept), steering
 
 
 def prepare(
@@ -151,6 +169,10 @@ def prepare(
     stops = rule_for_cursor(request.prefix, request.suffix, request.stop) if request.cursor_rules else StopRule(request.stop)
     tracker = BranchTracker(tokenizer, stops, DecodeLimits(request.max_tokens, deadline), ids, healed_text)
     params = sampling_params(request)
+    forced, steering = steering_starts(
+        parts, request, language, healed_text,
+        lambda more: torch.log_softmax((parts.prefix_cache.prefill(model, ids + more, cancel) if more else prefill).last_logits.float(), -1),
+    )  # fmt: skip
     unit_done = None
     if parts.config.early_stop and not request.raw:
         unit_done = UnitPredicate(request.prefix, request.suffix, language)
@@ -167,8 +189,8 @@ def prepare(
         unit_done=unit_done,
         healing=bias,
         payoff=parts.draft_payoffs.for_k(request.k),
-        forced=steering_starts(parts, request, language, healed_text),
-        steering=SteeringConfig(parts.config.steer_branches, parts.config.steer_min_logprob),
+        forced=forced,
+        steering=steering,
     )
 
 
@@ -249,7 +271,8 @@ class ActiveCompletion:
             for b in output.branches
             if b.text
         ]
-        completions = postprocess(request.prefix, request.suffix, self.language, candidates, raw=request.raw)
+        members = member_names(request.prefix, request.members)
+        completions = postprocess(request.prefix, request.suffix, self.language, candidates, raw=request.raw, members=members)
         partial = interim and not completions
         if partial:
             written = [replace(c, text=c.text.rstrip()) for c in candidates if c.text.strip()]

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kspec.engine.api import CompletionRequest, CompletionResult, ContextFile
+from kspec.engine.api import CompletionRequest, CompletionResult, ContextFile, ModuleMembers
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError
 from kspec.lsp_server.client_kind import whole_texts
 from kspec.lsp_server.context import EditorContext
@@ -73,6 +73,7 @@ class Query:
     settings: Settings
     version: int  # the document's version at request time
     extra: tuple[ContextFile, ...] = ()  # other files' pieces before the file's text (extra_context.py)
+    members: tuple[ModuleMembers, ...] = ()  # the imported modules' member names (extra_context.py)
 
 
 class Ticket:
@@ -437,6 +438,7 @@ def engine_request(query: Query, choice: Callable[[str, Any], Any], early_answer
         first_answer_ms=min(first_answer, settings.deadline_ms) if settings.typeahead and early_answers else 0.0,
         raw=settings.raw,
         context=query.extra,
+        members=query.members,
     )
 
 

@@ -11,9 +11,8 @@ from typing import Any
 
 from lsprotocol import types as lsp
 
-from kspec.engine.api import ContextFile
 from kspec.lsp_server.crossfile.config import ContextConfig
-from kspec.lsp_server.crossfile.gatherer import ContextGatherer
+from kspec.lsp_server.crossfile.gatherer import ContextGatherer, Gathered
 from kspec.lsp_server.crossfile.workspace import Source, WorkspaceFiles, folder_for, uri_path
 from kspec.lsp_server.documents import Document, DocumentStore
 
@@ -37,7 +36,7 @@ class SessionContext:
     def __init__(self) -> None:
         self.folders: tuple[Path, ...] = ()
         self.gatherer = ContextGatherer()
-        self.last: dict[str, Any] = {"files": [], "chars": 0}  # the last query's (the engine's answer adds `tokens`)
+        self.last: dict[str, Any] = {"files": [], "chars": 0, "modules": []}  # the last query's (the engine's answer adds `tokens`)
 
     def set_folders(self, params: lsp.InitializeParams) -> None:
         self.folders = workspace_folders(params)
@@ -49,8 +48,9 @@ class SessionContext:
     def forget(self, uri: str) -> None:
         self.gatherer.forget(uri)
 
-    def pieces(self, documents: DocumentStore, document: Document, line: int, on: bool, cap: int, prompt_tokens: float | None) -> tuple[ContextFile, ...]:
-        """The pieces for a cursor at `line` of `document`: only from its workspace folder."""
+    def gather(self, documents: DocumentStore, document: Document, line: int, on: bool, cap: int, prompt_tokens: float | None) -> Gathered:
+        """The pieces (and imported modules' member names) for a cursor at `line` of `document`:
+        only from its workspace folder."""
         config = ContextConfig(enabled=on, max_tokens=cap)
         if self.gatherer.config != config:
             self.gatherer.config = config
@@ -58,9 +58,9 @@ class SessionContext:
         self.note(document.uri, line)  # a visited place: its chunk weighs more once the user is in another file
         folder = folder_for(current.path.resolve() if current.path else None, self.folders)
         if folder is None or not on:
-            self.last = {"files": [], "chars": 0}
-            return ()
+            self.last = {"files": [], "chars": 0, "modules": []}
+            return Gathered()
         workspace = WorkspaceFiles(folder, [_source(d) for d in documents.all()], self.folders)
         gathered = self.gatherer.gather(current, line, workspace, config.budget_chars(prompt_tokens))
-        self.last = {"files": list(gathered.files), "chars": gathered.chars}
-        return gathered.pieces
+        self.last = {"files": list(gathered.files), "chars": gathered.chars, "modules": [m.qualifier for m in gathered.members]}
+        return gathered

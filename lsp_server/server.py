@@ -313,9 +313,10 @@ class Session:
             self.messages.show(f"kspec: {uri} looks binary (NUL characters); no completions there", lsp.MessageType.Info)
             return None
         fitted = (self.report.status.defaults or {}).get("prompt_tokens")
-        extra = self.extra.pieces(self.documents, document, cursor.line, settings.context_files, settings.context_tokens, fitted)
+        extra = self.extra.gather(self.documents, document, cursor.line, settings.context_files, settings.context_tokens, fitted)
         self.report.context_tokens = 0  # until the engine's answer says how many of them went in
-        return Query(document, cursor, line_body(document.lines[cursor.line]), context, settings, document.version, extra)
+        body = line_body(document.lines[cursor.line])
+        return Query(document, cursor, body, context, settings, document.version, extra.pieces, extra.members)
 
 
 class KspecServer(LanguageServer):

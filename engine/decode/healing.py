@@ -43,7 +43,7 @@ class HealingBias:
     prefixes: no scan of the vocabulary per request."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, device: torch.device):
-        self._vocab_size, self._device = vocab_size, device
+        self.vocab_size, self.device = vocab_size, device  # what a bias [V] of the same logits is built with
         self._index = tokenizer.token_text_index()
         self._cache: dict[str, Tensor] = {}
 
@@ -54,12 +54,12 @@ class HealingBias:
         allowed = list(ids[low:high])
         for end in range(1, len(remaining)):
             allowed.extend(by_text.get(remaining[:end], ()))
-        return [i for i in allowed if i < self._vocab_size]
+        return [i for i in allowed if i < self.vocab_size]
 
     def __call__(self, remaining: str) -> Tensor:
         if remaining not in self._cache:
-            bias = torch.full((self._vocab_size,), float("-inf"), device=self._device)  # [V]
-            bias[torch.tensor(self.allowed_ids(remaining), dtype=torch.long, device=self._device)] = 0.0
+            bias = torch.full((self.vocab_size,), float("-inf"), device=self.device)  # [V]
+            bias[torch.tensor(self.allowed_ids(remaining), dtype=torch.long, device=self.device)] = 0.0
             self._cache[remaining] = bias
         return self._cache[remaining]
 

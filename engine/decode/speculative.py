@@ -232,6 +232,7 @@ class SpeculativeRun:
         self.gamma = config.gamma
         self.payoff = (payoff or DraftPayoff()) if config.cost_aware and params.greedy else None
         self._drafting = True
+        self._word_bias: Tensor | None = None  # [V]: `_name_end_bias`, built on first use
         self._drafts: list[Draft] = []
         self._round_started = 0.0
         self._drafted_at = 0.0
@@ -340,7 +341,7 @@ class SpeculativeRun:
             verified = self.forced.score(
                 self.live[row], hidden[row], self.model.logits,
                 lambda first, branch=branch: self.tracker.constrain(first, [branch], self.healing),
-                self.params, self.generator,
+                self.params, self.generator, self._name_end_bias,
             )  # fmt: skip
             tokens[row], logprobs[row] = verified.tokens, verified.logprobs
             accepted[row] = 0 if verified.undone else len(verified.tokens) - 1
@@ -348,6 +349,19 @@ class SpeculativeRun:
                 restarted.add(row)
         self.forced.verifying = set()
         return RoundAcceptance(accepted, tokens, logprobs), restarted
+
+    def _name_end_bias(self, last: int) -> Tensor | None:
+        """After a forced start that ends inside a name (its last token's text ends with an
+        identifier character): a bias [V] of -inf on the tokens that would run the name on."""
+        tokenizer = self.tracker.tokenizer
+        text = tokenizer.token_texts()[last]
+        if not (text[-1:].isalnum() or text[-1:] in "_$"):
+            return None
+        if self._word_bias is None:
+            self._word_bias = torch.zeros(self.healing.vocab_size, device=self.healing.device)  # [V]
+            ids = [i for i in tokenizer.word_start_ids() if i < self.healing.vocab_size]
+            self._word_bias[torch.tensor(ids, dtype=torch.long, device=self.healing.device)] = float("-inf")
+        return self._word_bias
 
     def _restart(self, row: int) -> Branch:
         """Row `row`'s branch from scratch (its forced start undone): the tokens it takes next start it."""

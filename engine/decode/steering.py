@@ -11,6 +11,10 @@ branch's log-probability (what ranking reads) is the model's for the forced text
 the target scores below `SteeringConfig.min_logprob` in all is undone: the branch goes back
 to the first token it had, and decodes freely.
 
+Starts of one kind (the member names after `nodes.`) are ordered by the model before they are
+assigned (`ranked_by_model`): the name whose first token it prefers most first, one name per
+first token before a second, so the steered branches differ from their name's first token on.
+
 The last branches are steered (`k - 1`, then `k - 2`, ...): in mode "diverse" the branches
 come in the order of the model's first-token preference, and branch 0 always stays free.
 """
@@ -38,6 +42,34 @@ def forced_tokens(tokenizer: Tokenizer, healed_text: str, start: str) -> list[in
     if not ids or len(ids) > MAX_FORCED_TOKENS or tokenizer.decode(ids) != text:
         return None
     return ids
+
+
+def common_start(starts: Sequence[list[int]]) -> list[int]:
+    """The tokens every start begins with (the healed text's, `.` before a member name), shorter
+    than each start: the model's log-probabilities after them tell the starts apart."""
+    common = list(starts[0]) if starts else []
+    for start in starts[1:]:
+        same = 0
+        while same < min(len(common), len(start) - 1) and common[same] == start[same]:
+            same += 1
+        common = common[:same]
+    return common[: min(map(len, starts)) - 1] if starts else []
+
+
+def ranked_by_model(starts: Sequence[list[int]], next_log_probs: Callable[[list[int]], Tensor]) -> list[list[int]]:
+    """The starts grouped by their first token after `common_start`, the groups in the order the
+    model prefers that token (`next_log_probs(common)` -> [V]: its log-probabilities after the
+    prompt and those tokens), each group in the given order; then round robin: each group's
+    first start, then each group's second, ..."""
+    if not starts:
+        return []
+    common = common_start(starts)
+    groups: dict[int, list[list[int]]] = {}
+    for start in starts:
+        groups.setdefault(start[len(common)], []).append(start)
+    scores = next_log_probs(common)[torch.tensor(list(groups), dtype=torch.long)].tolist()  # [groups]
+    ordered = [groups[token] for _, token in sorted(zip(scores, groups), key=lambda pair: -pair[0])]
+    return [group[at] for at in range(max(map(len, ordered))) for group in ordered if at < len(group)]
 
 
 @dataclass
@@ -76,30 +108,38 @@ class ForcedStarts:
         return forced
 
     def drafts(self, live: list[int]) -> dict[int, list[int]]:
-        """row -> the forced tokens still to verify, for the branches (of `live`, the branch of
-        each row) whose start is not verified yet; they are verified in this round."""
+        """row -> the forced tokens still to verify (none for a one-token start), for the branches
+        (of `live`, the branch of each row) whose start is not verified yet; they are verified in
+        this round."""
         rows = {row: self.by_branch[index].tokens[1:] for row, index in enumerate(live) if index in self.by_branch}
-        self.verifying = {row for row, rest in rows.items() if rest}
-        return {row: rows[row] for row in self.verifying}
+        self.verifying = set(rows)  # a one-token start too: its branch's next token is chosen here (`score`)
+        return rows
 
     def score(
         self, index: int, hidden: Tensor, head: Callable[[Tensor], Tensor], first: Callable[[Tensor], Tensor],
-        params: SamplingParams, generator: torch.Generator,
+        params: SamplingParams, generator: torch.Generator, ends_name: Callable[[int], Tensor | None],
     ) -> Verified:
         """Branch `index`'s forced start as the target scored it. hidden [T, dim]: the final hidden
         states of its row; head: [n, dim] -> logits [n, V]; first: position 0's logits [1, V] -> the
-        same, constrained (token healing)."""
+        same, constrained (token healing); ends_name(last forced token) -> a bias [V] that keeps
+        the next token from running a name the start ends with on into another (`nodes.Node` +
+        `Bound`), None where the start does not end inside a name."""
         forced = self.by_branch.pop(index)
         rest = forced.tokens[1:]
         logits = head(hidden[: len(rest) + 1]).float()  # [n + 1, V]
         logits = torch.cat([first(logits[:1]), logits[1:]])
         log_probs = torch.log_softmax(logits, dim=-1)  # [n + 1, V]
-        scores = log_probs[torch.arange(len(rest)), torch.tensor(rest)].tolist()  # [n]
+        scores = log_probs[torch.arange(len(rest)), torch.tensor(rest, dtype=torch.long)].tolist()  # [n]
         if forced.first_logprob + sum(scores) < self.config.min_logprob:
             self.undone += 1
             return Verified([forced.free[0]], [forced.free[1]], undone=True)
-        own, own_logprob = choose_tokens(logits[len(rest) :], params, generator)  # [1], [1]
-        return Verified(rest + [int(own)], scores + [float(own_logprob)], undone=False)
+        after = logits[len(rest) :]  # [1, V]
+        bias = ends_name(forced.tokens[-1])
+        if bias is not None:
+            after = after + bias
+        own, _ = choose_tokens(after, params, generator)  # [1]
+        own_logprob = float(log_probs[len(rest), int(own)])  # the model's, not the biased choice's
+        return Verified(rest + [int(own)], scores + [own_logprob], undone=False)
 
 
 @dataclass(frozen=True)

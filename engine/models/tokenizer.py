@@ -39,6 +39,7 @@ class Tokenizer:
         self.stop_ids: frozenset[int] = frozenset(stops | set(eos_ids))
         self._token_texts: list[str] | None = None
         self._text_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None
+        self._word_starts: list[int] | None = None
 
     @classmethod
     def from_folder(cls, folder: Path, eos_ids: tuple[int, ...] = ()) -> "Tokenizer":
@@ -82,6 +83,13 @@ class Tokenizer:
         if self._token_texts is None:
             self._token_texts = [self._tok.decode([i], skip_special_tokens=False) for i in range(self.vocab_size)]
         return self._token_texts
+
+    def word_start_ids(self) -> list[int]:
+        """The tokens whose text begins with an identifier character (a letter, digit, `_` or `$`):
+        after a whole name, these would run it on into another (computed once)."""
+        if self._word_starts is None:
+            self._word_starts = [i for i, text in enumerate(self.token_texts()) if text[:1].isalnum() or text[:1] in "_$"]
+        return self._word_starts
 
     def token_text_index(self) -> tuple[list[str], list[int], dict[str, list[int]]]:
         """(token texts sorted, their ids in that order, ids by text) for prefix queries (computed once)."""

@@ -18,6 +18,7 @@ from kspec.engine.syntax.checks import ANALYSIS, Checker, CheckResult
 from kspec.engine.syntax.early_stop import UnitPredicate, unit_complete
 from kspec.engine.syntax.languages import LANGUAGES, detect_language, normalize_language
 from kspec.engine.syntax.memo import forget_requests
+from kspec.engine.syntax.members import MemberNames, member_names
 from kspec.engine.syntax.needs import HoleNeeds, binding_starts, hole_needs
 from kspec.engine.syntax.postprocess import (
     Candidate,
@@ -33,6 +34,7 @@ __all__ = [
     "ANALYSIS",
     "LANGUAGES",
     "Candidate",
+    "MemberNames",
     "CheckResult",
     "Checker",
     "HoleNeeds",
@@ -44,6 +46,7 @@ __all__ = [
     "binding_starts",
     "forget_requests",
     "hole_needs",
+    "member_names",
     "normalize_language",
     "postprocess",
     "rank_alternatives",

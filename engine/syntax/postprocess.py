@@ -10,6 +10,7 @@ from kspec.engine.api import Completion
 from kspec.engine.syntax.checks import Checker, CheckResult
 from kspec.engine.syntax.context import CursorContext, build_context, indent_of, opens_block
 from kspec.engine.syntax.languages import normalize_language
+from kspec.engine.syntax.members import MemberNames
 from kspec.engine.syntax.degenerate import degeneration
 from kspec.engine.syntax import jsnames
 from kspec.engine.syntax.pynames import module_names
@@ -180,7 +181,7 @@ def header_for_suffix(ctx: CursorContext, completion: str) -> int | None:
 
 def rank_alternatives(
     prefix: str, suffix: str, language: str | None, candidates: list[Candidate], *,
-    raw: bool = False, config: PostprocessConfig = DEFAULT_CONFIG,
+    raw: bool = False, config: PostprocessConfig = DEFAULT_CONFIG, members: MemberNames | None = None,
 ) -> list[Ranked]:
     """`postprocess` with the checks kept (for benchmarks and debugging)."""
     if raw:
@@ -194,6 +195,9 @@ def rank_alternatives(
         if trimmed is None:
             continue
         text, result = trimmed
+        unknown = members.unknown(text) if members is not None else None
+        if unknown is not None:  # after `nodes.`, a name the module does not have
+            result = replace(result, undefined_names=(*result.undefined_names, unknown))
         first_lines[first_line_key(text)] = first_lines.get(first_line_key(text), 0) + 1
         # At the end of the document (blank suffix) the construct being typed is open by
         # nature (a def header's body comes next): only a budget-cut text counts as unfilled.
@@ -254,7 +258,7 @@ def _ranked(candidate: Candidate, item: Scored) -> Ranked:
 
 def postprocess(
     prefix: str, suffix: str, language: str | None, candidates: list[Candidate], *,
-    raw: bool = False, config: PostprocessConfig = DEFAULT_CONFIG,
+    raw: bool = False, config: PostprocessConfig = DEFAULT_CONFIG, members: MemberNames | None = None,
 ) -> list[Completion]:
     """Trim, check, deduplicate and rank `candidates`; best first.
 
@@ -270,5 +274,7 @@ def postprocess(
     already was (`config.drop_unfilled`), and those that leave it broken elsewhere when
     another alternative leaves it whole; and unless `config.drop_wrong_binding` is off, those
     that assign a name nothing reads where the suffix needs another one bound.
+    `members`: where the cursor follows `module.` of an imported module, its names: an
+    alternative that writes another counts one more undefined name.
     """
-    return [r.completion for r in rank_alternatives(prefix, suffix, language, candidates, raw=raw, config=config)]
+    return [r.completion for r in rank_alternatives(prefix, suffix, language, candidates, raw=raw, config=config, members=members)]

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kspec.engine.api import ContextFile
+from kspec.engine.api import MAX_MEMBER_MODULES, MAX_MEMBER_NAMES, ContextFile, ModuleMembers
 from kspec.engine.syntax.languages import detect_language
 from kspec.lsp_server.crossfile.chunks import Chunk, chunk_at, chunk_text
 from kspec.lsp_server.crossfile.config import ContextConfig
 from kspec.lsp_server.crossfile.imports import Imported, import_key, resolve_imports
-from kspec.lsp_server.crossfile.outline import outline_entries
+from kspec.lsp_server.crossfile.outline import member_names, outline_entries
 from kspec.lsp_server.crossfile.places import RecentPlaces
 from kspec.lsp_server.crossfile.similarity import identifiers, jaccard
 from kspec.lsp_server.crossfile.workspace import Source, WorkspaceFiles
@@ -52,6 +52,7 @@ class Entry:
 @dataclass(frozen=True)
 class Gathered:
     pieces: tuple[ContextFile, ...] = ()
+    members: tuple[ModuleMembers, ...] = ()  # the names of the modules the file reaches by a qualifier (`nodes.`)
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -71,6 +72,7 @@ class ContextGatherer:
         self._chunks: dict[tuple[str, int], list[Chunk]] = {}
         self._words: dict[tuple[str, int], list[frozenset[str]]] = {}  # the identifiers of each cached chunk
         self._outlines: dict[tuple[str, int, frozenset[str] | None], list[Entry]] = {}
+        self._names: dict[tuple[str, int], tuple[str, ...]] = {}  # (module path, version) -> its member names
         self._resolved: dict[str, tuple[tuple[Any, ...], list[Imported]]] = {}  # uri -> (its import lines, their files)
         self._kept: dict[str, tuple[tuple[Any, ...], list[Candidate]]] = {}  # uri -> (its imports' signature, the choice)
 
@@ -87,13 +89,14 @@ class ContextGatherer:
         if budget_chars <= 0 or not self.config.enabled:
             return Gathered()
         query = identifiers(_around(current.text, line, self.config.query_lines_before, self.config.query_lines_after))
-        modules = self._imported(current, workspace)
+        modules, members = self._imported(current, workspace)
         signature = tuple((m[0], m[1]) for m in modules)
         imports = self._imports(modules, query, int(budget_chars * self.config.import_share))
         room = budget_chars - sum(len(c.piece.text) for c in imports)
         chunks = self._fit(self._ranked_chunks(current, workspace, query), room)[: self.config.max_chunks]
         chosen = self._stable(current.uri, signature, imports + chunks, workspace, query)
-        return Gathered(tuple(c.piece for c in sorted(chosen, key=lambda c: c.score)))  # most relevant last: nearest the file's text
+        pieces = tuple(c.piece for c in sorted(chosen, key=lambda c: c.score))  # most relevant last: nearest the file's text
+        return Gathered(pieces, members)
 
     # --- the kept choice ---------------------------------------------------------------
 
@@ -124,21 +127,32 @@ class ContextGatherer:
 
     # --- candidates ----------------------------------------------------------------------
 
-    def _imported(self, current: Source, workspace: WorkspaceFiles) -> list[tuple[str, int, list[Entry]]]:
-        """(path in the folder, its version, outline entries) of each module the file imports."""
+    def _imported(self, current: Source, workspace: WorkspaceFiles) -> tuple[list[tuple[str, int, list[Entry]]], tuple[ModuleMembers, ...]]:
+        """(path in the folder, its version, outline entries) of each module the file imports, and
+        the member names of those it reaches by a qualifier (`nodes` in `nodes.Const`)."""
         language = detect_language(current.language_id, current.path or "")
         if current.path is None or language is None:
-            return []
-        found = []
+            return [], ()
+        found: list[tuple[str, int, list[Entry]]] = []
+        members: list[ModuleMembers] = []
         key = (str(workspace.folder), import_key(current.text, language))
         cached = self._resolved.get(current.uri)
         if cached is None or cached[0] != key:
             cached = self._resolved[current.uri] = (key, resolve_imports(current.text, language, current.path, workspace.folder))
+        outlined: set[tuple[Path, frozenset[str] | None]] = set()
         for imported in cached[1]:
             source = workspace.source_of(imported.path, MAX_FILE_CHARS)
             module_language = detect_language("", str(imported.path))
             if source is None or module_language is None:
                 continue
+            if imported.qualifier and len(members) < MAX_MEMBER_MODULES:
+                names = self._member_names(imported.path, source, module_language)
+                room = MAX_MEMBER_NAMES - sum(len(m.names) for m in members)
+                if names and room > 0:
+                    members.append(ModuleMembers(imported.qualifier, names[:room]))
+            if (imported.path, imported.names) in outlined:
+                continue  # one module imported under two names: one outline
+            outlined.add((imported.path, imported.names))
             key = (str(imported.path), source.version, imported.names)
             if key not in self._outlines:
                 if len(self._outlines) > MAX_OUTLINES:
@@ -147,7 +161,15 @@ class ContextGatherer:
                 self._outlines[key] = [Entry(text, identifiers(text)) for text in entries]
             if self._outlines[key]:
                 found.append((workspace.relative(imported.path), source.version, self._outlines[key]))
-        return found
+        return found, tuple(members)
+
+    def _member_names(self, path: Path, source: Source, language: str) -> tuple[str, ...]:
+        key = (str(path), source.version)
+        if key not in self._names:
+            if len(self._names) > MAX_OUTLINES:
+                self._names.clear()
+            self._names[key] = member_names(source.text, language, package=path.name == "__init__.py")
+        return self._names[key]
 
     @staticmethod
     def _imports(modules: list[tuple[str, int, list[Entry]]], query: frozenset[str], budget_chars: int) -> list[Candidate]:

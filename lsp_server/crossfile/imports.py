@@ -48,6 +48,7 @@ def import_key(text: str, language: str | None) -> tuple[str, ...]:
 class Imported:
     path: Path  # the module's file, inside the workspace folder
     names: frozenset[str] | None  # the names taken from it; None: the whole module (its outline)
+    qualifier: str = ""  # the name the file reaches the whole module by (`nodes`, `c` for `import a.b as c`); "": none
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class PyImport:
     module: str  # dotted, without the leading dots
     level: int  # leading dots: 0 absolute
     names: tuple[str, ...]  # `from m import a, b`: ("a", "b"); `import m`: ()
+    bound: tuple[str, ...] = ()  # the name each import binds in the file: `import m as c`: ("c",); `from m import a as b`: ("b",)
 
 
 def _text(source: bytes, node: tree_sitter.Node) -> str:
@@ -67,6 +69,11 @@ def _imported_name(source: bytes, node: tree_sitter.Node) -> str:
     return _text(source, node)
 
 
+def _bound_name(source: bytes, node: tree_sitter.Node) -> str:
+    alias = node.child_by_field_name("alias") if node.type == "aliased_import" else None
+    return _text(source, alias) if alias is not None else _imported_name(source, node)
+
+
 def python_imports(text: str) -> list[PyImport]:
     """The import statements of a Python module (top level and nested), in order."""
     source = text.encode("utf-8")
@@ -75,13 +82,14 @@ def python_imports(text: str) -> list[PyImport]:
     while stack and len(found) < MAX_IMPORTS:
         node = stack.pop()
         if node.type == "import_statement":
-            found += [PyImport(_imported_name(source, n), 0, ()) for n in node.children_by_field_name("name")]
+            found += [PyImport(_imported_name(source, n), 0, (), (_bound_name(source, n),)) for n in node.children_by_field_name("name")]
         elif node.type == "import_from_statement":
             module = node.child_by_field_name("module_name")
             spelled = _text(source, module) if module is not None else ""
             level = len(spelled) - len(spelled.lstrip("."))
-            names = tuple(_imported_name(source, n) for n in node.children_by_field_name("name"))
-            found.append(PyImport(spelled.lstrip("."), level, names))
+            named = node.children_by_field_name("name")
+            names = tuple(_imported_name(source, n) for n in named)
+            found.append(PyImport(spelled.lstrip("."), level, names, tuple(_bound_name(source, n) for n in named)))
         else:
             stack.extend(reversed(node.children))
     return found
@@ -123,12 +131,12 @@ def _resolve(spec: PyImport, file: Path, folder: Path) -> list[Imported]:
         if module is None:
             continue
         if not spec.names:
-            return [Imported(module, None)]
+            return [Imported(module, None, spec.bound[0] if spec.bound else "")]
         found, names = [], []
-        for name in spec.names:
+        for name, bound in zip(spec.names, spec.bound or spec.names):
             submodule = _module_file(base, f"{spec.module}.{name}" if spec.module else name, folder)
             if submodule is not None:
-                found.append(Imported(submodule, None))
+                found.append(Imported(submodule, None, bound))
             elif name != "*":
                 names.append(name)
         return found + ([Imported(module, frozenset(names))] if names else [])
@@ -202,7 +210,7 @@ def resolve_java(text: str, file: Path, folder: Path) -> list[Imported]:
 def resolve_imports(text: str, language: str | None, file: Path, folder: Path) -> list[Imported]:
     """The files `text` imports inside `folder`, their paths resolved."""
     found = _resolvers(text, language, file, folder)
-    return list(dict.fromkeys(Imported(imported.path.resolve(), imported.names) for imported in found))
+    return list(dict.fromkeys(Imported(imported.path.resolve(), imported.names, imported.qualifier) for imported in found))
 
 
 def _resolvers(text: str, language: str | None, file: Path, folder: Path) -> list[Imported]:

@@ -131,3 +131,45 @@ def outline_entries(text: str, language: str, wanted: frozenset[str] | None = No
 def outline(text: str, language: str, wanted: frozenset[str] | None = None) -> str:
     """The whole outline as text."""
     return "".join(entry + "\n" for entry in outline_entries(text, language, wanted))
+
+
+PY_BLOCKS = ("if_statement", "try_statement", "with_statement", "else_clause", "elif_clause", "except_clause", "finally_clause", "block")
+
+
+def _py_bound(source: bytes, node: tree_sitter.Node, imports: bool) -> list[str]:
+    """The module-level names one top-level statement binds (descending into `if` / `try` /
+    `with`); those of import statements only with `imports`."""
+    if node.type == "decorated_definition":
+        node = node.child_by_field_name("definition") or node.children[-1]
+    if node.type in PY_DEFINITIONS:
+        name = node.child_by_field_name("name")
+        return [_text(source, name)] if name is not None else []
+    if node.type == "expression_statement" and node.children and node.children[0].type == "assignment":
+        target = node.children[0].child_by_field_name("left")
+        if target is not None and target.type == "identifier":
+            return [_text(source, target)]
+        return [_text(source, n) for n in (target.named_children if target is not None else ()) if n.type == "identifier"]
+    if node.type in ("import_statement", "import_from_statement"):
+        if not imports:
+            return []
+        bound = []
+        for name in node.children_by_field_name("name"):
+            alias = name.child_by_field_name("alias") if name.type == "aliased_import" else None
+            bound.append(_text(source, alias) if alias is not None else _text(source, name).split(".")[0])
+        return bound
+    if node.type in PY_BLOCKS:
+        return [found for child in node.children for found in _py_bound(source, child, imports)]
+    return []
+
+
+def member_names(text: str, language: str, package: bool = False) -> tuple[str, ...]:
+    """The names a module offers to `module.name` (Python: its module-level functions, classes
+    and constants, the private ones last, each in file order; a package's `__init__` also the
+    names it imports, which it re-exports: a plain module's imports are its own business);
+    () for other languages."""
+    if language != "python":
+        return ()
+    source = text.encode("utf-8")
+    root = new_parser(language).parse(source).root_node
+    names = dict.fromkeys(name for node in root.children for name in _py_bound(source, node, package) if not name.startswith("__"))
+    return tuple(sorted(names, key=lambda name: name.startswith("_")))

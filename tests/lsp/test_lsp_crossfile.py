@@ -61,10 +61,11 @@ async def test_two_clients_of_one_daemon_see_only_their_own_folder(model_dir: Pa
         seen_b = await context_after(second, uris_b["main.py"])
         assert set(seen_a["files"]) == {"pkg/open_alpha.py", "pkg/nodes.py"} and seen_a["tokens"] > 0
         assert set(seen_b["files"]) == {"pkg/open_beta.py", "pkg/nodes.py"} and seen_b["tokens"] > 0
+        assert seen_a["modules"] == seen_b["modules"] == ["nodes"]  # `nodes.` at the cursor: its names went with the request
         # switched off: nothing goes in
         second.configure({**options, "contextFiles": False})
         off = await context_after(second, uris_b["main.py"])
-        assert off["files"] == [] and off["tokens"] == 0
+        assert off["files"] == [] and off["tokens"] == 0 and off["modules"] == []
 
 
 async def test_one_client_two_folders_keeps_them_apart(model_dir: Path, tmp_path: Path) -> None:

@@ -4,18 +4,19 @@ scored by the target; a start scored below the floor is undone."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
 import torch
 
-from kspec.engine.api import CompletionRequest
+from kspec.engine.api import CompletionRequest, ModuleMembers
 from kspec.engine.cache.prefix_cache import prefill_uncached
 from kspec.engine.decode.branches import BranchTracker, DecodeLimits
 from kspec.engine.decode.drafters import ModelDrafter, NoDrafter, PromptLookupDrafter
 from kspec.engine.decode.sampling import SamplingParams
 from kspec.engine.decode.speculative import SpeculativeRun, pad_rows
-from kspec.engine.decode.steering import MAX_FORCED_TOKENS, ForcedStarts, SteeringConfig, forced_tokens
+from kspec.engine.decode.steering import MAX_FORCED_TOKENS, ForcedStarts, SteeringConfig, common_start, forced_tokens, ranked_by_model
 from kspec.engine.decode.stopping import StopRule
 
 CODE = "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n"
@@ -61,11 +62,13 @@ def test_a_steered_branch_carries_its_start_scored_by_the_model_and_the_others_s
     assert branch.token_ids[: len(start)] == start and len(branch.token_ids) == 10
     expected = _model_logprobs(random_engine, branch.token_ids[: len(start) + 1])
     assert branch.logprobs[: len(start) + 1] == pytest.approx(expected, abs=1e-3)  # what ranking reads is the model's
-    # after the start, the target's own greedy choice
-    prompt = random_engine.target.tokenizer.encode(CODE)
+    # after the start, the target's own greedy choice, of the tokens that do not run its last name (`msg`) on
+    tokenizer = random_engine.target.tokenizer
     with torch.inference_mode():
-        after = prefill_uncached(random_engine.target.model, prompt + start).last_logits.argmax()
-    assert branch.token_ids[len(start)] == int(after)
+        after = prefill_uncached(random_engine.target.model, tokenizer.encode(CODE) + start).last_logits.float()  # [V]
+        after[tokenizer.word_start_ids()] = float("-inf")
+    assert branch.token_ids[len(start)] == int(after.argmax())
+    assert not tokenizer.decode([branch.token_ids[len(start)]])[:1].isalnum()
     assert [b.token_ids for b in steered.branches[:3]] == [b.token_ids for b in free.branches[:3]]
     assert steered.forced.assigned == 1 and steered.forced.undone == 0
     assert branch.text.startswith(START)
@@ -139,3 +142,47 @@ def test_the_embedded_model_steers_a_branch_to_bind_what_the_suffix_needs(defaul
     bound = [c for c in steered.completions if c.text.startswith("us =")]
     assert steered.timing_ms["steered"] == 1.0 and len(bound) == 1, [c.text for c in steered.completions]
     assert -30.0 < bound[0].logprob < max(c.logprob for c in free.completions)  # forced: less likely than the model's best
+
+
+def test_a_one_token_start_ending_a_name_is_not_run_on_into_another(random_engine):
+    tokenizer = random_engine.target.tokenizer
+    start = forced_tokens(tokenizer, "", " value")
+    assert start is not None and len(start) == 1
+    run = _run(random_engine, forced=[start])
+    branch = run.branches[3]
+    assert branch.token_ids[0] == start[0] and run.forced.assigned == 1 and len(branch.token_ids) == 10
+    assert not tokenizer.decode([branch.token_ids[1]])[:1].isalnum()  # the random model's argmax would be any token
+    expected = _model_logprobs(random_engine, branch.token_ids[:2])
+    assert branch.logprobs[:2] == pytest.approx(expected, abs=1e-3)  # the model's own scores, not the biased choice's
+
+
+def test_common_start_is_what_every_start_begins_with_short_of_each():
+    assert common_start([[1, 2, 3], [1, 2, 4], [1, 5]]) == [1]
+    assert common_start([[1, 2], [1, 2, 3]]) == [1]  # shorter than each: the next token tells them apart
+    assert common_start([[1, 2], [3, 4]]) == [] and common_start([]) == []
+
+
+def test_ranked_by_model_orders_by_the_next_token_one_per_token_first():
+    starts = [[9, 1, 7], [9, 2], [9, 1, 8], [9, 3], [9, 2, 5]]
+    log_probs = torch.tensor([0.0, -2.0, -0.5, -1.0, 0, 0, 0, 0, 0, -9.0])  # [V]: after [9], token 2 then 3 then 1
+    asked = []
+    ranked = ranked_by_model(starts, lambda common: asked.append(common) or log_probs)
+    assert asked == [[9]]
+    assert ranked == [[9, 2], [9, 3], [9, 1, 7], [9, 2, 5], [9, 1, 8]]  # one per token, then the second of each
+
+
+def test_the_embedded_model_after_a_module_qualifier_writes_the_modules_names(default_engine):
+    """After `nodes.` with the module's names given (the context gatherer's), the steered branches
+    start with names it has, the model's likeliest first, and the top suggestion is one of them;
+    without the names the model makes one up."""
+    names = ("Node", "Stmt", "Expr", "Add", "Sub", "Concat", "Const", "TemplateData", "Tuple", "List", "Dict", "Name", "Call")
+    request = CompletionRequest(
+        prefix="from jinja2 import nodes\n\n\ndef parse_concat(self, args, lineno):\n    return nodes.", suffix="\n",
+        language="python", k=4, max_tokens=16, deadline_ms=120_000, members=(ModuleMembers("nodes", names),),
+    )  # fmt: skip
+    steered = default_engine.complete(request)
+    free = default_engine.complete(replace(request, members=()))
+    leading = [re.match(r"\w*", c.text).group(0) for c in steered.completions]  # type: ignore[union-attr]
+    assert steered.timing_ms["steered"] == 3 and sum(name in names for name in leading) >= 3
+    assert leading[0] in names
+    assert free.timing_ms["steered"] == 0 and re.match(r"\w*", free.completions[0].text).group(0) not in names  # type: ignore[union-attr]

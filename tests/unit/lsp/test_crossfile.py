@@ -12,7 +12,7 @@ from kspec.lsp_server.crossfile.chunks import chunk_at, chunk_text
 from kspec.lsp_server.crossfile.config import ContextConfig
 from kspec.lsp_server.crossfile.gatherer import ContextGatherer
 from kspec.lsp_server.crossfile.imports import resolve_imports
-from kspec.lsp_server.crossfile.outline import outline
+from kspec.lsp_server.crossfile.outline import member_names, outline
 from kspec.lsp_server.crossfile.places import RecentPlaces
 from kspec.lsp_server.crossfile.similarity import identifiers, jaccard
 from kspec.lsp_server.crossfile.workspace import Source, WorkspaceFiles, folder_for
@@ -241,3 +241,33 @@ def test_go_rust_java_imports_resolve_inside_the_folder(tmp_path: Path) -> None:
     assert [imp.path.name for imp in java] == ["Shape.java"]
     assert "public double area(double r) { ... }" in outline((java_root / "Shape.java").read_text(), "java")
     assert resolve_imports(app.read_text(), "java", app, tmp_path / "elsewhere") == []  # never outside the folder
+
+
+# --- member names of the modules the file reaches by a qualifier ------------------------------
+
+
+def test_member_names_are_a_modules_own_definitions() -> None:
+    text = NODES + "if typing.TYPE_CHECKING:\n    from .env import Environment\n_CACHE = {}\ntry:\n    FAST = True\nexcept ImportError:\n    FAST = False\n"
+    assert member_names(text, "python") == ("MAX_DEPTH", "Node", "Impossible", "render_tree", "FAST", "_CACHE")
+    # a package's __init__ re-exports what it imports
+    assert member_names("from .nodes import Node as N, render_tree\nimport typing\n", "python", package=True) == ("N", "render_tree", "typing")
+    assert member_names("func Parse() {}\n", "go") == ()
+
+
+def test_imports_say_the_name_the_file_reaches_a_module_by(workspace: Path) -> None:
+    parser = workspace / "pkg" / "parser.py"
+    text = PARSER + "import pkg.nodes\nfrom . import lexer as lx\n"
+    found = {(imp.path.name, imp.qualifier) for imp in resolve_imports(text, "python", parser, workspace)}
+    assert found == {("nodes.py", "nodes"), ("lexer.py", ""), ("helpers.py", "h"), ("nodes.py", "pkg.nodes"), ("lexer.py", "lx")}
+
+
+def test_the_gatherer_gives_each_qualifiers_member_names_once_per_module(workspace: Path) -> None:
+    parser = source(workspace / "pkg" / "parser.py", PARSER + "import pkg.nodes\n")
+    gathered = gather(ContextGatherer(), workspace, parser, 9, [])
+    assert {(m.qualifier, m.names) for m in gathered.members} == {
+        ("nodes", ("MAX_DEPTH", "Node", "Impossible", "render_tree")),
+        ("pkg.nodes", ("MAX_DEPTH", "Node", "Impossible", "render_tree")),
+        ("h", ("DEFAULT_WIDTH", "wrap")),
+    }
+    assert [piece.path for piece in gathered.pieces].count("pkg/nodes.py") == 1  # one outline for the module imported twice
+    assert gather(ContextGatherer(ContextConfig(enabled=False)), workspace, parser, 9, []).members == ()

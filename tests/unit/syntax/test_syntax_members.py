@@ -1,0 +1,59 @@
+"""After `module.`: the member names some branches start with, and the names ranking counts as
+undefined (engine/syntax/members.py, postprocess's `members`), issues 41 and 42."""
+
+from __future__ import annotations
+
+import pytest
+
+from kspec.engine.api import CompletionRequest, ModuleMembers
+from kspec.engine.errors import InputError
+from kspec.engine.syntax import Candidate, member_names, postprocess
+
+NODES = (ModuleMembers("nodes", ("Concat", "Const", "Node", "_private_helper")), ModuleMembers("os.path", ("join", "split")))
+
+
+def test_names_after_a_qualifier_with_the_typed_start_left_out() -> None:
+    found = member_names("    return nodes.", NODES)
+    assert found is not None and found.qualifier == "nodes" and found.typed == ""
+    assert found.rests == ("Concat", "Const", "Node")  # a private name only after a typed `_`
+    assert member_names("    return nodes.Con", NODES).rests == ("cat", "st")  # type: ignore[union-attr]
+    assert member_names("    return nodes._", NODES).rests == ("private_helper",)  # type: ignore[union-attr]
+    assert member_names("x = os.path.jo", NODES).rests == ("in",)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "    return nodes",  # no dot yet
+        "    return self.nodes.",  # another object's attribute of that name
+        "    return other.",  # a qualifier with no members given
+        "    return nodes.Concat",  # the whole name typed: nothing left to start with
+        "    return nodes.Zzz",  # no member starts so
+        "    return nodes.Concat(",  # not after the qualifier any more
+    ],
+)
+def test_no_names_where_the_cursor_does_not_follow_a_known_qualifier(prefix: str) -> None:
+    assert member_names(prefix, NODES) is None
+
+
+def test_a_name_the_module_lacks_counts_as_undefined() -> None:
+    prefix, suffix = "from pkg import nodes\n\n\ndef f(args):\n    return nodes.", "\n"
+    found = member_names(prefix, NODES)
+    assert found is not None
+    assert found.unknown("Concat(args)") is None and found.unknown("concat(args)") == "nodes.concat"
+    # the same two alternatives, the invented name the model prefers: ranking puts the member first
+    candidates = [Candidate("concat(args)", -1.0, 3, "stop"), Candidate("Concat(args)", -1.5, 3, "stop")]
+    plain = postprocess(prefix, suffix, "python", candidates)
+    steered = postprocess(prefix, suffix, "python", candidates, members=found)
+    assert plain[0].text == "concat(args)" and steered[0].text == "Concat(args)"
+
+
+def test_members_travel_in_a_request_map_and_are_checked() -> None:
+    request = CompletionRequest(prefix="nodes.", members=NODES)
+    assert CompletionRequest.from_dict(request.to_dict()) == request
+    assert CompletionRequest.from_dict({"prefix": "x", "members": [{"qualifier": "m", "names": ["a"]}]}).members == (ModuleMembers("m", ("a",)),)
+    for bad in ({"qualifier": "m"}, {"qualifier": 1, "names": []}, {"qualifier": "m", "names": [1]}, "m"):
+        with pytest.raises(InputError, match="members"):
+            CompletionRequest.from_dict({"prefix": "x", "members": [bad]})
+    with pytest.raises(InputError, match="more than"):
+        CompletionRequest.from_dict({"prefix": "x", "members": [{"qualifier": "m", "names": [f"n{i}" for i in range(5000)]}]})
