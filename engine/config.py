@@ -123,6 +123,7 @@ class EngineConfig:
         3, "branches (of the k) that, after `module.` of a module the file imports, start with one of its member names "
         "(the context gatherer's), the model's likeliest first; 0: off (engine/decode/steering.py)",
     )  # fmt: skip
+    constrain_member_names: bool = True  # a branch inside `module.name` goes on only with the module's names (engine/decode/member_constraint.py)
     steer_min_logprob: float = SteeringConfig.min_logprob  # a forced start the model scores below this (summed log-probability) is undone (measured: docs/measurements/branch-steering.md)
     fit_to_machine: bool = True  # at load, time this machine and choose k / max tokens / first answer (engine/machine_fit.py)
 

@@ -32,6 +32,7 @@ from kspec.engine.decode.drafters import Drafter, ModelDrafter, NoDrafter, Promp
 from kspec.engine.decode.healing import HealingBias, walk_healing
 from kspec.engine.decode.sampling import SamplingParams
 from kspec.engine.decode.speculative import DraftPayoffs, SpeculationConfig, SpeculativeRun
+from kspec.engine.decode.member_constraint import MemberConstraint
 from kspec.engine.decode.steering import forced_tokens, ranked_by_model
 from kspec.engine.decode.stopping import StopRule, rule_for_cursor
 from kspec.engine.errors import CancelledError, InputError
@@ -139,7 +140,19 @@ def steering_starts(
         return [], binding
     tokens = [forced_tokens(parts.target.tokenizer, healed_text, start) for start in starts]
     kept = [ids for ids in tokens if ids is not None]
-    return (ranked_by_model(kept, next_log_probs) if members is not None else kept), steering
+    if members is None:
+        return kept, steering
+    ranked = ranked_by_model(kept, next_log_probs)
+    # branch 0, kept to the module's names too (member_constraint), writes the likeliest itself
+    return (ranked[1:] if config.constrain_member_names else ranked), steering
+
+
+def member_constraint(parts: EngineParts, request: CompletionRequest, vocab_size: int, device: torch.device) -> MemberConstraint | None:
+    """What keeps a branch inside `module.name` to the module's names: where the request carries
+    member names, the cursor rules are on and the engine's setting allows it."""
+    if not request.members or not request.cursor_rules or not parts.config.constrain_member_names:
+        return None
+    return MemberConstraint(parts.target.tokenizer, vocab_size, device, request.prefix, request.members)
 
 
 def prepare(
@@ -191,6 +204,7 @@ def prepare(
         payoff=parts.draft_payoffs.for_k(request.k),
         forced=forced,
         steering=steering,
+        names=member_constraint(parts, request, bias.vocab_size, bias.device),
     )
 
 

@@ -37,6 +37,7 @@ from kspec.engine.models.transformer import Transformer
 from kspec.engine.cache.prefix_cache import Prefill, prefill_uncached
 from kspec.engine.decode.sampling import SamplingParams, first_tokens, probabilities
 from kspec.engine.config import SteeringConfig
+from kspec.engine.decode.member_constraint import MemberConstraint
 from kspec.engine.decode.steering import ForcedStarts
 from kspec.kernels.transfer import to_device
 
@@ -196,14 +197,17 @@ class SpeculativeRun:
         payoff: DraftPayoff | None = None,
         forced: Sequence[list[int]] = (),
         steering: SteeringConfig = SteeringConfig(),
+        names: MemberConstraint | None = None,
     ):
         """payoff: what drafting was measured to be worth so far (DraftPayoffs.for_k); None: a
         fresh one for this run. Used only by greedy runs with config.cost_aware.
         forced: token starts for some branches, most wanted first (engine/decode/steering.py:
         `forced_tokens`, the healed text included); `steering` says how many and how low the
-        target may score them."""
+        target may score them. names: keeps a branch inside `module.name` to the module's names
+        (engine/decode/member_constraint.py)."""
         self.model, self.tracker, self.params, self.drafter, self.config = model, tracker, params, drafter, config
-        self.cancel, self.unit_done = cancel, unit_done
+        self.cancel, self.unit_done, self.names = cancel, unit_done, names
+        self._name_rows: set[int] = set()  # this round's rows inside a member name (`propose`)
         self.generator = torch.Generator().manual_seed(params.seed)
         self.stats = SpeculationStats()
         started = time.perf_counter()
@@ -217,6 +221,8 @@ class SpeculativeRun:
             self.branches = [Branch(heal_remaining=tracker.healed_text) for _ in range(k)]
             self.detoks = [tracker.new_detokenizer() for _ in range(k)]
             first_logits = tracker.constrain(prefill.last_logits[None].expand(k, -1), self.branches, self.healing)  # [k, V]
+            if names is not None:
+                first_logits = names.constrain(first_logits, self.branches)
             tokens, logprobs = first_tokens(first_logits, params, self.generator, diverse, tracker.tokenizer.stop_ids)  # [k], [k]
             token_list, logprob_list = tokens.tolist(), logprobs.tolist()
             starts = [start for start in forced if len(start) < limits.max_new_tokens]
@@ -274,6 +280,11 @@ class SpeculativeRun:
                 draft.q = draft.q[:room] if draft.q is not None else None
         for row, rest in self.forced.drafts(self.live).items():
             drafts[row] = Draft(rest)  # verified in this pass, accepted whatever the target's argmax (see `_verify_forced`)
+        self._name_rows = set()
+        if self.names is not None:  # inside `module.name`: one token at a time, each kept to the module's names
+            self._name_rows = {row for row, b in enumerate(live_branches) if row not in self.forced.verifying and self.names.bias(b) is not None}
+            for row in self._name_rows:
+                drafts[row] = Draft([])
         self._drafts = drafts
         self._drafted_at = time.perf_counter()
         return [[b.token_ids[-1], *d.tokens] for b, d in zip(live_branches, drafts)]
@@ -286,7 +297,10 @@ class SpeculativeRun:
         live_branches, drafts = self.live_branches, self._drafts
 
         def constrain(first: Tensor) -> Tensor:  # [k', V] -> [k', V]
-            return self.tracker.constrain(first, live_branches, self.healing)
+            first = self.tracker.constrain(first, live_branches, self.healing)
+            if self._name_rows and self.names is not None:
+                first = self.names.constrain(first, live_branches, self._name_rows)
+            return first
 
         if self.params.greedy and hidden.device.type == "cpu":  # the head only where it decides
             taken = accept_greedy_by_position([d.tokens for d in drafts], hidden, self.model.logits, constrain)

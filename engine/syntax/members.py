@@ -38,9 +38,10 @@ class MemberNames:
         return None if not name or name in self.names else f"{self.qualifier}.{name}"
 
 
-def member_names(prefix: str, members: tuple[ModuleMembers, ...]) -> MemberNames | None:
+def member_names(prefix: str, members: tuple[ModuleMembers, ...], whole: bool = False) -> MemberNames | None:
     """The member names that can complete the identifier at the end of `prefix`; None where the
-    cursor does not follow `qualifier.` of a module in `members` or no name matches."""
+    cursor does not follow `qualifier.` of a module in `members` or no name matches. `whole`:
+    a name typed whole counts too (its rest is "": the name may end here)."""
     if not members:
         return None
     found = _AFTER_QUALIFIER.search(prefix[-256:])
@@ -50,6 +51,6 @@ def member_names(prefix: str, members: tuple[ModuleMembers, ...]) -> MemberNames
     names = [name for module in members if module.qualifier == qualifier for name in module.names]
     rests = tuple(dict.fromkeys(
         name[len(typed) :] for name in names
-        if name.startswith(typed) and name != typed and (typed.startswith("_") or not name.startswith("_"))
+        if name.startswith(typed) and (whole or name != typed) and (typed.startswith("_") or not name.startswith("_"))
     ))  # fmt: skip
     return MemberNames(qualifier, typed, rests, frozenset(names)) if rests else None

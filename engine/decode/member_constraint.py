@@ -1,0 +1,81 @@
+"""Names after `module.` kept to the module's members while a branch writes them (issue 41).
+
+A branch that writes `nodes.` for a module the file imports (`ModuleMembers`, from the context
+gatherer) goes on, token by token, only with tokens that continue one of the module's names or
+end a whole one (`nodes.Con` + `cat(`, not `nodes.Conc` + `atenate`): the monitor-guided
+decoding of Agrawal et al. (2023), with the names the language server resolved. The cursor's own
+`nodes.|` is the case of engine/decode/steering.py's member starts; this one covers a branch that
+writes the qualifier itself (`raise nodes.Impossible()` from the line's start).
+
+While a branch is inside such a name it is verified one token at a time (no drafts), as a
+branch regenerating healed text is: the bias holds for position 0 of its row only.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Collection
+
+import torch
+from torch import Tensor
+
+from kspec.engine.api import ModuleMembers
+from kspec.engine.decode.branches import Branch
+from kspec.engine.models.tokenizer import Tokenizer
+from kspec.engine.syntax.members import member_names
+
+TAIL_CHARS = 256  # of the text before the cursor: enough to hold `qualifier.` before a branch's text
+
+
+class MemberConstraint:
+    """The biases [V] for the branches (of one request) that are inside a module's member name."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, device: torch.device, prefix: str, members: tuple[ModuleMembers, ...]):
+        self.tokenizer, self.vocab_size, self.device = tokenizer, vocab_size, device
+        self.tail, self.members = prefix[-TAIL_CHARS:], members
+        self._biases: dict[tuple[str, str], Tensor | None] = {}  # (qualifier, typed) -> its bias
+
+    def bias(self, branch: Branch) -> Tensor | None:
+        """[V]: 0 on the tokens that continue or end a member name, -inf elsewhere; None where the
+        branch is not inside a known module's name (or is still regenerating healed text)."""
+        if branch.heal_remaining or branch.done:
+            return None
+        found = member_names(self.tail + branch.text, self.members, whole=True)
+        if found is None:
+            return None
+        key = (found.qualifier, found.typed)
+        if key not in self._biases:
+            allowed = self._allowed(found.rests)
+            bias = None
+            if allowed:
+                bias = torch.full((self.vocab_size,), float("-inf"), device=self.device)  # [V]
+                bias[torch.tensor(sorted(allowed), dtype=torch.long, device=self.device)] = 0.0
+            self._biases[key] = bias
+        return self._biases[key]
+
+    def _allowed(self, rests: tuple[str, ...]) -> set[int]:
+        """Token ids whose text is a start of a rest (the name goes on), or a rest followed by a
+        character that cannot go on a name (`cat(`: the name ends there)."""
+        texts, ids, by_text = self.tokenizer.token_text_index()
+        allowed: set[int] = set()
+        for rest in rests:
+            for end in range(1, len(rest) + 1):
+                allowed.update(by_text.get(rest[:end], ()))
+            if not rest:
+                word = set(self.tokenizer.word_start_ids())
+                allowed.update(i for i, text in enumerate(self.tokenizer.token_texts()) if text and i not in word)
+                continue
+            low, high = bisect.bisect_left(texts, rest), bisect.bisect_left(texts, rest + "\U0010ffff")
+            allowed.update(ids[at] for at in range(low, high) if len(texts[at]) > len(rest) and not _goes_on(texts[at][len(rest)]))
+        return {i for i in allowed if i < self.vocab_size}
+
+    def constrain(self, logits: Tensor, branches: list[Branch], rows: Collection[int] | None = None) -> Tensor:
+        """logits [k, V] with the rows of branches inside a member name restricted (of `rows` only, when given)."""
+        biases = [self.bias(branch) if rows is None or row in rows else None for row, branch in enumerate(branches)]
+        if all(b is None for b in biases):
+            return logits
+        return logits + torch.stack([b if b is not None else torch.zeros_like(logits[0]) for b in biases])  # [k, V]
+
+
+def _goes_on(char: str) -> bool:
+    return char.isalnum() or char in "_$"
