@@ -33,19 +33,21 @@ class MemberConstraint:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, device: torch.device, prefix: str, members: tuple[ModuleMembers, ...]):
         self.tokenizer, self.vocab_size, self.device = tokenizer, vocab_size, device
         self.tail, self.members = prefix[-TAIL_CHARS:], members
-        self._biases: dict[tuple[str, str], Tensor | None] = {}  # (qualifier, typed) -> its bias
+        self._biases: dict[tuple[str, str, str], Tensor | None] = {}  # (qualifier, typed, healed text left) -> its bias
 
     def bias(self, branch: Branch) -> Tensor | None:
         """[V]: 0 on the tokens that continue or end a member name, -inf elsewhere; None where the
-        branch is not inside a known module's name (or is still regenerating healed text)."""
-        if branch.heal_remaining or branch.done:
+        branch is not inside a known module's name. A branch still regenerating healed text (the
+        `.` of `nodes.`) takes that text first: a token may then be a start of it, or all of it
+        followed by what the name allows (`.Con`)."""
+        if branch.done:
             return None
         found = member_names(self.tail + branch.text, self.members, whole=True)
         if found is None:
             return None
-        key = (found.qualifier, found.typed)
+        key = (found.qualifier, found.typed, branch.heal_remaining)
         if key not in self._biases:
-            allowed = self._allowed(found.rests)
+            allowed = self._allowed(found.rests, branch.heal_remaining)
             bias = None
             if allowed:
                 bias = torch.full((self.vocab_size,), float("-inf"), device=self.device)  # [V]
@@ -53,20 +55,24 @@ class MemberConstraint:
             self._biases[key] = bias
         return self._biases[key]
 
-    def _allowed(self, rests: tuple[str, ...]) -> set[int]:
-        """Token ids whose text is a start of a rest (the name goes on), or a rest followed by a
-        character that cannot go on a name (`cat(`: the name ends there)."""
+    def _allowed(self, rests: tuple[str, ...], lead: str) -> set[int]:
+        """Token ids whose text, after `lead` (healed text still to regenerate) or a start of it, is
+        a start of a rest (the name goes on), or a rest followed by a character that cannot go on a
+        name (`cat(`: the name ends there)."""
         texts, ids, by_text = self.tokenizer.token_text_index()
         allowed: set[int] = set()
+        for end in range(1, len(lead) + 1):
+            allowed.update(by_text.get(lead[:end], ()))
         for rest in rests:
             for end in range(1, len(rest) + 1):
-                allowed.update(by_text.get(rest[:end], ()))
-            if not rest:
+                allowed.update(by_text.get(lead + rest[:end], ()))
+            whole = lead + rest
+            if not whole:
                 word = set(self.tokenizer.word_start_ids())
                 allowed.update(i for i, text in enumerate(self.tokenizer.token_texts()) if text and i not in word)
                 continue
-            low, high = bisect.bisect_left(texts, rest), bisect.bisect_left(texts, rest + "\U0010ffff")
-            allowed.update(ids[at] for at in range(low, high) if len(texts[at]) > len(rest) and not _goes_on(texts[at][len(rest)]))
+            low, high = bisect.bisect_left(texts, whole), bisect.bisect_left(texts, whole + "\U0010ffff")
+            allowed.update(ids[at] for at in range(low, high) if len(texts[at]) > len(whole) and not _goes_on(texts[at][len(whole)]))
         return {i for i in allowed if i < self.vocab_size}
 
     def constrain(self, logits: Tensor, branches: list[Branch], rows: Collection[int] | None = None) -> Tensor:

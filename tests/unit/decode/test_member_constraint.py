@@ -36,7 +36,10 @@ def test_only_tokens_that_go_on_or_end_a_member_name_are_allowed(random_engine):
     assert whole is not None and bool(torch.isfinite(whole[tokenizer.encode("(")[0]]))
     assert constraint.bias(Branch(text="Concat(")) is None  # past the name: free again
     assert constraint.bias(Branch(text="Zz")) is None  # no member starts so: nothing to keep it to
-    assert constraint.bias(Branch(text="", heal_remaining=".")) is None  # still regenerating healed text
+    healing = constraint.bias(Branch(text="", heal_remaining="."))  # still regenerating the `.`: it comes first
+    assert healing is not None
+    healed = {texts[i] for i in torch.isfinite(healing).nonzero().flatten().tolist()}
+    assert "." in healed and all(t == "." or re.match(r"\.(C|Co|Con|Conc|Conca|Concat|Cons|Const|T\w*)($|[^\w$])", t) for t in healed), healed
     assert _constraint(random_engine, "x = 1\n").bias(Branch(text="y = nodes.T")) is not None  # the branch wrote the qualifier
 
 
