@@ -13,15 +13,18 @@ from kspec.engine.decode.healing import split_for_healing
 from kspec.engine.models.tokenizer import Tokenizer
 
 CHARS_PER_TOKEN_BOUND = 8  # no tokenizer here averages more; used to pre-cut text before encoding
+# Other files' context takes at most this share of the prompt budget, and the file's window the
+# rest: the whole prompt stays what the machine fit prefills cold in its time (a context refresh
+# is a cold request within that budget), and a warm keystroke's decode rounds read no more KV
+# than without context. (Before: the context came on top of the window, up to 2x the budget.)
+CONTEXT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
 class PromptBudget:
     max_tokens: int = 1536
     suffix_share: float = 0.25  # of max_tokens, when the model has FIM tokens
-    # other files' context before the file's text: at most this share of max_tokens, on top of the file's
-    # own budget (the file's window is never cut for it; it is prefilled only when it changes)
-    context_share: float = 1.0
+    context_share: float = CONTEXT_SHARE  # other files' context before the file's text: at most this share of max_tokens
 
     def __post_init__(self) -> None:
         if self.max_tokens < 16:
@@ -136,14 +139,15 @@ def build_prompt(
     """The prefix's last tokens are held back for token healing (engine/decode/healing.py).
     `starts`: where recent prompts began (the engine's), so that this one begins there too
     while it fits. `context` (other files) goes first, within `budget.context_share`, so that
-    it stays at the start of consecutive keystrokes' prompts (engine/context_prompt.py)."""
+    it stays at the start of consecutive keystrokes' prompts (engine/context_prompt.py); the
+    file's text gets the rest of the budget."""
     fim = tokenizer.fim
     block = context_block(tokenizer, context, path, language, int(budget.max_tokens * budget.context_share))
     suffix_ids: list[int] = []
     if fim is not None:
         suffix_budget = int(budget.max_tokens * budget.suffix_share)
         suffix_ids = _head_tokens(tokenizer, suffix, suffix_budget) if suffix_budget else []
-    prefix_ids = _stable_tail_tokens(tokenizer, prefix, budget.max_tokens - len(suffix_ids) - 3, starts)
+    prefix_ids = _stable_tail_tokens(tokenizer, prefix, budget.max_tokens - len(block.ids) - len(suffix_ids) - 3, starts)
     prefix_ids, healed_text = split_for_healing(tokenizer, prefix_ids)
     extra = {"context_tokens": len(block.ids), "context_files": block.files}
     if fim is None:

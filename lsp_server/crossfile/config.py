@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kspec.engine.prompt import CONTEXT_SHARE
+
 CHARS_PER_TOKEN = 3.0  # code averages 3-4 characters per BPE token: the budget is converted with the lower figure
-# of the prompt tokens the machine fit prefills cold in ~0.5 s: a context refresh costs at most one more
-# such prefill (the engine allows as many context tokens as its prompt budget, on top of the file's)
-MACHINE_SHARE = 1.0
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,7 @@ class ContextConfig:
             raise ValueError("import_share in (0, 1], refresh_gain >= 0, max_chunks >= 0, ring_size >= 1")
 
     def budget_chars(self, prompt_tokens: float | None) -> int:
-        """Characters of context: the user's cap, and at most `MACHINE_SHARE` of what the machine
-        prefills cold in its budget (`prompt_tokens`, the engine's machine fit; None: not known)."""
-        tokens = self.max_tokens if prompt_tokens is None else min(self.max_tokens, int(prompt_tokens * MACHINE_SHARE))
+        """Characters of context: the user's cap, and at most the engine's `CONTEXT_SHARE` of what the
+        machine prefills cold in its budget (`prompt_tokens`, the engine's machine fit; None: not known)."""
+        tokens = self.max_tokens if prompt_tokens is None else min(self.max_tokens, int(prompt_tokens * CONTEXT_SHARE))
         return int(tokens * CHARS_PER_TOKEN) if self.enabled else 0

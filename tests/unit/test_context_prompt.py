@@ -80,11 +80,13 @@ def test_the_budget_keeps_whole_pieces_from_the_end(plain: Tokenizer) -> None:
     assert block.files == ("pkg/utils.py",)  # the last (most relevant) piece fits, the big one does not
     assert len(block.ids) <= 64
     assert context_block(plain, (UTILS,), "/w/pkg/m.py", "python", 3).ids == []  # nothing fits: no block at all
-    # the file's own budget is not cut for the context: the same prefix tokens with and without it
+    # the context and the file share the budget: the context at most half of it, the file the rest
     prefix = "".join(f"line_{i} = {i}\n" for i in range(200))
     alone = build_prompt(plain, prefix, "", PromptBudget(128))
     joined = build_prompt(plain, prefix, "", PromptBudget(128), None, (UTILS,), "/w/pkg/m.py", "python")
-    assert joined.ids[joined.context_tokens :] == alone.ids
+    assert 0 < joined.context_tokens <= 64 and len(alone.ids) <= 128 and len(joined.ids) <= 128
+    own = joined.ids[joined.context_tokens :]
+    assert alone.ids[-len(own) :] == own and len(own) < len(alone.ids)  # the file's last lines, fewer of them
 
 
 def test_typing_keeps_the_block_at_the_start(plain: Tokenizer) -> None:

@@ -170,7 +170,7 @@ def test_the_budget_is_kept(workspace: Path) -> None:
     assert gather(ContextGatherer(), workspace, parser, 9, [], 0).pieces == ()
     assert gather(ContextGatherer(ContextConfig(enabled=False)), workspace, parser, 9, [], 4000).pieces == ()
     config = ContextConfig(max_tokens=1024)
-    assert config.budget_chars(None) == 3072 and config.budget_chars(400.0) == 1200  # the machine fit caps the user's cap
+    assert config.budget_chars(None) == 3072 and config.budget_chars(400.0) == 600  # the machine fit caps the user's cap: half its prompt budget
     assert ContextConfig(enabled=False).budget_chars(None) == 0
     with pytest.raises(ValueError):
         ContextConfig(max_tokens=-1)
