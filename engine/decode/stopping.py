@@ -10,8 +10,7 @@ from dataclasses import dataclass
 class StopRule:
     """Cuts generated text. `stop_strings` end it where they first occur (the string is
     dropped); `single_line` ends it at the first newline; `block_indent` (start-of-line
-    mode) ends it at a blank line or a line indented less than the cursor's block. A newline
-    inside brackets the text opened (`Message(` + newline + arguments) does not end a line."""
+    mode) ends it at a blank line or a line indented less than the cursor's block."""
 
     stop_strings: tuple[str, ...] = ()
     single_line: bool = False
@@ -26,7 +25,7 @@ class StopRule:
             if index != -1:
                 end = min(end, index)
         if self.single_line:
-            newline = _newline_outside_brackets(text)
+            newline = text.find("\n")
             if newline != -1:
                 end = min(end, newline)
         if self.block_mode:
@@ -49,29 +48,6 @@ class StopRule:
                     return offset - 1
             offset += len(line) + 1
         return len(text)
-
-
-_OPENERS, _CLOSING = "([{", ")]}"
-
-
-def _newline_outside_brackets(text: str) -> int:
-    """The first newline of `text` where the brackets it opened are all closed again (closing
-    one opened before it counts as none open); -1 where there is none. Quoted text on a line
-    is skipped."""
-    depth, quote = 0, ""
-    for at, char in enumerate(text):
-        if quote:
-            if char == quote or char == "\n":
-                quote = ""
-        elif char in "\"'":
-            quote = char
-        elif char in _OPENERS:
-            depth += 1
-        elif char in _CLOSING:
-            depth = max(0, depth - 1)
-        elif char == "\n" and depth == 0:
-            return at
-    return -1
 
 
 # A line that starts a compound statement (Python, and C-family `if (` / `for (` ...); not

@@ -104,17 +104,6 @@ def test_header_rule_keeps_the_signature_and_the_body_and_stops_after_it():
     assert body.cut("\n        total += item\n    return total\n") == ("\n        total += item", True)
 
 
-def test_a_line_goes_on_over_newlines_inside_brackets_it_opened():
-    """`return _adapters.Message(` + newline + its arguments is one line still (issue 42: it was cut
-    at the bracket and then dropped as broken)."""
-    rule = rule_for_cursor("    return nodes.", "\n    x = 1\n")
-    call = "Message(\n        text,\n        lineno=1,\n    )"
-    assert rule.cut(call + "\n    y = 2\n") == (call, True)
-    assert rule.cut("Message(\n        text,") == ("Message(\n        text,", False)  # still open: it may grow
-    assert rule.cut("f(')(', \"[\")\nnext") == ("f(')(', \"[\")", True)  # brackets in quotes do not count
-    assert rule.cut("a)\nb") == ("a)", True)  # closing one opened before the cursor: none is open
-
-
 def test_block_rule_stops_at_dedent_and_blank_line():
     rule = StopRule(block_mode=True, block_indent=4)
     assert rule.cut("x = 1\n    y = 2\nprint(x)") == ("x = 1\n    y = 2", True)
