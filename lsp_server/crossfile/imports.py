@@ -22,7 +22,13 @@ from kspec.engine.syntax.languages import new_parser
 MAX_IMPORTS = 32
 JS_SPECIFIER = re.compile(r"""(?:\bfrom\s+|\brequire\(\s*|\bimport\s+)["'](\.{1,2}/[^"']+)["']""")
 JS_EXTENSIONS = ("", ".ts", ".tsx", ".js", ".jsx", ".mjs", "/index.ts", "/index.js")
-GO_IMPORT = re.compile(r'^\s*(?:import\s+)?(?:\w+\s+)?"([^"]+)"', re.M)
+GO_IMPORT = re.compile(r'^\s*(?:import\s+)?(?:(\w+)\s+)?"([^"]+)"', re.M)  # (alias or "", path)
+GO_PACKAGE = re.compile(r"^package\s+(\w+)", re.M)
+# a relative module the file reaches as a namespace: `import * as ns from "./x"`, `const ns = require("./x")`
+JS_NAMESPACE = re.compile(
+    r"""\bimport\s+\*\s+as\s+([A-Za-z_$][\w$]*)\s+from\s+["'](\.{1,2}/[^"']+)["']"""
+    r"""|\b(?:const|let|var)\s+([A-Za-z_$][\w$]*)\s*=\s*require\(\s*["'](\.{1,2}/[^"']+)["']"""
+)
 GO_MODULE = re.compile(r"^module\s+(\S+)", re.M)
 RUST_USE = re.compile(r"^\s*(?:pub\s+)?use\s+((?:crate|super|self)(?:::\w+)+)", re.M)
 JAVA_IMPORT = re.compile(r"^\s*import\s+([\w.]+)\s*;", re.M)
@@ -157,12 +163,13 @@ def resolve_python(text: str, file: Path, folder: Path) -> list[Imported]:
 def resolve_js(text: str, file: Path, folder: Path) -> list[Imported]:
     """Relative JS/TS imports of `text` resolved to files inside `folder`."""
     folder, resolved = folder.resolve(), []
+    namespaces = {found[1] or found[3]: found[0] or found[2] for found in JS_NAMESPACE.findall(text)}  # specifier -> name
     for specifier in JS_SPECIFIER.findall(text)[:MAX_IMPORTS]:
         base = file.parent / specifier
         for extension in JS_EXTENSIONS:
             candidate = Path(str(base) + extension)
             if candidate.is_file() and _inside(candidate, folder):
-                resolved.append(Imported(candidate, None))
+                resolved.append(Imported(candidate, None, namespaces.get(specifier, "")))
                 break
     return resolved
 
@@ -174,11 +181,22 @@ def resolve_go(text: str, file: Path, folder: Path) -> list[Imported]:
     found = [Imported(f, None) for f in sorted(file.parent.glob("*.go")) if f.resolve() != file.resolve() and not f.name.endswith("_test.go")]
     go_mod = folder / "go.mod"
     module = GO_MODULE.search(go_mod.read_text(errors="replace")) if go_mod.is_file() else None
-    for path in GO_IMPORT.findall(text)[:MAX_IMPORTS] if module else ():
+    for alias, path in GO_IMPORT.findall(text)[:MAX_IMPORTS] if module else ():
         if path.startswith(module.group(1) + "/"):  # type: ignore[union-attr]
             package = folder / path[len(module.group(1)) + 1 :]  # type: ignore[union-attr]
-            found += [Imported(f, None) for f in sorted(package.glob("*.go")) if _inside(f, folder) and not f.name.endswith("_test.go")]
+            files = [f for f in sorted(package.glob("*.go")) if _inside(f, folder) and not f.name.endswith("_test.go")]
+            qualifier = alias or _go_package_name(files) or package.name
+            found += [Imported(f, None, qualifier if alias != "_" else "") for f in files]
     return found[:MAX_GO_FILES]
+
+
+def _go_package_name(files: list[Path]) -> str:
+    """The `package` clause of a package's first file (what `pkg.` is written as); "" when unread."""
+    for file in files[:1]:
+        found = GO_PACKAGE.search(file.read_text(errors="replace")[:4096])
+        if found is not None:
+            return found.group(1)
+    return ""
 
 
 def resolve_rust(text: str, file: Path, folder: Path) -> list[Imported]:

@@ -7,6 +7,8 @@ before its body (`func Parse(s string) (*Node, error)`) and short declarations w
 
 from __future__ import annotations
 
+import re
+
 import tree_sitter
 
 from kspec.engine.syntax.languages import new_parser
@@ -162,11 +164,51 @@ def _py_bound(source: bytes, node: tree_sitter.Node, imports: bool) -> list[str]
     return []
 
 
+JS_EXPORTED = re.compile(
+    r"^export\s+(?:default\s+)?(?:declare\s+)?(?:async\s+)?(?:function\*?|class|const|let|var|interface|type|enum|namespace)\s+([A-Za-z_$][\w$]*)"
+    r"|^(?:module\.)?exports\.([A-Za-z_$][\w$]*)\s*=",
+    re.M,
+)
+JS_EXPORT_LIST = re.compile(r"^(?:export\s*|module\.exports\s*=\s*)\{([^}]*)\}", re.M)  # `export { a, b as c }`, `module.exports = { a, b: f }`
+GO_EXPORTED = re.compile(r"^(?:func|type|var|const)\s+([A-Z]\w*)")
+GO_GROUP = re.compile(r"^(?:var|const|type)\s*\($")  # `const (` ... `)`: one name per line inside
+
+
+def _go_names(text: str) -> list[str]:
+    names, grouped = [], False
+    for line in text.splitlines():
+        if grouped:
+            grouped = not line.startswith(")")
+            found = re.match(r"\s+([A-Z]\w*)\b", line) if grouped else None
+        else:
+            grouped = GO_GROUP.match(line) is not None
+            found = GO_EXPORTED.match(line)
+        if found is not None:
+            names.append(found.group(1))
+    return names
+
+
+def _js_names(text: str) -> list[str]:
+    names = [a or b for a, b in JS_EXPORTED.findall(text)]
+    for listed in JS_EXPORT_LIST.findall(text):
+        for item in listed.split(","):
+            words = item.replace(":", " ").split()
+            if words:
+                names.append(words[-1] if "as" in words[1:2] else words[0])
+    return [name for name in names if re.fullmatch(r"[A-Za-z_$][\w$]*", name)]
+
+
 def member_names(text: str, language: str, package: bool = False) -> tuple[str, ...]:
-    """The names a module offers to `module.name` (Python: its module-level functions, classes
-    and constants, the private ones last, each in file order; a package's `__init__` also the
-    names it imports, which it re-exports: a plain module's imports are its own business);
-    () for other languages."""
+    """The names a module offers to `module.name`, in file order. Python: its module-level
+    functions, classes and constants, the private ones last (a package's `__init__` also the
+    names it imports, which it re-exports: a plain module's imports are its own business).
+    JavaScript / TypeScript: what it exports (`export function f`, `exports.f =`, then the lists:
+    `export { a }`, `module.exports = { a }`).
+    Go: a file's exported (capitalized) functions, types, variables and constants. () otherwise."""
+    if language in ("javascript", "typescript", "tsx"):
+        return tuple(dict.fromkeys(_js_names(text)))
+    if language == "go":
+        return tuple(dict.fromkeys(_go_names(text)))
     if language != "python":
         return ()
     source = text.encode("utf-8")

@@ -251,7 +251,7 @@ def test_member_names_are_a_modules_own_definitions() -> None:
     assert member_names(text, "python") == ("MAX_DEPTH", "Node", "Impossible", "render_tree", "FAST", "_CACHE")
     # a package's __init__ re-exports what it imports
     assert member_names("from .nodes import Node as N, render_tree\nimport typing\n", "python", package=True) == ("N", "render_tree", "typing")
-    assert member_names("func Parse() {}\n", "go") == ()
+    assert member_names("func Parse() {}\nfunc local() {}\n", "go") == ("Parse",)  # Go: what is exported
 
 
 def test_imports_say_the_name_the_file_reaches_a_module_by(workspace: Path) -> None:
@@ -271,3 +271,27 @@ def test_the_gatherer_gives_each_qualifiers_member_names_once_per_module(workspa
     }
     assert [piece.path for piece in gathered.pieces].count("pkg/nodes.py") == 1  # one outline for the module imported twice
     assert gather(ContextGatherer(ContextConfig(enabled=False)), workspace, parser, 9, []).members == ()
+
+
+def test_js_namespaces_and_go_packages_carry_their_exported_names(tmp_path: Path) -> None:
+    (tmp_path / "util.ts").write_text(
+        "export function pad(s: string): string { return s; }\nexport const WIDTH = 80, other = 1;\n"
+        "function hidden() {}\nexport { hidden as shown };\nexport interface Options { width: number }\n"
+    )  # fmt: skip
+    (tmp_path / "old.js").write_text("exports.parse = function () {};\nmodule.exports.render = 1;\n")
+    text = 'import * as util from "./util";\nconst legacy = require("./old.js");\nimport { pad } from "./util";\n'
+    found = {(imp.path.name, imp.qualifier) for imp in resolve_imports(text, "typescript", tmp_path / "main.ts", tmp_path)}
+    assert found == {("util.ts", "util"), ("old.js", "legacy")}
+    assert member_names((tmp_path / "util.ts").read_text(), "typescript") == ("pad", "WIDTH", "Options", "shown")
+    assert member_names((tmp_path / "old.js").read_text(), "javascript") == ("parse", "render")
+    # Go: a package of the folder's module, reached by its package clause's name (or an alias)
+    (tmp_path / "go.mod").write_text("module example.com/app\n")
+    (tmp_path / "geom").mkdir()
+    (tmp_path / "geom" / "shapes.go").write_text(
+        "package shapes\n\nconst (\n\tPi = 3.14\n\tsmall = 1\n)\n\ntype Circle struct {\n\tRadius float64\n}\n\n"
+        "func Area(c Circle) float64 { return Pi }\nfunc helper() {}\n"
+    )  # fmt: skip
+    main = 'package main\n\nimport (\n\t"example.com/app/geom"\n\tg2 "example.com/app/geom"\n)\n'
+    found = {(imp.path.name, imp.qualifier) for imp in resolve_imports(main, "go", tmp_path / "main.go", tmp_path)}
+    assert found == {("shapes.go", "shapes"), ("shapes.go", "g2")}
+    assert member_names((tmp_path / "geom" / "shapes.go").read_text(), "go") == ("Pi", "Circle", "Area")
