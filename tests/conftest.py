@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A test that runs a command's main() configures the root logger with a handler on that
+    test's captured stderr (cli/logs.py, `basicConfig(force=True)`); once the capture closes, a
+    later test's log records would go to a closed stream. Each test gets the root logger back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")
