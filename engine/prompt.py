@@ -7,17 +7,12 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from kspec.engine.api import ContextFile
+from kspec.engine.api import CONTEXT_SHARE, ContextFile
 from kspec.engine.context_prompt import context_block
 from kspec.engine.decode.healing import split_for_healing
 from kspec.engine.models.tokenizer import Tokenizer
 
 CHARS_PER_TOKEN_BOUND = 8  # no tokenizer here averages more; used to pre-cut text before encoding
-# Other files' context takes at most this share of the prompt budget, and the file's window the
-# rest: the whole prompt stays what the machine fit prefills cold in its time (a context refresh
-# is a cold request within that budget), and a warm keystroke's decode rounds read no more KV
-# than without context. (Before: the context came on top of the window, up to 2x the budget.)
-CONTEXT_SHARE = 0.5
 
 
 @dataclass(frozen=True)

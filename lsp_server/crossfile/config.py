@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kspec.engine.prompt import CONTEXT_SHARE
+from kspec.engine.api import CONTEXT_SHARE
 
 CHARS_PER_TOKEN = 3.0  # code averages 3-4 characters per BPE token: the budget is converted with the lower figure
 
