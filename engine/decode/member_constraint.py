@@ -21,7 +21,7 @@ from torch import Tensor
 
 from kspec.engine.api import ModuleMembers
 from kspec.engine.decode.branches import Branch
-from kspec.engine.models.tokenizer import Tokenizer
+from kspec.engine.models.tokenizer import Tokenizer, goes_on_name
 from kspec.engine.syntax.members import member_names
 
 TAIL_CHARS = 256  # of the text before the cursor: enough to hold `qualifier.` before a branch's text
@@ -68,11 +68,10 @@ class MemberConstraint:
                 allowed.update(by_text.get(lead + rest[:end], ()))
             whole = lead + rest
             if not whole:
-                word = set(self.tokenizer.word_start_ids())
-                allowed.update(i for i, text in enumerate(self.tokenizer.token_texts()) if text and i not in word)
+                allowed.update(self.tokenizer.name_end_ids())
                 continue
             low, high = bisect.bisect_left(texts, whole), bisect.bisect_left(texts, whole + "\U0010ffff")
-            allowed.update(ids[at] for at in range(low, high) if len(texts[at]) > len(whole) and not _goes_on(texts[at][len(whole)]))
+            allowed.update(ids[at] for at in range(low, high) if len(texts[at]) > len(whole) and not goes_on_name(texts[at][len(whole)]))
         return {i for i in allowed if i < self.vocab_size}
 
     def constrain(self, logits: Tensor, branches: list[Branch], rows: Collection[int] | None = None) -> Tensor:
@@ -82,6 +81,3 @@ class MemberConstraint:
             return logits
         return logits + torch.stack([b if b is not None else torch.zeros_like(logits[0]) for b in biases])  # [k, V]
 
-
-def _goes_on(char: str) -> bool:
-    return char.isalnum() or char in "_$"

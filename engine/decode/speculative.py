@@ -33,6 +33,7 @@ from kspec.engine.decode.drafters import GAMMA_LIMIT, Draft, Drafter
 from kspec.engine.decode.branches import Branch, BranchTracker, DecodeOutput, interrupted
 from kspec.engine.decode.healing import HealingBias
 from kspec.engine.cache.kv import BranchKVCache
+from kspec.engine.models.tokenizer import goes_on_name
 from kspec.engine.models.transformer import Transformer
 from kspec.engine.cache.prefix_cache import Prefill, prefill_uncached
 from kspec.engine.decode.sampling import SamplingParams, first_tokens, probabilities
@@ -368,8 +369,7 @@ class SpeculativeRun:
         """After a forced start that ends inside a name (its last token's text ends with an
         identifier character): a bias [V] of -inf on the tokens that would run the name on."""
         tokenizer = self.tracker.tokenizer
-        text = tokenizer.token_texts()[last]
-        if not (text[-1:].isalnum() or text[-1:] in "_$"):
+        if not goes_on_name(tokenizer.token_texts()[last][-1:]):
             return None
         if self._word_bias is None:
             self._word_bias = torch.zeros(self.healing.vocab_size, device=self.healing.device)  # [V]

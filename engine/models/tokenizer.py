@@ -11,6 +11,12 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from kspec.engine.errors import ModelLoadError
 
+
+def goes_on_name(char: str) -> bool:
+    """`char` can go on an identifier (a letter, digit, `_` or `$`); "" (an empty token's text)
+    counts as going on too, so that such a token never ends a name."""
+    return char.isalnum() or char in "_$"
+
 REPLACEMENT_CHAR = "\ufffd"
 
 # FIM token spellings per model family: (prefix, suffix, middle)
@@ -40,6 +46,7 @@ class Tokenizer:
         self._token_texts: list[str] | None = None
         self._text_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None
         self._word_starts: list[int] | None = None
+        self._name_ends: list[int] | None = None
 
     @classmethod
     def from_folder(cls, folder: Path, eos_ids: tuple[int, ...] = ()) -> "Tokenizer":
@@ -85,11 +92,18 @@ class Tokenizer:
         return self._token_texts
 
     def word_start_ids(self) -> list[int]:
-        """The tokens whose text begins with an identifier character (a letter, digit, `_` or `$`):
-        after a whole name, these would run it on into another (computed once)."""
+        """The tokens whose text begins with an identifier character (`goes_on_name`): after a
+        whole name, these would run it on into another (computed once)."""
         if self._word_starts is None:
-            self._word_starts = [i for i, text in enumerate(self.token_texts()) if text[:1].isalnum() or text[:1] in "_$"]
+            self._word_starts = [i for i, text in enumerate(self.token_texts()) if goes_on_name(text[:1])]
         return self._word_starts
+
+    def name_end_ids(self) -> list[int]:
+        """The tokens with text that does not begin with an identifier character: a name ends
+        before them (computed once)."""
+        if self._name_ends is None:
+            self._name_ends = [i for i, text in enumerate(self.token_texts()) if text and not goes_on_name(text[0])]
+        return self._name_ends
 
     def token_text_index(self) -> tuple[list[str], list[int], dict[str, list[int]]]:
         """(token texts sorted, their ids in that order, ids by text) for prefix queries (computed once)."""
