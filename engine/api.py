@@ -33,6 +33,14 @@ MAX_MEMBER_MODULES = 64  # modules whose member names a request carries
 MAX_MEMBER_NAMES = 4096  # member names per request, all modules together
 
 
+def _request_maps(data: Any, field: str, limit: int, shape: str, kind: type) -> list[Any]:
+    """A request field that must be a list of at most `limit` maps (`shape` names their keys in
+    the error) -> its items, an instance of `kind` taken as its map; the items are not checked yet."""
+    if not isinstance(data, (list, tuple)) or len(data) > limit:
+        raise InputError(f"request field {field!r} must be a list of at most {limit} {shape} maps")
+    return [asdict(item) if isinstance(item, kind) else item for item in data]
+
+
 @dataclass(frozen=True)
 class ContextFile:
     """A piece of another file given as context: its path (shown to the model as the file's
@@ -44,12 +52,8 @@ class ContextFile:
     @classmethod
     def parse_all(cls, data: Any) -> "tuple[ContextFile, ...]":
         """A list of {path, text} maps (msgpack, JSON) -> the pieces; raises InputError."""
-        if not isinstance(data, (list, tuple)) or len(data) > MAX_CONTEXT_FILES:
-            raise InputError(f"request field 'context' must be a list of at most {MAX_CONTEXT_FILES} {{path, text}} maps")
         pieces = []
-        for item in data:
-            if isinstance(item, ContextFile):
-                item = asdict(item)
+        for item in _request_maps(data, "context", MAX_CONTEXT_FILES, "{path, text}", ContextFile):
             if not isinstance(item, dict) or not isinstance(item.get("path"), str) or not isinstance(item.get("text"), str):
                 raise InputError("each 'context' piece must be a map with string 'path' and 'text'")
             pieces.append(cls(item["path"], item["text"]))
@@ -70,12 +74,8 @@ class ModuleMembers:
     @classmethod
     def parse_all(cls, data: Any) -> "tuple[ModuleMembers, ...]":
         """A list of {qualifier, names} maps (msgpack, JSON) -> the modules; raises InputError."""
-        if not isinstance(data, (list, tuple)) or len(data) > MAX_MEMBER_MODULES:
-            raise InputError(f"request field 'members' must be a list of at most {MAX_MEMBER_MODULES} {{qualifier, names}} maps")
         modules = []
-        for item in data:
-            if isinstance(item, ModuleMembers):
-                item = asdict(item)
+        for item in _request_maps(data, "members", MAX_MEMBER_MODULES, "{qualifier, names}", ModuleMembers):
             names = item.get("names") if isinstance(item, dict) else None
             if not isinstance(item, dict) or not isinstance(item.get("qualifier"), str) or not isinstance(names, (list, tuple)) \
                     or not all(isinstance(name, str) for name in names):  # fmt: skip
