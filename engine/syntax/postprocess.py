@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+from typing import NamedTuple
 from dataclasses import dataclass, field, replace
 
 from kspec.engine.api import Completion
@@ -17,7 +18,7 @@ from kspec.engine.syntax.pynames import module_names
 from kspec.engine.syntax.rank import (
     RankConfig, Scored, Signals, dedupe_key, distinct, first_line_key, normalized_logprob, order, score,
 )
-from kspec.engine.syntax.trim import END, Cut, drop_truncated_line, find_cut, finalize
+from kspec.engine.syntax.trim import END, Cut, before_open_call, drop_truncated_line, find_cut, finalize
 from kspec.engine.syntax.memo import request_memo
 from kspec.engine.syntax.window import EndBalance, crop, end_balance
 
@@ -117,14 +118,23 @@ def analysis(prefix: str, suffix: str, language: str | None) -> Analysis:
     return Analysis(prefix[start:], suffix[:end], language, above)
 
 
-def trim_and_check(request: Analysis, candidate: Candidate, config: PostprocessConfig) -> tuple[str, CheckResult] | None:
+class Trimmed(NamedTuple):
+    text: str
+    check: CheckResult
+    name_only: bool = False  # the name of a call the candidate opened and did not finish (`Message(` -> `Message`)
+
+
+def trim_and_check(request: Analysis, candidate: Candidate, config: PostprocessConfig) -> Trimmed | None:
     """The trimmed text and its check.
 
     If the trimmed text does not leave the file whole (`Checker.leaves_whole`: errors the
     window had away from the hole are not held against it), other cuts are tried: earlier line
     ends inside the unit (when it breaks the parse), then later line ends of the completion
     (a hole that needs more than one statement); the first that leaves the file whole wins,
-    else the first that at least breaks nothing, else the trimmed text.
+    else the first that at least breaks nothing, else the trimmed text. When none leaves it
+    whole and the text ends by opening a call on a name (`Message(`, cut at the newline before
+    its arguments), the name alone is taken if that leaves the file whole: a partial answer
+    (`name_only`), shown after the whole ones, rather than none.
     """
     ctx = request.ctx
     completion = candidate.text
@@ -134,14 +144,14 @@ def trim_and_check(request: Analysis, candidate: Candidate, config: PostprocessC
     completion = completion[: balance.keep]
     cut = find_cut(ctx, completion, final=True) or Cut(len(completion), END)
 
-    def attempt(option: Cut | int) -> tuple[str, CheckResult] | None:
+    def attempt(option: Cut | int) -> Trimmed | None:
         text = finalize(ctx, completion, option)
         if text is None:
             return None
         result = request.check(text, config.check_names)
-        return text, replace(result, beyond_window=True) if balance.unsure else result
+        return Trimmed(text, replace(result, beyond_window=True) if balance.unsure else result)
 
-    def clean(found: tuple[str, CheckResult] | None) -> bool:
+    def clean(found: Trimmed | None) -> bool:
         return found is not None and request.leaves_whole(found[1])
 
     first = attempt(cut)
@@ -157,6 +167,10 @@ def trim_and_check(request: Analysis, candidate: Candidate, config: PostprocessC
             return found
         if fallback is None and found is not None and not found[1].breaks_parse:
             fallback = found
+    if (name_end := before_open_call(ctx, completion[: cut.end])) is not None:
+        found = attempt(name_end)
+        if found is not None and clean(found):
+            return found._replace(name_only=True)
     return fallback or first
 
 
@@ -189,12 +203,15 @@ def rank_alternatives(
     request = analysis(prefix, suffix, normalize_language(language))
     writing_at_end = not request.suffix.strip()
     groups: dict[str, list[tuple[int, str, CheckResult]]] = {}
+    partial: set[int] = set()  # candidates shown as the name of a call they left open (Trimmed.name_only)
     first_lines: dict[str, int] = {}  # first-line key -> trimmed alternatives that start with it
     for index, candidate in enumerate(candidates):
         trimmed = trim_and_check(request, candidate, config)
         if trimmed is None:
             continue
-        text, result = trimmed
+        text, result, name_only = trimmed
+        if name_only:
+            partial.add(index)
         unknown = members.unknown(text) if members is not None else None
         if unknown is not None:  # after `nodes.`, a name the module does not have
             result = replace(result, undefined_names=(*result.undefined_names, unknown))
@@ -232,7 +249,9 @@ def rank_alternatives(
         # Nor are those whose brackets reach past the window's end, where it cannot be seen
         # whether the file stays whole, next to one the window vouches for.
         scored = [item for item in scored if not item.check.beyond_window]
-    return [_ranked(candidates[item.index], item) for item in distinct(order(scored))]
+    whole = [item for item in scored if item.index not in partial]
+    best_first = order(whole) + order([item for item in scored if item.index in partial])
+    return [_ranked(candidates[item.index], item) for item in distinct(best_first)]
 
 
 def _raw(candidates: list[Candidate]) -> list[Ranked]:

@@ -416,3 +416,29 @@ def reopened_on_line(tokens: list[Tok], index: int) -> int:
     if open_on_line and open_on_line[0].char == CLOSERS[closer.char]:
         return open_on_line[0].start
     return -1
+
+
+def before_open_call(ctx: CursorContext, completion: str) -> int | None:
+    """Where a completion that ends by opening a call or subscript on a name (`Message(`, the
+    line rule having cut it at the newline before the arguments) keeps just that name: the
+    offset of its last opener when nothing but whitespace follows the opener, the opener is
+    left unclosed and a name (or a closing bracket: `f(x)(`) comes right before it. None
+    otherwise (and for text without a lexer)."""
+    if ctx.spec is None:
+        return None
+    result = lex(completion, ctx.spec, ctx.start_state)
+    if result.end_state is not None:
+        return None  # ends inside a string or comment
+    open_now: list[Tok] = []
+    for tok in result.tokens:
+        if tok.kind == OPEN:
+            open_now.append(tok)
+        elif tok.kind == CLOSE and open_now:
+            open_now.pop()
+    if not open_now or completion[open_now[-1].end :].strip():
+        return None
+    at = open_now[-1].start
+    before = completion[:at].rstrip(" \t")
+    if len(before) != at or not before or not (before[-1].isalnum() or before[-1] in "_)]"):
+        return None
+    return at

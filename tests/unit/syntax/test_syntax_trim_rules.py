@@ -6,6 +6,7 @@ import pytest
 
 from kspec.engine.syntax.context import build_context
 from kspec.engine.syntax.languages import detect_language
+from kspec.engine.syntax.postprocess import Candidate, postprocess
 from kspec.engine.syntax.trim import BRACKET, DEDENT, REPEAT, REPEAT_INLINE, drop_truncated_line, find_cut, trim
 
 
@@ -223,3 +224,31 @@ def test_a_line_the_code_needs_twice_is_no_repeat() -> None:
     suffix = "\n    x += 1;\n    return x;\n}\n"
     assert trimmed(prefix, "x += 1;\n    x += 1;\n    return x;\n}\n", suffix, "c") == "x += 1;"
     assert trimmed(prefix, "x += 1;\n    return x;\n}\n", suffix, "c") is None  # this one only repeats
+
+
+# A call whose arguments the model puts on the next lines: the line rule ends the branch at that
+# newline, leaving `Message(` open, and the alternative used to be dropped (an empty answer for a
+# cross-file hole, `return _adapters.Message(` + newline, issue 42). The name alone fills the hole.
+_CALL_PREFIX = "from . import _adapters\n\n\nclass Dist:\n    def metadata(self, text):\n        return _adapters."
+_CALL_SUFFIX = "\n\n    def name(self):\n        return 1\n"
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("Message(", ["Message"]),
+        ("Message(\n", ["Message"]),
+        ("Message.from_text(", ["Message.from_text"]),
+        ("Message(text", []),  # arguments begun: not just a name's call left for the next line
+        ("Message (", []),  # no call on a name right before the bracket
+        ("Message(text)", ["Message(text)"]),  # whole: shown as it is
+    ],
+)
+def test_a_call_opened_at_the_line_end_shows_its_name(raw: str, shown: list[str]) -> None:
+    completions = postprocess(_CALL_PREFIX, _CALL_SUFFIX, "python", [Candidate(raw, -1.0, 3, "stop")])
+    assert [c.text for c in completions] == shown
+
+
+def test_a_name_of_an_open_call_comes_after_the_whole_alternatives() -> None:
+    candidates = [Candidate("Message(", -0.5, 3, "stop"), Candidate("Other(text)", -6.0, 4, "stop")]
+    assert [c.text for c in postprocess(_CALL_PREFIX, _CALL_SUFFIX, "python", candidates)] == ["Other(text)", "Message"]
