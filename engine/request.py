@@ -39,7 +39,7 @@ from kspec.engine.errors import CancelledError, InputError
 from kspec.engine.models.loading import LoadedModel
 from kspec.engine.models.transformer import EarlyExit
 from kspec.engine.prompt import PromptBudget, PromptStarts, build_prompt
-from kspec.engine.syntax import Candidate, UnitPredicate, binding_starts, detect_language, hole_needs, member_names, postprocess
+from kspec.engine.syntax import Candidate, UnitPredicate, binding_starts, by_context_affinity, detect_language, hole_needs, member_names, postprocess
 
 
 class RequestState(enum.Enum):
@@ -143,8 +143,14 @@ def steering_starts(
     if members is None:
         return kept, steering
     ranked = ranked_by_model(kept, next_log_probs)
-    # branch 0, kept to the module's names too (member_constraint), writes the likeliest itself
-    return (ranked[1:] if config.constrain_member_names else ranked), steering
+    if config.constrain_member_names:
+        ranked = ranked[1:]  # branch 0, kept to the module's names too (member_constraint), writes the likeliest itself
+    # Names that share a word with the code around the cursor come first, all but one steered
+    # branch: the model's own preference keeps the last.
+    tokens_of = {members.typed + rest: ids for rest, ids in zip(starts, tokens) if ids is not None}
+    affine = [tokens_of[name] for name in by_context_affinity(tuple(tokens_of), request.prefix, members.qualifier)]
+    picks = [ids for ids in affine if ids in ranked][: max(0, config.steer_member_branches - 1)]
+    return picks + [ids for ids in ranked if ids not in picks], steering
 
 
 def member_constraint(parts: EngineParts, request: CompletionRequest, vocab_size: int, device: torch.device) -> MemberConstraint | None:

@@ -18,7 +18,7 @@ from kspec.engine.syntax.checks import ANALYSIS, Checker, CheckResult
 from kspec.engine.syntax.early_stop import UnitPredicate, unit_complete
 from kspec.engine.syntax.languages import LANGUAGES, detect_language, normalize_language
 from kspec.engine.syntax.memo import forget_requests
-from kspec.engine.syntax.members import MemberNames, member_names
+from kspec.engine.syntax.members import MemberNames, by_context_affinity, member_names
 from kspec.engine.syntax.needs import HoleNeeds, binding_starts, hole_needs
 from kspec.engine.syntax.postprocess import (
     Candidate,
@@ -47,6 +47,7 @@ __all__ = [
     "forget_requests",
     "hole_needs",
     "member_names",
+    "by_context_affinity",
     "normalize_language",
     "postprocess",
     "rank_alternatives",

@@ -12,6 +12,7 @@ an alternative that writes a name the module does not have as one more undefined
 
 from __future__ import annotations
 
+import keyword
 import re
 from dataclasses import dataclass
 
@@ -29,13 +30,24 @@ class MemberNames:
     typed: str  # the part of the member's name typed already (`Con`)
     rests: tuple[str, ...]  # each matching name without `typed`, in the module's order (a private `_name` only after a typed `_`)
     names: frozenset[str]  # every member name of the module
+    words: frozenset[str] = frozenset()  # of the code around the cursor (`context_words`)
+
+    def written(self, text: str) -> str:
+        """The member name the alternative `text` completes (`typed` and its first name)."""
+        found = _NAME_START.match(text)
+        return self.typed + (found.group(0) if found else "")
 
     def unknown(self, text: str) -> str | None:
         """`qualifier.name` where the alternative `text` completes the name to one the module
         does not have (`nodes.DtdHandler`); None where it is a member or names nothing."""
-        found = _NAME_START.match(text)
-        name = self.typed + (found.group(0) if found else "")
+        name = self.written(text)
         return None if not name or name in self.names else f"{self.qualifier}.{name}"
+
+    def affinity(self, text: str) -> float:
+        """`affinity_share` of the member name `text` writes with the code around the cursor; 0
+        for a name the module lacks."""
+        name = self.written(text)
+        return affinity_share(name, self.words) if name in self.names else 0.0
 
 
 def member_names(prefix: str, members: tuple[ModuleMembers, ...], whole: bool = False) -> MemberNames | None:
@@ -53,4 +65,59 @@ def member_names(prefix: str, members: tuple[ModuleMembers, ...], whole: bool = 
         name[len(typed) :] for name in names
         if name.startswith(typed) and (whole or name != typed) and (typed.startswith("_") or not name.startswith("_"))
     ))  # fmt: skip
-    return MemberNames(qualifier, typed, rests, frozenset(names)) if rests else None
+    return MemberNames(qualifier, typed, rests, frozenset(names), context_words(prefix, qualifier)) if rests else None
+
+
+# Words that say nothing about which member is meant (keywords, the receiver).
+_PLAIN_WORDS = frozenset(keyword.kwlist) | {"self", "cls", "this", "const", "let", "var", "func", "function", "return"}
+_SUBWORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+_IDENTIFIER = re.compile(r"[A-Za-z_$][\w$]*")
+_DEFINITION = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:def|class|function|func|fn)[ \t]+([A-Za-z_$][\w$]*)")
+MIN_WORD = 3  # shorter subwords (`to`, `of`, `a`) match too much
+HEADER_LOOKBACK = 4000  # characters above the cursor searched for the enclosing definition
+
+
+def subwords(identifier: str) -> list[str]:
+    """`parse_concat` -> [parse, concat]; `ScopedEvalContextModifier` -> [scoped, eval, context, modifier]."""
+    return [w.lower() for w in _SUBWORD.findall(identifier)]
+
+
+def context_words(prefix: str, qualifier: str) -> frozenset[str]:
+    """The words of the cursor's line before `qualifier.` and of the enclosing definition's name
+    (the nearest less-indented `def`/`class`/`function`/`func`/`fn` line above), less the
+    qualifier's own and the plain words."""
+    line_start = prefix.rfind("\n") + 1
+    line = prefix[line_start:]
+    before = line[: len(line) - len(line.lstrip())]
+    indent = len(before.expandtabs())
+    texts = [line[: line.rfind(qualifier + ".")] if qualifier + "." in line else line]
+    for above in reversed(prefix[max(0, line_start - HEADER_LOOKBACK) : line_start].split("\n")):
+        found = _DEFINITION.match(above)
+        if found and len(above.expandtabs()) - len(above.expandtabs().lstrip()) < indent:
+            texts.append(found.group(1))
+            break
+    skip = set(subwords(qualifier)) | _PLAIN_WORDS
+    return frozenset(w for text in texts for name in _IDENTIFIER.findall(text) for w in subwords(name) if len(w) >= MIN_WORD and w not in skip)
+
+
+def _matches(word: str, other: str) -> bool:
+    return word == other or (min(len(word), len(other)) >= 4 and (word.startswith(other) or other.startswith(word)))
+
+
+def affinity_share(name: str, words: frozenset[str]) -> float:
+    """The share of `name`'s own words (`subwords`) that match one of `words` (equal, or one a
+    start of the other when both have 4 letters or more: `scan` / `scanner`); 0 to 1."""
+    own = [w for w in subwords(name) if len(w) >= MIN_WORD]
+    if not own or not words:
+        return 0.0
+    return sum(1 for w in own if any(_matches(w, c) for c in words)) / len(own)
+
+
+def by_context_affinity(names: tuple[str, ...], prefix: str, qualifier: str) -> list[str]:
+    """The `names` (whole member names) that share a word with the code around the cursor (the
+    line it is on, the enclosing definition's name: `def parse_concat` -> `Concat`, `context =
+    nodes.` -> `ContextReference`, `self.scan_once = scanner.` -> `make_scanner`), the larger
+    share of the name's own words first, then in the given order."""
+    words = context_words(prefix, qualifier)
+    shares = [(-share, at, name) for at, name in enumerate(names) if (share := affinity_share(name, words)) > 0]
+    return [name for _, _, name in sorted(shares)]

@@ -228,10 +228,10 @@ def rank_alternatives(
         groups.setdefault(dedupe_key(text), []).append((index, text, result))
 
     scored: list[Scored] = []
-    for members in groups.values():
-        # The group's representative: the most confident member (the engine's order breaks ties).
+    for group in groups.values():
+        # The group's representative: the most confident of it (the engine's order breaks ties).
         index, text, result = max(
-            members,
+            group,
             key=lambda m: (normalized_logprob(candidates[m[0]].logprob, candidates[m[0]].n_tokens), -m[0]),
         )
         candidate = candidates[index]
@@ -239,8 +239,9 @@ def rank_alternatives(
             text, candidate.logprob, candidate.n_tokens, result,
             agreeing=first_lines[first_line_key(text)],
             degenerate=degeneration(text, request.prefix) is not None,
+            affinity=members.affinity(text) if members is not None else 0.0,
         )
-        scored.append(Scored(index, text, score(signals, config.rank), result, len(members)))
+        scored.append(Scored(index, text, score(signals, config.rank), result, len(group)))
     if config.drop_broken and any(item.check.unfixed_errors == 0 for item in scored):
         # Some alternative leaves the file whole (it fills the hole): those that leave it
         # broken are not worth showing next to it.

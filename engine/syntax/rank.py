@@ -8,6 +8,9 @@ score = logprob / n_tokens                          the model's confidence, mean
                                                      (names the code after the cursor reads and
                                                      nothing before defines; Python: pynames.py,
                                                      JavaScript/TypeScript: jsnames.py)
+        + context_affinity_weight * affinity          after `module.`: the share of the member name's
+                                                     words the code around the cursor holds
+                                                     (members.py: `def parse_concat` -> `Concat`)
         - undefined_name_penalty * (#undefined names  (names it reads that nothing defines)
                                     + #certainly undefined)  (of those, the ones the window binds
                                                      only inside other functions: no name above
@@ -42,6 +45,7 @@ class RankConfig:
     undefined_name_penalty: float = 2.0
     unused_variable_penalty: float = 1.0
     needed_name_weight: float = 0.5
+    context_affinity_weight: float = 0.5
     length_weight: float = 0.02
     agreement_weight: float = 0.25
     degenerate_penalty: float = 1000.0
@@ -63,6 +67,7 @@ class Signals:
     check: CheckResult
     agreeing: int = 1  # alternatives whose shown text has the same first line, this one included
     degenerate: bool = False
+    affinity: float = 0.0  # after `module.`: MemberNames.affinity of the name it writes
 
 
 def normalized_logprob(logprob: float, n_tokens: int) -> float:
@@ -91,6 +96,7 @@ def score(signals: Signals, config: RankConfig) -> float:
     value += config.agreement_weight * math.log(max(signals.agreeing, 1))
     value += config.length_weight * math.log1p(sum(1 for c in signals.text if not c.isspace()))
     value += config.needed_name_weight * (len(check.needs_defined) - len(check.needs_missing))
+    value += config.context_affinity_weight * signals.affinity
     value -= config.undefined_name_penalty * (len(check.undefined_names) + len(check.certainly_undefined))
     value -= config.unused_variable_penalty * len(check.unused_variables)
     value -= config.unfixed_error_penalty * (1 if check.unfixed_errors else 0)

@@ -173,8 +173,9 @@ def test_ranked_by_model_orders_by_the_next_token_one_per_token_first():
 
 def test_the_embedded_model_after_a_module_qualifier_writes_the_modules_names(default_engine):
     """After `nodes.` with the module's names given (the context gatherer's), the steered branches
-    start with names it has, the model's likeliest first, and the top suggestion is one of them;
-    without the names the model makes one up."""
+    start with names it has, the model's likeliest first and the one the enclosing function's name
+    shares a word with, and the top suggestion is one of them; without the names the model makes
+    one up."""
     names = ("Node", "Stmt", "Expr", "Add", "Sub", "Concat", "Const", "TemplateData", "Tuple", "List", "Dict", "Name", "Call")
     request = CompletionRequest(
         prefix="from jinja2 import nodes\n\n\ndef parse_concat(self, args, lineno):\n    return nodes.", suffix="\n",
@@ -185,4 +186,32 @@ def test_the_embedded_model_after_a_module_qualifier_writes_the_modules_names(de
     leading = [re.match(r"\w*", c.text).group(0) for c in steered.completions]  # type: ignore[union-attr]
     assert steered.timing_ms["steered"] == 3 and sum(name in names for name in leading) >= 3
     assert leading[0] in names
+    assert "Concat" in leading  # the name the enclosing `def parse_concat` shares a word with is steered to
     assert free.timing_ms["steered"] == 0 and re.match(r"\w*", free.completions[0].text).group(0) not in names  # type: ignore[union-attr]
+
+
+def test_member_starts_put_the_name_the_code_around_the_cursor_shares_a_word_with_first(default_engine):
+    """The model's preference alone would steer to the names it likes most; a name sharing a word
+    with the enclosing definition (`def parse_slice` -> `Slice`) takes a steered branch first,
+    the model's likeliest still branch 0's, and one steered branch keeps the model's choice."""
+    from kspec.engine.request import steering_starts
+
+    names = ("Add", "Call", "Dict", "List", "Node", "Pow", "Slice", "Sub")
+    request = CompletionRequest(
+        prefix="from jinja2 import nodes\n\n\ndef parse_slice(self, args):\n    return nodes.", suffix="\n",
+        language="python", k=4, max_tokens=16, members=(ModuleMembers("nodes", names),),
+    )  # fmt: skip
+    tokenizer = default_engine.target.tokenizer
+    vocab = default_engine.target.model.args.vocab_size
+    order = ["Node", "Pow", "List", "Add", "Call", "Dict", "Sub", "Slice"]  # what this fake model prefers, Slice last
+
+    def next_log_probs(common: list[int]) -> torch.Tensor:
+        scores = torch.full((vocab,), -50.0)  # [V]
+        for rank, name in enumerate(order):
+            scores[forced_tokens(tokenizer, ".", name)[len(common)]] = -float(rank)  # type: ignore[index]
+        return scores
+
+    starts, _ = steering_starts(default_engine, request, "python", ".", next_log_probs)
+    spelled = [tokenizer.decode(ids)[1:] for ids in starts]
+    assert spelled[0] == "Slice" and "Node" not in spelled  # Node: branch 0's, the likeliest
+    assert spelled[1:3] == ["Pow", "List"]

@@ -7,7 +7,7 @@ import pytest
 
 from kspec.engine.api import CompletionRequest, ModuleMembers
 from kspec.engine.errors import InputError
-from kspec.engine.syntax import Candidate, member_names, postprocess
+from kspec.engine.syntax import Candidate, by_context_affinity, member_names, postprocess
 
 NODES = (ModuleMembers("nodes", ("Concat", "Const", "Node", "_private_helper")), ModuleMembers("os.path", ("join", "split")))
 
@@ -57,3 +57,37 @@ def test_members_travel_in_a_request_map_and_are_checked() -> None:
             CompletionRequest.from_dict({"prefix": "x", "members": [bad]})
     with pytest.raises(InputError, match="more than"):
         CompletionRequest.from_dict({"prefix": "x", "members": [{"qualifier": "m", "names": [f"n{i}" for i in range(5000)]}]})
+
+
+NODE_NAMES = ("Compare", "Concat", "ContextReference", "Const", "ScopedEvalContextModifier", "EvalContext")
+
+
+@pytest.mark.parametrize(
+    ("prefix", "qualifier", "names", "expected"),
+    [
+        # the enclosing definition's name
+        ("class Parser:\n    def parse_concat(self):\n        args = [1]\n        return nodes.", "nodes", NODE_NAMES, ["Concat"]),
+        # the line's target; the shorter name's larger share first, then the given order
+        ("def f():\n    context = nodes.", "nodes", NODE_NAMES, ["ContextReference", "EvalContext", "ScopedEvalContextModifier"]),
+        # a word and its longer form (`scan` / `scanner`); the qualifier's own words do not count
+        ("    def __init__(self):\n        self.scan_once = scanner.", "scanner", ("make_scanner", "py_make_scanner", "NUMBER_RE"), ["make_scanner", "py_make_scanner"]),
+        # a definition at the cursor's indentation or deeper does not enclose it
+        ("def parse_concat():\n    pass\n\ndef other():\n    return nodes.", "nodes", NODE_NAMES, []),
+        # plain words (keywords, the receiver) say nothing
+        ("    def f(self):\n        return self.nodes.x or nodes.", "nodes", NODE_NAMES, []),
+    ],
+)
+def test_member_names_that_share_a_word_with_the_code_around_the_cursor(prefix: str, qualifier: str, names: tuple[str, ...], expected: list[str]) -> None:
+    assert by_context_affinity(names, prefix, qualifier) == expected
+
+
+def test_ranking_prefers_the_member_the_code_around_the_cursor_names() -> None:
+    """Two members the module has, the model a little surer of the other: the one sharing the
+    enclosing function's word ranks first (rank.py's context_affinity_weight)."""
+    members = (ModuleMembers("nodes", ("Compare", "Concat")),)
+    prefix, suffix = "from pkg import nodes\n\n\ndef parse_concat(args):\n    return nodes.", "\n"
+    candidates = [Candidate("Compare(args)", -1.0, 4, "stop"), Candidate("Concat(args)", -1.6, 4, "stop")]
+    shown = postprocess(prefix, suffix, "python", candidates, members=member_names(prefix, members))
+    assert [c.text for c in shown] == ["Concat(args)", "Compare(args)"]
+    plain = postprocess(prefix.replace("parse_concat", "parse"), suffix, "python", candidates, members=member_names(prefix.replace("parse_concat", "parse"), members))
+    assert [c.text for c in plain] == ["Compare(args)", "Concat(args)"]
