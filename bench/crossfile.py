@@ -48,10 +48,13 @@ class CrossFileConfig:
     seed: int = 41
     model: str | None = None
     start_timeout_s: float = 600.0
+    packages: tuple[str, ...] = (*STDLIB_PACKAGES, *SITE_PACKAGES)  # importable packages the holes are cut from
 
     def __post_init__(self) -> None:
         if self.holes < 1 or not 1 <= self.k <= 32 or self.max_tokens < 1 or self.deadline_ms < 50:
             raise ValueError("holes >= 1, k in 1..32, max_tokens >= 1, deadline_ms >= 50")
+        if not self.packages:
+            raise ValueError("name at least one package to cut holes from")
 
 
 @dataclass(frozen=True)
@@ -120,12 +123,12 @@ def _cuts_of(module: Path, package: str, folder: Path, root: Path, defined: Call
     return cuts
 
 
-def package_folders() -> list[tuple[str, Path]]:
-    """(name, folder) of the packages holes are cut from, those installed here."""
+def package_folders(names: tuple[str, ...] = (*STDLIB_PACKAGES, *SITE_PACKAGES)) -> list[tuple[str, Path]]:
+    """(name, folder) of the packages `names` that are installed here (packages, not single modules)."""
     import importlib.util
 
     found = []
-    for name in (*STDLIB_PACKAGES, *SITE_PACKAGES):
+    for name in names:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.submodule_search_locations:
             found.append((name, Path(list(spec.submodule_search_locations)[0])))

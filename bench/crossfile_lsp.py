@@ -157,7 +157,9 @@ async def _run(config: CrossFileConfig, cuts: list[Cut], folder: Path, progress:
 
 
 def run_crossfile_bench(config: CrossFileConfig, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    packages = package_folders()
+    packages = package_folders(config.packages)
+    if not packages:
+        raise RuntimeError(f"none of the packages {', '.join(config.packages)} is installed here as a package folder")
     cuts = find_cuts(packages, config.holes, random.Random(config.seed))
     folder = scratch_workspace(cuts, packages)
     try:

@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
         "on with only the file open, and on with the sibling open too (bench/crossfile.py); --repeats: holes (default 24)",
     )  # fmt: skip
     bench.add_argument(
+        "--packages", default=None,
+        help="quality --cross-file: comma-separated importable packages to cut the holes from (default: email, json, importlib, "
+        "http, logging, concurrent, xml, urllib, click, jinja2; others give held-out holes, e.g. asyncio,multiprocessing,setuptools)",
+    )  # fmt: skip
+    bench.add_argument(
         "--steering", default=None,
         help="quality: the bench once per branch-steering setting, comma-separated BRANCHES or BRANCHES@FLOOR "
         "(steer_branches, steer_min_logprob; e.g. 0,1@-20), one engine, same holes (bench/steering.py)",
@@ -412,7 +417,8 @@ def _bench_cross_file(config, args: argparse.Namespace) -> dict:
     from kspec.bench.crossfile_lsp import run_crossfile_bench
 
     try:
-        cross = CrossFileConfig(holes=args.repeats or 24, k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 32, model=config.model)
+        packages = {} if args.packages is None else {"packages": tuple(p.strip() for p in args.packages.split(",") if p.strip())}
+        cross = CrossFileConfig(holes=args.repeats or 24, k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 32, model=config.model, **packages)
     except ValueError as exc:
         raise KspecError(str(exc)) from exc
     with tqdm(desc="kspec bench quality --cross-file", unit="cut", disable=not show_progress(args), file=sys.stderr) as bar:

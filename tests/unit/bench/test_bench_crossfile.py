@@ -41,3 +41,19 @@ def test_tally_counts_the_name_in_the_first_line_only() -> None:
     summary = tally.summary()
     assert (summary["name_top1"], summary["name_any_of_k"], summary["exact_any_of_k"], summary["empty"]) == (0.0, 0.333, 0.333, 0.333)
     assert summary["cold_p50_ms"] == 200.0 and summary["context_tokens_mean"] == 13.3
+
+
+def test_held_out_holes_come_from_the_packages_named() -> None:
+    """`--packages`: other packages than the default set give other holes (held out from the
+    ones the ranking was looked at on); a name that is not an installed package folder is left out."""
+    import pytest
+
+    from kspec.bench.crossfile import CrossFileConfig
+
+    default = {name for name, _ in package_folders()}
+    held_out = package_folders(("asyncio", "multiprocessing", "no_such_package_here", "textwrap"))  # textwrap: a module, not a package
+    assert [name for name, _ in held_out] == ["asyncio", "multiprocessing"] and not default & {"asyncio", "multiprocessing"}
+    cuts = find_cuts(held_out, 4, random.Random(41))
+    assert cuts and {cut.package for cut in cuts} <= {"asyncio", "multiprocessing"}
+    with pytest.raises(ValueError):
+        CrossFileConfig(packages=())
