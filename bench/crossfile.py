@@ -177,10 +177,14 @@ class Tally:
     warm_ms: list[float] = field(default_factory=list)
     context_tokens: list[int] = field(default_factory=list)
     context_files: list[int] = field(default_factory=list)
+    # per cut, None where the status told no prompt: the warm keystroke's prefill (`prompt.prefillMs`)
+    # and its prompt tokens the prefix cache did not hold
+    warm_prefill_ms: list[float | None] = field(default_factory=list)
+    warm_uncached: list[int | None] = field(default_factory=list)
     flags: list[dict[str, bool]] = field(default_factory=list)  # per cut: the counters' terms
     shown: list[list[str]] = field(default_factory=list)  # per cut: the first line of each suggestion
 
-    def add(self, cut: Cut, texts: list[str], cold_ms: float, warm_ms: float, context: dict[str, Any]) -> None:
+    def add(self, cut: Cut, texts: list[str], cold_ms: float, warm_ms: float, context: dict[str, Any], warm_prompt: dict[str, Any] | None = None) -> None:
         writes = [bool(re.search(rf"\b{re.escape(cut.name)}\b", t.split("\n", 1)[0])) for t in texts]
         exact = [dedupe_key(t.split("\n", 1)[0]) == dedupe_key(cut.reference) for t in texts]
         flags = {"empty": not texts, "name_top1": bool(writes and writes[0]), "name_any": any(writes),
@@ -194,10 +198,15 @@ class Tally:
         self.warm_ms.append(warm_ms)
         self.context_tokens.append(int(context.get("tokens", 0)))
         self.context_files.append(len(context.get("files", [])))
+        told = bool(warm_prompt) and "prefillMs" in warm_prompt  # type: ignore[operator]
+        self.warm_prefill_ms.append(float(warm_prompt["prefillMs"]) if told else None)  # type: ignore[index]
+        self.warm_uncached.append(int(warm_prompt.get("tokens", 0)) - int(warm_prompt.get("reusedTokens", 0)) if told else None)  # type: ignore[union-attr]
 
     def summary(self) -> dict[str, Any]:
         share = lambda n: round(n / self.cuts, 3) if self.cuts else None  # noqa: E731
         ms = lambda xs, q: round(percentile(xs, q), 1) if xs else None  # noqa: E731
+        prefills = [x for x in self.warm_prefill_ms if x is not None]
+        uncached = [x for x in self.warm_uncached if x is not None]
         return {
             "cuts": self.cuts, "name_top1": share(self.name_top1), "name_any_of_k": share(self.name_any),
             "exact_top1": share(self.exact_top1), "exact_any_of_k": share(self.exact_any), "empty": share(self.empty),
@@ -205,4 +214,8 @@ class Tally:
             "warm_p50_ms": ms(self.warm_ms, 50), "warm_p95_ms": ms(self.warm_ms, 95),
             "context_tokens_mean": round(sum(self.context_tokens) / self.cuts, 1) if self.cuts else None,
             "context_files_mean": round(sum(self.context_files) / self.cuts, 2) if self.cuts else None,
+            # where a warm keystroke's time goes: its prefill (the prompt from the prefix cache but
+            # for the tokens it did not hold) — the rest is decoding what the branches write
+            "warm_prefill_p50_ms": ms(prefills, 50), "warm_prefill_p95_ms": ms(prefills, 95),
+            "warm_uncached_tokens_max": max(uncached) if uncached else None,
         }  # fmt: skip

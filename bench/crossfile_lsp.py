@@ -121,10 +121,11 @@ async def ask(editor: Editor, folder: Path, cut: Cut, way: str, timeout_s: float
     context = dict(editor.status.get("context") or {})
     editor.type(uri, cut.line, cut.column, cut.reference[:1])
     _, warm_ms = await editor.inline(uri, cut.line, cut.column + 1, timeout_s)
+    warm_prompt = dict(editor.status.get("prompt") or {})
     editor.close(uri)
     if way == "open":
         editor.close(sibling)
-    tally.add(cut, texts, cold_ms, warm_ms, context)
+    tally.add(cut, texts, cold_ms, warm_ms, context, warm_prompt)
 
 
 def scratch_workspace(cuts: list[Cut], packages: list[tuple[str, Path]]) -> Path:
@@ -194,6 +195,8 @@ def _subset(tally: Tally, cuts: list[Cut], kind: str) -> Tally:
             part.warm_ms.append(tally.warm_ms[at])
             part.context_tokens.append(tally.context_tokens[at])
             part.context_files.append(tally.context_files[at])
+            part.warm_prefill_ms.append(tally.warm_prefill_ms[at])
+            part.warm_uncached.append(tally.warm_uncached[at])
             for name in ("name_top1", "name_any", "exact_top1", "exact_any", "empty"):
                 setattr(part, name, getattr(part, name) + tally.flags[at][name])
     return part

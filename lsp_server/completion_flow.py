@@ -327,7 +327,7 @@ class CompletionFlow:
         if texts and settings.typeahead and not kept:
             self.typeahead.store(query.document.uri, Entry(query.context, settings.prefix_chars, settings.suffix_chars, tuple(texts)))
         if shown:
-            self.report.answered(result.model, (time.perf_counter() - started) * 1000, int(result.timing_ms.get("context_tokens", 0)))
+            self.report.answered(result.model, (time.perf_counter() - started) * 1000, result.timing_ms)
         return texts
 
     async def _decode_on(self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, started: float) -> None:

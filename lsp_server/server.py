@@ -244,8 +244,12 @@ class Session:
         self.report.engine_status(status)
 
     def _status_extras(self) -> dict[str, Any]:
-        """What $/kspec/status adds to the engine's status: acceptance totals, the daemon's log file."""
-        extras: dict[str, Any] = {"acceptance": self.acceptance.summary(), "context": {**self.extra.last, "tokens": self.report.context_tokens}}
+        """What $/kspec/status adds to the engine's status: acceptance totals, the last answer's
+        context and prompt, the daemon's log file."""
+        extras: dict[str, Any] = {
+            "acceptance": self.acceptance.summary(), "context": {**self.extra.last, "tokens": self.report.context_tokens},
+            "prompt": dict(self.report.prompt),
+        }  # fmt: skip
         log_file = getattr(self.engine, "log_file", None)
         if log_file is not None:
             extras["logFile"] = str(log_file)

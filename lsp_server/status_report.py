@@ -13,6 +13,8 @@ from kspec.engine.serve.status import READY, Status
 
 STATUS_METHOD = "$/kspec/status"
 IDLE, BUSY, TIMED_OUT = "idle", "busy", "timedOut"
+# `prompt` in the status: its name -> the engine's timing_ms key
+PROMPT_TIMING = {"tokens": "prompt_tokens", "reusedTokens": "reused_prompt_tokens", "prefillMs": "prefill"}
 
 
 class StatusReport:
@@ -26,6 +28,7 @@ class StatusReport:
         self.activity = IDLE
         self.busy = 0  # requests with the engine now
         self.context_tokens = 0  # of other files' context in the last answer's prompt
+        self.prompt: dict[str, float] = {}  # the last answer's prompt: tokens, reusedTokens (from the prefix cache), prefillMs
         self.closed = False
 
     def tell(self) -> None:
@@ -43,9 +46,13 @@ class StatusReport:
             self.activity = activity
             self.tell()
 
-    def answered(self, model: str, latency_ms: float, context_tokens: int = 0) -> None:
-        """An answer the user waited for: its latency (and its prompt's context tokens), and the engine is ready."""
-        self.context_tokens = context_tokens
+    def answered(self, model: str, latency_ms: float, timing_ms: dict[str, float] | None = None) -> None:
+        """An answer the user waited for: its latency, what its prompt held (the engine's
+        `timing_ms`: context tokens, prompt tokens, those the prefix cache had, the prefill's
+        time), and the engine is ready."""
+        timing = timing_ms or {}
+        self.context_tokens = int(timing.get("context_tokens", 0))
+        self.prompt = {name: round(timing[key], 1) for name, key in PROMPT_TIMING.items() if key in timing}
         self.activity = BUSY if self.busy > 0 else IDLE
         self.status = replace(self.status, state=READY, message="ready", model=model, latency_ms=latency_ms)
         self.tell()

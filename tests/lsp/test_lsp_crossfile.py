@@ -77,3 +77,21 @@ async def test_one_client_two_folders_keeps_them_apart(model_dir: Path, tmp_path
         open_all(editor, uris_b, beta)
         assert set((await context_after(editor, uris_a["main.py"]))["files"]) == {"pkg/open_alpha.py", "pkg/nodes.py"}
         assert set((await context_after(editor, uris_b["main.py"]))["files"]) == {"pkg/open_beta.py", "pkg/nodes.py"}
+
+
+async def test_the_next_keystroke_takes_the_context_from_the_prefix_cache(model_dir: Path, tmp_path: Path) -> None:
+    """`prompt` in the status: after a keystroke at the cursor, the prompt (the other files'
+    context before the file's own text) comes from the prefix cache but for its last tokens."""
+    uris = workspace(tmp_path, "alpha")
+    async with editor_session({"model": str(model_dir), **FAST, "typeahead": False}, folders=(tmp_path,)) as editor:
+        await editor.ready()
+        open_all(editor, uris, tmp_path)
+        context = await context_after(editor, uris["main.py"])
+        assert context["tokens"] > 0
+        editor.edit(uris["main.py"], CURSOR, CURSOR, "N")
+        seen = len(editor.statuses)
+        await editor.inline(uris["main.py"], CURSOR[0], CURSOR[1] + 1)
+        status = await editor.wait_status(lambda s: s.get("state") == "ready" and s.get("activity") == "idle" and s.get("prompt"), after=seen)
+        prompt = status["prompt"]
+        assert prompt["tokens"] > status["context"]["tokens"] > 0 and prompt["prefillMs"] >= 0
+        assert prompt["reusedTokens"] >= prompt["tokens"] - 4, prompt

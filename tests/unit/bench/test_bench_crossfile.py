@@ -36,11 +36,13 @@ def test_tally_counts_the_name_in_the_first_line_only() -> None:
     cut = Cut("p", Path("p/a.py"), Path("p/b.py"), "Impossible", "name", 3, 10, "Impossible()")
     tally = Tally()
     tally.add(cut, ["Const()", "Impossible()"], 100.0, 10.0, {"files": ["p/b.py"], "tokens": 40})
-    tally.add(cut, ["x\nImpossible()"], 200.0, 20.0, {})
-    tally.add(cut, [], 300.0, 30.0, {})
+    tally.add(cut, ["x\nImpossible()"], 200.0, 20.0, {}, {"tokens": 900, "reusedTokens": 898, "prefillMs": 12.0})
+    tally.add(cut, [], 300.0, 30.0, {}, {"tokens": 900, "reusedTokens": 899, "prefillMs": 8.0})
     summary = tally.summary()
     assert (summary["name_top1"], summary["name_any_of_k"], summary["exact_any_of_k"], summary["empty"]) == (0.0, 0.333, 0.333, 0.333)
     assert summary["cold_p50_ms"] == 200.0 and summary["context_tokens_mean"] == 13.3
+    # the warm prefill only of the cuts whose status told it (the first told none)
+    assert summary["warm_prefill_p50_ms"] == 10.0 and summary["warm_uncached_tokens_max"] == 2
 
 
 def test_held_out_holes_come_from_the_packages_named() -> None:
