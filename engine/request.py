@@ -33,7 +33,7 @@ from kspec.engine.decode.healing import HealingBias, walk_healing
 from kspec.engine.decode.sampling import SamplingParams
 from kspec.engine.decode.speculative import DraftPayoffs, SpeculationConfig, SpeculativeRun
 from kspec.engine.decode.member_constraint import MemberConstraint
-from kspec.engine.decode.steering import forced_tokens, ranked_by_model
+from kspec.engine.decode.steering import forced_tokens, past_indentation_starts, ranked_by_model
 from kspec.engine.decode.stopping import StopRule, rule_for_cursor
 from kspec.engine.errors import CancelledError, InputError
 from kspec.engine.models.loading import LoadedModel
@@ -119,14 +119,16 @@ def choose_drafter(parts: EngineParts, params: SamplingParams) -> Drafter:
 
 def steering_starts(
     parts: EngineParts, request: CompletionRequest, language: str | None, healed_text: str,
-    next_log_probs: Callable[[list[int]], Tensor],
+    next_log_probs: Callable[[list[int]], Tensor], healing: HealingBias | None = None,
 ) -> tuple[list[list[int]], SteeringConfig]:  # fmt: skip
     """The forced starts for some of the request's branches (engine/decode/steering.py), as
     tokens after the healed text, most wanted first, with the rule they follow: after `module.`
     the module's member names (engine/syntax/members.py), ranked by the model
     (`next_log_probs(ids)` -> [V]: its log-probabilities after the prompt and `ids`); else starts
-    that bind what the code after the cursor needs (engine/syntax/needs.py). None when steering
-    is off, k is 1, or the cursor rules are off."""
+    that bind what the code after the cursor needs (engine/syntax/needs.py); else, at a line
+    start, the likeliest indentation followed by distinct content (`past_indentation_starts`,
+    with `healing`: the first token's constraint). None when steering is off, k is 1, or the
+    cursor rules are off."""
     config = parts.config
     binding = SteeringConfig(config.steer_branches, config.steer_min_logprob)
     if request.k < 2 or not request.cursor_rules:
@@ -137,9 +139,19 @@ def steering_starts(
     elif config.steer_branches and language is not None:
         starts, steering = binding_starts(hole_needs(request.prefix, request.suffix, language)), binding
     else:
-        return [], binding
+        starts, steering = [], binding
     tokens = [forced_tokens(parts.target.tokenizer, healed_text, start) for start in starts]
     kept = [ids for ids in tokens if ids is not None]
+    if members is None and config.steer_past_indent and request.mode == "diverse" and healing is not None:
+        tokenizer = parts.target.tokenizer
+        first = next_log_probs([])  # [V]
+        if healed_text:
+            first = torch.log_softmax(first + healing(healed_text), dim=-1)
+        indented = past_indentation_starts(first, tokenizer.token_texts(), tokenizer.stop_ids, healed_text, next_log_probs, request.k)
+        if indented:  # the binding starts first (steering.branches of them), the other branches split after the indentation
+            kept = kept[: steering.branches]
+            indented = [ids for ids in indented if not any(ids == start[:2] for start in kept)]
+            return kept + indented, SteeringConfig(request.k - 1, config.steer_min_logprob)
     if members is None:
         return kept, steering
     ranked = ranked_by_model(kept, next_log_probs)
@@ -191,6 +203,7 @@ def prepare(
     forced, steering = steering_starts(
         parts, request, language, healed_text,
         lambda more: torch.log_softmax((parts.prefix_cache.prefill(model, ids + more, cancel) if more else prefill).last_logits.float(), -1),
+        bias,
     )  # fmt: skip
     unit_done = None
     if parts.config.early_stop and not request.raw:

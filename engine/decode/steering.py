@@ -22,7 +22,7 @@ come in the order of the model's first-token preference, and branch 0 always sta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import torch
 from torch import Tensor
@@ -70,6 +70,37 @@ def ranked_by_model(starts: Sequence[list[int]], next_log_probs: Callable[[list[
     scores = next_log_probs(common)[torch.tensor(list(groups), dtype=torch.long)].tolist()  # [groups]
     ordered = [groups[token] for _, token in sorted(zip(scores, groups), key=lambda pair: -pair[0])]
     return [group[at] for at in range(max(map(len, ordered))) for group in ordered if at < len(group)]
+
+
+PAST_INDENT_CANDIDATES = 64  # of the tokens after the indentation, the likeliest looked at for distinct content
+
+
+def past_indentation_starts(
+    first_log_probs: Tensor, texts: Sequence[str], stop_ids: Collection[int], healed_text: str,
+    next_log_probs: Callable[[list[int]], Tensor], k: int,
+) -> list[list[int]]:
+    """At a line start the k most likely distinct first tokens are mostly indentations (`\n   `,
+    `\n       `, `\n      `: after token healing, the newline and the spaces are one token), so
+    diverse branches write one line at several depths. Where two or more of them are whitespace
+    only and the likeliest is one (a single line break, covering the healed text), the branches
+    split after it instead: the starts for branches 1..k-1 are that indentation followed by the
+    2nd..k-th likeliest distinct content tokens after it (`next_log_probs([indent])` -> [V]);
+    branch 0 writes the likeliest itself. first_log_probs [V]: the first token's, healing applied.
+    [] where this does not apply."""
+    top = torch.topk(first_log_probs, min(k, first_log_probs.shape[-1])).indices.tolist()  # [k]
+    blank = [token for token in top if not texts[token].strip()]
+    indent = top[0]
+    text = texts[indent]
+    if len(blank) < 2 or text.strip() or text.count("\n") > 1 or not text.startswith(healed_text):
+        return []
+    after = next_log_probs([indent])  # [V]
+    contents: list[int] = []
+    for token in torch.topk(after, min(PAST_INDENT_CANDIDATES, after.shape[-1])).indices.tolist():
+        if texts[token].strip() and "\n" not in texts[token] and token not in stop_ids:
+            contents.append(token)
+        if len(contents) == k:
+            break
+    return [[indent, token] for token in contents[1:]]
 
 
 @dataclass

@@ -16,7 +16,9 @@ from kspec.engine.decode.branches import BranchTracker, DecodeLimits
 from kspec.engine.decode.drafters import ModelDrafter, NoDrafter, PromptLookupDrafter
 from kspec.engine.decode.sampling import SamplingParams
 from kspec.engine.decode.speculative import SpeculativeRun, pad_rows
-from kspec.engine.decode.steering import MAX_FORCED_TOKENS, ForcedStarts, SteeringConfig, common_start, forced_tokens, ranked_by_model
+from kspec.engine.decode.steering import (
+    MAX_FORCED_TOKENS, ForcedStarts, SteeringConfig, common_start, forced_tokens, past_indentation_starts, ranked_by_model,
+)
 from kspec.engine.decode.stopping import StopRule
 
 CODE = "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n"
@@ -215,3 +217,55 @@ def test_member_starts_put_the_name_the_code_around_the_cursor_shares_a_word_wit
     spelled = [tokenizer.decode(ids)[1:] for ids in starts]
     assert spelled[0] == "Slice" and "Node" not in spelled  # Node: branch 0's, the likeliest
     assert spelled[1:3] == ["Pow", "List"]
+
+
+# --------------------------------------------------------------------------- past the indentation
+
+_TEXTS = ["\n   ", "\n       ", "\n      ", " return", " if", " x", "\n\n", "<eos>", "  ", "y"]
+_EOS = 7
+
+
+def _log_probs(order: list[int]) -> torch.Tensor:
+    """[V] log-probabilities ranking the token ids of `order` first, in that order."""
+    scores = torch.full((len(_TEXTS),), -30.0)
+    for rank, token in enumerate(order):
+        scores[token] = -1.0 - rank
+    return torch.log_softmax(scores, dim=-1)
+
+
+def test_at_a_line_start_branches_split_after_the_likeliest_indentation():
+    """The first tokens are three indentations: the branches after the first take the likeliest
+    one and the 2nd, 3rd, ... distinct content tokens after it (not a newline, whitespace or a stop)."""
+    asked: list[list[int]] = []
+
+    def after(more: list[int]) -> torch.Tensor:
+        asked.append(more)
+        return _log_probs([3, 6, 4, 7, 8, 5])  # return, "\n\n", if, <eos>, "  ", x
+
+    starts = past_indentation_starts(_log_probs([0, 1, 2, 3]), _TEXTS, {_EOS}, "\n", after, 3)
+    assert asked == [[0]] and starts == [[0, 4], [0, 5]]  # `if` and `x` after "\n   "; branch 0 writes `return` itself
+
+
+@pytest.mark.parametrize(
+    ("first", "healed"),
+    [
+        ([3, 0, 1, 2], "\n"),  # the likeliest first token is code: the branches already differ in content
+        ([0, 3, 4, 5], "\n"),  # one indentation among the k: nothing to spread
+        ([6, 0, 1, 2], "\n"),  # a blank line first
+        ([0, 1, 2, 3], "\n    "),  # the indentation does not cover the healed text
+    ],
+)
+def test_past_indentation_starts_only_where_the_first_tokens_are_indentations(first: list[int], healed: str):
+    assert past_indentation_starts(_log_probs(first), _TEXTS, {_EOS}, healed, lambda more: _log_probs([3, 4, 5]), 4) == []
+
+
+def test_the_embedded_model_at_a_line_start_writes_k_statements_not_k_indentations(default_engine):
+    """At the start of a line the k branches used to write one statement at several depths; now
+    they share the likeliest indentation and differ from the statement's first word on."""
+    request = CompletionRequest(
+        prefix="def mean(values):\n    if not values:\n        return 0.0\n", suffix="    return total / len(values)\n",
+        language="python", k=4, max_tokens=16, deadline_ms=120_000,
+    )  # fmt: skip
+    steered = default_engine.complete(request)
+    words = {re.match(r"\s*(\w*)", c.text).group(1) for c in steered.completions}  # type: ignore[union-attr]
+    assert steered.timing_ms["steered"] >= 2 and len(words) >= 2
