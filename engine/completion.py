@@ -15,7 +15,7 @@ import torch
 from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult
 from kspec.engine.batching import BatchConfig, ContinuousBatcher
 from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig
-from kspec.engine.config import EngineConfig
+from kspec.engine.config import FIT_NEUTRAL_FIELDS, EngineConfig
 from kspec.engine.decode.speculative import DraftPayoffs
 from kspec.engine.machine_fit import FIT_CACHE_FILE, TIMING_METHOD, FitCache, MachineDefaults, MachineTiming, choose_defaults, fit_key
 from kspec.engine.prompt import PromptStarts
@@ -124,7 +124,7 @@ class CompletionEngine:
         usable_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         return {
             "models": [[str(m.folder), m.files(), m.compute] for m in (self.target, self.draft) if m is not None],
-            "config": {name: value for name, value in asdict(self.config).items() if name != "progress"},
+            "config": {name: value for name, value in asdict(self.config).items() if name not in FIT_NEUTRAL_FIELDS},
             "machine": [platform.node(), platform.machine(), _cpu_name(), os.cpu_count(), usable_cores],
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": [torch.__version__, torch.get_num_threads()],

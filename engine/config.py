@@ -60,6 +60,14 @@ class SteeringConfig:
             raise ValueError(f"steering min_logprob must be < 0, got {self.min_logprob}")
 
 
+# Settings that choose which tokens a branch takes, not what a round of decoding costs: the
+# machine fit's timing does not depend on them (engine/completion.py `fit_identity`), so changing
+# one does not time the machine again.
+FIT_NEUTRAL_FIELDS = frozenset({
+    "progress", "steer_branches", "steer_member_branches", "constrain_member_names", "steer_min_logprob", "steer_past_indent",
+})  # fmt: skip
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = option(

@@ -103,6 +103,11 @@ def test_the_engine_measures_itself(random_llama_dir, tmp_path, monkeypatch):
 
     monkeypatch.setattr(CompletionEngine, "measure_machine", lambda self: measure_again())
     assert CompletionEngine.load(config).defaults == engine.defaults
+    # settings that choose tokens, not what a round costs, share the timing (FIT_NEUTRAL_FIELDS)
+    steered = replace(config, steer_branches=0, steer_member_branches=1, constrain_member_names=False, steer_past_indent=False)
+    assert CompletionEngine.load(steered).defaults == engine.defaults
+    with pytest.raises(AssertionError, match="measured the machine again"):
+        CompletionEngine.load(replace(config, gamma=config.gamma + 1))  # one that changes a round's cost does not
 
 
 def test_the_prompt_budget_is_what_a_cold_prefill_does_in_its_time():
