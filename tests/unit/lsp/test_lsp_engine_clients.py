@@ -21,7 +21,6 @@ from kspec.engine.errors import InputError, ModelLoadError
 from kspec.lsp_server import engine_client
 from kspec.engine.serve.daemon import Daemon
 from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions, InProcessEngine
-from kspec.engine.config import EngineConfig
 from kspec.engine.serve.protocol import PROTOCOL_VERSION, DaemonPaths, pack, parse_engine_url, read_frame, write_frame
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
 from kspec.engine.serve.runner import EngineRunner
