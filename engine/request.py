@@ -160,7 +160,7 @@ def steering_starts(
     # Names that share a word with the code around the cursor come first, all but one steered
     # branch: the model's own preference keeps the last.
     tokens_of = {members.typed + rest: ids for rest, ids in zip(starts, tokens) if ids is not None}
-    affine = [tokens_of[name] for name in by_context_affinity(tuple(tokens_of), request.prefix, members.qualifier)]
+    affine = [tokens_of[name] for name in by_context_affinity(tuple(tokens_of), members.words)]
     picks = [ids for ids in affine if ids in ranked][: max(0, config.steer_member_branches - 1)]
     return picks + [ids for ids in ranked if ids not in picks], steering
 

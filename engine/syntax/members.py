@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from kspec.engine.api import ModuleMembers
+from kspec.engine.syntax.context import indent_of
 
 _NAME_START = re.compile(r"[\w$]+")
 _AFTER_QUALIFIER = re.compile(r"(?<![\w.$])([A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)*)\.([A-Za-z_$][\w$]*)?$")
@@ -88,12 +89,10 @@ def context_words(prefix: str, qualifier: str) -> frozenset[str]:
     qualifier's own and the plain words."""
     line_start = prefix.rfind("\n") + 1
     line = prefix[line_start:]
-    before = line[: len(line) - len(line.lstrip())]
-    indent = len(before.expandtabs())
     texts = [line[: line.rfind(qualifier + ".")] if qualifier + "." in line else line]
     for above in reversed(prefix[max(0, line_start - HEADER_LOOKBACK) : line_start].split("\n")):
         found = _DEFINITION.match(above)
-        if found and len(above.expandtabs()) - len(above.expandtabs().lstrip()) < indent:
+        if found and indent_of(above) < indent_of(line):
             texts.append(found.group(1))
             break
     skip = set(subwords(qualifier)) | _PLAIN_WORDS
@@ -113,11 +112,11 @@ def affinity_share(name: str, words: frozenset[str]) -> float:
     return sum(1 for w in own if any(_matches(w, c) for c in words)) / len(own)
 
 
-def by_context_affinity(names: tuple[str, ...], prefix: str, qualifier: str) -> list[str]:
-    """The `names` (whole member names) that share a word with the code around the cursor (the
-    line it is on, the enclosing definition's name: `def parse_concat` -> `Concat`, `context =
-    nodes.` -> `ContextReference`, `self.scan_once = scanner.` -> `make_scanner`), the larger
-    share of the name's own words first, then in the given order."""
-    words = context_words(prefix, qualifier)
+def by_context_affinity(names: tuple[str, ...], words: frozenset[str]) -> list[str]:
+    """The `names` (whole member names) that share a word with the code around the cursor
+    (`words`: `context_words`, as `MemberNames.words` holds them; the line the cursor is on, the
+    enclosing definition's name: `def parse_concat` -> `Concat`, `context = nodes.` ->
+    `ContextReference`, `self.scan_once = scanner.` -> `make_scanner`), the larger share of the
+    name's own words first, then in the given order."""
     shares = [(-share, at, name) for at, name in enumerate(names) if (share := affinity_share(name, words)) > 0]
     return [name for _, _, name in sorted(shares)]

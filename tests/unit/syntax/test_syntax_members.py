@@ -8,6 +8,7 @@ import pytest
 from kspec.engine.api import CompletionRequest, ModuleMembers
 from kspec.engine.errors import InputError
 from kspec.engine.syntax import Candidate, by_context_affinity, member_names, postprocess
+from kspec.engine.syntax.members import context_words
 
 NODES = (ModuleMembers("nodes", ("Concat", "Const", "Node", "_private_helper")), ModuleMembers("os.path", ("join", "split")))
 
@@ -78,7 +79,7 @@ NODE_NAMES = ("Compare", "Concat", "ContextReference", "Const", "ScopedEvalConte
     ],
 )
 def test_member_names_that_share_a_word_with_the_code_around_the_cursor(prefix: str, qualifier: str, names: tuple[str, ...], expected: list[str]) -> None:
-    assert by_context_affinity(names, prefix, qualifier) == expected
+    assert by_context_affinity(names, context_words(prefix, qualifier)) == expected
 
 
 def test_ranking_prefers_the_member_the_code_around_the_cursor_names() -> None:
