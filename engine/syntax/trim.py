@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 
 from kspec.engine.syntax.context import CursorContext, code_of_line, indent_of
-from kspec.engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, STRING, Tok, lex
+from kspec.engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, STRING, Tok, lex, unmatched_openers
 
 MIDLINE, STATEMENT, BODY = "midline", "statement", "body"
 
@@ -429,12 +429,7 @@ def before_open_call(ctx: CursorContext, completion: str) -> int | None:
     result = lex(completion, ctx.spec, ctx.start_state)
     if result.end_state is not None:
         return None  # ends inside a string or comment
-    open_now: list[Tok] = []
-    for tok in result.tokens:
-        if tok.kind == OPEN:
-            open_now.append(tok)
-        elif tok.kind == CLOSE and open_now:
-            open_now.pop()
+    open_now = unmatched_openers(result.tokens)
     if not open_now or completion[open_now[-1].end :].strip():
         return None
     at = open_now[-1].start
