@@ -198,9 +198,10 @@ class Tally:
         self.warm_ms.append(warm_ms)
         self.context_tokens.append(int(context.get("tokens", 0)))
         self.context_files.append(len(context.get("files", [])))
-        told = bool(warm_prompt) and "prefillMs" in warm_prompt  # type: ignore[operator]
-        self.warm_prefill_ms.append(float(warm_prompt["prefillMs"]) if told else None)  # type: ignore[index]
-        self.warm_uncached.append(int(warm_prompt.get("tokens", 0)) - int(warm_prompt.get("reusedTokens", 0)) if told else None)  # type: ignore[union-attr]
+        prompt = warm_prompt or {}
+        told = "prefillMs" in prompt
+        self.warm_prefill_ms.append(float(prompt["prefillMs"]) if told else None)
+        self.warm_uncached.append(int(prompt.get("tokens", 0)) - int(prompt.get("reusedTokens", 0)) if told else None)
 
     def summary(self) -> dict[str, Any]:
         share = lambda n: round(n / self.cuts, 3) if self.cuts else None  # noqa: E731
