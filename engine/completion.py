@@ -7,6 +7,7 @@ import os
 import platform
 import statistics
 import threading
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -82,7 +83,10 @@ class CompletionEngine:
         return engine
 
     def measure_machine(self) -> MachineTiming:
-        """Time a prefill and decode rounds at a few k on real code, through `complete`."""
+        """Time a prefill and decode rounds at a few k on real code, through `complete`, and
+        the share of the cores the process got meanwhile (`MachineTiming.cpu_share`)."""
+        cpu_started, wall_started = time.process_time(), time.perf_counter()
+
         def run(prefix: str, k: int, max_tokens: int) -> CompletionResult:
             request = CompletionRequest(prefix=prefix, k=k, max_tokens=max_tokens, raw=True, cursor_rules=False, deadline_ms=120_000)
             return self.complete(request)
@@ -103,16 +107,19 @@ class CompletionEngine:
             result = run(CALIBRATION_CODE, k, 12)
             rounds[k] = result.timing_ms["decode"] / max(1.0, result.timing_ms.get("rounds", 1.0))
         self.clear_caches()
-        return MachineTiming(rounds, per_token, keystroke)
+        threads = min(torch.get_num_threads(), _usable_cores() or torch.get_num_threads())
+        share = (time.process_time() - cpu_started) / max(1e-9, (time.perf_counter() - wall_started) * threads)
+        return MachineTiming(rounds, per_token, keystroke, round(share, 3))
 
     def fit_to_machine(self, cache: FitCache | None = None) -> MachineDefaults:
         """Measure this machine (or take what `cache` holds for this engine here) and choose
-        the defaults a typist needs (`machine_fit`)."""
+        the defaults a typist needs (`machine_fit`). A timing taken while other work competed
+        for the cores serves this engine but is not cached: the next start measures again."""
         key = fit_key(self.fit_identity())
         timing = cache.get(key) if cache is not None else None
         if timing is None:
             timing = self.measure_machine()
-            if cache is not None:
+            if cache is not None and timing.quiet:
                 cache.put(key, timing)
         self.defaults = choose_defaults(timing)
         return self.defaults
@@ -121,11 +128,10 @@ class CompletionEngine:
         """What this engine's timing depends on: its models' files, its settings, this machine,
         torch and its threads, kspec's version."""
         device = torch.device(self.config.device)
-        usable_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         return {
             "models": [[str(m.folder), m.files(), m.compute] for m in (self.target, self.draft) if m is not None],
             "config": {name: value for name, value in asdict(self.config).items() if name not in FIT_NEUTRAL_FIELDS},
-            "machine": [platform.node(), platform.machine(), _cpu_name(), os.cpu_count(), usable_cores],
+            "machine": [platform.node(), platform.machine(), _cpu_name(), os.cpu_count(), _usable_cores()],
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": [torch.__version__, torch.get_num_threads()],
             "kspec": version(),
@@ -174,6 +180,11 @@ class CompletionEngine:
         """A request ready to be prepared (prefill, a chunk per round) and then decoded in a batch.
         Raises InputError for an invalid request."""
         return ActiveCompletion(self, request, cancel)
+
+
+def _usable_cores() -> int | None:
+    """The cores this process may run on (its affinity), where the system says."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
 def _cpu_name() -> str:

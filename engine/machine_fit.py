@@ -54,6 +54,8 @@ FIT_CACHE_MAX_AGE_S = 7 * 24 * 3600.0  # then measured again (a timing taken whi
 FIT_CACHE_ENTRIES = 32  # the most recent ones are kept
 TIMING_METHOD = 2  # part of the cache key: raised when what `measure_machine` times changes (2: a keystroke types a word)
 FIT_CACHE_FILE = "machine-fit.json"  # in the cache folder (engine/models/resolve.py cache_root)
+QUIET_CPU_SHARE = 0.75  # of the CPU time its threads could have had, a measurement that got less competed with
+# other work and is not cached (2-core Zen 5: 0.77-1.0 quiet, 0.57-0.70 beside one busy process; round 5 vs 10-43 ms)
 
 
 @dataclass(frozen=True)
@@ -63,23 +65,31 @@ class MachineTiming:
     round_ms: dict[int, float]  # one decode round (drafts verified), by k
     prefill_ms_per_token: float  # a cold prompt's prefill, per token
     keystroke_ms: float  # a prompt one keystroke longer than a cached one, to its first logits
+    cpu_share: float = 1.0  # the process's CPU time while measuring ÷ (wall time × the threads it ran)
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing else competed for the cores while this was measured (a timing worth keeping)."""
+        return self.cpu_share >= QUIET_CPU_SHARE
 
     def __post_init__(self) -> None:
         if not self.round_ms or any(v <= 0 or not math.isfinite(v) for v in self.round_ms.values()):
             raise ValueError(f"round times must be positive, got {self.round_ms}")
         if self.prefill_ms_per_token < 0 or self.keystroke_ms < 0:
             raise ValueError(f"prefill times must be >= 0, got {self.prefill_ms_per_token}, {self.keystroke_ms}")
+        if not self.cpu_share >= 0:
+            raise ValueError(f"cpu share must be >= 0, got {self.cpu_share}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"round_ms": {str(k): ms for k, ms in self.round_ms.items()}, "prefill_ms_per_token": self.prefill_ms_per_token,
-                "keystroke_ms": self.keystroke_ms}  # fmt: skip
+                "keystroke_ms": self.keystroke_ms, "cpu_share": self.cpu_share}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Any) -> "MachineTiming":
         """Raises ValueError (also for a wrong shape or type) when `data` is no timing."""
         try:
             rounds = {int(k): float(ms) for k, ms in data["round_ms"].items()}
-            return cls(rounds, float(data["prefill_ms_per_token"]), float(data["keystroke_ms"]))
+            return cls(rounds, float(data["prefill_ms_per_token"]), float(data["keystroke_ms"]), float(data.get("cpu_share", 1.0)))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a machine timing: {exc}") from exc
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from kspec.engine import machine_fit
 from kspec.engine.machine_fit import (
     FIRST_ANSWER_RANGE_MS,
     MAX_TOKENS_RANGE,
@@ -70,6 +72,8 @@ def test_timing_is_validated():
         MachineTiming({4: 0.0}, 1.0, 1.0)
     with pytest.raises(ValueError):
         MachineTiming({4: 1.0}, 1.0, -1.0)
+    with pytest.raises(ValueError):
+        MachineTiming({4: 1.0}, 1.0, 1.0, cpu_share=-0.1)
 
 
 def test_the_engine_measures_itself(random_llama_dir, tmp_path, monkeypatch):
@@ -77,6 +81,7 @@ def test_the_engine_measures_itself(random_llama_dir, tmp_path, monkeypatch):
     from kspec.engine.config import EngineConfig
 
     monkeypatch.setenv("KSPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(machine_fit, "QUIET_CPU_SHARE", 0.0)  # kept however busy the machine running the tests is
     config = EngineConfig(model=str(random_llama_dir), dtype="float32", progress=False)
     engine = CompletionEngine.load(config)
     assert engine.defaults is not None and engine.defaults.k >= MIN_K  # chosen at load
@@ -208,6 +213,24 @@ def test_fitting_again_takes_the_cached_timing_until_what_it_depends_on_changes(
     assert len(measured) == 5
     random_engine.fit_to_machine(cache)
     assert len(measured) == 5
+
+
+def test_a_timing_taken_while_other_work_competed_serves_this_start_but_is_not_kept(random_engine, tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(random_engine, "defaults", None)
+    busy = replace(TIMING, round_ms={k: 3 * ms for k, ms in TIMING.round_ms.items()}, cpu_share=0.6)
+    measured: list[MachineTiming] = [busy, TIMING]
+    monkeypatch.setattr(random_engine, "measure_machine", lambda: measured.pop(0))
+    cache = FitCache(tmp_path / "fit.json")
+    assert random_engine.fit_to_machine(cache) == choose_defaults(busy)  # this start lives with what it measured
+    assert random_engine.fit_to_machine(cache) == choose_defaults(TIMING)  # the next one measured again, quiet
+    assert random_engine.fit_to_machine(cache) == choose_defaults(TIMING) and not measured  # and that one is kept
+    assert not busy.quiet and TIMING.quiet
+
+
+def test_the_engine_s_own_measurement_says_what_share_of_the_cores_it_had(random_engine):
+    timing = random_engine.measure_machine()
+    assert 0 < timing.cpu_share <= (os.cpu_count() or 1)  # CPU time over wall time and threads: a share, not seconds
+    assert MachineTiming.from_dict(timing.to_dict()) == timing
 
 
 def test_the_fit_key_is_the_identity_s_content_not_its_order():
