@@ -10,12 +10,18 @@ from dataclasses import dataclass
 class StopRule:
     """Cuts generated text. `stop_strings` end it where they first occur (the string is
     dropped); `single_line` ends it at the first newline; `block_indent` (start-of-line
-    mode) ends it at a blank line or a line indented less than the cursor's block."""
+    mode) ends it at a blank line or a line indented less than the cursor's block.
+
+    `next_code_indent` (single-line mode at column 0, before a line of code indented this
+    deep): a first line that opens a block (`for x in xs:`, `if (a) {`) no shallower than
+    that code has no body below it, so the line is not the end: its body is written too,
+    up to the first line back at the header's depth (a closing `}` there included)."""
 
     stop_strings: tuple[str, ...] = ()
     single_line: bool = False
     block_mode: bool = False
     block_indent: int | None = None  # None in block mode: the indent of the first generated line
+    next_code_indent: int | None = None
 
     def cut(self, text: str) -> tuple[str, bool]:
         """(text up to the stop, whether a stop was found)."""
@@ -27,10 +33,36 @@ class StopRule:
         if self.single_line:
             newline = text.find("\n")
             if newline != -1:
-                end = min(end, newline)
+                end = min(end, self._body_end(text, newline) if self._opens_bodiless_block(text[:newline]) else newline)
         if self.block_mode:
             end = min(end, self._block_end(text))
         return text[:end], end < len(text)
+
+    def _opens_bodiless_block(self, first_line: str) -> bool:
+        return (
+            self.next_code_indent is not None
+            and first_line.rstrip().endswith((":", "{"))
+            and _HEADER.match(first_line) is not None
+            and _indent(first_line) >= self.next_code_indent
+        )
+
+    @staticmethod
+    def _body_end(text: str, newline: int) -> int:
+        """Where the block the first line (text[:newline]) opens ends: before a blank line or a
+        line back at the header's depth, after that line where it closes a `{` block."""
+        header = text[:newline]
+        offset = newline + 1
+        lines = text[offset:].split("\n")
+        for index, line in enumerate(lines):
+            if index == len(lines) - 1:
+                return len(text)  # the last piece may still grow
+            if not line.strip():
+                return offset - 1
+            if _indent(line) <= _indent(header):
+                closes = header.rstrip().endswith("{") and line.strip().startswith("}")
+                return offset + len(line) if closes else offset - 1
+            offset += len(line) + 1
+        return len(text)
 
     def _block_end(self, text: str) -> int:
         offset = 0
@@ -38,16 +70,19 @@ class StopRule:
         block_indent = self.block_indent
         for index, line in enumerate(lines):
             if block_indent is None and line.strip():
-                block_indent = len(line) - len(line.lstrip(" \t"))
+                block_indent = _indent(line)
             complete = index < len(lines) - 1  # the last piece may still grow
             if index > 0 and complete and not line.strip():
                 return offset - 1  # blank line: end before its newline
             if index > 0 and line.strip():
-                indent = len(line) - len(line.lstrip(" \t"))
-                if indent < (block_indent or 0):
+                if _indent(line) < (block_indent or 0):
                     return offset - 1
             offset += len(line) + 1
         return len(text)
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
 
 
 # A line that starts a compound statement (Python, and C-family `if (` / `for (` ...); not
@@ -69,12 +104,15 @@ def _opens_block(line_before: str, line_after: str) -> bool:
 def rule_for_cursor(prefix: str, suffix: str, extra_stops: tuple[str, ...] = ()) -> StopRule:
     """Mid-line cursor: finish the line; on (or inside) a line that opens a block, the rest
     of that line and the body below it (as far as it is indented deeper than the line).
-    Start of a line: finish the block that begins there."""
+    Column 0 before a line of code: one line of its own (with its body where it opens a
+    block the code after it is not the body of). Start of a line: finish the block that
+    begins there."""
     line_before = prefix[prefix.rfind("\n") + 1 :]
     line_after = suffix.split("\n", 1)[0]
     if line_before.strip() and _opens_block(line_before, line_after):
-        indent = len(line_before) - len(line_before.lstrip(" \t"))
-        return StopRule(stop_strings=extra_stops, block_mode=True, block_indent=indent + 1)
+        return StopRule(stop_strings=extra_stops, block_mode=True, block_indent=_indent(line_before) + 1)
+    if not line_before and line_after.strip():  # a line of its own before that code
+        return StopRule(stop_strings=extra_stops, single_line=True, next_code_indent=_indent(line_after))
     if line_before.strip() or line_after.strip():
         return StopRule(stop_strings=extra_stops, single_line=True)
     if not line_before:  # column 1: the first generated line sets the block's indent

@@ -85,6 +85,8 @@ def test_healing_bias_allows_only_agreeing_tokens(tokenizer: Tokenizer):
         ("class Cart:\n    def total(self", "\n", StopRule(block_mode=True, block_indent=5)),
         ("class Cart:\n    def total(self", ")\n", StopRule(block_mode=True, block_indent=5)),
         ("while (x < n", ")", StopRule(block_mode=True, block_indent=1)),
+        # column 0 before a line of code: a line of its own (with a body where it opens a block)
+        ("def f(x):\n", "    return x\n", StopRule(single_line=True, next_code_indent=4)),
         # not headers
         ("value = compute(", "\n", StopRule(single_line=True)),
         ("done = items", "\n", StopRule(single_line=True)),
@@ -102,6 +104,23 @@ def test_header_rule_keeps_the_signature_and_the_body_and_stops_after_it():
     assert rule.cut(", items):\n        return sum(\n            items\n        )\n    def count(self):") == (", items):\n        return sum(\n            items\n        )", True)
     body = rule_for_cursor("def f(items):\n    for item in items:", "\n")
     assert body.cut("\n        total += item\n    return total\n") == ("\n        total += item", True)
+
+
+def test_a_line_that_opens_a_block_the_code_below_is_not_the_body_of_gets_its_body():
+    """HumanEval's multi-line holes: `    for i in range(n):` before `    return total` was
+    cut at its newline and then dropped (a header without a body breaks the file)."""
+    rule = rule_for_cursor("def f(n):\n    total = 0\n", "    return total\n")
+    written = "    for i in range(n):\n        total += i\n        total *= 2\n    return total\n"
+    assert rule.cut(written) == ("    for i in range(n):\n        total += i\n        total *= 2", True)
+    assert rule.cut("    for i in range(n):\n        total += i") == ("    for i in range(n):\n        total += i", False)
+    assert rule.cut("    for i in range(n):\n        total += i\n\n") == ("    for i in range(n):\n        total += i", True)
+    assert rule.cut("    total += 1\n    for") == ("    total += 1", True)  # not a header: one line
+    assert rule.cut("    result = f(x):\n  y") == ("    result = f(x):", True)  # ends with a colon, opens nothing
+    # the code below is the header's body: the header alone is the line
+    body_below = rule_for_cursor("def f(n):\n    total = 0\n", "        total += i\n")
+    assert body_below.cut("    for i in range(n):\n        total += i\n") == ("    for i in range(n):", True)
+    braces = rule_for_cursor("function f(n) {\n  let t = 0;\n", "  return t;\n}\n")
+    assert braces.cut("  if (n > 0) {\n    t = n;\n  }\n  return t;") == ("  if (n > 0) {\n    t = n;\n  }", True)
 
 
 def test_block_rule_stops_at_dedent_and_blank_line():
