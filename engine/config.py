@@ -64,7 +64,7 @@ class SteeringConfig:
 # machine fit's timing does not depend on them (engine/completion.py `fit_identity`), so changing
 # one does not time the machine again.
 FIT_NEUTRAL_FIELDS = frozenset({
-    "progress", "steer_branches", "steer_member_branches", "constrain_member_names", "steer_min_logprob", "steer_past_indent",
+    "progress", "steer_branches", "steer_member_branches", "constrain_member_names", "steer_min_logprob", "steer_past_indent", "steer_block_headers",
 })  # fmt: skip
 
 
@@ -132,6 +132,7 @@ class EngineConfig:
         "(the context gatherer's), the model's likeliest first; 0: off (engine/decode/steering.py)",
     )  # fmt: skip
     constrain_member_names: bool = True  # a branch inside `module.name` goes on only with the module's names (engine/decode/member_constraint.py)
+    steer_block_headers: bool = True  # where the code after the cursor is the hole's body, all branches but the first start with a header (`if`, `for`, ...)
     steer_past_indent: bool = True  # at a line start, diverse branches split after the likeliest indentation, not on indentation variants (steering.past_indentation_starts)
     steer_min_logprob: float = SteeringConfig.min_logprob  # a forced start the model scores below this (summed log-probability) is undone (measured: docs/measurements/branch-steering.md)
     fit_to_machine: bool = True  # at load, time this machine and choose k / max tokens / first answer (engine/machine_fit.py)

@@ -137,7 +137,10 @@ def steering_starts(
     if members is not None:
         starts, steering = list(members.rests), SteeringConfig(config.steer_member_branches, config.steer_min_logprob)
     elif config.steer_branches and language is not None:
-        starts, steering = binding_starts(hole_needs(request.prefix, request.suffix, language)), binding
+        needs = hole_needs(request.prefix, request.suffix, language)
+        starts, steering = binding_starts(needs, headers=config.steer_block_headers), binding
+        if needs.header and config.steer_block_headers:  # only a header fills the hole: all branches but the first start with one
+            steering = SteeringConfig(max(config.steer_branches, request.k - 1), config.steer_min_logprob)
     else:
         starts, steering = [], binding
     tokens = [forced_tokens(parts.target.tokenizer, healed_text, start) for start in starts]

@@ -6,10 +6,12 @@ reads that nothing before it binds (`needs`: the suffix reads `msg`, the hole is
 first, for the decoder to force on some of the k branches (engine/decode/steering.py):
 
 * Python: `msg =`, and `us, them =` when the suffix needs several names; `for x in` when
-  the suffix's next line is indented deeper than the cursor's (the hole is a block header);
+  the suffix's next line is indented deeper than the cursor's (the hole is a block header),
+  and, for such a hole with or without a name to bind, `if` / `for` / `while` (`BLOCK_KEYWORDS`:
+  only a header fills it, a statement leaves the deeper line without one);
   `import getopt` for a standard-library module the suffix reads as `getopt.getopt(...)`;
 * JavaScript / TypeScript: `const x =` (`let x =` when the suffix assigns it again);
-  `for (const x of` for a block header.
+  `for (const x of` for a block header, then `if (` / `for (` / `while (`.
 
 At column 0 a start begins with the next line's indentation (a hole cut at a line's start,
 as HumanEval infilling cuts them). Only where a statement starts at the cursor: nothing but indentation before it on its line
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections import Counter
 from dataclasses import dataclass
 
 from kspec.engine.syntax.context import indent_of
@@ -30,6 +33,7 @@ from kspec.engine.syntax.jsnames import LANGUAGES as JS_LANGUAGES
 from kspec.engine.syntax.postprocess import analysis
 
 MAX_TUPLE_NAMES = 3  # `a, b, c =` at most
+DEFAULT_INDENT_STEP = 4
 
 
 @dataclass(frozen=True)
@@ -51,8 +55,6 @@ def hole_needs(prefix: str, suffix: str, language: str | None) -> HoleNeeds:
     found = analysis(prefix, suffix, language)
     names = found.checker.needed_names()
     ctx = found.ctx
-    if not names:
-        return HoleNeeds(language)
     typed = ctx.line_prefix.strip()
     in_code = ctx.start_state is None and (not ctx.open_brackets or ctx.open_brackets[-1] == "{")
     if typed and (_WORD.fullmatch(typed) is None or language != "python"):
@@ -62,13 +64,13 @@ def hole_needs(prefix: str, suffix: str, language: str | None) -> HoleNeeds:
     indent, header = "", following is not None and indent_of(following) > indent_of(ctx.line_prefix)
     if not ctx.line_prefix:  # at column 0, before a line or not: the statement goes at the next line's depth
         next_line = ctx.suffix_line_rest if ctx.suffix_line_rest.strip() else following or ""
-        previous = _last_code_line(found.prefix)
-        if indent_of(next_line) > indent_of(previous) and not previous.rstrip().endswith((":", "{")):
-            next_line = previous  # the next line is in a block the hole opens: the statement goes at the previous one's depth
-        indent, header, at_start = next_line[: len(next_line) - len(next_line.lstrip(" \t"))], False, in_code
+        indent, header, at_start = _column_0_depth(_last_code_line(found.prefix), next_line, _indent_step(found.prefix)) + (in_code,)
+    if not names and not header:
+        return HoleNeeds(language, statement_start=at_start)
     ordered = sorted(names, key=lambda name: _first_read(found.suffix, name))
     if header:  # a loop variable is read in the block the header opens, not after it
-        body, after = _block_and_after(found.suffix, indent_of(ctx.line_prefix))
+        # (at column 0 the suffix's first line is the block's first, not the rest of the cursor's)
+        body, after = _block_and_after(found.suffix, len(indent) if not ctx.line_prefix else indent_of(ctx.line_prefix), 0 if not ctx.line_prefix else 1)
         ordered.sort(key=lambda name: _first_read(after, name) < len(after) or _first_read(body, name) == len(body))
     ordered = [name for name in ordered if name.startswith(typed) and name != typed]
     reassigned = frozenset(name for name in ordered if _assigned(found.suffix, name))
@@ -76,12 +78,38 @@ def hole_needs(prefix: str, suffix: str, language: str | None) -> HoleNeeds:
     return HoleNeeds(language, tuple(ordered), at_start, header, reassigned, typed, indent, modules)
 
 
+def _column_0_depth(previous: str, next_line: str, step: int) -> tuple[str, bool]:
+    """Where a statement written at column 0 goes, between the code line before it and the line
+    after it: (its indentation, whether it must open a block — the line after is deeper than the
+    statement can be, so it is that block's body). After a header (`else:`) the statement is the
+    header's body, one `step` deeper; where the next line is deeper still (`else:` at 8, the next
+    line at 16), a header itself; after other code, at its depth where the next line is deeper;
+    else at the next line's depth."""
+    previous_depth, next_depth = indent_of(previous), indent_of(next_line)
+    next_indent = next_line[:next_depth]
+    if next_depth <= previous_depth:
+        return next_indent, False
+    if not previous.rstrip().endswith((":", "{")):
+        return previous[:previous_depth], True
+    if next_depth >= previous_depth + 2 * step:
+        return next_indent[: previous_depth + step], True
+    return next_indent, False
+
+
+def _indent_step(prefix: str) -> int:
+    """The code's indentation step: the commonest increase from one code line to the next (4 where none)."""
+    depths = [indent_of(line) for line in prefix.split("\n") if line.strip()]
+    increases = Counter(after - before for before, after in zip(depths, depths[1:]) if after > before)
+    return increases.most_common(1)[0][0] if increases else DEFAULT_INDENT_STEP
+
+
 _WORD = re.compile(r"[A-Za-z_$][\w$]*")
 
 
-def _block_and_after(suffix: str, indent: int) -> tuple[str, str]:
-    """The suffix's lines after the cursor's that are indented deeper than `indent`, and the rest."""
-    lines = suffix.split("\n")[1:]
+def _block_and_after(suffix: str, indent: int, first: int = 1) -> tuple[str, str]:
+    """The suffix's lines from line `first` on (after the cursor's) that are indented deeper than
+    `indent`, and the rest."""
+    lines = suffix.split("\n")[first:]
     end = 0
     while end < len(lines) and (not lines[end].strip() or indent_of(lines[end]) > indent):
         end += 1
@@ -113,25 +141,29 @@ def _module_read(suffix: str, name: str) -> bool:
     return bool(reads) and all(reads)
 
 
-def binding_starts(needs: HoleNeeds) -> list[str]:
+BLOCK_KEYWORDS = {"python": ("if", "for", "while"), **{language: ("if (", "for (", "while (") for language in JS_LANGUAGES}}
+
+
+def binding_starts(needs: HoleNeeds, headers: bool = True) -> list[str]:
     """The starts that bind what the hole needs, most likely first; [] where none applies.
-    After a typed start of a name (`ms|`) they go on with the rest of it (`g =`)."""
-    names = needs.names
-    if not names or not needs.statement_start:
+    After a typed start of a name (`ms|`) they go on with the rest of it (`g =`). Where the
+    hole is a block header (the code after it is its body): the loop binding the name read
+    only in that block first, then (`headers`) the headers a hole most often is (`if`, `for`,
+    `while`)."""
+    names, keywords = needs.names, BLOCK_KEYWORDS.get(needs.language or "")
+    if not needs.statement_start or not (names or (needs.header and headers)) or keywords is None:
         return []
-    starts: list[str] = []
-    if needs.language == "python":
-        if needs.header:
-            starts = [f"for {names[0]} in"]
-        elif names[0] in needs.modules:
-            starts = [f"import {names[0]}"]
-        else:
-            starts = [f"{names[0]} ="] + ([", ".join(names[:MAX_TUPLE_NAMES]) + " ="] if len(names) > 1 else [])
-    elif needs.language in JS_LANGUAGES:
-        if needs.header:
-            starts = [f"for (const {names[0]} of"]
-        else:
-            starts = [f"{'let' if name in needs.reassigned else 'const'} {name} =" for name in names[:MAX_TUPLE_NAMES]]
+    keywords = keywords if headers else ()
+    python = needs.language == "python"
+    if needs.header:
+        loop = [f"for {names[0]} in" if python else f"for (const {names[0]} of"] if names else []
+        starts = loop + [keyword for keyword in keywords if not (loop and keyword.startswith("for"))]
+    elif python and names[0] in needs.modules:
+        starts = [f"import {names[0]}"]
+    elif python:
+        starts = [f"{names[0]} ="] + ([", ".join(names[:MAX_TUPLE_NAMES]) + " ="] if len(names) > 1 else [])
+    else:
+        starts = [f"{'let' if name in needs.reassigned else 'const'} {name} =" for name in names[:MAX_TUPLE_NAMES]]
     if needs.typed:  # Python: the rest of the typed name (`ms|` -> `g =`)
         return [start[len(needs.typed) :] for start in starts if start.startswith(needs.typed)]
     return [needs.indent + start for start in starts]

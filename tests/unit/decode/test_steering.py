@@ -269,3 +269,21 @@ def test_the_embedded_model_at_a_line_start_writes_k_statements_not_k_indentatio
     steered = default_engine.complete(request)
     words = {re.match(r"\s*(\w*)", c.text).group(1) for c in steered.completions}  # type: ignore[union-attr]
     assert steered.timing_ms["steered"] >= 2 and len(words) >= 2
+
+
+def test_the_embedded_model_fills_a_hole_the_code_below_is_the_body_of_with_headers(default_engine, monkeypatch):
+    """HumanEval/140's hole: after `for c in text:` the next line is two levels deeper, so the
+    hole is an `if` (or another header) whose body that line is. Free branches wrote statements
+    (`n += 1`) that break the file, and the hole got nothing; all branches but the first now
+    start with a header."""
+    request = CompletionRequest(
+        prefix="def count_spaces(text):\n    n = 0\n    for c in text:\n", suffix="            n += 1\n    return n\n",
+        language="python", k=4, max_tokens=24, deadline_ms=120_000,
+    )  # fmt: skip
+    steered = default_engine.complete(request)
+    assert steered.timing_ms["steered"] >= 2
+    assert len(steered.completions) >= 2
+    assert all(c.text.startswith("        ") and c.text.rstrip().endswith(":") for c in steered.completions)
+    monkeypatch.setattr(default_engine, "config", replace(default_engine.config, steer_block_headers=False))
+    free = default_engine.complete(request)
+    assert len(free.completions) < len(steered.completions)

@@ -19,7 +19,8 @@ def starts(prefix: str, suffix: str, language: str = "python") -> list[str]:
         # several: the first one read, then all of them unpacked
         ("def split(xs):\n    ", "\n    return us, them\n", "python", ["us =", "us, them ="]),
         # the next line is deeper: a block header, binding the name read only inside the block
-        ("def add(xs):\n    total = 0\n    ", "\n        total += x\n    return total\n", "python", ["for x in"]),
+        # (then the headers a hole most often is)
+        ("def add(xs):\n    total = 0\n    ", "\n        total += x\n    return total\n", "python", ["for x in", "if", "while"]),
         # a hole cut at column 0 before the next line (HumanEval infilling): that line's depth
         ("def greet(name):\n", "    return msg + name\n", "python", ["    msg ="]),
         # the start of the needed name is typed: go on with it
@@ -60,4 +61,24 @@ def test_a_standard_library_module_read_as_one_is_imported():
 
 def test_at_column_0_before_a_block_the_hole_opens_the_statement_goes_at_the_previous_depth():
     prefix = 'def encode(s):\n    """Encode."""\n'
-    assert starts(prefix, "        out += c\n    return out\n") == ["    out =", "    out, c ="]
+    # the hole opens the block: a header (a single `out = ''` there breaks the file)
+    assert starts(prefix, "        out += c\n    return out\n") == ["    for c in", "    if", "    while"]
+
+
+@pytest.mark.parametrize(
+    "prefix, suffix, language, expected",
+    [
+        # HumanEval/140: after `else:` at 8 the next line is at 16: the hole is a header at 12
+        ("def f(text):\n    for c in text:\n        if c:\n            n += 1\n        else:\n",
+         "                n -= 1\n            n = 0\n", "python", ["            if", "            for", "            while"]),
+        # MBJSP/930: the line after the cursor's is deeper, nothing to bind: a block header
+        ("function textMatch(text) {\n    ", "\n        return 'Found';\n    } else {\n        return 'No';\n    }\n}\n",
+         "javascript", ["if (", "for (", "while ("]),
+        # a body at its header's depth is no block to open
+        ("def f(xs):\n    if xs:\n", "        return 1\n    return 0\n", "python", []),
+        ("def f(xs):\n  if xs:\n", "    return 1\n  return 0\n", "python", []),  # 2-space code: its step
+        ("def f(xs):\n  if xs:\n", "      return 1\n  return 0\n", "python", ["    if", "    for", "    while"]),
+    ],
+)
+def test_a_hole_the_code_after_it_is_the_body_of_starts_with_a_block_header(prefix, suffix, language, expected):
+    assert starts(prefix, suffix, language) == expected
