@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kspec.engine.api import CONTEXT_SHARE, ContextFile
@@ -57,53 +58,64 @@ REMEMBERED_STARTS = 32
 
 
 class PromptStarts:
-    """Where recent prompts began, remembered by the text there (up to `ANCHOR_CHARS`), the
-    most recent first: the next keystroke's prompt begins at the same place while the text
-    from there still fits its budget, so that it shares its beginning with the prompt the
-    prefix cache holds. A start found by position instead would move: `prefix` is often a
-    window cut a fixed number of characters before the cursor (the language server's
-    `prefixChars`), whose start slides with every keystroke. One per engine; not thread-safe
-    (requests are prepared one at a time)."""
+    """Where recent prompts began, remembered by the text there (up to `ANCHOR_CHARS`) and by
+    what the prompt put before it (`lead`: other files' context), the most recent first: the
+    next keystroke's prompt begins at the same place while the text from there still fits its
+    budget, so that it shares its beginning with the prompt the prefix cache holds. A start
+    found by position instead would move: `prefix` is often a window cut a fixed number of
+    characters before the cursor (the language server's `prefixChars`), whose start slides with
+    every keystroke. A start remembered behind another lead is not used: the cache does not hold
+    the text after a changed context anyway, and that start, fitted to another budget, may leave
+    no room to type into (the next keystroke would move it and prefill the file again). One per
+    engine; not thread-safe (requests are prepared one at a time)."""
 
     def __init__(self, remembered: int = REMEMBERED_STARTS) -> None:
         self.remembered = remembered
-        self._anchors: OrderedDict[str, None] = OrderedDict()
+        self._anchors: OrderedDict[tuple[int, str], None] = OrderedDict()
 
-    def found_in(self, text: str) -> list[int]:
-        """Line starts of `text` where a remembered start is, most recently used first."""
+    def found_in(self, text: str, lead: Sequence[int] = ()) -> list[int]:
+        """Line starts of `text` where a start remembered behind `lead` is, most recently used first."""
         places = []
-        for anchor in reversed(self._anchors):
-            at = text.find(anchor)
+        key = _lead_key(lead)
+        for lead_key, anchor in reversed(self._anchors):
+            at = text.find(anchor) if lead_key == key else -1
             if at > 0 and text[at - 1] == "\n":
                 places.append(at)
         return places
 
-    def remember(self, text: str, start: int) -> None:
-        """`text[start:]` begins a prompt (a line start before the cursor's line)."""
+    def remember(self, text: str, start: int, lead: Sequence[int] = ()) -> None:
+        """`text[start:]` begins a prompt (a line start before the cursor's line), after `lead`."""
         anchor = text[start : min(start + ANCHOR_CHARS, text.rfind("\n") + 1)]
         if not anchor:
             return
-        self._anchors.pop(anchor, None)
-        self._anchors[anchor] = None
+        key = (_lead_key(lead), anchor)
+        self._anchors.pop(key, None)
+        self._anchors[key] = None
         while len(self._anchors) > self.remembered:
             self._anchors.popitem(last=False)
 
 
-def _stable_tail_tokens(tokenizer: Tokenizer, text: str, budget: int, starts: PromptStarts | None = None) -> list[int]:
+def _lead_key(lead: Sequence[int]) -> int:
+    return hash(tuple(lead))
+
+
+def _stable_tail_tokens(
+    tokenizer: Tokenizer, text: str, budget: int, starts: PromptStarts | None = None, lead: Sequence[int] = ()
+) -> list[int]:
     """The tokens of text from a line start, within the budget: where a recent prompt began
     (`starts`) if the text from there still fits, else the earliest line start whose tokens
     fit `FRESH_SHARE` of the budget (remembered in `starts`). While the user types, the start
     stays put until the text outgrows the budget, so consecutive keystrokes share the
     beginning of their prompt and the prefix cache hits; a start that moved with every
     keystroke would make every prompt new. The text's first line (a window's, cut anywhere)
-    is never a start."""
+    is never a start. `lead`: the tokens the prompt puts before the text (see PromptStarts)."""
     if len(text) <= budget:  # fewer characters than tokens allowed: all of it fits
         return tokenizer.encode(text)
     # no tokenizer packs more than CHARS_PER_TOKEN_BOUND characters into a token: skip starts that cannot fit
     reach = len(text) - budget * CHARS_PER_TOKEN_BOUND
-    for start in starts.found_in(text) if starts is not None else ():
+    for start in starts.found_in(text, lead) if starts is not None else ():
         if start >= reach and len(ids := tokenizer.encode(text[start:])) <= budget:
-            starts.remember(text, start)  # type: ignore[union-attr]
+            starts.remember(text, start, lead)  # type: ignore[union-attr]
             return ids
     candidates = [m.end() for m in re.finditer("\n", text) if m.end() >= reach]
     fresh = max(1, int(budget * FRESH_SHARE))
@@ -118,7 +130,7 @@ def _stable_tail_tokens(tokenizer: Tokenizer, text: str, budget: int, starts: Pr
     if best is None:
         return _tail_tokens(tokenizer, text, budget)
     if starts is not None:
-        starts.remember(text, best[0])
+        starts.remember(text, best[0], lead)
     return best[1]
 
 
@@ -142,7 +154,7 @@ def build_prompt(
     if fim is not None:
         suffix_budget = int(budget.max_tokens * budget.suffix_share)
         suffix_ids = _head_tokens(tokenizer, suffix, suffix_budget) if suffix_budget else []
-    prefix_ids = _stable_tail_tokens(tokenizer, prefix, budget.max_tokens - len(block.ids) - len(suffix_ids) - 3, starts)
+    prefix_ids = _stable_tail_tokens(tokenizer, prefix, budget.max_tokens - len(block.ids) - len(suffix_ids) - 3, starts, block.ids)
     prefix_ids, healed_text = split_for_healing(tokenizer, prefix_ids)
     extra = {"context_tokens": len(block.ids), "context_files": block.files}
     if fim is None:

@@ -177,3 +177,23 @@ def test_a_prompt_start_moves_on_once_the_text_outgrows_the_budget(tokenizer: To
     assert first_line not in tokenizer.decode(later.ids)  # the old start no longer fits: a later one
     again = build_prompt(tokenizer, prefix, "", PromptBudget(128), remembered)
     assert again.ids == first.ids  # back where it was: that start is still remembered
+
+
+def test_a_start_fitted_behind_other_context_is_not_taken_and_the_next_keystroke_hits_the_cache(tokenizer: Tokenizer):
+    """`kspec bench quality --cross-file`: a file asked first with a small context, then with the
+    sibling open (a bigger one). The start remembered from the first fitted the bigger budget
+    exactly, with no room left, so the next typed character moved it and prefilled the file
+    again (374 of 869 tokens). Behind a new context the start is chosen afresh, with room."""
+    from kspec.engine.api import ContextFile
+
+    prefix = "".join(f"value_{i} = compute({i}, scale={i % 7})\n" for i in range(400))
+    small = (ContextFile("pkg/a.py", "def a():\n    pass\n"),)
+    big = (ContextFile("pkg/b.py", "".join(f"def helper_{i}(x):\n    return x + {i}\n" for i in range(10))),)
+    for tokens in range(400, 900, 3):  # whether the old start fits the new budget to the token depends on the sizes
+        budget, remembered = PromptBudget(tokens), PromptStarts()
+        build_prompt(tokenizer, prefix, "", budget, remembered, small, "pkg/m.py", "python")
+        cold = build_prompt(tokenizer, prefix, "", budget, remembered, big, "pkg/m.py", "python")
+        assert cold.context_tokens > 60
+        warm = build_prompt(tokenizer, prefix + "r", "", budget, remembered, big, "pkg/m.py", "python")
+        shared = next((at for at, (a, b) in enumerate(zip(cold.ids, warm.ids)) if a != b), min(len(cold.ids), len(warm.ids)))
+        assert shared >= len(cold.ids) - 4, tokens  # all but the healed tail: the prefix cache holds the keystroke's prompt
