@@ -29,6 +29,6 @@ def test_typing_keeps_the_prompt_warm(tokenizer: Tokenizer) -> None:
 
 def test_without_remembered_starts_prompts_go_cold(tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
     """The count can fail: a start chosen afresh at each keystroke moves as the text grows."""
-    monkeypatch.setattr(PromptStarts, "found_in", lambda self, text: [])
+    monkeypatch.setattr(PromptStarts, "found_in", lambda self, text, lead=(): [])
     report = prompt_starts(tokenizer, TEXT, points=3, length=120, budget=384, prefix_chars=3000)
     assert report["cold_prompts"] > 3
