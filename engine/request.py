@@ -139,7 +139,7 @@ def steering_starts(
     elif config.steer_branches and language is not None:
         needs = hole_needs(request.prefix, request.suffix, language)
         starts, steering = binding_starts(needs, headers=config.steer_block_headers), binding
-        if needs.header and config.steer_block_headers:  # only a header fills the hole: all branches but the first start with one
+        if starts and needs.header and config.steer_block_headers:  # only a header fills the hole: all branches but the first start with one
             steering = SteeringConfig(max(config.steer_branches, request.k - 1), config.steer_min_logprob)
     else:
         starts, steering = [], binding

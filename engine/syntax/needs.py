@@ -70,7 +70,7 @@ def hole_needs(prefix: str, suffix: str, language: str | None) -> HoleNeeds:
     ordered = sorted(names, key=lambda name: _first_read(found.suffix, name))
     if header:  # a loop variable is read in the block the header opens, not after it
         # (at column 0 the suffix's first line is the block's first, not the rest of the cursor's)
-        body, after = _block_and_after(found.suffix, len(indent) if not ctx.line_prefix else indent_of(ctx.line_prefix), 0 if not ctx.line_prefix else 1)
+        body, after = _block_and_after(found.suffix, indent_of(indent if not ctx.line_prefix else ctx.line_prefix), 0 if not ctx.line_prefix else 1)
         ordered.sort(key=lambda name: _first_read(after, name) < len(after) or _first_read(body, name) == len(body))
     ordered = [name for name in ordered if name.startswith(typed) and name != typed]
     reassigned = frozenset(name for name in ordered if _assigned(found.suffix, name))
@@ -84,16 +84,31 @@ def _column_0_depth(previous: str, next_line: str, step: int) -> tuple[str, bool
     statement can be, so it is that block's body). After a header (`else:`) the statement is the
     header's body, one `step` deeper; where the next line is deeper still (`else:` at 8, the next
     line at 16), a header itself; after other code, at its depth where the next line is deeper;
-    else at the next line's depth."""
+    else at the next line's depth. Depths in columns (indent_of), indentations as written."""
     previous_depth, next_depth = indent_of(previous), indent_of(next_line)
-    next_indent = next_line[:next_depth]
+    next_indent = _leading(next_line)
     if next_depth <= previous_depth:
         return next_indent, False
     if not previous.rstrip().endswith((":", "{")):
-        return previous[:previous_depth], True
+        return _leading(previous), True
     if next_depth >= previous_depth + 2 * step:
-        return next_indent[: previous_depth + step], True
+        return _indent_to(_leading(previous), next_indent, previous_depth + step), True
     return next_indent, False
+
+
+def _leading(line: str) -> str:
+    return line[: len(line) - len(line.lstrip(" \t"))]
+
+
+def _indent_to(base: str, deeper: str, columns: int) -> str:
+    """`base` followed by `deeper`'s next whitespace (the file's own tabs or spaces) up to `columns`."""
+    rest = deeper[len(base) :] if deeper.startswith(base) else " " * columns
+    indent = base
+    for char in rest:
+        if indent_of(indent + "x") >= columns:
+            break
+        indent += char
+    return indent
 
 
 def _indent_step(prefix: str) -> int:

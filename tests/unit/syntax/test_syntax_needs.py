@@ -78,6 +78,10 @@ def test_at_column_0_before_a_block_the_hole_opens_the_statement_goes_at_the_pre
         ("def f(xs):\n    if xs:\n", "        return 1\n    return 0\n", "python", []),
         ("def f(xs):\n  if xs:\n", "    return 1\n  return 0\n", "python", []),  # 2-space code: its step
         ("def f(xs):\n  if xs:\n", "      return 1\n  return 0\n", "python", ["    if", "    for", "    while"]),
+        # tab-indented code: the header's indentation in tabs
+        ("def f(xs):\n\tfor x in xs:\n", "\t\t\tprint(x)\n", "python", ["\t\tif", "\t\tfor", "\t\twhile"]),
+        # ... and the loop binding the name read only in the block the hole opens, depths in columns
+        ("def f(xs):\n\tout = 0\n\tfor x in xs:\n", "\t\t\tout += c\n\treturn out\n", "python", ["\t\tfor c in", "\t\tif", "\t\twhile"]),
     ],
 )
 def test_a_hole_the_code_after_it_is_the_body_of_starts_with_a_block_header(prefix, suffix, language, expected):
