@@ -64,7 +64,7 @@ def hole_needs(prefix: str, suffix: str, language: str | None) -> HoleNeeds:
     indent, header = "", following is not None and indent_of(following) > indent_of(ctx.line_prefix)
     if not ctx.line_prefix:  # at column 0, before a line or not: the statement goes at the next line's depth
         next_line = ctx.suffix_line_rest if ctx.suffix_line_rest.strip() else following or ""
-        indent, header, at_start = _column_0_depth(_last_code_line(found.prefix), next_line, _indent_step(found.prefix)) + (in_code,)
+        indent, header, at_start = _column_0_depth(found.prefix, next_line) + (in_code,)
     if not names and not header:
         return HoleNeeds(language, statement_start=at_start)
     ordered = sorted(names, key=lambda name: _first_read(found.suffix, name))
@@ -78,19 +78,22 @@ def hole_needs(prefix: str, suffix: str, language: str | None) -> HoleNeeds:
     return HoleNeeds(language, tuple(ordered), at_start, header, reassigned, typed, indent, modules)
 
 
-def _column_0_depth(previous: str, next_line: str, step: int) -> tuple[str, bool]:
-    """Where a statement written at column 0 goes, between the code line before it and the line
-    after it: (its indentation, whether it must open a block — the line after is deeper than the
-    statement can be, so it is that block's body). After a header (`else:`) the statement is the
-    header's body, one `step` deeper; where the next line is deeper still (`else:` at 8, the next
-    line at 16), a header itself; after other code, at its depth where the next line is deeper;
-    else at the next line's depth. Depths in columns (indent_of), indentations as written."""
+def _column_0_depth(prefix: str, next_line: str) -> tuple[str, bool]:
+    """Where a statement written at column 0 goes, between the last code line of `prefix` and
+    the line after it: (its indentation, whether it must open a block — the line after is deeper
+    than the statement can be, so it is that block's body). After a header (`else:`) the
+    statement is the header's body, one indentation step (`_indent_step`) deeper; where the next
+    line is deeper still (`else:` at 8, the next line at 16), a header itself; after other code,
+    at its depth where the next line is deeper; else at the next line's depth. Depths in columns
+    (indent_of), indentations as written."""
+    previous = _last_code_line(prefix)
     previous_depth, next_depth = indent_of(previous), indent_of(next_line)
     next_indent = _leading(next_line)
     if next_depth <= previous_depth:
         return next_indent, False
     if not previous.rstrip().endswith((":", "{")):
         return _leading(previous), True
+    step = _indent_step(prefix)  # only here: the prefix's every line is read for it
     if next_depth >= previous_depth + 2 * step:
         return _indent_to(_leading(previous), next_indent, previous_depth + step), True
     return next_indent, False
