@@ -47,6 +47,7 @@ class CrossFileConfig:
     deadline_ms: float = 20000.0
     seed: int = 41
     model: str | None = None
+    prompt_tokens: int | None = None  # the engine's prompt budget (EngineConfig.prompt_tokens); None: the machine fit's
     start_timeout_s: float = 600.0
     packages: tuple[str, ...] = (*STDLIB_PACKAGES, *SITE_PACKAGES)  # importable packages the holes are cut from
 

@@ -140,7 +140,8 @@ def scratch_workspace(cuts: list[Cut], packages: list[tuple[str, Path]]) -> Path
 async def _run(config: CrossFileConfig, cuts: list[Cut], folder: Path, progress: Callable[[str], None]) -> tuple[dict[str, Tally], dict[str, Any]]:
     """Each way's tally, and the engine's machine defaults (what chose the context budget)."""
     options = {"k": config.k, "maxTokens": config.max_tokens, "debounceMs": 0, "deadlineMs": config.deadline_ms,
-               "firstAnswerMs": 0, "typeahead": False, **({"model": config.model} if config.model else {})}  # fmt: skip
+               "firstAnswerMs": 0, "typeahead": False, **({"model": config.model} if config.model else {}),
+               **({"promptTokens": config.prompt_tokens} if config.prompt_tokens else {})}  # fmt: skip
     tallies = {way: Tally() for way in WAYS}
     editor = Editor()
     try:
@@ -174,7 +175,9 @@ def run_crossfile_bench(config: CrossFileConfig, progress: Callable[[str], None]
         report[kind] = {way: _subset(tallies[way], cuts, kind).summary() for way in WAYS}
     report["cases"] = [
         {"package": c.package, "module": str(c.module), "sibling": str(c.sibling), "name": c.name, "kind": c.kind,
-         "reference": c.reference, **{way: tallies[way].shown[at] for way in WAYS}}
+         "reference": c.reference, **{way: tallies[way].shown[at] for way in WAYS},
+         # per way, cold and warm latency (ms): p95 pooled over several runs
+         "ms": {way: [round(tallies[way].cold_ms[at], 1), round(tallies[way].warm_ms[at], 1)] for way in WAYS}}
         for at, c in enumerate(cuts)
     ]  # fmt: skip
     off, opened = report["all"]["off"], report["all"]["open"]

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.completion import CompletionEngine
 from kspec.engine.models.loading import Compute, LoadedModel
-from kspec.engine.config import EngineConfig
+from kspec.engine.config import PROMPT_TOKENS_RANGE, EngineConfig
 from kspec.bench.stats import time_interleaved
 from kspec.bench.baselines import branch_cache, decode_regular
 from kspec.engine.decode.branches import BranchTracker, DecodeLimits
@@ -144,7 +144,7 @@ def bench_keystroke(config: EngineConfig, prompt_tokens: int, points: int, repea
 
     # not fitted to the machine: the fit caps the prompt budget (384 tokens on a slow CPU),
     # and this bench is about a prompt of prompt_tokens
-    engine = CompletionEngine.load(replace(config, fit_to_machine=False, prompt_tokens=max(config.prompt_tokens, prompt_tokens + 64)))
+    engine = CompletionEngine.load(replace(config, fit_to_machine=False, prompt_tokens=max(config.prompt_tokens or PROMPT_TOKENS_RANGE[1], prompt_tokens + 64)))
     source = inspect.getsource(json.decoder)
     tokenizer = engine.target.tokenizer
     # typing points: line ends late enough in the file that the prompt holds ~prompt_tokens

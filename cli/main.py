@@ -418,7 +418,8 @@ def _bench_cross_file(config, args: argparse.Namespace) -> dict:
 
     try:
         packages = {} if args.packages is None else {"packages": tuple(p.strip() for p in args.packages.split(",") if p.strip())}
-        cross = CrossFileConfig(holes=args.repeats or 24, k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 32, model=config.model, **packages)
+        cross = CrossFileConfig(holes=args.repeats or 24, k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 32, model=config.model,
+                               prompt_tokens=config.prompt_tokens, **packages)  # fmt: skip
     except ValueError as exc:
         raise KspecError(str(exc)) from exc
     with tqdm(desc="kspec bench quality --cross-file", unit="cut", disable=not show_progress(args), file=sys.stderr) as bar:

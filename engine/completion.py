@@ -18,7 +18,7 @@ from kspec.engine.batching import BatchConfig, ContinuousBatcher
 from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 from kspec.engine.config import FIT_NEUTRAL_FIELDS, EngineConfig
 from kspec.engine.decode.speculative import DraftPayoffs
-from kspec.engine.machine_fit import FIT_CACHE_FILE, TIMING_METHOD, FitCache, MachineDefaults, MachineTiming, choose_defaults, fit_key
+from kspec.engine.machine_fit import PROMPT_TOKENS_RANGE, FIT_CACHE_FILE, TIMING_METHOD, FitCache, MachineDefaults, MachineTiming, choose_defaults, fit_key
 from kspec.engine.prompt import PromptStarts
 from kspec.engine.models.gguf_convert import ProgressCallback
 from kspec.engine.models.loading import LoadedModel, check_draft_compatible, load_model
@@ -121,7 +121,7 @@ class CompletionEngine:
             timing = self.measure_machine()
             if cache is not None and timing.quiet:
                 cache.put(key, timing)
-        self.defaults = choose_defaults(timing)
+        self.defaults = choose_defaults(timing, self.config.prompt_tokens)
         return self.defaults
 
     def fit_identity(self) -> dict[str, Any]:
@@ -154,10 +154,12 @@ class CompletionEngine:
 
     @property
     def prompt_tokens(self) -> int:
-        """`config.prompt_tokens`, capped by the machine's defaults: a cold prompt (a new
-        document or place) is prefilled in about `machine_fit.COLD_PROMPT_MS`."""
-        fitted = self.defaults.prompt_tokens if self.defaults is not None else self.config.prompt_tokens
-        return min(self.config.prompt_tokens, fitted)
+        """The machine's defaults' budget (a cold prompt, a new document or place, is prefilled in
+        about `machine_fit.COLD_PROMPT_MS`) unless `config.prompt_tokens` pins one; not fitted:
+        the pin or the largest budget a fit chooses."""
+        if self.defaults is not None:
+            return self.defaults.prompt_tokens
+        return self.config.prompt_tokens or PROMPT_TOKENS_RANGE[1]
 
     def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult:
         """One request on its own (the CLI, `kspec eval`): a batch of one, run to the end."""

@@ -35,14 +35,20 @@ def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
 
 CPU_FAST_PATH_FIELDS = ("cpu_weights", "cpu_kernels", "cpu_int4", "cpu_kv")  # EngineConfig's settings of the CPU fast path (FastPath.for_weights)
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"  # the whole value
+# The prompt budgets the machine fit chooses from (engine/machine_fit.py): below, too little of
+# the file; the top is also the budget of an engine that is not fitted.
+PROMPT_TOKENS_RANGE = (384, 1536)
 
 
 def option(default: Any, help: str, *, short: str | None = None, choices: tuple[str, ...] | None = None,
-           pattern: str | None = None, path: bool = False, setting: bool = False) -> Any:  # fmt: skip
+           pattern: str | None = None, minimum: int | None = None, path: bool = False, setting: bool = False,
+           vscode: bool = True) -> Any:  # fmt: skip
     """A field that users set: a command-line flag `--the-name` (and `short`) with this help;
-    `choices` / `pattern` (a regex for the whole value) say what is valid; `path`: a file or
-    folder (resolved when it names the engine); `setting`: also a language-server setting."""
-    metadata = {"help": help, "short": short, "choices": choices, "pattern": pattern, "path": path, "setting": setting}
+    `choices` / `pattern` (a regex for the whole value) / `minimum` (a number's) say what is
+    valid; `path`: a file or folder (resolved when it names the engine); `setting`: also a
+    language-server setting, offered in VS Code's settings UI unless `vscode` is False."""
+    metadata = {"help": help, "short": short, "choices": choices, "pattern": pattern, "minimum": minimum, "path": path,
+                "setting": setting, "vscode": vscode}  # fmt: skip
     return field(default=default, metadata=metadata)
 
 
@@ -64,7 +70,7 @@ class SteeringConfig:
 # machine fit's timing does not depend on them (engine/completion.py `fit_identity`), so changing
 # one does not time the machine again.
 FIT_NEUTRAL_FIELDS = frozenset({
-    "progress", "steer_branches", "steer_member_branches", "constrain_member_names", "steer_min_logprob", "steer_past_indent", "steer_block_headers",
+    "prompt_tokens", "progress", "steer_branches", "steer_member_branches", "constrain_member_names", "steer_min_logprob", "steer_past_indent", "steer_block_headers",
 })  # fmt: skip
 
 
@@ -108,7 +114,12 @@ class EngineConfig:
         choices=QUANTIZE,
     )  # fmt: skip
     device: str = option("cpu", "'cpu' or 'cuda[:N]'", pattern=DEVICE_PATTERN, setting=True)
-    prompt_tokens: int = 1536  # token budget for prefix + suffix
+    prompt_tokens: int | None = option(
+        None, "the prompt's token budget (the file around the cursor and other files' context); default: what this "
+        f"machine prefills cold in about half a second (the machine fit: {PROMPT_TOKENS_RANGE[0]}-{PROMPT_TOKENS_RANGE[1]}), "
+        f"{PROMPT_TOKENS_RANGE[1]} without a fit; a number pins it: figures comparable across machines, or more of the "
+        "file on a slow one", minimum=16, setting=True, vscode=False,
+    )  # fmt: skip
     threads: int | None = option(None, "torch intra-op threads (default: torch's, one per core)")
     progress: bool = True  # progress bar while converting a GGUF file
     prefix_cache_mb: int = option(
@@ -141,8 +152,10 @@ class EngineConfig:
         check_choice("dtype", self.dtype, DTYPES)
         if not isinstance(self.device, str) or not re.fullmatch(DEVICE_PATTERN, self.device):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
-        if self.prompt_tokens < 16:
-            raise ValueError(f"prompt_tokens must be >= 16, got {self.prompt_tokens}")
+        for option_field in options():
+            value, least = getattr(self, option_field.name), option_field.metadata["minimum"]
+            if least is not None and value is not None and value < least:
+                raise ValueError(f"{option_field.name} must be >= {least}, got {value}")
         check_choice("cpu_weights", self.cpu_weights, CPU_WEIGHTS)
         check_choice("cpu_kernels", self.cpu_kernels, CPU_KERNELS)
         check_choice("cpu_int4", self.cpu_int4, CPU_INT4)

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kspec.engine.config import PROMPT_TOKENS_RANGE
 from kspec.engine.json_file import read_json_object, replace_json
 
 TARGET_FIRST_ANSWER_MS = 250.0  # what Continue and llama.vim aim for (300 ms / 250 ms caps)
@@ -49,7 +50,6 @@ K_CHOICES = (4, 3, 2)
 MIN_K = 2
 MAX_TOKENS_RANGE = (16, 64)
 COLD_PROMPT_MS = 500.0
-PROMPT_TOKENS_RANGE = (384, 1536)  # below, too little of the file; above, the engine's default budget
 FIT_CACHE_MAX_AGE_S = 7 * 24 * 3600.0  # then measured again (a timing taken while the machine was busy does not stay for good)
 FIT_CACHE_ENTRIES = 32  # the most recent ones are kept
 TIMING_METHOD = 2  # part of the cache key: raised when what `measure_machine` times changes (2: a keystroke types a word)
@@ -158,7 +158,9 @@ def tokens_ms(timing: MachineTiming, k: int, tokens: int) -> float:
     return timing.keystroke_ms + math.ceil(tokens / TOKENS_PER_ROUND) * _round_ms(timing, k)
 
 
-def choose_defaults(timing: MachineTiming) -> MachineDefaults:
+def choose_defaults(timing: MachineTiming, pinned_prompt_tokens: int | None = None) -> MachineDefaults:
+    """What a typist needs on this machine; `pinned_prompt_tokens` (EngineConfig.prompt_tokens,
+    when set) is the prompt budget instead of what prefills cold in `COLD_PROMPT_MS`."""
     k = next((k for k in K_CHOICES if tokens_ms(timing, k, FIRST_WORD_TOKENS) <= TARGET_FIRST_ANSWER_MS), MIN_K)
     low, high = FIRST_ANSWER_RANGE_MS
     round_ms = _round_ms(timing, k)
@@ -170,7 +172,7 @@ def choose_defaults(timing: MachineTiming) -> MachineDefaults:
     tokens = int(DECODE_BUDGET_MS / round_ms * TOKENS_PER_ROUND)
     max_tokens = min(MAX_TOKENS_RANGE[1], max(MAX_TOKENS_RANGE[0], tokens))
     fits = COLD_PROMPT_MS / timing.prefill_ms_per_token if timing.prefill_ms_per_token > 0 else PROMPT_TOKENS_RANGE[1]
-    prompt_tokens = int(min(PROMPT_TOKENS_RANGE[1], max(PROMPT_TOKENS_RANGE[0], fits)))
+    prompt_tokens = pinned_prompt_tokens or int(min(PROMPT_TOKENS_RANGE[1], max(PROMPT_TOKENS_RANGE[0], fits)))
     return MachineDefaults(
         k, max_tokens, round(first), round(round_ms, 2), round(timing.prefill_ms_per_token, 3), round(timing.keystroke_ms, 2),
         prompt_tokens,

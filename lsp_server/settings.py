@@ -112,7 +112,7 @@ def setting(default: Any, rule: Rule, *, vscode: bool = True) -> Any:
 # with their defaults and rules, are the first fields of Settings: a new one needs no change here.
 EngineSettings = make_dataclass(
     "EngineSettings",
-    [(f.name, f.type, setting(f.default, Rule.of_option(f))) for f in options() if f.metadata["setting"]],
+    [(f.name, f.type, setting(f.default, Rule.of_option(f), vscode=f.metadata["vscode"])) for f in options() if f.metadata["setting"]],
     frozen=True,
 )
 

@@ -17,13 +17,15 @@ from lsp_harness import FAST, Editor, editor_session
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
+PINNED_PROMPT_TOKENS = 700
 CODE = "def total(values):\n    result = 0\n    for value in values:\n        "
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def editor(model_dir: Path) -> Any:
-    # answer early (1 ms: at the end of the prefill), then decode on to 48 tokens
-    options = {"model": str(model_dir), **FAST, "maxTokens": 48, "firstAnswerMs": 1}
+    # answer early (1 ms: at the end of the prefill), then decode on to 48 tokens; the prompt
+    # budget pinned (these prompts are far shorter)
+    options = {"model": str(model_dir), **FAST, "maxTokens": 48, "firstAnswerMs": 1, "promptTokens": PINNED_PROMPT_TOKENS}
     async with editor_session(options) as session:
         await session.ready()
         yield session
@@ -34,6 +36,7 @@ async def test_status_shows_what_the_engine_chose_for_this_machine(editor: Edito
     defaults = ready["defaults"]
     assert {"k", "maxTokens", "firstAnswerMs", "roundMs", "prefillMsPerToken"} <= set(defaults)
     assert 1 <= defaults["k"] <= 4 and defaults["roundMs"] > 0
+    assert defaults["promptTokens"] == PINNED_PROMPT_TOKENS  # the setting, not the fit's choice
 
 
 async def test_early_answer_then_longer_alternatives_from_the_typeahead_cache(editor: Editor) -> None:

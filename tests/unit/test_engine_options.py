@@ -32,7 +32,7 @@ def other_value(option_field, config: EngineConfig):
     if kind is bool:
         return not option_field.default
     if kind is int:
-        return (option_field.default or 1) + 1
+        return max((option_field.default or 1) + 1, meta["minimum"] or 0)
     if kind is float:
         return (option_field.default or 1.0) * 2
     return f"/models/{option_field.name}"

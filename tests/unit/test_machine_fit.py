@@ -86,7 +86,7 @@ def test_the_engine_measures_itself(random_llama_dir, tmp_path, monkeypatch):
     engine = CompletionEngine.load(config)
     assert engine.defaults is not None and engine.defaults.k >= MIN_K  # chosen at load
     assert (tmp_path / FIT_CACHE_FILE).is_file()  # and kept: the same engine started again does not measure (below)
-    assert engine.prompt_tokens == min(engine.config.prompt_tokens, engine.defaults.prompt_tokens)
+    assert engine.prompt_tokens == engine.defaults.prompt_tokens
     from kspec.engine.completion import CALIBRATION_CODE, KEYSTROKE_INDENT
 
     runs: list[tuple[str, dict[str, float]]] = []
@@ -111,6 +111,10 @@ def test_the_engine_measures_itself(random_llama_dir, tmp_path, monkeypatch):
     # settings that choose tokens, not what a round costs, share the timing (FIT_NEUTRAL_FIELDS)
     steered = replace(config, steer_branches=0, steer_member_branches=1, constrain_member_names=False, steer_past_indent=False)
     assert CompletionEngine.load(steered).defaults == engine.defaults
+    # a pinned prompt budget is the fitted engine's, with the same timing
+    pinned = CompletionEngine.load(replace(config, prompt_tokens=engine.defaults.prompt_tokens + 7))
+    assert pinned.defaults == replace(engine.defaults, prompt_tokens=engine.defaults.prompt_tokens + 7)
+    assert pinned.prompt_tokens == engine.defaults.prompt_tokens + 7
     with pytest.raises(AssertionError, match="measured the machine again"):
         CompletionEngine.load(replace(config, gamma=config.gamma + 1))  # one that changes a round's cost does not
 
@@ -121,15 +125,18 @@ def test_the_prompt_budget_is_what_a_cold_prefill_does_in_its_time():
     assert slow.prompt_tokens == int(COLD_PROMPT_MS / per_token)
     fast = choose_defaults(MachineTiming({2: 8.0, 4: 10.0}, prefill_ms_per_token=0.2, keystroke_ms=20.0))
     assert fast.prompt_tokens == PROMPT_TOKENS_RANGE[1]
-    crawling = choose_defaults(MachineTiming({2: 900.0, 4: 1200.0}, prefill_ms_per_token=50.0, keystroke_ms=400.0))
+    crawling_timing = MachineTiming({2: 900.0, 4: 1200.0}, prefill_ms_per_token=50.0, keystroke_ms=400.0)
+    crawling = choose_defaults(crawling_timing)
     assert crawling.prompt_tokens == PROMPT_TOKENS_RANGE[0]
+    # EngineConfig.prompt_tokens pins the budget, and only the budget
+    assert choose_defaults(crawling_timing, 2000) == replace(crawling, prompt_tokens=2000)
 
 
 def test_the_engine_cuts_prompts_to_the_fitted_budget(random_engine):
     from kspec.engine.api import CompletionRequest
 
     assert random_engine.defaults is None  # the fixture's engine is not fitted
-    assert random_engine.prompt_tokens == random_engine.config.prompt_tokens
+    assert random_engine.prompt_tokens == PROMPT_TOKENS_RANGE[1]
     long_prefix = "".join(f"def function_{i}(argument):\n    return argument * {i}\n\n" for i in range(300))
 
     def prompt_tokens() -> float:
@@ -138,8 +145,8 @@ def test_the_engine_cuts_prompts_to_the_fitted_budget(random_engine):
 
     fitted = choose_defaults(MachineTiming({2: 8.0, 4: 10.0}, prefill_ms_per_token=0.01, keystroke_ms=20.0))
     try:
-        random_engine.defaults = fitted  # 1536: never above the configured budget
-        assert random_engine.prompt_tokens == random_engine.config.prompt_tokens
+        random_engine.defaults = fitted
+        assert random_engine.prompt_tokens == PROMPT_TOKENS_RANGE[1]
         whole = prompt_tokens()
         random_engine.defaults = replace(fitted, prompt_tokens=100)
         assert random_engine.prompt_tokens == 100

@@ -48,6 +48,7 @@ local SERVER_KEYS = {
   draft = { 'string', 'nil' },
   device = 'string',
   dtype = 'string',
+  promptTokens = { 'number', 'nil' }, -- pin the prompt's token budget; nil: what this machine prefills cold in ~0.5 s
   -- where completions are computed: 'daemon' (default), 'inprocess', 'remote' (a kspec
   -- engine on the network), 'openai' (an OpenAI-compatible /v1/completions server)
   engine = 'string',
