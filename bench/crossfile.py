@@ -166,6 +166,15 @@ def find_cuts(packages: list[tuple[str, Path]], holes: int, rng: random.Random) 
     return chosen
 
 
+def cut_flags(name: str, reference: str, texts: list[str]) -> dict[str, bool]:
+    """What the suggestions of one cut count for: the name or the reference's line, exactly, in
+    the first line of the top one or of any (the rest of a suggestion is not the hole's line)."""
+    writes = [bool(re.search(rf"\b{re.escape(name)}\b", t.split("\n", 1)[0])) for t in texts]
+    exact = [dedupe_key(t.split("\n", 1)[0]) == dedupe_key(reference) for t in texts]
+    return {"empty": not texts, "name_top1": bool(writes and writes[0]), "name_any": any(writes),
+            "exact_top1": bool(exact and exact[0]), "exact_any": any(exact)}  # fmt: skip
+
+
 @dataclass
 class Tally:
     cuts: int = 0
@@ -186,23 +195,23 @@ class Tally:
     shown: list[list[str]] = field(default_factory=list)  # per cut: the first line of each suggestion
 
     def add(self, cut: Cut, texts: list[str], cold_ms: float, warm_ms: float, context: dict[str, Any], warm_prompt: dict[str, Any] | None = None) -> None:
-        writes = [bool(re.search(rf"\b{re.escape(cut.name)}\b", t.split("\n", 1)[0])) for t in texts]
-        exact = [dedupe_key(t.split("\n", 1)[0]) == dedupe_key(cut.reference) for t in texts]
-        flags = {"empty": not texts, "name_top1": bool(writes and writes[0]), "name_any": any(writes),
-                 "exact_top1": bool(exact and exact[0]), "exact_any": any(exact)}  # fmt: skip
-        self.flags.append(flags)
-        self.shown.append([t.split("\n", 1)[0][:100] for t in texts])
-        self.cuts += 1
-        for name, value in flags.items():
-            setattr(self, name, getattr(self, name) + value)
-        self.cold_ms.append(cold_ms)
-        self.warm_ms.append(warm_ms)
+        self.shown.append([t.split("\n", 1)[0] for t in texts])
+        self.count(cut_flags(cut.name, cut.reference, texts), cold_ms, warm_ms)
         self.context_tokens.append(int(context.get("tokens", 0)))
         self.context_files.append(len(context.get("files", [])))
         prompt = warm_prompt or {}
         told = "prefillMs" in prompt
         self.warm_prefill_ms.append(float(prompt["prefillMs"]) if told else None)
         self.warm_uncached.append(int(prompt.get("tokens", 0)) - int(prompt.get("reusedTokens", 0)) if told else None)
+
+    def count(self, flags: dict[str, bool], cold_ms: float, warm_ms: float) -> None:
+        """One cut's counters' terms (`cut_flags`) and latencies."""
+        self.flags.append(flags)
+        self.cuts += 1
+        for name, value in flags.items():
+            setattr(self, name, getattr(self, name) + value)
+        self.cold_ms.append(cold_ms)
+        self.warm_ms.append(warm_ms)
 
     def summary(self) -> dict[str, Any]:
         share = lambda n: round(n / self.cuts, 3) if self.cuts else None  # noqa: E731
@@ -221,3 +230,31 @@ class Tally:
             "warm_prefill_p50_ms": ms(prefills, 50), "warm_prefill_p95_ms": ms(prefills, 95),
             "warm_uncached_tokens_max": max(uncached) if uncached else None,
         }  # fmt: skip
+
+
+POOLED_FIELDS = ("cuts", "name_top1", "name_any_of_k", "exact_top1", "exact_any_of_k", "empty",
+                 "cold_p50_ms", "cold_p95_ms", "warm_p50_ms", "warm_p95_ms")  # fmt: skip
+
+
+def pool_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs' reports (`--cross-file --json`) as one: per kind of cut and way, the shares
+    and latency percentiles over all their cuts (a p95 of one run's 44 keystrokes moves by
+    0.2-0.4 between runs); per run, its prompt budget and holes."""
+    tallies = {kind: {way: Tally() for way in WAYS} for kind in ("all", "line", "name")}
+    runs = []
+    for report in reports:
+        if "cases" not in report or any("ms" not in case for case in report["cases"]):
+            raise ValueError("a report without per-cut latencies (`ms`, kept since 2026-12-04): run the bench again")
+        runs.append({"prompt_tokens": (report.get("machine_defaults") or {}).get("promptTokens"), **report["config"]})
+        for case in report["cases"]:
+            for way in WAYS:
+                flags = cut_flags(case["name"], case["reference"], case[way])
+                for kind in ("all", case["kind"]):
+                    tallies[kind][way].count(flags, *case["ms"][way])
+    pooled: dict[str, Any] = {"runs": runs}
+    for kind, ways in tallies.items():
+        pooled[kind] = {way: {name: tally.summary()[name] for name in POOLED_FIELDS} for way, tally in ways.items()}
+    off, opened = pooled["all"]["off"]["warm_p95_ms"], pooled["all"]["open"]["warm_p95_ms"]
+    if off and opened:
+        pooled["warm_p95_open_over_off"] = round(opened / off, 3)
+    return pooled

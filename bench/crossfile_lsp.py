@@ -174,7 +174,7 @@ def run_crossfile_bench(config: CrossFileConfig, progress: Callable[[str], None]
     for kind in ("all", "line", "name"):
         report[kind] = {way: _subset(tallies[way], cuts, kind).summary() for way in WAYS}
     report["cases"] = [
-        {"package": c.package, "module": str(c.module), "sibling": str(c.sibling), "name": c.name, "kind": c.kind,
+        {"package": c.package, "module": str(c.module), "sibling": str(c.sibling), "name": c.name, "kind": c.kind, "line": c.line, "column": c.column,
          "reference": c.reference, **{way: tallies[way].shown[at] for way in WAYS},
          # per way, cold and warm latency (ms): p95 pooled over several runs
          "ms": {way: [round(tallies[way].cold_ms[at], 1), round(tallies[way].warm_ms[at], 1)] for way in WAYS}}

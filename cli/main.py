@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     bench.add_argument(
         "--replay", type=Path, default=None,
-        help="quality: post-process the cases of a --cases-out file again, without the model",
+        help="quality: post-process the cases of a --cases-out file again, without the model; with --cross-file: "
+        "pool the --json reports of several runs (comma-separated files) into one set of figures",
     )  # fmt: skip
     bench.add_argument(
         "--cross-file", action="store_true",
@@ -416,6 +417,14 @@ def _bench_cross_file(config, args: argparse.Namespace) -> dict:
     from kspec.bench.crossfile import CrossFileConfig
     from kspec.bench.crossfile_lsp import run_crossfile_bench
 
+    if args.replay is not None:
+        from kspec.bench.crossfile import pool_reports
+
+        paths = [Path(part) for part in str(args.replay).split(",") if part.strip()]
+        try:
+            return pool_reports([json.loads(path.read_text(encoding="utf-8")) for path in paths])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise KspecError(f"{args.replay}: not reports of `kspec bench quality --cross-file --json` ({exc})") from exc
     try:
         packages = {} if args.packages is None else {"packages": tuple(p.strip() for p in args.packages.split(",") if p.strip())}
         cross = CrossFileConfig(holes=args.repeats or 24, k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 32, model=config.model,

@@ -8,7 +8,9 @@ import random
 import re
 from pathlib import Path
 
-from kspec.bench.crossfile import Cut, Tally, find_cuts, package_folders
+import pytest
+
+from kspec.bench.crossfile import Cut, Tally, find_cuts, package_folders, pool_reports
 from kspec.bench.crossfile_lsp import _holed
 
 
@@ -59,3 +61,22 @@ def test_held_out_holes_come_from_the_packages_named() -> None:
     assert cuts and {cut.package for cut in cuts} <= {"asyncio", "multiprocessing"}
     with pytest.raises(ValueError):
         CrossFileConfig(packages=())
+
+
+def test_reports_of_several_runs_pool_into_one() -> None:
+    """`--cross-file --replay A,B`: the shares and percentiles over every cut of every run."""
+
+    def report(budget: int, open_texts: list[str], warm_open: float) -> dict:
+        case = {"name": "Impossible", "reference": "Impossible()", "kind": "name",
+                "off": ["Const()"], "closed": [], "open": open_texts,
+                "ms": {"off": [100.0, 10.0], "closed": [300.0, 30.0], "open": [200.0, warm_open]}}  # fmt: skip
+        return {"config": {"holes": 1, "cuts": 1}, "machine_defaults": {"promptTokens": budget}, "cases": [case]}
+
+    pooled = pool_reports([report(968, ["Impossible()"], 11.0), report(1131, ["Const()", "Impossible(1)"], 13.0)])
+    assert [run["prompt_tokens"] for run in pooled["runs"]] == [968, 1131]
+    opened = pooled["name"]["open"]
+    assert (opened["cuts"], opened["name_top1"], opened["name_any_of_k"], opened["exact_top1"]) == (2, 0.5, 1.0, 0.5)
+    assert pooled["name"]["closed"]["empty"] == 1.0 and pooled["line"]["open"]["cuts"] == 0
+    assert pooled["all"]["open"]["warm_p50_ms"] == 12.0 and pooled["warm_p95_open_over_off"] == 1.29
+    with pytest.raises(ValueError, match="per-cut latencies"):
+        pool_reports([{"config": {}, "cases": [{"name": "x"}]}])
