@@ -253,7 +253,8 @@ def pool_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
                     tallies[kind][way].count(flags, *case["ms"][way])
     pooled: dict[str, Any] = {"runs": runs}
     for kind, ways in tallies.items():
-        pooled[kind] = {way: {name: tally.summary()[name] for name in POOLED_FIELDS} for way, tally in ways.items()}
+        summaries = {way: tally.summary() for way, tally in ways.items()}
+        pooled[kind] = {way: {name: summary[name] for name in POOLED_FIELDS} for way, summary in summaries.items()}
     off, opened = pooled["all"]["off"]["warm_p95_ms"], pooled["all"]["open"]["warm_p95_ms"]
     if off and opened:
         pooled["warm_p95_open_over_off"] = round(opened / off, 3)

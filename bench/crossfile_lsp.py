@@ -193,13 +193,9 @@ def _subset(tally: Tally, cuts: list[Cut], kind: str) -> Tally:
     part = Tally()
     for at, cut in enumerate(cuts):
         if cut.kind == kind:
-            part.cuts += 1
-            part.cold_ms.append(tally.cold_ms[at])
-            part.warm_ms.append(tally.warm_ms[at])
+            part.count(tally.flags[at], tally.cold_ms[at], tally.warm_ms[at])
             part.context_tokens.append(tally.context_tokens[at])
             part.context_files.append(tally.context_files[at])
             part.warm_prefill_ms.append(tally.warm_prefill_ms[at])
             part.warm_uncached.append(tally.warm_uncached[at])
-            for name in ("name_top1", "name_any", "exact_top1", "exact_any", "empty"):
-                setattr(part, name, getattr(part, name) + tally.flags[at][name])
     return part
