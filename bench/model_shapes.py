@@ -1,7 +1,7 @@
 """GGUF files of real code models' shapes with random weights, for speed and memory measurements
 without a model hub: `python -m kspec.bench.model_shapes SHAPE TYPE OUT.gguf`.
 
-The tokenizer is the embedded default model's (49152 tokens), so the vocabulary (and the head) is
+The tokenizer is the small SmolLM2-135M's (`kspec models pull smollm2-135m`; 49152 tokens), so the vocabulary (and the head) is
 smaller than the real model's; every other shape is the real one. Tensor types follow llama.cpp's
 mixes (llama-quantize's `llama_tensor_get_type`, simplified): Q4_K_M keeps Q4_K for most
 matrices and Q6_K for the head and for attn_v / ffn_down of the layers `use_more_bits` picks;
@@ -21,7 +21,8 @@ import numpy as np
 
 from kspec.engine.models.gguf_encode import SUPER, encode
 
-TOKENIZER_VOCAB = 49152  # the embedded model's tokenizer
+TOKENIZER_MODEL = "smollm2-135m"  # whose tokenizer the shapes carry
+TOKENIZER_VOCAB = 49152  # SmolLM2's tokenizer
 
 
 @dataclass(frozen=True)
@@ -206,13 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    from kspec.engine.models.resolve import default_gguf_path, resolve_model
+    from kspec.engine.models.resolve import known_model_path, resolve_model
 
     try:
         if args.type == "hf":
-            write_hf_folder(SHAPES[args.shape], args.out, resolve_model(None, progress=False).folder / "tokenizer.json", args.seed)
+            write_hf_folder(SHAPES[args.shape], args.out, resolve_model(TOKENIZER_MODEL, progress=False).folder / "tokenizer.json", args.seed)
         else:
-            write_shape(SHAPES[args.shape], args.type, args.out, default_gguf_path(), args.seed)
+            write_shape(SHAPES[args.shape], args.type, args.out, known_model_path(TOKENIZER_MODEL), args.seed)
     except ValueError as exc:
         print(f"kspec: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ from kspec.cli.cluster import add_cluster_parser, run_cluster
 from kspec.cli.commands import add_engine_parser, add_lsp_parser, engine_config, run_engine, run_lsp
 from kspec.cli.exits import EXIT_INTERRUPTED, UsageError, exit_code
 from kspec.cli.logs import add_log_level, configure_logging
+from kspec.cli.models import add_models_parser, run_models
 from kspec.engine.config import add_flags
 from kspec.engine.version import version
 
@@ -154,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_lsp_parser(commands)
     add_engine_parser(commands)
     add_cluster_parser(commands)
+    add_models_parser(commands)
     return parser
 
 
@@ -496,7 +498,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # usage errors exit 2 here
-    handlers = {"complete": run_complete, "eval": run_eval, "bench": run_bench, "lsp": run_lsp, "engine": run_engine, "cluster": run_cluster}
+    handlers = {"complete": run_complete, "eval": run_eval, "bench": run_bench, "lsp": run_lsp, "engine": run_engine, "cluster": run_cluster, "models": run_models}
     try:
         if args.command in ("complete", "eval", "bench"):  # lsp, engine and cluster set up their own (same option)
             configure_logging(args, "kspec")

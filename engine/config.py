@@ -77,7 +77,7 @@ FIT_NEUTRAL_FIELDS = frozenset({
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = option(
-        None, "HF model folder, .gguf file or cached hub id (default: the embedded SmolLM2-135M demonstration model)",
+        None, "a known model name (`kspec models list`), HF model folder, .gguf file or cached hub id (default: $KSPEC_MODEL, else qwen2.5-coder-0.5b)",
         short="-m", path=True, setting=True,
     )  # fmt: skip
     draft: str | None = option(None, "draft model with the target's tokenizer (speculative decoding)", path=True, setting=True)

@@ -4,7 +4,7 @@ where its tokenizer has one, file names as comments otherwise.
 - Qwen2.5-Coder (`<|repo_name|>`, `<|file_sep|>`): `<|repo_name|>kspec\\n<|file_sep|>a.py\\n...`
   `<|file_sep|>cursor.py\\n` then the FIM prompt, as its repository-level training data;
 - StarCoder2 (`<file_sep>`): `<file_sep>a.py\\n...` then `<file_sep>cursor.py\\n`;
-- any other model (the embedded SmolLM2, whose vocabulary has `<file_sep>` but which was not
+- any other model (the small SmolLM2, whose vocabulary has `<file_sep>` but which was not
   trained to fill in with it, DeepSeek-Coder, CodeLlama): each file headed by a
   comment with its path in the cursor's language, then a comment naming the cursor's file.
 

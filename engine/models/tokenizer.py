@@ -26,7 +26,13 @@ FIM_SPELLINGS: tuple[tuple[str, str, str], ...] = (
     ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),  # DeepSeek-Coder
     ("▁<PRE>", "▁<SUF>", "▁<MID>"),  # CodeLlama
 )
-STOP_TOKEN_SPELLINGS = ("<|endoftext|>", "<|im_end|>", "<|file_separator|>", "<|fim_pad|>", "<EOT>", "<｜end▁of▁sentence｜>", "</s>")
+# Tokens that end a completion: end of text or turn, and the repository format's separators (a
+# model that writes `<|file_sep|>` / `<|repo_name|>` has left the file). Qwen2.5-Coder's are
+# `<|endoftext|>`, `<|im_end|>`, `<|fim_pad|>`, `<|file_sep|>`, `<|repo_name|>`.
+STOP_TOKEN_SPELLINGS = (
+    "<|endoftext|>", "<|im_end|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>",
+    "<|file_separator|>", "<file_sep>", "<EOT>", "<｜end▁of▁sentence｜>", "</s>",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,8 @@ class Tokenizer:
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.fim = self._find_fim()
         stops = {tid for tid in (tokenizer.token_to_id(s) for s in STOP_TOKEN_SPELLINGS) if tid is not None}
+        if self.fim is not None:  # a FIM token written inside the hole is never part of the answer
+            stops |= {self.fim.prefix, self.fim.suffix, self.fim.middle}
         self.stop_ids: frozenset[int] = frozenset(stops | set(eos_ids))
         self._token_texts: list[str] | None = None
         self._text_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None

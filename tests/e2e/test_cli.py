@@ -8,21 +8,25 @@ import sys
 from pathlib import Path
 
 import pytest
+from suite_models import real_default_env
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo.py"
 
 
-def kspec(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kspec.cli.main", *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+def kspec(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kspec.cli.main", *args], capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
 
 
-def test_complete_json_with_default_model():
-    run = kspec("complete", f"{DEMO}:16:5", "-k", "2", "--max-tokens", "32", "--json")
+@pytest.mark.slow
+def test_complete_json_with_the_real_default_model():
+    """The README's main job as a user runs it: no model named, so the real default writes code."""
+    run = kspec("complete", f"{DEMO}:16:5", "-k", "2", "--max-tokens", "32", "--json", env=real_default_env())
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     assert set(result) >= {"completions", "timing_ms", "model"}
-    assert "SmolLM2" in result["model"]
+    assert result["model"].startswith("qwen2.5-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct")
+    assert any("prime" in c["text"] for c in result["completions"]), result["completions"]  # the example's own helper and names
     assert result["attention"]["prefill"] == "sdpa" and result["attention"]["decode"] in ("cpu-fused", "pytorch")  # kernels/paths.py
     assert 1 <= len(result["completions"]) <= 2
     assert all(isinstance(c["text"], str) and c["text"].strip() and isinstance(c["score"], float) for c in result["completions"])

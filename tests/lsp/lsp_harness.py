@@ -21,6 +21,7 @@ from lsprotocol import types as lsp
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 from kspec.lsp_server.client_kind import DECLARES_UPDATES
+from suite_models import real_default_env
 
 REPO = Path(__file__).resolve().parents[2]
 # Random weights make garbage that trimming and the syntax checks rightly drop: "raw"
@@ -156,8 +157,10 @@ def server_command(*extra: str) -> list[str]:
     return [sys.executable, "-m", "kspec.cli.main", "lsp", *extra]
 
 
-def server_env(runtime_dir: Path | None = None) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def server_env(runtime_dir: Path | None = None, real_default: bool = False) -> dict[str, str]:
+    """The server's environment: the suite's small model as the default (tests/conftest.py), or with
+    `real_default` the default a user gets."""
+    env = {**(real_default_env() if real_default else os.environ), "PYTHONPATH": str(REPO)}
     if runtime_dir is not None:
         env["XDG_RUNTIME_DIR"] = str(runtime_dir)
     return env
@@ -173,8 +176,9 @@ async def editor_session(
     runtime_dir: Path | None = None,
     updates: bool = True,
     folders: tuple[Path, ...] = (),
+    real_default: bool = False,
 ) -> AsyncIterator[Editor]:
-    config = ClientServerConfig(server_command=server_command(*args), server_env=server_env(runtime_dir))
+    config = ClientServerConfig(server_command=server_command(*args), server_env=server_env(runtime_dir, real_default))
     language_client = await config.start()
     editor = Editor(language_client)  # type: ignore[arg-type]
     try:

@@ -236,7 +236,7 @@ export function readSettings(cfg: ConfigSource, ctx: PathContext = defaultPathCo
 	take('enabled', isBool, 'true or false', (v) => { s.enabled = v; });
 	take('contextFiles', isBool, 'true or false', (v) => { s.contextFiles = v; });
 	take('contextTokens', intIn(0, 8192), 'an integer from 0 to 8192', (v) => { s.contextTokens = v; });
-	take('model', isString, 'a path (or empty for the embedded demo model)', (v) => { s.model = v.trim() === '' ? null : expandPath(v, ctx); });
+	take('model', isString, 'a model name, a path, or empty for the default model', (v) => { s.model = v.trim() === '' ? null : expandPath(v, ctx); });
 	take('draft', isString, 'a path (or empty for none)', (v) => { s.draft = v.trim() === '' ? null : expandPath(v, ctx); });
 	take('device', isDevice, '"cpu" or "cuda[:N]"', (v) => { s.device = v.trim(); });
 	take('dtype', isDtype, oneOf(DTYPES), (v) => { s.dtype = v; });

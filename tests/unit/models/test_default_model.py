@@ -1,4 +1,4 @@
-"""The embedded default model: GGUF conversion, tokenizer, and parity with transformers."""
+"""The suite's small model (a real GGUF, SmolLM2-135M): conversion, tokenizer, and parity with transformers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from kspec.engine.cache.kv import RaggedKVCache
 from kspec.engine.models.hf_folder import load_transformer
-from kspec.engine.models.resolve import DEFAULT_MODEL_NAME, resolve_model
+from kspec.engine.models.resolve import resolve_model
 from kspec.engine.models.tokenizer import IncrementalDetokenizer
 
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
@@ -17,7 +17,7 @@ def test_conversion_is_cached_and_complete():
     first = resolve_model(None, progress=False)
     stamp = (first.folder / "model.safetensors").stat().st_mtime_ns
     second = resolve_model(None, progress=False)
-    assert second.folder == first.folder and second.name == DEFAULT_MODEL_NAME
+    assert second.folder == first.folder and second.name == first.name == "smollm2-135m (SmolLM2-135M-Instruct Q4_1)"
     assert (second.folder / "model.safetensors").stat().st_mtime_ns == stamp  # not converted again
     assert {p.name for p in first.folder.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json"}
 

@@ -15,7 +15,6 @@ from kspec.engine.models.gguf_blocks import NATIVE_TYPES, converted_to, tensor_t
 from kspec.engine.models.gguf_encode import encode
 from kspec.engine.models.loading import load_model
 from kspec.engine.models.quantized import GROUP, Q8Q8Term, TiledTerm
-from kspec.engine.models.resolve import default_gguf_path
 
 
 def _reference(data: np.ndarray, kind: str, shape: tuple[int, int]) -> np.ndarray:
@@ -116,12 +115,12 @@ STARCODER2 = Shape("starcoder2", 2, 256, 1024, 4, 2, tied=True)  # LayerNorm wit
 @pytest.mark.parametrize(("shape", "mix"), [
     (SHAPES["tiny"], "Q4_K_M"), (ODD, "Q4_K_M"), (SHAPES["tiny"], "Q5_K_M"), (ODD, "F16"), (STARCODER2, "Q4_K_M"), (QWEN3, "Q4_K_M"),
 ])  # fmt: skip
-def test_a_written_file_runs_on_the_fast_path_like_its_float32_weights(tmp_path, monkeypatch, shape: Shape, mix: str) -> None:
+def test_a_written_file_runs_on_the_fast_path_like_its_float32_weights(tmp_path, monkeypatch, small_gguf, shape: Shape, mix: str) -> None:
     """A GGUF written like llama-quantize's output loads with every matrix on the kernels (8-bit
     and 4-bit forms mixed within a layer, the C++ layer loop over both), and its logits follow
     the float32 model of the same file (dequantized), within the 8-bit activations' rounding."""
     monkeypatch.setenv("KSPEC_CACHE_DIR", str(tmp_path / "cache"))
-    path = write_shape(shape, mix, tmp_path / f"m-{mix}.gguf", default_gguf_path(), seed=1, progress=False)
+    path = write_shape(shape, mix, tmp_path / f"m-{mix}.gguf", small_gguf, seed=1, progress=False)
     fast = load_model(str(path), EngineConfig(progress=False, fit_to_machine=False))
     if "int4" not in fast.compute:
         pytest.skip(f"no CPU fast path here: {fast.compute}")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kspec.engine.errors import ModelLoadError
-from kspec.engine.models.resolve import default_gguf_path, resolve_model
+from kspec.engine.models.resolve import resolve_model
 
 
 @pytest.fixture()
@@ -23,9 +23,9 @@ def _cached_model_folders(cache: Path) -> list[Path]:
     return list(models.iterdir()) if models.exists() else []
 
 
-def test_truncated_gguf_is_a_clear_error_and_leaves_no_cache(tmp_path: Path, private_cache: Path):
+def test_truncated_gguf_is_a_clear_error_and_leaves_no_cache(tmp_path: Path, private_cache: Path, small_gguf: Path):
     truncated = tmp_path / "truncated.gguf"
-    truncated.write_bytes(default_gguf_path().read_bytes()[: 5 * 1024 * 1024])
+    truncated.write_bytes(small_gguf.read_bytes()[: 5 * 1024 * 1024])
     with pytest.raises(ModelLoadError, match="GGUF"):
         resolve_model(str(truncated), progress=False)
     assert _cached_model_folders(private_cache) == []
