@@ -100,7 +100,7 @@ def resident_mb(pid: int) -> dict[str, float]:
 
 
 @dataclass
-class _Server:
+class PeerServer:
     name: str
     process: subprocess.Popen[bytes]
     port: int
@@ -151,7 +151,7 @@ class _Server:
                 self.process.wait()
 
 
-def _start(engine: EngineConfig, config: PeerBenchConfig, folder: Path) -> list[_Server]:
+def _start(engine: EngineConfig, config: PeerBenchConfig, folder: Path) -> list[PeerServer]:
     token = secrets.token_hex(16)
     token_file = folder / "token"
     token_file.write_text(token)
@@ -173,11 +173,11 @@ def _start(engine: EngineConfig, config: PeerBenchConfig, folder: Path) -> list[
     ):
         with open(log, "wb") as sink:
             process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink)
-        servers.append(_Server(name, process, port, server_token, log, time.monotonic()))
+        servers.append(PeerServer(name, process, port, server_token, log, time.monotonic()))
     return servers
 
 
-async def _measure(servers: list[_Server], config: PeerBenchConfig) -> dict[str, Any]:
+async def _measure(servers: list[PeerServer], config: PeerBenchConfig) -> dict[str, Any]:
     await asyncio.gather(*(server.wait_ready(config.start_timeout_s) for server in servers))  # started together
     report: dict[str, Any] = {"load_s": {server.name: round(server.load_s, 2) for server in servers}}
     report["cold_prefill"] = await _cold_prefill(servers)
@@ -212,7 +212,7 @@ async def _measure(servers: list[_Server], config: PeerBenchConfig) -> dict[str,
     return report
 
 
-async def _cold_prefill(servers: list[_Server]) -> dict[str, Any]:
+async def _cold_prefill(servers: list[PeerServer]) -> dict[str, Any]:
     """Each server asked for one token after a window it has not seen, alternating: prompt tokens
     per second of the whole request (median), and the prompt tokens each evaluated."""
     rates: dict[str, list[float]] = {server.name: [] for server in servers}

@@ -675,3 +675,31 @@ def replay_quality_bench(
             starts[key] = starts.get(key, 0) + 1
     windowed = any(case["variant"] == "windowed" for case in cases)
     return _report(variants, replace(config, windowed=windowed), list(holes.values()), [], model, [], starts)
+
+
+PEER_FIGURES = (
+    "exact_match_top1", "exact_match_best_of_k", "python_top1_undefined_name_rate", "python_top1_static_error_rate",
+    "no_suggestion_rate", "parse_break_rate",
+)  # fmt: skip
+
+
+def beside_peer(report: dict[str, Any], peer_report: dict[str, Any], file_name: str) -> dict[str, Any]:
+    """kspec's report with a peer's on the same holes and windows (`run_quality_bench` of an
+    `InfillPeer`): "peer" holds the peer's figures for its text as returned (its raw column: what
+    llama.vim shows), "versus_peer" per variant each figure as [kspec shown, peer] and kspec's
+    top-1 exact matches over the peer's."""
+    versus: dict[str, Any] = {}
+    peer: dict[str, Any] = {"model": peer_report["meta"]["model"], "file": file_name}
+    for variant in VARIANTS:
+        ours = report["trimmed"] if variant == "whole" else report.get("windowed", {}).get("trimmed")
+        theirs = peer_report["raw"] if variant == "whole" else peer_report.get("windowed", {}).get("raw")
+        if ours is None or theirs is None:
+            continue
+        peer[variant] = theirs
+        row: dict[str, Any] = {name: [ours.get(name), theirs.get(name)] for name in PEER_FIGURES}
+        top1, peer_top1 = ours["exact_match_top1"], theirs["exact_match_top1"]
+        row["top1_over_peer"] = round(top1 / peer_top1, 3) if top1 is not None and peer_top1 else None
+        row["best_of_k_over_top1"] = ours["best_of_k_over_top1"]
+        versus[variant] = row
+    peer["engine_ms_p50"] = peer_report["meta"]["engine_ms_p50"]
+    return {**report, "peer": peer, "versus_peer": versus}

@@ -149,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--token-file", type=Path, default=None, help="serve: the endpoints' token (API key)")
     bench.add_argument("--hop", action="store_true", help="serve: with one --url, the same request in this process vs through that endpoint (the network / Ray hop)")
     bench.add_argument("--llama-server", type=Path, default=None, help="peer: the llama-server executable to compare with")
+    bench.add_argument("--peer", type=Path, default=None, metavar="LLAMA_SERVER", help="quality: also ask llama.cpp's llama-server (this executable) for its greedy /infill answer on the same holes, windows and GGUF file, as llama.vim does, and report both side by side")
     add_flags(bench)
     add_log_level(bench, "warning")
 
@@ -304,12 +305,12 @@ def _bench_peer(config, args: argparse.Namespace) -> dict:
     import os
 
     from kspec.bench.peer import PeerBenchConfig, bench_peer
-    from kspec.engine.models.resolve import default_gguf_path
+    from kspec.engine.models.resolve import gguf_file
 
     if args.llama_server is None:
         raise KspecError("kspec bench peer needs --llama-server PATH (build one: ../shared/tools/build-llama-cpp.sh)")
     threads = config.threads or os.cpu_count() or 1
-    gguf = Path(config.model) if config.model else default_gguf_path()
+    gguf = gguf_file(config.model)
     try:
         peer = PeerBenchConfig(args.llama_server, gguf, threads, ns=tuple(_ints(args.ks, [1, 4])), keystrokes=args.repeats or 5,
                                new_tokens=args.max_tokens or 32)  # fmt: skip
@@ -395,9 +396,29 @@ def _bench_quality(config, args: argparse.Namespace) -> dict:
 
     with tqdm(desc="kspec bench quality", unit="case", disable=not show_progress(args), file=sys.stderr) as bar:
         report = run_quality_bench(engine, data, quality, progress=lambda line: bar.update(1), details=details)
+    if args.peer is not None:  # the same holes and windows through llama.cpp's /infill, on the same file
+        report = _beside_infill_peer(report, config, args, quality, data, details, bar_shown=show_progress(args))
     if details:
-        args.cases_out.write_text(json.dumps({"cases": report.pop("cases")}), encoding="utf-8")
+        args.cases_out.write_text(json.dumps({"cases": report.pop("cases"), "peer_cases": report.pop("peer_cases", [])}), encoding="utf-8")
     return report
+
+
+def _beside_infill_peer(report: dict, config, args: argparse.Namespace, quality, data: Path, details: bool, bar_shown: bool) -> dict:
+    import os
+
+    from tqdm import tqdm
+
+    from kspec.bench.infill_peer import InfillPeer
+    from kspec.bench.quality import beside_peer, run_quality_bench
+    from kspec.engine.models.resolve import gguf_file
+
+    gguf = gguf_file(config.model)
+    with InfillPeer(args.peer, gguf, config.threads or os.cpu_count() or 1) as peer:
+        with tqdm(desc="llama.cpp /infill", unit="case", disable=not bar_shown, file=sys.stderr) as bar:
+            peer_report = run_quality_bench(peer, data, quality, progress=lambda line: bar.update(1), details=details)
+    if details:
+        report["peer_cases"] = peer_report.pop("cases")
+    return beside_peer(report, peer_report, gguf.name)
 
 
 def _bench_clients(config, args: argparse.Namespace) -> dict:

@@ -33,15 +33,22 @@ def known_model_path(name: str) -> Path:
     return require_installed(known_model(name), cache_root())
 
 
-def default_gguf_path() -> Path:
-    """The default model's GGUF file ($KSPEC_MODEL where set)."""
-    spec = default_model_spec()
+def gguf_file(spec: str | None) -> Path:
+    """The GGUF file a model setting names: a known model's, a .gguf path, or (None) the default's
+    ($KSPEC_MODEL where set)."""
+    spec = spec or default_model_spec()
     if is_known_name(spec):
         return known_model_path(spec)
     path = Path(spec).expanduser()
     if path.suffix.lower() != ".gguf" or not path.is_file():
-        raise ModelLoadError(f"the default model {spec!r} (${DEFAULT_MODEL_ENV}) is not a known model name or a .gguf file")
+        where = f" (${DEFAULT_MODEL_ENV})" if spec == os.environ.get(DEFAULT_MODEL_ENV) else ""
+        raise ModelLoadError(f"model {spec!r}{where} is not a known model name or a .gguf file")
     return path
+
+
+def default_gguf_path() -> Path:
+    """The default model's GGUF file ($KSPEC_MODEL where set)."""
+    return gguf_file(None)
 
 
 def file_sha256(path: Path) -> str:

@@ -145,3 +145,41 @@ def test_windowed_figures_sit_beside_the_whole_file_ones_and_replay_gives_them_b
         for key in ("exact_match_top1", "exact_match_best_of_k", "parse_break_rate", "no_suggestion_rate", "distinct_rate"):
             assert replayed[variant][key] == report[variant][key]
             assert replayed["windowed"][variant][key] == report["windowed"][variant][key]
+
+
+class GreedyPeer:
+    """A peer that answers one text: the reference for the first half of the holes, else a wrong line."""
+
+    model_name = "peer"
+
+    def __init__(self, references: dict[str, str]) -> None:
+        self.references = references
+        self.right = set(sorted(references)[: len(references) // 2])
+
+    def complete(self, request: CompletionRequest) -> CompletionResult:
+        text = self.references[request.request_id] if request.request_id in self.right else "undefined_thing()"
+        return CompletionResult([Completion(text, 0.0, 0.0, 3)], "peer")
+
+
+def test_kspec_beside_a_peer_on_the_same_holes() -> None:
+    from kspec.bench.quality import beside_peer
+
+    config = QualityBenchConfig(humaneval_single=4, humaneval_multi=0, mbxp_per_language=0, stdlib=0, timing_repeats=1, windowed=False)
+    holes = load_holes(DATA, config)
+    references = {h.id: h.reference for h in holes}
+    ours = run_quality_bench(ScriptedEngine(references), DATA, config)
+    theirs = run_quality_bench(GreedyPeer(references), DATA, config)
+    both = beside_peer(ours, theirs, "m.gguf")
+    row = both["versus_peer"]["whole"]
+    assert row["exact_match_top1"] == [1.0, 0.5] and row["top1_over_peer"] == 2.0
+    assert row["python_top1_undefined_name_rate"] == [0.0, 0.5]  # the peer's wrong line reads an undefined name
+    assert both["peer"]["file"] == "m.gguf" and both["peer"]["whole"]["suggestions_shown"] == len(holes)
+    assert "windowed" not in both["versus_peer"]
+
+
+def test_the_peer_is_asked_as_llama_vim_asks() -> None:
+    from kspec.bench.infill_peer import infill_body
+
+    body = infill_body("import os\n\ndef f(x):\n    return os.pa", "\n\nf(1)\n", 48)
+    assert body["input_prefix"] == "import os\n\ndef f(x):\n" and body["prompt"] == "    return os.pa"
+    assert body["input_suffix"] == "\n\nf(1)\n" and body["n_indent"] == 4 and body["n_predict"] == 48 and body["temperature"] == 0
