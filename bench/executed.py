@@ -408,3 +408,28 @@ def plot_executed(report: dict[str, Any], path: str) -> str:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def beside_peer(report: dict[str, Any], peer_report: dict[str, Any], file_name: str) -> dict[str, Any]:
+    """kspec's table beside a peer's on the same tasks and budgets (`run_executed_bench` of an
+    `InfillPeer`, k = 1: its one greedy answer): per budget kspec's pass@first / pass@all per k and
+    the peer's pass@1, and the goal that kspec's first answer at k = 4 is not below the peer's."""
+    peer_cells = {row["budget_s"]: row for row in peer_report["table"] if row["k"] == 1}
+    versus: dict[str, Any] = {}
+    for row in report["table"]:
+        peer = peer_cells.get(row["budget_s"])
+        if peer is None:
+            continue
+        cell = versus.setdefault(str(row["budget_s"]), {"peer_pass_at_1": peer["pass_at_first"], "peer_empty_rate": peer["empty_rate"],
+                                                         "peer_latency_ms": peer["latency_ms"]})  # fmt: skip
+        cell[f"k{row['k']}"] = {"pass_at_first": row["pass_at_first"], "pass_at_all": row["pass_at_all"], "empty_rate": row["empty_rate"]}
+    one = versus.get("1.0", {})
+    goals = dict(report.get("goals", {}))
+    if "k4" in one and one.get("peer_pass_at_1") is not None:
+        first4 = one["k4"]["pass_at_first"]
+        goals["pass_at_first_k4_not_below_peer_at_1s"] = {"k4": first4, "peer": one["peer_pass_at_1"], "met": first4 >= one["peer_pass_at_1"] - EPSILON}
+    if "k1" in one and one.get("peer_pass_at_1") is not None:
+        first1 = one["k1"]["pass_at_first"]
+        goals["pass_at_first_k1_not_below_peer_at_1s"] = {"k1": first1, "peer": one["peer_pass_at_1"], "met": first1 >= one["peer_pass_at_1"] - EPSILON}
+    peer_meta = {"model": peer_report["meta"]["model"], "file": file_name, "table": peer_report["table"]}
+    return {**report, "goals": goals, "peer": peer_meta, "versus_peer": versus}

@@ -4,8 +4,12 @@ llama.vscode show for a cursor, on the same GGUF file and the same window as ksp
 The request is llama.vim's: the window's lines before the cursor's line as `input_prefix`, the
 cursor's line up to the cursor as `prompt`, the rest as `input_suffix`, `n_indent` the cursor
 line's indentation (the server stops at a line indented less), `n_predict` the bench's token
-budget. Greedy (temperature 0): one answer, the model's most likely text, which is what kspec's
-top suggestion is compared with. llama-server runs with one slot and the bench's threads.
+budget, and `t_max_predict_ms` the request's deadline (llama.vim's time cap on generation). Greedy
+(temperature 0): one answer, the model's most likely text, which is what kspec's top suggestion is
+compared with. An answer that arrives after the request's deadline counts as none (the executed
+bench's budgets: what the user has by then; kspec's deadline counts its prefill too). After
+`clear_caches` the next request does not reuse the server's prompt cache (a cold prompt).
+llama-server runs with one slot and the bench's threads.
 """
 
 from __future__ import annotations
@@ -25,14 +29,14 @@ PEER_CONTEXT = 8192  # llama-server's context: the windows (6000 + 2000 characte
 PEER_NAME = "llama.cpp /infill (greedy)"
 
 
-def infill_body(prefix: str, suffix: str, max_tokens: int) -> dict[str, Any]:
+def infill_body(prefix: str, suffix: str, max_tokens: int, deadline_ms: float | None = None, reuse_cache: bool = True) -> dict[str, Any]:
     """llama.vim's request for a cursor between `prefix` and `suffix`."""
     line_start = prefix.rfind("\n") + 1
     line = prefix[line_start:]
     return {
         "input_prefix": prefix[:line_start], "prompt": line, "input_suffix": suffix, "input_extra": [],
         "n_indent": len(line) - len(line.lstrip(" \t")), "n_predict": max_tokens, "temperature": 0,
-        "cache_prompt": True, "stream": False,
+        "cache_prompt": reuse_cache, "stream": False, **({"t_max_predict_ms": int(deadline_ms)} if deadline_ms else {}),
     }  # fmt: skip
 
 
@@ -52,22 +56,29 @@ class InfillPeer:
         with open(log, "wb") as sink:
             process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink)
         self._server = PeerServer("llama-server", process, port, None, log, time.monotonic())
+        self._cold = False
         try:
             asyncio.run(self._server.wait_ready(start_timeout_s))
         except BaseException:
             self.close()
             raise
 
+    def clear_caches(self) -> None:
+        self._cold = True
+
     def complete(self, request: CompletionRequest) -> CompletionResult:
-        body = infill_body(request.prefix, request.suffix, request.max_tokens)
+        body = infill_body(request.prefix, request.suffix, request.max_tokens, request.deadline_ms, reuse_cache=not self._cold)
+        self._cold = False
         started = time.perf_counter()
-        status, answer = asyncio.run(self._server.call("POST", "/infill", body, timeout_s=max(request.deadline_ms / 1000, 1.0)))
+        status, answer = asyncio.run(self._server.call("POST", "/infill", body, timeout_s=max(request.deadline_ms / 1000, 1.0) + 300))
         if status != 200 or not isinstance(answer, dict):
             raise RuntimeError(f"llama-server /infill answered {status}: {str(answer)[:300]}")
         text = str(answer.get("content", "")).rstrip()
-        timing = {"total": (time.perf_counter() - started) * 1000, "prompt_tokens": float((answer.get("timings") or {}).get("prompt_n", 0))}
+        elapsed = (time.perf_counter() - started) * 1000
+        timing = {"total": elapsed, "prompt_tokens": float((answer.get("timings") or {}).get("prompt_n", 0))}
         finish = "stop" if answer.get("stop_type") in ("eos", "word") else "length"
-        completions = [Completion(text, 0.0, 0.0, int(answer.get("tokens_predicted", 0)), finish)] if text.strip() else []
+        on_time = elapsed <= request.deadline_ms
+        completions = [Completion(text, 0.0, 0.0, int(answer.get("tokens_predicted", 0)), finish)] if text.strip() and on_time else []
         return CompletionResult(completions, PEER_NAME, timing)
 
     def close(self) -> None:

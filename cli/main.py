@@ -348,6 +348,20 @@ def _bench_executed(config, args: argparse.Namespace) -> dict:
 
     with tqdm(desc="kspec bench quality --execute", unit="task", disable=not show_progress(args), file=sys.stderr) as bar:
         report = run_executed_bench(engine, data, executed, progress=lambda line: bar.update(1), details=args.cases_out is not None)
+    if args.peer is not None:  # the same tasks and budgets through llama.cpp's /infill (its one greedy answer), same file
+        import dataclasses
+        import os
+
+        from kspec.bench.executed import beside_peer
+        from kspec.bench.infill_peer import InfillPeer
+        from kspec.engine.models.resolve import gguf_file
+
+        gguf = gguf_file(config.model)
+        del engine  # its threads idle while the peer runs; the memory goes back once collected
+        with InfillPeer(args.peer, gguf, config.threads or os.cpu_count() or 1) as peer:
+            with tqdm(desc="llama.cpp /infill --execute", unit="task", disable=not show_progress(args), file=sys.stderr) as bar:
+                peer_report = run_executed_bench(peer, data, dataclasses.replace(executed, ks=(1,)), progress=lambda line: bar.update(1))
+        report = beside_peer(report, peer_report, gguf.name)
     if args.cases_out is not None:
         args.cases_out.write_text(json.dumps({"cases": report.pop("cases")}), encoding="utf-8")
     if args.plot:

@@ -70,7 +70,7 @@ class SteeringConfig:
 # machine fit's timing does not depend on them (engine/completion.py `fit_identity`), so changing
 # one does not time the machine again.
 FIT_NEUTRAL_FIELDS = frozenset({
-    "prompt_tokens", "progress", "steer_branches", "steer_member_branches", "constrain_member_names", "steer_min_logprob", "steer_past_indent", "steer_block_headers",
+    "prompt_tokens", "progress", "fork_ratio", "steer_branches", "steer_member_branches", "constrain_member_names", "steer_min_logprob", "steer_past_indent", "steer_block_headers",
 })  # fmt: skip
 
 
@@ -144,6 +144,11 @@ class EngineConfig:
     )  # fmt: skip
     constrain_member_names: bool = True  # a branch inside `module.name` goes on only with the module's names (engine/decode/member_constraint.py)
     steer_block_headers: bool = True  # where the code after the cursor is the hole's body, all branches but the first start with a header (`if`, `for`, ...)
+    fork_ratio: float = option(
+        0.0, "mode diverse: a first token starts a branch of its own only where the model finds it at least this likely "
+        "relative to the likeliest one; the other branches split later, where the greedy line hesitates "
+        "(engine/decode/forks.py); 0: the k likeliest first tokens",
+    )  # fmt: skip
     steer_past_indent: bool = True  # at a line start, diverse branches split after the likeliest indentation, not on indentation variants (steering.past_indentation_starts)
     steer_min_logprob: float = SteeringConfig.min_logprob  # a forced start the model scores below this (summed log-probability) is undone (measured: docs/measurements/branch-steering.md)
     fit_to_machine: bool = True  # at load, time this machine and choose k / max tokens / first answer (engine/machine_fit.py)
@@ -170,6 +175,8 @@ class EngineConfig:
             raise ValueError(f"draft_layers must be >= 1, got {self.draft_layers}")
         if not 1 <= self.gamma <= 16:
             raise ValueError(f"gamma must be in [1, 16], got {self.gamma}")
+        if not 0.0 <= self.fork_ratio < 1.0:
+            raise ValueError(f"fork_ratio must be in [0, 1), got {self.fork_ratio}")
         SteeringConfig(self.steer_branches, self.steer_min_logprob)  # its rule
         SteeringConfig(self.steer_member_branches, self.steer_min_logprob)
         if self.threads is not None and self.threads < 1:

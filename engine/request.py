@@ -227,6 +227,7 @@ def prepare(
         forced=forced,
         steering=steering,
         names=member_constraint(parts, request, bias.vocab_size, bias.device),
+        fork_ratio=parts.config.fork_ratio,
     )
 
 
@@ -326,6 +327,7 @@ class ActiveCompletion:
             "accepted_per_round": output.stats.mean_accepted_per_round,
             "steered": float(run.forced.assigned - run.forced.undone),  # branches that kept a forced start
             "steer_undone": float(run.forced.undone),  # ... that started forced, the model scoring it below the floor
+            "forked": float(run.forks.forked),  # branches that split from the greedy line after their first token
             "batch_requests_max": float(self.batch_peak),
             "interim": float(interim),
             "interim_partial": float(partial),

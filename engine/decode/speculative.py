@@ -40,6 +40,7 @@ from kspec.engine.decode.sampling import SamplingParams, first_tokens, probabili
 from kspec.engine.config import SteeringConfig
 from kspec.engine.decode.member_constraint import MemberConstraint
 from kspec.engine.decode.steering import ForcedStarts
+from kspec.engine.decode.forks import LaterForks, plausible_first_tokens
 from kspec.kernels.transfer import to_device
 
 UnitDone = Callable[[str], bool]  # early-stop hook: this branch's text has completed its unit
@@ -199,13 +200,17 @@ class SpeculativeRun:
         forced: Sequence[list[int]] = (),
         steering: SteeringConfig = SteeringConfig(),
         names: MemberConstraint | None = None,
+        fork_ratio: float = 0.0,
     ):
         """payoff: what drafting was measured to be worth so far (DraftPayoffs.for_k); None: a
         fresh one for this run. Used only by greedy runs with config.cost_aware.
         forced: token starts for some branches, most wanted first (engine/decode/steering.py:
         `forced_tokens`, the healed text included); `steering` says how many and how low the
         target may score them. names: keeps a branch inside `module.name` to the module's names
-        (engine/decode/member_constraint.py)."""
+        (engine/decode/member_constraint.py). fork_ratio (diverse runs): a first token starts a
+        branch of its own only where it is at least this likely relative to the best one; the
+        other branches split later, where the greedy path hesitates (engine/decode/forks.py; 0:
+        the k likeliest first tokens)."""
         self.model, self.tracker, self.params, self.drafter, self.config = model, tracker, params, drafter, config
         self.cancel, self.unit_done, self.names = cancel, unit_done, names
         self._name_rows: set[int] = set()  # this round's rows inside a member name (`propose`)
@@ -224,7 +229,12 @@ class SpeculativeRun:
             first_logits = tracker.constrain(prefill.last_logits[None].expand(k, -1), self.branches, self.healing)  # [k, V]
             if names is not None:
                 first_logits = names.constrain(first_logits, self.branches)
-            tokens, logprobs = first_tokens(first_logits, params, self.generator, diverse, tracker.tokenizer.stop_ids)  # [k], [k]
+            stops = tracker.tokenizer.stop_ids
+            plausible = k
+            if diverse and fork_ratio > 0:
+                tokens, logprobs, plausible = plausible_first_tokens(first_logits[0], k, stops, fork_ratio)  # [k], [k]
+            else:
+                tokens, logprobs = first_tokens(first_logits, params, self.generator, diverse, stops)  # [k], [k]
             token_list, logprob_list = tokens.tolist(), logprobs.tolist()
             starts = [start for start in forced if len(start) < limits.max_new_tokens]
             if starts and steering.branches:
@@ -232,6 +242,8 @@ class SpeculativeRun:
                 self.forced = ForcedStarts.assign(steering, starts, first_log_probs, token_list, logprob_list)
             else:
                 self.forced = ForcedStarts(steering)
+        self._fork_candidates = set(range(plausible, k))  # branches that start as the best one and split later
+        self.forks = LaterForks(fork_ratio, stops, self._fork_candidates - set(self.forced.by_branch))
         for branch, detok, token, logprob in zip(self.branches, self.detoks, token_list, logprob_list):
             _commit(tracker, branch, detok, token, logprob, unit_done)
         drafter.begin(tracker.prompt_ids, k, limits.max_new_tokens)
@@ -281,6 +293,9 @@ class SpeculativeRun:
                 draft.q = draft.q[:room] if draft.q is not None else None
         for row, rest in self.forced.drafts(self.live).items():
             drafts[row] = Draft(rest)  # verified in this pass, accepted whatever the target's argmax (see `_verify_forced`)
+        for row in self.forks.rows(self.live, self.branches):
+            if row not in self.forced.verifying:
+                drafts[row] = Draft([])  # a branch waiting to split decides at position 0 of its row
         self._name_rows = set()
         if self.names is not None:  # inside `module.name`: one token at a time, each kept to the module's names
             self._name_rows = {row for row, b in enumerate(live_branches) if row not in self.forced.verifying and self.names.bias(b) is not None}
@@ -301,7 +316,7 @@ class SpeculativeRun:
             first = self.tracker.constrain(first, live_branches, self.healing)
             if self._name_rows and self.names is not None:
                 first = self.names.constrain(first, live_branches, self._name_rows)
-            return first
+            return self.forks.constrain(first, self.live, self.branches)
 
         if self.params.greedy and hidden.device.type == "cpu":  # the head only where it decides
             taken = accept_greedy_by_position([d.tokens for d in drafts], hidden, self.model.logits, constrain)
@@ -310,6 +325,7 @@ class SpeculativeRun:
             logits[:, 0] = constrain(logits[:, 0])
             log_probs = torch.log_softmax(logits, dim=-1)  # [k', T, V]
             taken = self._accept_rows(logits, log_probs)  # every row on the device, one transfer
+        self.forks.keep_own_logprobs(taken.logprobs)
         forced_rows = self.forced.verifying
         restarted: set[int] = set()
         if forced_rows:
@@ -380,6 +396,8 @@ class SpeculativeRun:
     def _restart(self, row: int) -> Branch:
         """Row `row`'s branch from scratch (its forced start undone): the tokens it takes next start it."""
         index = self.live[row]
+        if index in self._fork_candidates:  # it started as the best branch: it waits to split again
+            self.forks.waiting.add(index)
         self.branches[index] = Branch(heal_remaining=self.tracker.healed_text)
         self.detoks[index] = self.tracker.new_detokenizer()
         return self.branches[index]

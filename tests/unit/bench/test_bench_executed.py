@@ -200,3 +200,19 @@ def _usage_errors(main, capsys) -> None:
     assert main(["bench", "quality", "--execute", "--replay", "cases.json"]) == 2
     assert main(["bench", "quality", "--execute", "--data", "/nowhere/at/all"]) == 1
     assert "evaluation data folder not found" in capsys.readouterr().err
+
+
+def test_kspec_beside_the_peer_per_budget() -> None:
+    from kspec.bench.executed import beside_peer
+
+    def table(rows: list[tuple[int, float, float, float]]) -> dict:
+        return {"table": [{"k": k, "budget_s": b, "pass_at_first": f, "pass_at_all": a, "empty_rate": 0.0, "latency_ms": {}} for k, b, f, a in rows],
+                "goals": {}, "meta": {"model": "m"}}
+
+    ours = table([(1, 1.0, 0.4, 0.4), (4, 1.0, 0.5, 0.7), (4, 0.5, 0.3, 0.5)])
+    theirs = table([(1, 1.0, 0.45, 0.45), (1, 0.5, 0.2, 0.2)])
+    both = beside_peer(ours, theirs, "q.gguf")
+    assert both["versus_peer"]["1.0"]["peer_pass_at_1"] == 0.45 and both["versus_peer"]["1.0"]["k4"]["pass_at_all"] == 0.7
+    assert both["goals"]["pass_at_first_k4_not_below_peer_at_1s"]["met"] is True
+    assert both["goals"]["pass_at_first_k1_not_below_peer_at_1s"]["met"] is False
+    assert both["versus_peer"]["0.5"] == {"peer_pass_at_1": 0.2, "peer_empty_rate": 0.0, "peer_latency_ms": {}, "k4": {"pass_at_first": 0.3, "pass_at_all": 0.5, "empty_rate": 0.0}}
