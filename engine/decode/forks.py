@@ -7,8 +7,10 @@ plausible start branches of their own: a token whose probability is at least `mi
 likeliest one's. The other branches start like the likeliest one and wait (`LaterForks`): at the
 first position of that greedy path where the model finds other tokens plausible, the waiting
 branches take them, the likeliest alternative first, one branch each; branches left over wait
-for the next such position. A waiting branch that never finds one ends as a copy of the greedy
-branch, which deduplication merges: fewer alternatives only where the model sees no other.
+for the next such position. A waiting branch that reaches the greedy path's end without one goes
+back to the most likely split its path offered (its KV rolled back to that position) and decodes
+from there; only where the path offered none does it end as a copy of the greedy branch, which
+deduplication merges: fewer alternatives only where the model sees no other.
 
 A waiting branch decodes one token a round (no drafts): the decision is made on the target's
 logits at position 0 of its row, where `SpeculativeRun.accept` applies its constraints. The
@@ -17,6 +19,7 @@ forced token keeps its own log-probability (the ranking reads it), not the const
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -42,15 +45,48 @@ def plausible_first_tokens(logits: Tensor, k: int, banned: frozenset[int], min_r
     return tokens, logprobs[tokens], plausible
 
 
+LOOKBACK_MIN_RATIO = 0.01  # a split found looking back: its token at least this likely relative to the greedy one
+
+
+@dataclass(frozen=True)
+class Split:
+    """Where a waiting branch leaves the greedy path: after `path`, `token` instead of the greedy one."""
+
+    path: tuple[int, ...]  # the branch's tokens before the split
+    token: int
+    logprob: float
+    ratio: float  # log(p(token) / p(greedy token)) <= 0
+
+    @property
+    def position(self) -> int:
+        return len(self.path)
+
+
 @dataclass
 class LaterForks:
-    """The branches still waiting to split from the greedy path, and the forced tokens of this round."""
+    """The branches still waiting to split from the greedy path, the splits seen on it, and the
+    forced tokens of this round. A waiting branch splits at once where an alternative is at least
+    `min_ratio` as likely as the greedy token; one that reaches its end without such a place goes
+    back to the best split its path offered (`take_split`: at least LOOKBACK_MIN_RATIO as likely,
+    not taken by another branch) and decodes from there."""
 
     min_ratio: float
     banned: frozenset[int]
     waiting: set[int] = field(default_factory=set)  # branch indices
     taken_logprobs: dict[int, float] = field(default_factory=dict)  # row -> the forced token's own log-probability (this round)
     forked: int = 0  # branches that split after their first token
+    seen: list[Split] = field(default_factory=list)  # splits the waiting branches' paths offered, not taken
+    _taken: set[tuple[int, int]] = field(default_factory=set)  # (position, token) of splits branches took
+    _banned_mask: Tensor | None = None  # [V]: `banned` as a mask, built on first use
+
+    def offer_first(self, first_logits: Tensor, started: list[int]) -> None:
+        """The first tokens that did not start a branch (first_logits [V], `started`: those that did)
+        are splits at position 0 for the waiting branches to go back to: the last resort, however
+        unlikely, so that k branches still write k texts where the path offered no other split."""
+        self._taken |= {(0, token) for token in started}
+        if self.waiting:
+            logprobs = torch.log_softmax(first_logits.float(), dim=-1)  # [V]
+            self.seen += self._alternatives((), logprobs, len(self.waiting) + len(started), floor=float("-inf"))
 
     def rows(self, live: list[int], branches: list[Branch]) -> set[int]:
         """The rows (of `live`, the branch of each row) that wait and are free to split now."""
@@ -67,27 +103,56 @@ class LaterForks:
         for row in rows:  # rows on the same path see the same logits and share its alternatives
             groups.setdefault(tuple(branches[live[row]].token_ids), []).append(row)
         first = first.clone()
-        for members in groups.values():
+        for path, members in groups.items():
             logprobs = torch.log_softmax(first[members[0]].float(), dim=-1)  # [V]
-            alternatives = self._alternatives(logprobs, len(members))
-            for row, token in zip(members, alternatives):
-                first[row, token] = first[row].max() + 1.0
-                self.taken_logprobs[row] = float(logprobs[token])
-                self.waiting.discard(live[row])
-                self.forked += 1
+            splits = self._alternatives(path, logprobs, len(members))
+            now = [split for split in splits if split.ratio >= math.log(self.min_ratio)]
+            self.seen += splits[len(now) :]
+            for row, split in zip(members, now):
+                first[row, split.token] = first[row].max() + 1.0
+                self.taken_logprobs[row] = split.logprob
+                self._take(live[row], split)
         return first
 
-    def _alternatives(self, logprobs: Tensor, wanted: int) -> list[int]:
-        """Up to `wanted` tokens after the likeliest, likeliest first, each plausible and not banned."""
-        values, indices = logprobs.topk(min(wanted + 1 + len(self.banned), logprobs.shape[-1]))  # [n]
-        floor = float(values[0]) + float(torch.log(torch.tensor(self.min_ratio)))
+    def _alternatives(self, path: tuple[int, ...], logprobs: Tensor, wanted: int, floor: float = math.log(LOOKBACK_MIN_RATIO)) -> list[Split]:
+        """Up to `wanted` tokens other than the likeliest, likeliest first, each at least exp(floor)
+        as likely as it, not banned, none taken already. logprobs [V]."""
+        if self._banned_mask is None or self._banned_mask.shape != logprobs.shape:
+            self._banned_mask = torch.zeros_like(logprobs, dtype=torch.bool)  # [V]
+            ids = [i for i in self.banned if i < logprobs.shape[-1]]
+            if ids:
+                self._banned_mask[torch.tensor(ids, dtype=torch.long, device=logprobs.device)] = True
+        greedy = int(logprobs.argmax())
+        allowed = logprobs.masked_fill(self._banned_mask, float("-inf"))  # [V]
+        allowed[greedy] = float("-inf")
+        best = float(logprobs[greedy])
+        values, indices = allowed.topk(min(wanted + len(self._taken), allowed.shape[-1]))  # [n]
         out = []
-        for value, token in zip(values[1:].tolist(), indices[1:].tolist()):
-            if value < floor or len(out) == wanted:
+        for value, token in zip(values.tolist(), indices.tolist()):
+            if value - best < floor or len(out) == wanted or value == float("-inf"):
                 break
-            if token not in self.banned:
-                out.append(token)
+            if (len(path), token) not in self._taken:
+                out.append(Split(path, token, value, value - best))
         return out
+
+    def _take(self, index: int, split: Split) -> None:
+        self.waiting.discard(index)
+        self._taken.add((split.position, split.token))
+        self.forked += 1
+
+    def take_split(self, index: int, tokens: list[int], longest: int) -> Split | None:
+        """For waiting branch `index` that ended on the greedy path (`tokens`): the likeliest plausible
+        split its path offered at a position <= `longest` that no branch took (else the likeliest
+        first token left), now taken; None if there is none."""
+        if index not in self.waiting:
+            return None
+        fits = [s for s in self.seen if s.position <= longest and tuple(tokens[: s.position]) == s.path and (s.position, s.token) not in self._taken]
+        if not fits:
+            return None
+        plausible = math.log(LOOKBACK_MIN_RATIO)
+        split = max(fits, key=lambda s: (s.ratio >= plausible, s.ratio, -s.position))
+        self._take(index, split)
+        return split
 
     def keep_own_logprobs(self, logprobs: list[list[float]]) -> None:
         """Round's log-probabilities per row: a forced token's is the model's own, not the constraint's."""

@@ -243,7 +243,11 @@ class SpeculativeRun:
             else:
                 self.forced = ForcedStarts(steering)
         self._fork_candidates = set(range(plausible, k))  # branches that start as the best one and split later
-        self.forks = LaterForks(fork_ratio, stops, self._fork_candidates - set(self.forced.by_branch))
+        # a split into whitespace is a formatting variant of the greedy text, not an alternative
+        self.forks = LaterForks(fork_ratio, stops | tracker.tokenizer.blank_ids() if self._fork_candidates else stops,
+                                self._fork_candidates - set(self.forced.by_branch))  # fmt: skip
+        if self.forks.waiting:
+            self.forks.offer_first(first_logits[0], token_list[:plausible])
         for branch, detok, token, logprob in zip(self.branches, self.detoks, token_list, logprob_list):
             _commit(tracker, branch, detok, token, logprob, unit_done)
         drafter.begin(tracker.prompt_ids, k, limits.max_new_tokens)
@@ -342,6 +346,7 @@ class SpeculativeRun:
                 _commit(self.tracker, branch, detok, token, logprob, self.unit_done)
         # the previous last token and the accepted drafts (a restarted branch keeps nothing)
         self.cache.advance([0 if row in restarted else 1 + accepted for row, accepted in enumerate(accepted_counts)])
+        self._split_ended_waiting()
         stats = self.stats
         stats.rounds += 1
         stats.branch_rounds += len(self.live)
@@ -392,6 +397,24 @@ class SpeculativeRun:
             ids = [i for i in tokenizer.word_start_ids() if i < self.healing.vocab_size]
             self._word_bias[torch.tensor(ids, dtype=torch.long, device=self.healing.device)] = float("-inf")
         return self._word_bias
+
+    def _split_ended_waiting(self) -> None:
+        """A waiting branch that ended on the greedy path goes back to the best split its path offered
+        (engine/decode/forks.py): its tokens and KV rolled back to that position, the split's token
+        taken there, and it decodes on from it."""
+        for row, index in enumerate(self.live):
+            branch = self.branches[index]
+            if not branch.done or index not in self.forks.waiting:
+                continue
+            split = self.forks.take_split(index, branch.token_ids, self.cache.lengths[row])
+            if split is None:
+                continue
+            fresh, detok = Branch(heal_remaining=self.tracker.healed_text), self.tracker.new_detokenizer()
+            for token, logprob in zip(branch.token_ids[: split.position], branch.logprobs[: split.position]):
+                self.tracker.push(fresh, detok, token, logprob)
+            _commit(self.tracker, fresh, detok, split.token, split.logprob, self.unit_done)
+            self.branches[index], self.detoks[index] = fresh, detok
+            self.cache.truncate(row, split.position)
 
     def _restart(self, row: int) -> Branch:
         """Row `row`'s branch from scratch (its forced start undone): the tokens it takes next start it."""

@@ -55,6 +55,7 @@ class Tokenizer:
         self._text_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None
         self._word_starts: list[int] | None = None
         self._name_ends: list[int] | None = None
+        self._blanks: frozenset[int] | None = None
 
     @classmethod
     def from_folder(cls, folder: Path, eos_ids: tuple[int, ...] = ()) -> "Tokenizer":
@@ -105,6 +106,12 @@ class Tokenizer:
         if self._word_starts is None:
             self._word_starts = [i for i, text in enumerate(self.token_texts()) if goes_on_name(text[:1])]
         return self._word_starts
+
+    def blank_ids(self) -> frozenset[int]:
+        """The tokens whose text is only whitespace (indentation, line ends; computed once)."""
+        if self._blanks is None:
+            self._blanks = frozenset(i for i, text in enumerate(self.token_texts()) if text and not text.strip())
+        return self._blanks
 
     def name_end_ids(self) -> list[int]:
         """The tokens with text that does not begin with an identifier character: a name ends

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from kspec.engine.models.catalog import models_dir
+from kspec.engine.models.resolve import cache_root
+
 HERE = Path(__file__).parent
 CPU_FLAGS = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
 
@@ -32,7 +35,8 @@ MODELS = HERE.parent / "unit" / "models"
 def test_the_kernels_of_an_older_instruction_set(march: str, isa: str, needs: set[str], model_tests: tuple[str, ...], tmp_path: Path) -> None:
     if platform.machine() != "x86_64" or not needs <= CPU_FLAGS:
         pytest.skip(f"this CPU cannot run a -march={march} build")
-    env = {**os.environ, "KSPEC_MARCH": march, "KSPEC_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "KSPEC_MARCH": march, "KSPEC_CACHE_DIR": str(tmp_path)}  # kernels built apart from this machine's
+    models_dir(tmp_path).symlink_to(models_dir(cache_root()), target_is_directory=True)  # the installed models, shared
     built = subprocess.run(
         [sys.executable, "-c", "from kspec.engine.models.resolve import cache_root; from kspec.kernels import cpu_layers; "
          "print(cpu_layers.matmul_isa(cache_root()) or cpu_layers.unavailable_reason(cache_root()))"],
