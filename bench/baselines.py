@@ -175,9 +175,10 @@ def decode_speculative(
     prefill: Prefill | None = None,
     unit_done: UnitDone | None = None,
     healing: HealingBias | None = None,
+    fork_ratio: float = 0.0,
 ) -> SpeculativeOutput:
     """One request decoded alone: its rounds are verified on its own cache."""
-    run = SpeculativeRun(model, tracker, k, params, drafter, config, cancel, diverse, prefill, unit_done, healing)
+    run = SpeculativeRun(model, tracker, k, params, drafter, config, cancel, diverse, prefill, unit_done, healing, fork_ratio=fork_ratio)
     with torch.inference_mode():
         while not run.finished():
             inputs = pad_rows(run.propose(), model.device)  # [k', T]

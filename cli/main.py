@@ -203,7 +203,11 @@ def run_complete(args: argparse.Namespace) -> int:
 
     fields = _request_fields(args)
     context = read_location(args.location)  # validate the file before loading a model
+    import time
+
+    loading = time.perf_counter()
     engine = CompletionEngine.load(engine_config(args))
+    load_s = time.perf_counter() - loading
     fitted = engine.defaults.prompt_tokens if engine.defaults is not None else None
     gathered = None if args.no_context else _file_context(context.path, context.prefix, context.suffix, fitted)
     pieces, members = (gathered.pieces, gathered.members) if gathered is not None else ((), ())
@@ -218,7 +222,7 @@ def run_complete(args: argparse.Namespace) -> int:
                 "tokens": int(result.timing_ms.get("context_tokens", 0)), "modules": [m.qualifier for m in members]}  # fmt: skip
         print(json.dumps({**result.to_dict(), "attention": engine.attention, "context": told}, ensure_ascii=False))  # attention: kernels/paths.py
         return 0
-    print(f"model: {result.model}    {result.timing_ms.get('total', 0):.0f} ms")
+    print(f"model: {result.model}    answered in {result.timing_ms.get('total', 0):.0f} ms (the model loaded in {load_s:.1f} s before)")
     for index, completion in enumerate(result.completions, 1):
         print(f"--- {index}/{len(result.completions)}  score {completion.score:.3f}  ({completion.finish_reason})")
         print(completion.text)

@@ -7,8 +7,8 @@ plausible start branches of their own: a token whose probability is at least `mi
 likeliest one's. The other branches start like the likeliest one and wait (`LaterForks`): at the
 first position of that greedy path where the model finds other tokens plausible, the waiting
 branches take them, the likeliest alternative first, one branch each; branches left over wait
-for the next such position. A waiting branch that reaches the greedy path's end without one goes
-back to the most likely split its path offered (its KV rolled back to that position) and decodes
+for the next such position. A waiting branch that reaches the greedy path's end, or the end of its
+first line, without one goes back to the most likely split its path offered (its KV rolled back to that position) and decodes
 from there; only where the path offered none does it end as a copy of the greedy branch, which
 deduplication merges: fewer alternatives only where the model sees no other.
 
@@ -20,7 +20,9 @@ forced token keeps its own log-probability (the ranking reads it), not the const
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -45,7 +47,13 @@ def plausible_first_tokens(logits: Tensor, k: int, banned: frozenset[int], min_r
     return tokens, logprobs[tokens], plausible
 
 
+_A_LINE = re.compile(r"\S[^\n]*\n")
 LOOKBACK_MIN_RATIO = 0.01  # a split found looking back: its token at least this likely relative to the greedy one
+
+
+def wrote_a_line(text: str) -> bool:
+    """Whether `text` holds a whole line with something on it (the greedy path's first line is done)."""
+    return _A_LINE.search(text) is not None
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,7 @@ class LaterForks:
     not taken by another branch) and decodes from there."""
 
     min_ratio: float
-    banned: frozenset[int]
+    banned: frozenset[int]  # never an alternative: stop tokens and whitespace
     waiting: set[int] = field(default_factory=set)  # branch indices
     taken_logprobs: dict[int, float] = field(default_factory=dict)  # row -> the forced token's own log-probability (this round)
     forked: int = 0  # branches that split after their first token
@@ -79,14 +87,16 @@ class LaterForks:
     _taken: set[tuple[int, int]] = field(default_factory=set)  # (position, token) of splits branches took
     _banned_mask: Tensor | None = None  # [V]: `banned` as a mask, built on first use
 
-    def offer_first(self, first_logits: Tensor, started: list[int]) -> None:
+    def offer_first(self, first_logits: Tensor, started: list[int], begins_a_word: Callable[[int], bool]) -> None:
         """The first tokens that did not start a branch (first_logits [V], `started`: those that did)
         are splits at position 0 for the waiting branches to go back to: the last resort, however
-        unlikely, so that k branches still write k texts where the path offered no other split."""
+        unlikely, so that k branches still write k texts where the path offered no other split.
+        Only those that `begins_a_word` (not another spelling of text being healed, not whitespace)."""
         self._taken |= {(0, token) for token in started}
         if self.waiting:
             logprobs = torch.log_softmax(first_logits.float(), dim=-1)  # [V]
-            self.seen += self._alternatives((), logprobs, len(self.waiting) + len(started), floor=float("-inf"))
+            wanted = 4 * (len(self.waiting) + len(started))  # room for the ones `begins_a_word` turns down
+            self.seen += [s for s in self._alternatives((), logprobs, wanted, floor=float("-inf")) if begins_a_word(s.token)]
 
     def rows(self, live: list[int], branches: list[Branch]) -> set[int]:
         """The rows (of `live`, the branch of each row) that wait and are free to split now."""
@@ -105,6 +115,8 @@ class LaterForks:
         first = first.clone()
         for path, members in groups.items():
             logprobs = torch.log_softmax(first[members[0]].float(), dim=-1)  # [V]
+            if not branches[live[members[0]]].text.strip():  # the first word: its alternatives are the last resort
+                self.seen += self._alternatives(path, logprobs, len(members), floor=float("-inf"))
             splits = self._alternatives(path, logprobs, len(members))
             now = [split for split in splits if split.ratio >= math.log(self.min_ratio)]
             self.seen += splits[len(now) :]

@@ -40,7 +40,7 @@ from kspec.engine.decode.sampling import SamplingParams, first_tokens, probabili
 from kspec.engine.config import SteeringConfig
 from kspec.engine.decode.member_constraint import MemberConstraint
 from kspec.engine.decode.steering import ForcedStarts
-from kspec.engine.decode.forks import LaterForks, plausible_first_tokens
+from kspec.engine.decode.forks import LaterForks, plausible_first_tokens, wrote_a_line
 from kspec.kernels.transfer import to_device
 
 UnitDone = Callable[[str], bool]  # early-stop hook: this branch's text has completed its unit
@@ -244,10 +244,10 @@ class SpeculativeRun:
                 self.forced = ForcedStarts(steering)
         self._fork_candidates = set(range(plausible, k))  # branches that start as the best one and split later
         # a split into whitespace is a formatting variant of the greedy text, not an alternative
-        self.forks = LaterForks(fork_ratio, stops | tracker.tokenizer.blank_ids() if self._fork_candidates else stops,
-                                self._fork_candidates - set(self.forced.by_branch))  # fmt: skip
+        blanks = tracker.tokenizer.blank_ids() if self._fork_candidates else frozenset()
+        self.forks = LaterForks(fork_ratio, stops | blanks, self._fork_candidates - set(self.forced.by_branch))
         if self.forks.waiting:
-            self.forks.offer_first(first_logits[0], token_list[:plausible])
+            self.forks.offer_first(first_logits[0], token_list[:plausible], self._begins_a_word)
         for branch, detok, token, logprob in zip(self.branches, self.detoks, token_list, logprob_list):
             _commit(tracker, branch, detok, token, logprob, unit_done)
         drafter.begin(tracker.prompt_ids, k, limits.max_new_tokens)
@@ -398,13 +398,19 @@ class SpeculativeRun:
             self._word_bias[torch.tensor(ids, dtype=torch.long, device=self.healing.device)] = float("-inf")
         return self._word_bias
 
+    def _begins_a_word(self, token: int) -> bool:
+        """Whether a first token writes something after the healed text (not only more of its spelling or whitespace)."""
+        text, healed = self.tracker.tokenizer.token_texts()[token], self.tracker.healed_text
+        return text.startswith(healed) and bool(text[len(healed) :].strip())
+
     def _split_ended_waiting(self) -> None:
-        """A waiting branch that ended on the greedy path goes back to the best split its path offered
-        (engine/decode/forks.py): its tokens and KV rolled back to that position, the split's token
-        taken there, and it decodes on from it."""
+        """A waiting branch that ended on the greedy path, or wrote its first line on it, goes back to
+        the best split its path offered (engine/decode/forks.py): its tokens and KV rolled back to
+        that position, the split's token taken there, and it decodes on from it. The alternatives
+        so differ in their first line, the part an editor shows first."""
         for row, index in enumerate(self.live):
             branch = self.branches[index]
-            if not branch.done or index not in self.forks.waiting:
+            if index not in self.forks.waiting or not (branch.done or wrote_a_line(branch.text)):
                 continue
             split = self.forks.take_split(index, branch.token_ids, self.cache.lengths[row])
             if split is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from kspec.engine.decode.branches import Branch
@@ -43,3 +44,33 @@ def test_waiting_branches_take_the_alternatives_of_the_first_hesitation_in_order
     assert math.isclose(logprobs[1][0], math.log(0.3), rel_tol=1e-4) and logprobs[2] == [-0.3]  # the model's own
     branches[2].heal_remaining = "x"  # still regenerating healed text: not free to split
     assert forks.rows(live, branches) == {3}
+
+
+@pytest.mark.parametrize("drafter", ["none", "lookup"])
+def test_a_branch_that_goes_back_to_a_split_decodes_on_as_if_it_had_started_there(default_engine, drafter: str) -> None:
+    """No first token but the best is plausible at a ratio of 0.99, so three branches wait, reach the
+    greedy path's end, and go back to splits: each one's tokens are greedy's up to its split, its
+    split token, then what greedy decoding gives from there (the rolled-back KV is right)."""
+    from kspec.bench.baselines import decode_regular, decode_speculative, greedy_batch
+    from kspec.engine.decode.branches import BranchTracker, DecodeLimits
+    from kspec.engine.decode.drafters import NoDrafter, PromptLookupDrafter
+    from kspec.engine.decode.sampling import SamplingParams
+    from kspec.engine.decode.stopping import StopRule
+
+    model, tokenizer = default_engine.target.model, default_engine.target.tokenizer
+    prompt = tokenizer.encode("def mean(values):\n    total = 0\n    for value in values:\n")
+    new = 16
+
+    def tracker() -> BranchTracker:
+        return BranchTracker(tokenizer, StopRule(), DecodeLimits(new, ignore_eos=True), prompt)
+
+    greedy = decode_regular(model, tracker(), 1, SamplingParams(), diverse=True).branches[0].token_ids
+    made = NoDrafter() if drafter == "none" else PromptLookupDrafter()
+    output = decode_speculative(model, tracker(), 4, SamplingParams(), made, diverse=True, fork_ratio=0.99)
+    branches = [b.token_ids for b in output.branches]
+    assert branches[0] == greedy and len({tuple(b) for b in branches}) == 4
+    for tokens in branches[1:]:
+        split = next(i for i, (a, b) in enumerate(zip(tokens, greedy)) if a != b)
+        assert tokens[:split] == greedy[:split] and len(tokens) == new
+        rest = greedy_batch(model, [prompt + tokens[: split + 1]], new - split - 1)[0]
+        assert tokens[split + 1 :] == rest, split
