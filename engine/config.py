@@ -145,7 +145,7 @@ class EngineConfig:
     constrain_member_names: bool = True  # a branch inside `module.name` goes on only with the module's names (engine/decode/member_constraint.py)
     steer_block_headers: bool = True  # where the code after the cursor is the hole's body, all branches but the first start with a header (`if`, `for`, ...)
     fork_ratio: float = option(
-        0.0, "mode diverse: a first token starts a branch of its own only where the model finds it at least this likely "
+        0.1, "mode diverse: a first token starts a branch of its own only where the model finds it at least this likely "
         "relative to the likeliest one; the other branches split later, where the greedy line hesitates "
         "(engine/decode/forks.py); 0: the k likeliest first tokens",
     )  # fmt: skip

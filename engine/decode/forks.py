@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from kspec.engine.decode.branches import Branch
+from kspec.engine.models.tokenizer import goes_on_name
 
 
 def plausible_first_tokens(logits: Tensor, k: int, banned: frozenset[int], min_ratio: float) -> tuple[Tensor, Tensor, int]:
@@ -80,6 +81,7 @@ class LaterForks:
 
     min_ratio: float
     banned: frozenset[int]  # never an alternative: stop tokens and whitespace
+    word_starts: frozenset[int] = frozenset()  # tokens that begin with an identifier character
     waiting: set[int] = field(default_factory=set)  # branch indices
     taken_logprobs: dict[int, float] = field(default_factory=dict)  # row -> the forced token's own log-probability (this round)
     forked: int = 0  # branches that split after their first token
@@ -115,9 +117,12 @@ class LaterForks:
         first = first.clone()
         for path, members in groups.items():
             logprobs = torch.log_softmax(first[members[0]].float(), dim=-1)  # [V]
-            if not branches[live[members[0]]].text.strip():  # the first word: its alternatives are the last resort
+            text = branches[live[members[0]]].text
+            if not text.strip():  # the first word: its alternatives are the last resort
                 self.seen += self._alternatives(path, logprobs, len(members), floor=float("-inf"))
             splits = self._alternatives(path, logprobs, len(members))
+            if text and goes_on_name(text[-1]):  # inside a name another token is a misspelling of it, not an alternative
+                splits = [split for split in splits if split.token not in self.word_starts]
             now = [split for split in splits if split.ratio >= math.log(self.min_ratio)]
             self.seen += splits[len(now) :]
             for row, split in zip(members, now):

@@ -245,7 +245,8 @@ class SpeculativeRun:
         self._fork_candidates = set(range(plausible, k))  # branches that start as the best one and split later
         # a split into whitespace is a formatting variant of the greedy text, not an alternative
         blanks = tracker.tokenizer.blank_ids() if self._fork_candidates else frozenset()
-        self.forks = LaterForks(fork_ratio, stops | blanks, self._fork_candidates - set(self.forced.by_branch))
+        words = tracker.tokenizer.word_start_set() if self._fork_candidates else frozenset()
+        self.forks = LaterForks(fork_ratio, stops | blanks, words, self._fork_candidates - set(self.forced.by_branch))
         if self.forks.waiting:
             self.forks.offer_first(first_logits[0], token_list[:plausible], self._begins_a_word)
         for branch, detok, token, logprob in zip(self.branches, self.detoks, token_list, logprob_list):

@@ -56,6 +56,7 @@ class Tokenizer:
         self._word_starts: list[int] | None = None
         self._name_ends: list[int] | None = None
         self._blanks: frozenset[int] | None = None
+        self._word_start_set: frozenset[int] | None = None
 
     @classmethod
     def from_folder(cls, folder: Path, eos_ids: tuple[int, ...] = ()) -> "Tokenizer":
@@ -106,6 +107,12 @@ class Tokenizer:
         if self._word_starts is None:
             self._word_starts = [i for i, text in enumerate(self.token_texts()) if goes_on_name(text[:1])]
         return self._word_starts
+
+    def word_start_set(self) -> frozenset[int]:
+        """`word_start_ids` as a set (computed once)."""
+        if self._word_start_set is None:
+            self._word_start_set = frozenset(self.word_start_ids())
+        return self._word_start_set
 
     def blank_ids(self) -> frozenset[int]:
         """The tokens whose text is only whitespace (indentation, line ends; computed once)."""

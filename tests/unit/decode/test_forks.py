@@ -28,7 +28,7 @@ def test_only_plausible_first_tokens_start_branches_of_their_own() -> None:
 
 
 def test_waiting_branches_take_the_alternatives_of_the_first_hesitation_in_order() -> None:
-    forks = LaterForks(0.1, frozenset({9}), waiting={1, 2, 3})
+    forks = LaterForks(0.1, frozenset({9}), frozenset(), waiting={1, 2, 3})
     branches = [Branch(token_ids=[3]) for _ in range(4)]
     live = [0, 1, 2, 3]
     sure = torch.stack([_logits({4: 0.95})] * 4)  # [4, V]: no hesitation
