@@ -531,19 +531,36 @@ class _Variant:
         return {"raw": self.raw.summary(), "trimmed": self.trimmed.summary()}
 
 
+Shown = Callable[[str, str, str, list[Candidate]], list[str]]  # (prefix, suffix, language, alternatives) -> what is shown
+
+
+def ranked_texts(prefix: str, suffix: str, language: str, candidates: list[Candidate]) -> list[str]:
+    """kspec's post-processing: trimmed, checked, deduplicated, ranked."""
+    return [r.completion.text for r in rank_alternatives(prefix, suffix, language, candidates)]
+
+
+def first_lines(prefix: str, suffix: str, language: str, candidates: list[Candidate]) -> list[str]:
+    """Each answer's first line with something on it (llama.vim's accept-a-line): a peer's "trimmed"."""
+    out = []
+    for candidate in candidates:
+        match = re.match(r"\s*\S[^\n]*\n?", candidate.text)
+        if match:
+            out.append(match.group(0))
+    return out
+
+
 def _score_case(
     judge: Judge, prefix: str, suffix: str, candidates: list[Candidate], variant: _Variant,
-    config: QualityBenchConfig, timing: bool,
+    config: QualityBenchConfig, timing: bool, shown_by: Shown = ranked_texts,
 ) -> list[str]:
     """Post-process one answer, add it to both columns; -> the shown texts."""
     language = judge.hole.language
-    ranked = rank_alternatives(prefix, suffix, language, candidates)
-    shown = [r.completion.text for r in ranked]
+    shown = shown_by(prefix, suffix, language, candidates)
     raw_texts = [c.text for c in candidates]
     raw_top1_parses = bool(raw_texts) and judge.raw_parses(raw_texts[0])
     variant.raw.add(judge, raw_texts, raw_top1_parses)
     variant.trimmed.add(judge, shown, raw_top1_parses)
-    if timing and candidates:
+    if timing and candidates and shown_by is ranked_texts:
         variant.trimmed.postprocess_ms.append(_time_postprocess(prefix, suffix, language, candidates, config.timing_repeats)[0])
         wall, cpu = _time_postprocess(prefix, suffix, language, widen(candidates, config.timing_k), config.timing_repeats)
         variant.trimmed.postprocess_k8_ms.append(wall)
@@ -562,8 +579,9 @@ def run_quality_bench(
     config: QualityBenchConfig = QualityBenchConfig(),
     progress: Callable[[str], None] | None = None,
     details: bool = False,
+    shown_by: Shown = ranked_texts,
 ) -> dict[str, Any]:
-    """Complete every hole once per variant (raw), post-process, and return the report:
+    """Complete every hole once per variant (raw), post-process (`shown_by`), and return the report:
     "raw" and "trimmed" (whole file), "windowed" ({"raw", "trimmed"}) and "meta".
 
     With `details`, also "cases": per hole and variant what the engine saw, the raw
@@ -592,7 +610,7 @@ def run_quality_bench(
             engine_ms.append((time.perf_counter() - started) * 1000)
             steered += result.timing_ms.get("steered", 0.0) > 0
             candidates = [Candidate(c.text, c.logprob, c.n_tokens, c.finish_reason) for c in result.completions]
-            shown = _score_case(judge, window.prefix, window.suffix, candidates, variants[name], config, timing=True)
+            shown = _score_case(judge, window.prefix, window.suffix, candidates, variants[name], config, timing=True, shown_by=shown_by)
             if name == "windowed":
                 key = f"{window.starts_in}/{window.ends_in}"
                 starts[key] = starts.get(key, 0) + 1
@@ -685,19 +703,21 @@ PEER_FIGURES = (
 
 def beside_peer(report: dict[str, Any], peer_report: dict[str, Any], file_name: str) -> dict[str, Any]:
     """kspec's report with a peer's on the same holes and windows (`run_quality_bench` of an
-    `InfillPeer`): "peer" holds the peer's figures for its text as returned (its raw column: what
-    llama.vim shows), "versus_peer" per variant each figure as [kspec shown, peer] and kspec's
-    top-1 exact matches over the peer's."""
+    `InfillPeer`, `shown_by=first_lines`): "peer" holds the peer's figures for its text as returned
+    (its raw column: what llama.vim shows and Tab accepts) and for its first line (what llama.vim's
+    accept-a-line takes), "versus_peer" per variant each figure as [kspec shown, peer as returned,
+    peer's first line] and kspec's top-1 exact matches over the better of the peer's two."""
     versus: dict[str, Any] = {}
     peer: dict[str, Any] = {"model": peer_report["meta"]["model"], "file": file_name}
     for variant in VARIANTS:
         ours = report["trimmed"] if variant == "whole" else report.get("windowed", {}).get("trimmed")
-        theirs = peer_report["raw"] if variant == "whole" else peer_report.get("windowed", {}).get("raw")
-        if ours is None or theirs is None:
+        peer_columns = peer_report if variant == "whole" else peer_report.get("windowed", {})
+        theirs, their_line = peer_columns.get("raw"), peer_columns.get("trimmed")
+        if ours is None or theirs is None or their_line is None:
             continue
-        peer[variant] = theirs
-        row: dict[str, Any] = {name: [ours.get(name), theirs.get(name)] for name in PEER_FIGURES}
-        top1, peer_top1 = ours["exact_match_top1"], theirs["exact_match_top1"]
+        peer[variant] = {"as_returned": theirs, "first_line": their_line}
+        row: dict[str, Any] = {name: [ours.get(name), theirs.get(name), their_line.get(name)] for name in PEER_FIGURES}
+        top1, peer_top1 = ours["exact_match_top1"], max(theirs["exact_match_top1"] or 0, their_line["exact_match_top1"] or 0)
         row["top1_over_peer"] = round(top1 / peer_top1, 3) if top1 is not None and peer_top1 else None
         row["best_of_k_over_top1"] = ours["best_of_k_over_top1"]
         versus[variant] = row

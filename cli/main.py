@@ -427,13 +427,13 @@ def _beside_infill_peer(report: dict, config, args: argparse.Namespace, quality,
     from tqdm import tqdm
 
     from kspec.bench.infill_peer import InfillPeer
-    from kspec.bench.quality import beside_peer, run_quality_bench
+    from kspec.bench.quality import beside_peer, first_lines, run_quality_bench
     from kspec.engine.models.resolve import gguf_file
 
     gguf = gguf_file(config.model)
     with InfillPeer(args.peer, gguf, config.threads or os.cpu_count() or 1) as peer:
         with tqdm(desc="llama.cpp /infill", unit="case", disable=not bar_shown, file=sys.stderr) as bar:
-            peer_report = run_quality_bench(peer, data, quality, progress=lambda line: bar.update(1), details=details)
+            peer_report = run_quality_bench(peer, data, quality, progress=lambda line: bar.update(1), details=details, shown_by=first_lines)
     if details:
         report["peer_cases"] = peer_report.pop("cases")
     return beside_peer(report, peer_report, gguf.name)

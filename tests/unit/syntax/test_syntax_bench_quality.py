@@ -162,19 +162,26 @@ class GreedyPeer:
 
 
 def test_kspec_beside_a_peer_on_the_same_holes() -> None:
-    from kspec.bench.quality import beside_peer
+    from kspec.bench.quality import beside_peer, first_lines
 
     config = QualityBenchConfig(humaneval_single=4, humaneval_multi=0, mbxp_per_language=0, stdlib=0, timing_repeats=1, windowed=False)
     holes = load_holes(DATA, config)
     references = {h.id: h.reference for h in holes}
     ours = run_quality_bench(ScriptedEngine(references), DATA, config)
-    theirs = run_quality_bench(GreedyPeer(references), DATA, config)
+    theirs = run_quality_bench(GreedyPeer(references), DATA, config, shown_by=first_lines)
     both = beside_peer(ours, theirs, "m.gguf")
     row = both["versus_peer"]["whole"]
-    assert row["exact_match_top1"] == [1.0, 0.5] and row["top1_over_peer"] == 2.0
-    assert row["python_top1_undefined_name_rate"] == [0.0, 0.5]  # the peer's wrong line reads an undefined name
-    assert both["peer"]["file"] == "m.gguf" and both["peer"]["whole"]["suggestions_shown"] == len(holes)
+    assert row["exact_match_top1"] == [1.0, 0.5, 0.5] and row["top1_over_peer"] == 2.0
+    assert row["python_top1_undefined_name_rate"] == [0.0, 0.5, 0.5]  # the peer's wrong line reads an undefined name
+    assert both["peer"]["file"] == "m.gguf" and both["peer"]["whole"]["as_returned"]["suggestions_shown"] == len(holes)
     assert "windowed" not in both["versus_peer"]
+
+
+def test_a_peers_first_line_is_what_accept_a_line_takes() -> None:
+    from kspec.bench.quality import first_lines
+
+    texts = ["\n    x = 1\n    y = 2\n", "z = 3", "   \n"]
+    assert first_lines("", "", "python", [Candidate(t, 0.0, 1) for t in texts]) == ["\n    x = 1\n", "z = 3"]
 
 
 def test_the_peer_is_asked_as_llama_vim_asks() -> None:
