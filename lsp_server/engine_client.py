@@ -443,8 +443,7 @@ def spawn_daemon(options: DaemonOptions, paths: DaemonPaths) -> subprocess.Popen
             stderr=log_file,
             start_new_session=True,
             close_fds=True,
-            env={**os.environ, "PYTHONPATH": _package_root() + os.pathsep + os.environ.get("PYTHONPATH", "")},
-        )
+        )  # the environment as it is: `options.python` is the interpreter kspec is installed in
 
 
 def _try_lock(path: Path) -> IO[bytes] | None:
@@ -466,6 +465,3 @@ def _last_line(path: Path) -> str:
         return "(no log)"
     return lines[-1] if lines else "(empty log)"
 
-
-def _package_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import stat
+import subprocess
 from pathlib import Path
 
 from lsp_harness import FAST, daemon_pids, editor_session
@@ -47,3 +48,24 @@ async def test_two_editors_share_one_daemon_that_restarts_after_a_crash(model_di
         await second.wait_status(lambda s: s["state"] == "ready" and s.get("enginePid") == new_pid, after=0)
         assert await second.inline(uri, 1, 4)
         assert daemon_pids(runtime_dir) == [new_pid]  # still one daemon for both editors
+
+
+def test_the_daemon_runs_in_the_callers_environment_with_nothing_of_kspec_top_level(tmp_path: Path, monkeypatch) -> None:
+    """The daemon gets the editor's environment as it is: no folder of kspec's on its PYTHONPATH,
+    so `engine` or `kernels` never become top-level names in it."""
+    import sys
+
+    from kspec.engine.serve.protocol import DaemonPaths
+    from kspec.lsp_server.engine_client import DaemonOptions, spawn_daemon
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    paths = DaemonPaths(tmp_path / "e.sock", tmp_path / "e.lock", tmp_path / "e.log")
+    process = spawn_daemon(DaemonOptions(folder=tmp_path, idle_timeout_s=1.0), paths)
+    try:
+        environ = dict(item.split("=", 1) for item in Path(f"/proc/{process.pid}/environ").read_text().split("\0") if "=" in item)
+        assert "PYTHONPATH" not in environ
+        probe = subprocess.run([sys.executable, "-c", "import engine"], env=environ, capture_output=True, text=True, cwd=tmp_path)
+        assert probe.returncode != 0 and "No module named 'engine'" in probe.stderr
+    finally:
+        process.kill()
+        process.wait()
