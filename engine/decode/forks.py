@@ -49,6 +49,7 @@ def plausible_first_tokens(logits: Tensor, k: int, banned: frozenset[int], min_r
 
 
 _A_LINE = re.compile(r"\S[^\n]*\n")
+RATIO_DIGITS = 2  # splits are compared at this precision (log-space): a batch's rounding must not reorder near-ties
 LOOKBACK_MIN_RATIO = 0.01  # a split found looking back: its token at least this likely relative to the greedy one
 
 
@@ -143,9 +144,10 @@ class LaterForks:
         allowed = logprobs.masked_fill(self._banned_mask, float("-inf"))  # [V]
         allowed[greedy] = float("-inf")
         best = float(logprobs[greedy])
-        values, indices = allowed.topk(min(wanted + len(self._taken), allowed.shape[-1]))  # [n]
+        values, indices = allowed.topk(min(wanted + len(self._taken) + 4, allowed.shape[-1]))  # [n]
+        ranked = sorted(zip(values.tolist(), indices.tolist()), key=lambda pair: (-round(pair[0] - best, RATIO_DIGITS), pair[1]))
         out = []
-        for value, token in zip(values.tolist(), indices.tolist()):
+        for value, token in ranked:
             if value - best < floor or len(out) == wanted or value == float("-inf"):
                 break
             if (len(path), token) not in self._taken:
@@ -167,7 +169,7 @@ class LaterForks:
         if not fits:
             return None
         plausible = math.log(LOOKBACK_MIN_RATIO)
-        split = max(fits, key=lambda s: (s.ratio >= plausible, s.ratio, -s.position))
+        split = max(fits, key=lambda s: (s.ratio >= plausible, round(s.ratio, RATIO_DIGITS), -s.position, -s.token))
         self._take(index, split)
         return split
 
