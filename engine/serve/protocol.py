@@ -109,9 +109,13 @@ def daemon_key(config: EngineConfig) -> str:
     """Daemons are shared between editors whose engines are configured alike: a hash of
     the protocol version and every engine option (paths resolved, so a folder named two
     ways is one daemon)."""
+    from kspec.engine.models.catalog import default_model_spec
+
     values = []
     for option_field in options():
         value = getattr(config, option_field.name)
+        if option_field.name == "model" and not value:  # the default is $KSPEC_MODEL's or kspec's: the key names which
+            value = default_model_spec()
         if option_field.metadata["path"] and value and Path(value).expanduser().exists():
             value = str(Path(value).expanduser().resolve())
         values.append([option_field.name, value])

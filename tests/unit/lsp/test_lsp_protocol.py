@@ -68,6 +68,17 @@ def test_socket_names_carry_version_and_spec(tmp_path: Path) -> None:
     assert a.daemon_pid() == os.getpid()
 
 
+def test_the_default_models_daemon_is_the_one_of_the_model_the_default_names(tmp_path: Path, monkeypatch) -> None:
+    """No model named: the daemon is keyed by what $KSPEC_MODEL (or kspec) makes the default, so an
+    editor with another default never reaches a daemon serving the first one's model."""
+    monkeypatch.setenv("KSPEC_MODEL", "smollm2-135m")
+    small = DaemonPaths.for_config(EngineConfig(), tmp_path)
+    assert DaemonPaths.for_config(EngineConfig(model="smollm2-135m"), tmp_path) == small
+    monkeypatch.delenv("KSPEC_MODEL")
+    assert DaemonPaths.for_config(EngineConfig(), tmp_path) != small
+    assert DaemonPaths.for_config(EngineConfig(), tmp_path) == DaemonPaths.for_config(EngineConfig(model="qwen2.5-coder-0.5b"), tmp_path)
+
+
 def test_tokens() -> None:
     assert tokens_match(None, None)
     assert tokens_match("secret", "secret")
