@@ -4,11 +4,12 @@ llama.vscode show for a cursor, on the same GGUF file and the same window as ksp
 The request is llama.vim's: the window's lines before the cursor's line as `input_prefix`, the
 cursor's line up to the cursor as `prompt`, the rest as `input_suffix`, `n_indent` the cursor
 line's indentation (the server stops at a line indented less), `n_predict` the bench's token
-budget, and `t_max_predict_ms` the request's deadline (llama.vim's time cap on generation). Greedy
-(temperature 0): one answer, the model's most likely text, which is what kspec's top suggestion is
-compared with. An answer that arrives after the request's deadline counts as none (the executed
-bench's budgets: what the user has by then; kspec's deadline counts its prefill too). After
-`clear_caches` the next request does not reuse the server's prompt cache (a cold prompt).
+budget, and `t_max_predict_ms` the request's deadline: llama.vim's time cap, the server's own way
+of answering with what it has by then, as kspec's deadline is kspec's (the server's cap counts
+from its first generated token, so its answer comes that token's time later; the executed
+bench's latency columns show it). Greedy (temperature 0): one answer, the model's most likely
+text, which is what kspec's top suggestion is compared with. After `clear_caches` the next request
+does not reuse the server's prompt cache (a cold prompt).
 llama-server runs with one slot and the bench's threads.
 """
 
@@ -77,8 +78,7 @@ class InfillPeer:
         elapsed = (time.perf_counter() - started) * 1000
         timing = {"total": elapsed, "prompt_tokens": float((answer.get("timings") or {}).get("prompt_n", 0))}
         finish = "stop" if answer.get("stop_type") in ("eos", "word") else "length"
-        on_time = elapsed <= request.deadline_ms
-        completions = [Completion(text, 0.0, 0.0, int(answer.get("tokens_predicted", 0)), finish)] if text.strip() and on_time else []
+        completions = [Completion(text, 0.0, 0.0, int(answer.get("tokens_predicted", 0)), finish)] if text.strip() else []
         return CompletionResult(completions, PEER_NAME, timing)
 
     def close(self) -> None:
