@@ -400,9 +400,13 @@ class SpeculativeRun:
         return self._word_bias
 
     def _begins_a_word(self, token: int) -> bool:
-        """Whether a first token writes something after the healed text (not only more of its spelling or whitespace)."""
+        """Whether a first token writes something after the healed text (not only more of its
+        spelling or whitespace), and does not go on with a name the healed text ends inside (that
+        is another spelling of the name being typed: `retu` -> `reture`)."""
         text, healed = self.tracker.tokenizer.token_texts()[token], self.tracker.healed_text
-        return text.startswith(healed) and bool(text[len(healed) :].strip())
+        written = text[len(healed) :]
+        in_name = bool(healed) and goes_on_name(healed[-1]) and bool(written) and goes_on_name(written[0])
+        return text.startswith(healed) and bool(written.strip()) and not in_name
 
     def _split_ended_waiting(self) -> None:
         """A waiting branch that ended on the greedy path, or wrote its first line on it, goes back to
