@@ -425,11 +425,10 @@ def beside_peer(report: dict[str, Any], peer_report: dict[str, Any], file_name: 
         cell[f"k{row['k']}"] = {"pass_at_first": row["pass_at_first"], "pass_at_all": row["pass_at_all"], "empty_rate": row["empty_rate"]}
     one = versus.get("1.0", {})
     goals = dict(report.get("goals", {}))
-    if "k4" in one and one.get("peer_pass_at_1") is not None:
-        first4 = one["k4"]["pass_at_first"]
-        goals["pass_at_first_k4_not_below_peer_at_1s"] = {"k4": first4, "peer": one["peer_pass_at_1"], "met": first4 >= one["peer_pass_at_1"] - EPSILON}
-    if "k1" in one and one.get("peer_pass_at_1") is not None:
-        first1 = one["k1"]["pass_at_first"]
-        goals["pass_at_first_k1_not_below_peer_at_1s"] = {"k1": first1, "peer": one["peer_pass_at_1"], "met": first1 >= one["peer_pass_at_1"] - EPSILON}
+    peer_first = one.get("peer_pass_at_1")
+    for k in ("k4", "k1"):
+        if k in one and peer_first is not None:
+            first = one[k]["pass_at_first"]
+            goals[f"pass_at_first_{k}_not_below_peer_at_1s"] = {k: first, "peer": peer_first, "met": first >= peer_first - EPSILON}
     peer_meta = {"model": peer_report["meta"]["model"], "file": file_name, "table": peer_report["table"]}
     return {**report, "goals": goals, "peer": peer_meta, "versus_peer": versus}

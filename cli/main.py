@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -203,8 +204,6 @@ def run_complete(args: argparse.Namespace) -> int:
 
     fields = _request_fields(args)
     context = read_location(args.location)  # validate the file before loading a model
-    import time
-
     loading = time.perf_counter()
     engine = CompletionEngine.load(engine_config(args))
     load_s = time.perf_counter() - loading
@@ -306,14 +305,13 @@ def _bench_serve(config, args: argparse.Namespace) -> dict:
 
 def _bench_peer(config, args: argparse.Namespace) -> dict:
     import dataclasses
-    import os
 
     from kspec.bench.peer import PeerBenchConfig, bench_peer
     from kspec.engine.models.resolve import gguf_file
 
     if args.llama_server is None:
         raise KspecError("kspec bench peer needs --llama-server PATH (build one: ../shared/tools/build-llama-cpp.sh)")
-    threads = config.threads or os.cpu_count() or 1
+    threads = _bench_threads(config)
     gguf = gguf_file(config.model)
     try:
         peer = PeerBenchConfig(args.llama_server, gguf, threads, ns=tuple(_ints(args.ks, [1, 4])), keystrokes=args.repeats or 5,
@@ -354,17 +352,13 @@ def _bench_executed(config, args: argparse.Namespace) -> dict:
         report = run_executed_bench(engine, data, executed, progress=lambda line: bar.update(1), details=args.cases_out is not None)
     if args.peer is not None:  # the same tasks and budgets through llama.cpp's /infill (its one greedy answer), same file
         import dataclasses
-        import os
 
         from kspec.bench.executed import beside_peer
-        from kspec.bench.infill_peer import InfillPeer
-        from kspec.engine.models.resolve import gguf_file
 
-        gguf = gguf_file(config.model)
         del engine  # its threads idle while the peer runs; the memory goes back once collected
-        with InfillPeer(args.peer, gguf, config.threads or os.cpu_count() or 1) as peer:
-            with tqdm(desc="llama.cpp /infill --execute", unit="task", disable=not show_progress(args), file=sys.stderr) as bar:
-                peer_report = run_executed_bench(peer, data, dataclasses.replace(executed, ks=(1,)), progress=lambda line: bar.update(1))
+        peer, gguf = _infill_peer(config, args)
+        with peer, tqdm(desc="llama.cpp /infill --execute", unit="task", disable=not show_progress(args), file=sys.stderr) as bar:
+            peer_report = run_executed_bench(peer, data, dataclasses.replace(executed, ks=(1,)), progress=lambda line: bar.update(1))
         report = beside_peer(report, peer_report, gguf.name)
     if args.cases_out is not None:
         args.cases_out.write_text(json.dumps({"cases": report.pop("cases")}), encoding="utf-8")
@@ -421,19 +415,30 @@ def _bench_quality(config, args: argparse.Namespace) -> dict:
     return report
 
 
-def _beside_infill_peer(report: dict, config, args: argparse.Namespace, quality, data: Path, details: bool, bar_shown: bool) -> dict:
+def _bench_threads(config) -> int:
+    """The threads a bench gives each side of a comparison: the engine's setting, else every core."""
     import os
 
-    from tqdm import tqdm
+    return config.threads or os.cpu_count() or 1
 
+
+def _infill_peer(config, args: argparse.Namespace):
+    """llama.cpp's server on the GGUF file the engine's model setting names (`--peer`), started, and that file."""
     from kspec.bench.infill_peer import InfillPeer
-    from kspec.bench.quality import beside_peer, first_lines, run_quality_bench
     from kspec.engine.models.resolve import gguf_file
 
     gguf = gguf_file(config.model)
-    with InfillPeer(args.peer, gguf, config.threads or os.cpu_count() or 1) as peer:
-        with tqdm(desc="llama.cpp /infill", unit="case", disable=not bar_shown, file=sys.stderr) as bar:
-            peer_report = run_quality_bench(peer, data, quality, progress=lambda line: bar.update(1), details=details, shown_by=first_lines)
+    return InfillPeer(args.peer, gguf, _bench_threads(config)), gguf
+
+
+def _beside_infill_peer(report: dict, config, args: argparse.Namespace, quality, data: Path, details: bool, bar_shown: bool) -> dict:
+    from tqdm import tqdm
+
+    from kspec.bench.quality import beside_peer, first_lines, run_quality_bench
+
+    peer, gguf = _infill_peer(config, args)
+    with peer, tqdm(desc="llama.cpp /infill", unit="case", disable=not bar_shown, file=sys.stderr) as bar:
+        peer_report = run_quality_bench(peer, data, quality, progress=lambda line: bar.update(1), details=details, shown_by=first_lines)
     if details:
         report["peer_cases"] = peer_report.pop("cases")
     return beside_peer(report, peer_report, gguf.name)

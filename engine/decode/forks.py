@@ -28,29 +28,28 @@ import torch
 from torch import Tensor
 
 from kspec.engine.decode.branches import Branch
+from kspec.engine.decode.sampling import distinct_first_tokens
 from kspec.engine.models.tokenizer import goes_on_name
 
 
 def plausible_first_tokens(logits: Tensor, k: int, banned: frozenset[int], min_ratio: float) -> tuple[Tensor, Tensor, int]:
     """logits [V] -> k first tokens [k] and their log-probabilities [k], and how many of them are
-    plausible: distinct tokens, none banned, each at least `min_ratio` times as likely as the best
-    (min_ratio 0: the k likeliest, as plain diverse mode); the rows after those repeat the best."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [V]
-    allowed = logprobs.clone()
-    if banned:
-        allowed[torch.tensor(sorted(banned), device=logits.device)] = float("-inf")
-    top = allowed.topk(min(k, allowed.shape[-1]))
-    floor = top.values[0] + (torch.log(torch.tensor(min_ratio)) if min_ratio > 0 else float("-inf"))
-    keep = torch.isfinite(top.values) & (top.values >= floor)  # [k]
-    keep[0] = True
-    plausible = int(keep.sum())
-    tokens = torch.where(keep, top.indices, top.indices[0])  # [k]; keep is a prefix (values sorted)
-    return tokens, logprobs[tokens], plausible
+    plausible: `distinct_first_tokens`' leading ones at least `min_ratio` times as likely as the best
+    (min_ratio 0: all k, as plain diverse mode); the rows after those repeat the best."""
+    tokens, logprobs = distinct_first_tokens(logits, k, banned)  # [k], [k]: likeliest first
+    floor = float(logprobs[0]) + math.log(min_ratio) if min_ratio > 0 else float("-inf")
+    ids, values = tokens.tolist(), logprobs.tolist()
+    plausible = 1
+    while plausible < k and ids[plausible] != ids[0] and values[plausible] >= floor:
+        plausible += 1
+    tokens[plausible:], logprobs[plausible:] = tokens[0], logprobs[0]
+    return tokens, logprobs, plausible
 
 
 _A_LINE = re.compile(r"\S[^\n]*\n")
 RATIO_DIGITS = 2  # splits are compared at this precision (log-space): a batch's rounding must not reorder near-ties
 LOOKBACK_MIN_RATIO = 0.01  # a split found looking back: its token at least this likely relative to the greedy one
+LOOKBACK_FLOOR = math.log(LOOKBACK_MIN_RATIO)
 
 
 def wrote_a_line(text: str) -> bool:
@@ -119,20 +118,19 @@ class LaterForks:
         for path, members in groups.items():
             logprobs = torch.log_softmax(first[members[0]].float(), dim=-1)  # [V]
             text = branches[live[members[0]]].text
-            if not text.strip():  # the first word: its alternatives are the last resort
-                self.seen += self._alternatives(path, logprobs, len(members), floor=float("-inf"))
-            splits = self._alternatives(path, logprobs, len(members))
+            first_word = not text.strip()  # its alternatives, however unlikely, are the last resort
+            splits = self._alternatives(path, logprobs, len(members), floor=float("-inf") if first_word else LOOKBACK_FLOOR)
             if text and goes_on_name(text[-1]):  # inside a name another token is a misspelling of it, not an alternative
                 splits = [split for split in splits if split.token not in self.word_starts]
             now = [split for split in splits if split.ratio >= math.log(self.min_ratio)]
-            self.seen += splits[len(now) :]
+            self.seen += [split for split in splits if split not in now]
             for row, split in zip(members, now):
                 first[row, split.token] = first[row].max() + 1.0
                 self.taken_logprobs[row] = split.logprob
                 self._take(live[row], split)
         return first
 
-    def _alternatives(self, path: tuple[int, ...], logprobs: Tensor, wanted: int, floor: float = math.log(LOOKBACK_MIN_RATIO)) -> list[Split]:
+    def _alternatives(self, path: tuple[int, ...], logprobs: Tensor, wanted: int, floor: float = LOOKBACK_FLOOR) -> list[Split]:
         """Up to `wanted` tokens other than the likeliest, likeliest first, each at least exp(floor)
         as likely as it, not banned, none taken already. logprobs [V]."""
         if self._banned_mask is None or self._banned_mask.shape != logprobs.shape:
@@ -168,8 +166,7 @@ class LaterForks:
         fits = [s for s in self.seen if s.position <= longest and tuple(tokens[: s.position]) == s.path and (s.position, s.token) not in self._taken]
         if not fits:
             return None
-        plausible = math.log(LOOKBACK_MIN_RATIO)
-        split = max(fits, key=lambda s: (s.ratio >= plausible, round(s.ratio, RATIO_DIGITS), -s.position, -s.token))
+        split = max(fits, key=lambda s: (s.ratio >= LOOKBACK_FLOOR, round(s.ratio, RATIO_DIGITS), -s.position, -s.token))
         self._take(index, split)
         return split
 

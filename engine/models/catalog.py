@@ -93,9 +93,14 @@ def models_dir(cache: Path) -> Path:
     return cache / "gguf"
 
 
+def model_file(model: KnownModel, cache: Path) -> Path:
+    """Where the model's file is kept once pulled."""
+    return models_dir(cache) / model.file_name
+
+
 def installed_path(model: KnownModel, cache: Path) -> Path | None:
     """The model's file when it is installed (its size is checked here; its hash when it was pulled)."""
-    path = models_dir(cache) / model.file_name
+    path = model_file(model, cache)
     return path if path.is_file() and path.stat().st_size == model.size else None
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from kspec.engine.errors import ModelLoadError
-from kspec.engine.models.catalog import KnownModel, installed_path, models_dir
+from kspec.engine.models.catalog import KnownModel, installed_path, model_file
 
 ByteProgress = Callable[[int], None]  # called with the bytes just written
 COPY_CHUNK = 1 << 20
@@ -26,7 +26,7 @@ def pull(model: KnownModel, cache: Path, progress: bool = True, force: bool = Fa
     present = installed_path(model, cache)
     if present is not None and not force:
         return present
-    target = models_dir(cache) / model.file_name
+    target = model_file(model, cache)
     target.parent.mkdir(parents=True, exist_ok=True)
     bar = _progress_bar(model, progress)
     try:
