@@ -29,9 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kspec.engine.decode.sampling import SamplingParams, probabilities
 from kspec.kernels.transfer import tensor_to_device, to_device
 
-__all__ = ["RoundAcceptance", "pack_drafts", "accept_greedy_rows", "accept_greedy_by_position", "accept_sampling_rows", "read_round"]
+__all__ = [
+    "RoundAcceptance", "pack_drafts", "accept_greedy_rows", "accept_greedy_by_position", "accept_sampling_rows", "read_round", "accept_drafts",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -167,3 +170,27 @@ def read_round(accepted: Tensor, taken: Tensor, log_probs: Tensor) -> RoundAccep
     tokens = [[int(x) for x in row[1 : 2 + n]] for row, n in zip(rows, counts)]
     logprobs = [row[1 + width : 2 + width + n] for row, n in zip(rows, counts)]
     return RoundAcceptance(counts, tokens, logprobs)
+
+
+def accept_drafts(
+    drafts: Sequence[Sequence[int]], qs: Sequence[Tensor | None], logits: Tensor, log_probs: Tensor,
+    params: SamplingParams, generator: torch.Generator,
+) -> RoundAcceptance:
+    """Every live row's acceptance under `params`' rule, as tensor ops on the logits' device and one
+    read. drafts: each row's draft tokens; qs: the drafter's distribution [n, V] of each row's
+    draft (None: a deterministic draft); logits / log_probs [k', T, V]: the target's, T >= 1 + n."""
+    width = max((len(draft) for draft in drafts), default=0)
+    tokens, lengths = pack_drafts(drafts, width, logits.device)  # [k', W], [k']
+    if params.greedy:
+        accepted, taken = accept_greedy_rows(tokens, lengths, logits[:, : width + 1])
+    else:
+        q = None
+        if any(row_q is not None for row_q in qs):
+            q = torch.stack([
+                F.pad(row_q.to(logits.device), (0, 0, 0, width - row_q.shape[0])) if row_q is not None
+                else logits.new_zeros(width, logits.shape[-1])
+                for row_q in qs
+            ])  # [k', W, V]; zero rows: deterministic drafts
+        p = probabilities(logits[:, : width + 1], params)  # [k', W+1, V]
+        accepted, taken = accept_sampling_rows(tokens, lengths, q, p, generator)
+    return read_round(accepted, taken, log_probs[:, : width + 1])

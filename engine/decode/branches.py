@@ -78,6 +78,10 @@ class BranchTracker:
     def new_detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, self.prompt_ids)
 
+    def fresh(self) -> tuple[Branch, IncrementalDetokenizer]:
+        """A branch before its first token, and its detokenizer."""
+        return Branch(heal_remaining=self.healed_text), self.new_detokenizer()
+
     def push(self, branch: Branch, detok: IncrementalDetokenizer, token: int, logprob: float) -> None:
         if branch.done:
             return

@@ -22,14 +22,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 from torch import Tensor
 
 from kspec.engine.decode.branches import Branch
 from kspec.engine.decode.sampling import distinct_first_tokens
-from kspec.engine.models.tokenizer import goes_on_name
+from kspec.engine.models.tokenizer import Tokenizer, goes_on_name
 
 
 def plausible_first_tokens(logits: Tensor, k: int, banned: frozenset[int], min_ratio: float) -> tuple[Tensor, Tensor, int]:
@@ -50,6 +50,15 @@ _A_LINE = re.compile(r"\S[^\n]*\n")
 RATIO_DIGITS = 2  # splits are compared at this precision (log-space): a batch's rounding must not reorder near-ties
 LOOKBACK_MIN_RATIO = 0.01  # a split found looking back: its token at least this likely relative to the greedy one
 LOOKBACK_FLOOR = math.log(LOOKBACK_MIN_RATIO)
+
+
+def begins_a_word(text: str, healed: str) -> bool:
+    """Whether a first token's `text` writes something after the healed text (not only more of its
+    spelling or whitespace), and does not go on with a name the healed text ends inside (that is
+    another spelling of the name being typed: `retu` -> `reture`)."""
+    written = text[len(healed) :]
+    in_name = bool(healed) and goes_on_name(healed[-1]) and bool(written) and goes_on_name(written[0])
+    return text.startswith(healed) and bool(written.strip()) and not in_name
 
 
 def wrote_a_line(text: str) -> bool:
@@ -88,6 +97,15 @@ class LaterForks:
     seen: list[Split] = field(default_factory=list)  # splits the waiting branches' paths offered, not taken
     _taken: set[tuple[int, int]] = field(default_factory=set)  # (position, token) of splits branches took
     _banned_mask: Tensor | None = None  # [V]: `banned` as a mask, built on first use
+
+    @classmethod
+    def starting(cls, min_ratio: float, tokenizer: Tokenizer, candidates: set[int], forced: Collection[int]) -> "LaterForks":
+        """The forks of a run whose `candidates` branches start as the best one: they wait to split,
+        but those that start `forced` only once their start is undone. Never an alternative: a stop
+        token, or whitespace (a formatting variant of the greedy text)."""
+        if not candidates:
+            return cls(min_ratio, tokenizer.stop_ids)
+        return cls(min_ratio, tokenizer.stop_ids | tokenizer.blank_ids(), tokenizer.word_start_set(), candidates - set(forced))
 
     def offer_first(self, first_logits: Tensor, started: list[int], begins_a_word: Callable[[int], bool]) -> None:
         """The first tokens that did not start a branch (first_logits [V], `started`: those that did)

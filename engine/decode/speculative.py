@@ -22,25 +22,21 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from kspec.engine.api import CancelToken
-from kspec.engine.decode.acceptance import (
-    RoundAcceptance, accept_greedy_by_position, accept_greedy_rows, accept_sampling_rows, pack_drafts, read_round,
-)  # fmt: skip
+from kspec.engine.decode.acceptance import RoundAcceptance, accept_drafts, accept_greedy_by_position
 from kspec.engine.decode.drafters import GAMMA_LIMIT, Draft, Drafter
 from kspec.engine.decode.branches import Branch, BranchTracker, DecodeOutput, interrupted
 from kspec.engine.decode.healing import HealingBias
 from kspec.engine.cache.kv import BranchKVCache
-from kspec.engine.models.tokenizer import goes_on_name
 from kspec.engine.models.transformer import Transformer
 from kspec.engine.cache.prefix_cache import Prefill, prefill_uncached
-from kspec.engine.decode.sampling import SamplingParams, first_tokens, probabilities
+from kspec.engine.decode.sampling import SamplingParams, first_tokens
 from kspec.engine.config import SteeringConfig
 from kspec.engine.decode.member_constraint import MemberConstraint
-from kspec.engine.decode.steering import ForcedStarts
-from kspec.engine.decode.forks import LaterForks, plausible_first_tokens, wrote_a_line
+from kspec.engine.decode.steering import ForcedStarts, NameEndBias
+from kspec.engine.decode.forks import LaterForks, begins_a_word, plausible_first_tokens, wrote_a_line
 from kspec.kernels.transfer import to_device
 
 UnitDone = Callable[[str], bool]  # early-stop hook: this branch's text has completed its unit
@@ -163,6 +159,21 @@ class SpeculationStats:
     verify_ms: float = 0.0  # the target's forward pass, its head and the acceptance that head decides,
     accept_ms: float = 0.0  # detokenization, stop checks and cache bookkeeping
 
+    def record_round(
+        self, live: int, drafting: bool, drafted: int, accepted: int, gamma: int, draft_ms: float, verify_ms: float, accept_ms: float
+    ) -> None:
+        """One round of `live` branches: `drafted` / `accepted` draft tokens (forced starts aside)
+        under `gamma`, whether it asked for drafts, and where its time went."""
+        self.rounds += 1
+        self.branch_rounds += live
+        self.drafting_branch_rounds += live if drafting else 0
+        self.drafted += drafted
+        self.accepted += accepted
+        self.gammas.append(gamma)
+        self.draft_ms += draft_ms
+        self.verify_ms += verify_ms
+        self.accept_ms += accept_ms
+
     @property
     def mean_accepted_per_round(self) -> float:
         """Drafted tokens accepted per branch per round that drafted (plus 1 target token each round)."""
@@ -229,34 +240,25 @@ class SpeculativeRun:
             first_logits = tracker.constrain(prefill.last_logits[None].expand(k, -1), self.branches, self.healing)  # [k, V]
             if names is not None:
                 first_logits = names.constrain(first_logits, self.branches)
-            stops = tracker.tokenizer.stop_ids
-            plausible = k
-            if diverse and fork_ratio > 0:
-                tokens, logprobs, plausible = plausible_first_tokens(first_logits[0], k, stops, fork_ratio)  # [k], [k]
-            else:
-                tokens, logprobs = first_tokens(first_logits, params, self.generator, diverse, stops)  # [k], [k]
-            token_list, logprob_list = tokens.tolist(), logprobs.tolist()
+            tokens, logprobs, plausible = _first_tokens(first_logits, params, self.generator, diverse, fork_ratio, tracker.tokenizer.stop_ids)
             starts = [start for start in forced if len(start) < limits.max_new_tokens]
+            self.forced = ForcedStarts(steering)
             if starts and steering.branches:
                 first_log_probs = torch.log_softmax(first_logits.float(), dim=-1)  # [k, V]
-                self.forced = ForcedStarts.assign(steering, starts, first_log_probs, token_list, logprob_list)
-            else:
-                self.forced = ForcedStarts(steering)
+                self.forced = ForcedStarts.assign(steering, starts, first_log_probs, tokens, logprobs)
         self._fork_candidates = set(range(plausible, k))  # branches that start as the best one and split later
-        # a split into whitespace is a formatting variant of the greedy text, not an alternative
-        blanks = tracker.tokenizer.blank_ids() if self._fork_candidates else frozenset()
-        words = tracker.tokenizer.word_start_set() if self._fork_candidates else frozenset()
-        self.forks = LaterForks(fork_ratio, stops | blanks, words, self._fork_candidates - set(self.forced.by_branch))
+        self.forks = LaterForks.starting(fork_ratio, tracker.tokenizer, self._fork_candidates, self.forced.by_branch)
         if self.forks.waiting:
-            self.forks.offer_first(first_logits[0], token_list[:plausible], self._begins_a_word)
-        for branch, detok, token, logprob in zip(self.branches, self.detoks, token_list, logprob_list):
+            texts, healed = tracker.tokenizer.token_texts(), tracker.healed_text
+            self.forks.offer_first(first_logits[0], tokens[:plausible], lambda token: begins_a_word(texts[token], healed))
+        for branch, detok, token, logprob in zip(self.branches, self.detoks, tokens, logprobs):
             _commit(tracker, branch, detok, token, logprob, unit_done)
         drafter.begin(tracker.prompt_ids, k, limits.max_new_tokens)
         self.live = list(range(k))  # branch index of each cache row
         self.gamma = config.gamma
         self.payoff = (payoff or DraftPayoff()) if config.cost_aware and params.greedy else None
         self._drafting = True
-        self._word_bias: Tensor | None = None  # [V]: `_name_end_bias`, built on first use
+        self._name_end = NameEndBias(tracker.tokenizer, self.healing.vocab_size, self.healing.device)
         self._drafts: list[Draft] = []
         self._round_started = 0.0
         self._drafted_at = 0.0
@@ -329,14 +331,14 @@ class SpeculativeRun:
             logits = self.model.logits(hidden)  # [k', T, V]
             logits[:, 0] = constrain(logits[:, 0])
             log_probs = torch.log_softmax(logits, dim=-1)  # [k', T, V]
-            taken = self._accept_rows(logits, log_probs)  # every row on the device, one transfer
+            # every row on the device, one transfer
+            taken = accept_drafts([d.tokens for d in drafts], [d.q for d in drafts], logits, log_probs, self.params, self.generator)
         self.forks.keep_own_logprobs(taken.logprobs)
         forced_rows = self.forced.verifying
         restarted: set[int] = set()
         if forced_rows:
             taken, restarted = self._verify_forced(taken, hidden, live_branches)
         head_ms = (time.perf_counter() - verified_at) * 1000  # the head and the acceptance
-        accepted_counts = taken.accepted
         for row, branch in enumerate(live_branches):
             if row in restarted:
                 branch = self._restart(row)
@@ -346,24 +348,17 @@ class SpeculativeRun:
                     break
                 _commit(self.tracker, branch, detok, token, logprob, self.unit_done)
         # the previous last token and the accepted drafts (a restarted branch keeps nothing)
-        self.cache.advance([0 if row in restarted else 1 + accepted for row, accepted in enumerate(accepted_counts)])
+        self.cache.advance([0 if row in restarted else 1 + accepted for row, accepted in enumerate(taken.accepted)])
         self._split_ended_waiting()
-        stats = self.stats
-        stats.rounds += 1
-        stats.branch_rounds += len(self.live)
-        stats.drafting_branch_rounds += len(self.live) if self._drafting else 0
-        stats.drafted += sum(len(d.tokens) for row, d in enumerate(drafts) if row not in forced_rows)
-        stats.accepted += sum(a for row, a in enumerate(accepted_counts) if row not in forced_rows)
-        stats.gammas.append(self.gamma)
+        free = [row for row in range(len(drafts)) if row not in forced_rows]  # a forced start is no draft
+        drafted, accepted = [len(drafts[row].tokens) for row in free], [taken.accepted[row] for row in free]
         draft_ms = (self._drafted_at - self._round_started) * 1000
-        stats.draft_ms += draft_ms
-        stats.verify_ms += verify_ms + head_ms
-        stats.accept_ms += (time.perf_counter() - verified_at) * 1000 - head_ms
+        accept_ms = (time.perf_counter() - verified_at) * 1000 - head_ms
+        self.stats.record_round(len(self.live), self._drafting, sum(drafted), sum(accepted), self.gamma, draft_ms, verify_ms + head_ms, accept_ms)
         if self.payoff is not None:
             self.payoff.record(any(d.tokens for d in drafts), sum(len(t) for t in taken.tokens), draft_ms + verify_ms + head_ms)
         if self._drafting:
-            free = [row for row in range(len(drafts)) if row not in forced_rows]
-            self.gamma = adapt_gamma(self.gamma, [len(drafts[r].tokens) for r in free], [accepted_counts[r] for r in free], self.config)
+            self.gamma = adapt_gamma(self.gamma, drafted, accepted, self.config)
 
     def _verify_forced(
         self, taken: RoundAcceptance, hidden: Tensor, live_branches: list[Branch]
@@ -378,7 +373,7 @@ class SpeculativeRun:
             verified = self.forced.score(
                 self.live[row], hidden[row], self.model.logits,
                 lambda first, branch=branch: self.tracker.constrain(first, [branch], self.healing),
-                self.params, self.generator, self._name_end_bias,
+                self.params, self.generator, self._name_end,
             )  # fmt: skip
             tokens[row], logprobs[row] = verified.tokens, verified.logprobs
             accepted[row] = 0 if verified.undone else len(verified.tokens) - 1
@@ -386,27 +381,6 @@ class SpeculativeRun:
                 restarted.add(row)
         self.forced.verifying = set()
         return RoundAcceptance(accepted, tokens, logprobs), restarted
-
-    def _name_end_bias(self, last: int) -> Tensor | None:
-        """After a forced start that ends inside a name (its last token's text ends with an
-        identifier character): a bias [V] of -inf on the tokens that would run the name on."""
-        tokenizer = self.tracker.tokenizer
-        if not goes_on_name(tokenizer.token_texts()[last][-1:]):
-            return None
-        if self._word_bias is None:
-            self._word_bias = torch.zeros(self.healing.vocab_size, device=self.healing.device)  # [V]
-            ids = [i for i in tokenizer.word_start_ids() if i < self.healing.vocab_size]
-            self._word_bias[torch.tensor(ids, dtype=torch.long, device=self.healing.device)] = float("-inf")
-        return self._word_bias
-
-    def _begins_a_word(self, token: int) -> bool:
-        """Whether a first token writes something after the healed text (not only more of its
-        spelling or whitespace), and does not go on with a name the healed text ends inside (that
-        is another spelling of the name being typed: `retu` -> `reture`)."""
-        text, healed = self.tracker.tokenizer.token_texts()[token], self.tracker.healed_text
-        written = text[len(healed) :]
-        in_name = bool(healed) and goes_on_name(healed[-1]) and bool(written) and goes_on_name(written[0])
-        return text.startswith(healed) and bool(written.strip()) and not in_name
 
     def _split_ended_waiting(self) -> None:
         """A waiting branch that ended on the greedy path, or wrote its first line on it, goes back to
@@ -420,7 +394,7 @@ class SpeculativeRun:
             split = self.forks.take_split(index, branch.token_ids, self.cache.lengths[row])
             if split is None:
                 continue
-            fresh, detok = Branch(heal_remaining=self.tracker.healed_text), self.tracker.new_detokenizer()
+            fresh, detok = self.tracker.fresh()
             for token, logprob in zip(branch.token_ids[: split.position], branch.logprobs[: split.position]):
                 self.tracker.push(fresh, detok, token, logprob)
             _commit(self.tracker, fresh, detok, split.token, split.logprob, self.unit_done)
@@ -432,33 +406,27 @@ class SpeculativeRun:
         index = self.live[row]
         if index in self._fork_candidates:  # it started as the best branch: it waits to split again
             self.forks.waiting.add(index)
-        self.branches[index] = Branch(heal_remaining=self.tracker.healed_text)
-        self.detoks[index] = self.tracker.new_detokenizer()
+        self.branches[index], self.detoks[index] = self.tracker.fresh()
         return self.branches[index]
-
-    def _accept_rows(self, logits: Tensor, log_probs: Tensor) -> RoundAcceptance:
-        """Acceptance of every live row as tensor ops on the logits' device (engine/decode/acceptance.py)."""
-        drafts = self._drafts
-        width = max((len(d.tokens) for d in drafts), default=0)
-        tokens, lengths = pack_drafts([d.tokens for d in drafts], width, logits.device)  # [k', W], [k']
-        if self.params.greedy:
-            accepted, taken = accept_greedy_rows(tokens, lengths, logits[:, : width + 1])
-        else:
-            vocab = logits.shape[-1]
-            q = None
-            if any(d.q is not None for d in drafts):
-                q = torch.stack([
-                    F.pad(d.q.to(logits.device), (0, 0, 0, width - d.q.shape[0])) if d.q is not None
-                    else logits.new_zeros(width, vocab)
-                    for d in drafts
-                ])  # [k', W, V]; zero rows: deterministic drafts
-            p = probabilities(logits[:, : width + 1], self.params)  # [k', W+1, V]
-            accepted, taken = accept_sampling_rows(tokens, lengths, q, p, self.generator)
-        return read_round(accepted, taken, log_probs[:, : width + 1])
 
     def output(self) -> SpeculativeOutput:
         decode_ms = self.stats.draft_ms + self.stats.verify_ms + self.stats.accept_ms  # this request's rounds (shared ones whole)
         return SpeculativeOutput(self.branches, self.prefill_ms, decode_ms, self.stats.rounds, self.stats)
+
+
+def _first_tokens(
+    first_logits: Tensor, params: SamplingParams, generator: torch.Generator, diverse: bool, fork_ratio: float, stops: frozenset[int]
+) -> tuple[list[int], list[float], int]:
+    """first_logits [k, V] -> the k branches' first tokens, their log-probabilities, and how many
+    of them are distinct plausible starts (diverse runs with a fork_ratio: the others start as the
+    best one and split later, engine/decode/forks.py; otherwise all k)."""
+    k = first_logits.shape[0]
+    if diverse and fork_ratio > 0:
+        tokens, logprobs, plausible = plausible_first_tokens(first_logits[0], k, stops, fork_ratio)  # [k], [k]
+    else:
+        tokens, logprobs = first_tokens(first_logits, params, generator, diverse, stops)  # [k], [k]
+        plausible = k
+    return tokens.tolist(), logprobs.tolist(), plausible
 
 
 def pad_rows(rows: list[list[int]], device: torch.device) -> Tensor:

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from kspec.engine.config import SteeringConfig
 from kspec.engine.decode.sampling import SamplingParams, choose_tokens
-from kspec.engine.models.tokenizer import Tokenizer
+from kspec.engine.models.tokenizer import Tokenizer, goes_on_name
 
 MAX_FORCED_TOKENS = 12  # a start longer than this is not a start
 
@@ -182,3 +182,22 @@ class Verified:
     tokens: list[int]
     logprobs: list[float]
     undone: bool
+
+
+class NameEndBias:
+    """`ForcedStarts.score`'s `ends_name`: after a forced start that ends inside a name (its last
+    token's text ends with an identifier character), a bias [V] of -inf on the tokens that would
+    run the name on; None otherwise. The bias is built on first use."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, device: torch.device) -> None:
+        self.tokenizer, self.vocab_size, self.device = tokenizer, vocab_size, device
+        self._bias: Tensor | None = None  # [V]
+
+    def __call__(self, last: int) -> Tensor | None:
+        if not goes_on_name(self.tokenizer.token_texts()[last][-1:]):
+            return None
+        if self._bias is None:
+            self._bias = torch.zeros(self.vocab_size, device=self.device)  # [V]
+            ids = [i for i in self.tokenizer.word_start_ids() if i < self.vocab_size]
+            self._bias[torch.tensor(ids, dtype=torch.long, device=self.device)] = float("-inf")
+        return self._bias

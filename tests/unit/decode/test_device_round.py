@@ -21,7 +21,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from kspec.engine.decode.acceptance import accept_greedy_by_position, accept_greedy_rows, accept_sampling_rows, pack_drafts, read_round
+from kspec.engine.decode.acceptance import accept_drafts, accept_greedy_by_position, accept_greedy_rows, accept_sampling_rows, pack_drafts, read_round
 from kspec.engine.decode.branches import BranchTracker, DecodeLimits
 from kspec.engine.decode.drafters import ModelDrafter, NoDrafter, PromptLookupDrafter
 from kspec.engine.decode.sampling import SamplingParams
@@ -219,7 +219,7 @@ def test_the_device_sampling_path_of_a_run(tiny, drafter: str) -> None:
         logits = model.logits(model(pad_rows(rows, model.device), run.cache))  # [k, T, V]
         log_probs = torch.log_softmax(logits, -1)
         with host_reads() as calls:
-            taken = run._accept_rows(logits, log_probs)
+            taken = accept_drafts([d.tokens for d in run._drafts], [d.q for d in run._drafts], logits, log_probs, params, run.generator)
     assert calls == ["tolist"]
     for row, draft in enumerate(rows):
         n = taken.accepted[row]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kspec.engine.decode.branches import Branch
-from kspec.engine.decode.forks import LaterForks, plausible_first_tokens
+from kspec.engine.decode.forks import LaterForks, begins_a_word, plausible_first_tokens
 
 
 def _logits(probabilities: dict[int, float], vocab: int = 10) -> torch.Tensor:
@@ -79,19 +79,12 @@ def test_a_branch_that_goes_back_to_a_split_decodes_on_as_if_it_had_started_ther
 def test_a_last_resort_first_word_is_a_new_word_not_another_spelling_of_the_typed_one(default_engine) -> None:
     """Under token healing (`retu` held back), a first token that only respells the typed text,
     only adds whitespace, or runs the name on differently is no alternative; a new word is."""
-    from kspec.engine.decode.branches import BranchTracker, DecodeLimits
-    from kspec.engine.decode.speculative import SpeculativeRun
-    from kspec.engine.decode.stopping import StopRule
+    texts = default_engine.target.tokenizer.token_texts()
 
-    tokenizer = default_engine.target.tokenizer
-    run = object.__new__(SpeculativeRun)  # the rule reads only the run's tracker
-    def healing(text: str) -> BranchTracker:
-        return BranchTracker(tokenizer, StopRule(), DecodeLimits(8), tokenizer.encode("x = "), healed_text=text)
+    def begins(token_text: str, healed: str) -> bool:  # the rule on a token of the small model
+        return begins_a_word(texts[texts.index(token_text)], healed)
 
-    texts = tokenizer.token_texts()
-    run.tracker = healing("ret")
-    assert not run._begins_a_word(texts.index("ret"))  # only the healed text again
-    assert not run._begins_a_word(texts.index("return")) and not run._begins_a_word(texts.index("rets"))  # the name runs on
-    run.tracker = healing(" ")
-    assert run._begins_a_word(texts.index(" return"))  # a new word after a space
-    assert not run._begins_a_word(texts.index("  "))  # only whitespace
+    assert not begins("ret", "ret")  # only the healed text again
+    assert not begins("return", "ret") and not begins("rets", "ret")  # the name runs on
+    assert begins(" return", " ")  # a new word after a space
+    assert not begins("  ", " ")  # only whitespace
