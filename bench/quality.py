@@ -84,7 +84,8 @@ from pyflakes import messages as pyflakes_messages
 from kspec.bench.stats import percentile, rounded
 from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.syntax import Candidate, Checker, forget_requests, rank_alternatives
-from kspec.engine.syntax.checks import error_nodes, python_parses
+from kspec.engine.syntax.checks import python_parses
+from kspec.engine.syntax.hole_errors import error_nodes
 from kspec.engine.syntax.languages import SPECS, new_parser
 from kspec.engine.syntax.lexer import lex, unmatched_openers
 from kspec.engine.syntax.rank import dedupe_key

@@ -35,6 +35,7 @@ import tree_sitter
 
 from kspec.engine.syntax import jsnames, pynames, pyscope
 from kspec.engine.syntax.context import CursorContext, build_context, indent_of
+from kspec.engine.syntax.hole_errors import BaselineErrors, Hole
 from kspec.engine.syntax.languages import new_parser, normalize_language, ts_language
 from kspec.engine.syntax.pylines import line_errors
 from kspec.engine.syntax.lexer import CLOSE, COMMENT, OPEN, STRING
@@ -93,21 +94,6 @@ def _python2_query() -> tree_sitter.Query:
     return tree_sitter.Query(ts_language("python"), "(print_statement) @s (exec_statement) @s")
 
 
-def error_nodes(root: tree_sitter.Node) -> list[tree_sitter.Node]:
-    """ERROR and MISSING nodes, visiting only subtrees that contain one."""
-    found: list[tree_sitter.Node] = []
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node.is_error or node.is_missing:
-            found.append(node)
-            if node.is_missing:
-                continue
-        if node.has_error:
-            stack.extend(child for child in node.children if child.has_error or child.is_missing)
-    return found
-
-
 def _edit(
     tree: tree_sitter.Tree, start: int, old_end: int, point: tree_sitter.Point, old_end_point: tree_sitter.Point, text: bytes
 ) -> None:
@@ -127,31 +113,6 @@ def _point_after(text: bytes, start: tree_sitter.Point) -> tree_sitter.Point:
     if newlines == 0:
         return tree_sitter.Point(start.row, start.column + len(text))
     return tree_sitter.Point(start.row + newlines, len(text) - text.rfind(b"\n") - 1)
-
-
-def error_signature(node: tree_sitter.Node, cursor: int, inserted: int) -> tuple[str, int, int]:
-    """(kind, start, end) of an error node of a parse with `inserted` bytes at `cursor`, in the
-    coordinates of the text without them; -1 for a place inside the inserted text."""
-    end_of_completion = cursor + inserted
-
-    def mapped(position: int) -> int:
-        if position <= cursor:
-            return position
-        if position >= end_of_completion:
-            return position - inserted
-        return -1
-
-    kind = ("MISSING " + node.type) if node.is_missing else "ERROR"
-    return kind, mapped(node.start_byte), mapped(node.end_byte)
-
-
-def missing_by_kind(errors: set[tuple[str, int, int]]) -> dict[str, list[int]]:
-    """Where each kind of MISSING node starts, in order."""
-    missing: dict[str, list[int]] = {}
-    for kind, start, _ in sorted(errors):
-        if kind.startswith("MISSING"):
-            missing.setdefault(kind, []).append(start)
-    return missing
 
 
 class Checker:
@@ -189,11 +150,8 @@ class Checker:
         self.window: PythonWindow | None = None
         if region is not None:
             self._python(prefix, suffix, region, start, end, above)
-        self.baseline_errors = {error_signature(node, self.cursor, 0) for node in error_nodes(self.baseline.root_node)}
-        self.baseline_missing = missing_by_kind(self.baseline_errors)
-        # Errors of the window away from the hole that its repair does not mend (an `except`
-        # whose `try` the cut removed): no completion is expected to mend them.
-        self.window_errors = sum(not self._at_cursor(start, end) for _, start, end in self.baseline_errors)
+        self.baseline_errors = BaselineErrors(self.baseline.root_node, self.hole)
+        self.window_errors = self.baseline_errors.away_from_hole  # no completion is expected to mend these
 
     def _repair(self, prefix: str, suffix: str, offset: int = 0) -> None:
         """The repaired window (window.py) as the text to parse, and where in it the cursor's
@@ -211,15 +169,15 @@ class Checker:
         # "At the cursor": from the start of the statement the cursor is in to the end of
         # the suffix's next few lines, where the errors a hole causes show up (a body
         # without its header, a stray `}`).
-        self.statement = shift + len(_utf8(prefix[: _statement_start(prefix, self.ctx, offset)]))
-        self.near_end = self.cursor + len(_utf8(_first_lines(suffix, NEAR_LINES)))
-        self.cursor_indent = indent_of(self.ctx.line_prefix)
+        statement = shift + len(_utf8(prefix[: _statement_start(prefix, self.ctx, offset)]))
+        near_end = self.cursor + len(_utf8(_first_lines(suffix, NEAR_LINES)))
         # The window's last line may be cut short (no line end after it): errors that start
         # on it are its own.
         content = suffix.rstrip()
         self.cut_end = not suffix.rstrip(" \t").endswith("\n") and ("\n" in content or not self.ctx.mid_line)
         last_line = content.rfind("\n") + 1 if self.cut_end else len(content)
-        self.last_line = self.cursor + len(_utf8(content[:last_line]))
+        last_line = self.cursor + len(_utf8(content[:last_line]))
+        self.hole = Hole(self.prefix + self.suffix, self.cursor, statement, near_end, last_line, indent_of(self.ctx.line_prefix))
 
     def _python(self, prefix: str, suffix: str, region: Region, start: int, end: int | None, above: frozenset[str]) -> None:
         """Names, line rules and CPython's region for a Python window whose checks parse
@@ -228,7 +186,7 @@ class Checker:
         needs_end = min(
             self.cursor + len(_utf8(_first_lines(suffix, pynames.NEEDS_LINES))),
             self.cursor + len(_utf8(suffix[: region.end])),
-            self.last_line,
+            self.hole.last_line,
         )
         def outside() -> tuple[pynames.OutsideNames, pynames.OutsideNames]:
             """What the window before and after the checked part binds and reads (it still counts)."""
@@ -270,57 +228,6 @@ class Checker:
             text = body + tail
         return self.parser.parse(text, tree), len(inserted)
 
-    def syntax_errors(self, tree: tree_sitter.Tree, inserted: int) -> tuple[int, int, int]:
-        """(new, unfixed, unfixed at the cursor) error nodes of the assembled file.
-
-        New: not explained by an error of prefix + suffix. An ERROR explains another when its
-        span (completion taken out) contains it: error recovery often re-cuts a pre-existing
-        ERROR node once text is inserted before it. A MISSING node is explained by one of the
-        same kind the file had, each once (the same place first): recovery puts a missing `}`
-        after the last token, which moves when text is inserted there. Any error with an
-        end inside the completion is the completion's, and so is one that reaches the
-        cursor; one that starts before the statement the cursor is in and ends before the
-        cursor is the window's (text the completion did not touch, re-cut). Unfixed:
-        explained, i.e. the file had it before; at the cursor when the one the file had
-        starts in the cursor's statement and reaches into the cursor's next lines.
-        """
-        new = unfixed = at_cursor = 0
-        missing_left = {kind: list(places) for kind, places in self.baseline_missing.items()}
-        for node in error_nodes(tree.root_node):
-            kind, start, end = error_signature(node, self.cursor, inserted)
-            if node.is_missing and missing_left.get(kind):
-                places = missing_left[kind]
-                old = start if start in places else places[0]
-                places.remove(old)
-                unfixed += 1
-                at_cursor += self._at_cursor(old, old + 1)
-                continue
-            explained = start != -1 and end != -1 and any(
-                old_start <= start and end <= old_end for _, old_start, old_end in self.baseline_errors
-            )
-            if not explained and (end == -1 or start == -1 or start >= self.statement or end >= self.cursor):
-                new += 1
-            else:
-                unfixed += 1
-                at_cursor += self._at_cursor(start, end)
-        return new, unfixed, at_cursor
-
-    def _at_cursor(self, start: int, end: int) -> bool:
-        """Whether an error the file had is the hole's: it starts in the cursor's statement,
-        reaches the cursor, and starts before the suffix's next lines end and before the
-        window's last line (which the window may have cut); one that starts after the cursor
-        does so on a line indented at least as deep as the cursor's (a line indented less is
-        outside the hole's block: what breaks there is the window's structure)."""
-        if not (self.statement <= start <= self.near_end and end >= self.cursor):
-            return False
-        if start <= self.cursor:
-            return True
-        if start >= self.last_line:
-            return False
-        text = self.prefix + self.suffix
-        line_start = text.rfind(b"\n", 0, start) + 1
-        return indent_of(text[line_start:start].decode("utf-8", "replace")) >= self.cursor_indent
-
     def _body_without_header(self, completion: str) -> bool:
         """C family: the completion ends a statement, and the line after it is indented deeper
         without continuing it: a body whose header the hole should have written (a window may
@@ -338,7 +245,7 @@ class Checker:
         the first alternative's names are checked); the needed names are read in the suffix's
         next lines in the cursor's block (`jsnames.block_end`), not on a last line the window cut."""
         head = _first_lines(self.window_suffix, jsnames.NEEDS_LINES)
-        needs_end = min(self.cursor + len(_utf8(head[: jsnames.block_end(head, self.ctx)])), self.last_line)
+        needs_end = min(self.cursor + len(_utf8(head[: jsnames.block_end(head, self.ctx)])), self.hole.last_line)
         return jsnames.WindowNames.of(
             self.language or "", self.window_prefix, self.window_suffix, self.baseline.root_node, self.cursor, needs_end, self.above
         )
@@ -365,7 +272,7 @@ class Checker:
         if self.language is None or not completion:
             return CheckResult()
         tree, inserted = self.parse(completion)
-        errors, unfixed, at_cursor = self.syntax_errors(tree, inserted)
+        errors, unfixed, at_cursor = self.baseline_errors.count(tree.root_node, inserted)
         if self.names is not None:
             lines = line_errors(self.ctx, completion) - self.cut_line_errors
             errors += len(lines - self.baseline_lines) + self._python2_statements(tree, inserted)

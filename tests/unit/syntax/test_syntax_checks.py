@@ -8,7 +8,8 @@ import pytest
 from pyflakes import checker as pyflakes_checker
 from pyflakes import messages as pyflakes_messages
 
-from kspec.engine.syntax.checks import CheckResult, Checker, error_nodes
+from kspec.engine.syntax.checks import CheckResult, Checker
+from kspec.engine.syntax.hole_errors import error_nodes
 from kspec.engine.syntax.languages import new_parser
 
 # ---------------------------------------------------------------------------- syntax errors
