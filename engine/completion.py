@@ -18,7 +18,8 @@ from kspec.engine.batching import BatchConfig, ContinuousBatcher
 from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 from kspec.engine.config import FIT_NEUTRAL_FIELDS, EngineConfig
 from kspec.engine.decode.speculative import DraftPayoffs
-from kspec.engine.machine_fit import PROMPT_TOKENS_RANGE, FIT_CACHE_FILE, TIMING_METHOD, FitCache, MachineDefaults, MachineTiming, choose_defaults, fit_key
+from kspec.engine.machine_fit import PROMPT_TOKENS_RANGE, FIT_CACHE_FILE, TIMING_METHOD, FitCache, MachineDefaults, MachineTiming, choose_defaults
+from kspec.engine.json_file import identity_key
 from kspec.engine.prompt import PromptStarts
 from kspec.engine.models.gguf_convert import ProgressCallback
 from kspec.engine.models.loading import LoadedModel, check_draft_compatible, load_model
@@ -115,7 +116,7 @@ class CompletionEngine:
         """Measure this machine (or take what `cache` holds for this engine here) and choose
         the defaults a typist needs (`machine_fit`). A timing taken while other work competed
         for the cores serves this engine but is not cached: the next start measures again."""
-        key = fit_key(self.fit_identity())
+        key = identity_key(self.fit_identity())
         timing = cache.get(key) if cache is not None else None
         if timing is None:
             timing = self.measure_machine()

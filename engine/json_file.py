@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
+
+
+def identity_key(identity: dict[str, Any]) -> str:
+    """The cache key of everything a measurement depends on (JSON values; others by their str)."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -30,3 +37,30 @@ def replace_json(path: Path, data: Any) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+class StampedEntries:
+    """Values kept by key with the time they were put, one JSON file {key: {"at": unix time,
+    "value": ...}}, replaced whole (never half written). A missing, unreadable or foreign file, or
+    an entry older than `max_age_s`, is a miss, never an error; the newest `entries` are kept."""
+
+    def __init__(self, path: Path, max_age_s: float, entries: int):
+        self.path, self.max_age_s, self.entries = path, max_age_s, entries
+
+    def get(self, key: str, now: float | None = None) -> Any:
+        """The value put for `key`, or None."""
+        entry = read_json_object(self.path).get(key)
+        now = time.time() if now is None else now
+        if not isinstance(entry, dict) or not isinstance(entry.get("at"), (int, float)) or not 0 <= now - entry["at"] < self.max_age_s:
+            return None
+        return entry.get("value")
+
+    def put(self, key: str, value: Any, now: float | None = None) -> None:
+        """Best effort: a file that cannot be written costs a later reader a miss, nothing else."""
+        stamped = {k: e for k, e in read_json_object(self.path).items() if isinstance(e, dict) and isinstance(e.get("at"), (int, float))}
+        stamped[key] = {"at": time.time() if now is None else now, "value": value}
+        newest = dict(sorted(stamped.items(), key=lambda item: item[1]["at"])[-self.entries :])
+        try:
+            replace_json(self.path, newest)
+        except OSError:
+            pass

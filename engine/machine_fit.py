@@ -29,16 +29,13 @@ an engine started again (a daemon after a crash, a new editor) does not time its
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from kspec.engine.config import PROMPT_TOKENS_RANGE
-from kspec.engine.json_file import read_json_object, replace_json
+from kspec.engine.json_file import StampedEntries
 
 TARGET_FIRST_ANSWER_MS = 250.0  # what Continue and llama.vim aim for (300 ms / 250 ms caps)
 FIRST_ANSWER_RANGE_MS = (30.0, 1500.0)  # never sooner (not a word written yet), never later (useless)
@@ -94,41 +91,22 @@ class MachineTiming:
             raise ValueError(f"not a machine timing: {exc}") from exc
 
 
-def fit_key(identity: dict[str, Any]) -> str:
-    """The cache key of everything a timing depends on (JSON values; others by their str)."""
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
-
-
 class FitCache:
-    """Timings measured before, one JSON file {key: {"at": unix time, "timing": ...}}, replaced
-    whole (never half written). A missing, unreadable or foreign file is a miss, never an error:
-    the engine then measures, as without a cache."""
+    """Timings measured before (`StampedEntries`): a miss, never an error, where the file is
+    missing, unreadable, foreign or old; the engine then measures, as without a cache."""
 
     def __init__(self, path: Path, max_age_s: float = FIT_CACHE_MAX_AGE_S, entries: int = FIT_CACHE_ENTRIES):
-        self.path, self.max_age_s, self.entries = path, max_age_s, entries
+        self.stamped = StampedEntries(path, max_age_s, entries)
 
     def get(self, key: str, now: float | None = None) -> MachineTiming | None:
-        entry = self._read().get(key)
-        now = time.time() if now is None else now
-        if not isinstance(entry, dict) or not isinstance(entry.get("at"), (int, float)) or not 0 <= now - entry["at"] < self.max_age_s:
-            return None
+        value = self.stamped.get(key, now)
         try:
-            return MachineTiming.from_dict(entry.get("timing"))
+            return None if value is None else MachineTiming.from_dict(value)
         except ValueError:
             return None
 
     def put(self, key: str, timing: MachineTiming, now: float | None = None) -> None:
-        """Best effort: a cache that cannot be written costs the next start its measurement, nothing else."""
-        data = {k: entry for k, entry in self._read().items() if isinstance(entry, dict) and isinstance(entry.get("at"), (int, float))}
-        data[key] = {"at": time.time() if now is None else now, "timing": timing.to_dict()}
-        newest = dict(sorted(data.items(), key=lambda item: item[1]["at"])[-self.entries :])
-        try:
-            replace_json(self.path, newest)
-        except OSError:
-            pass
-
-    def _read(self) -> dict[str, Any]:
-        return read_json_object(self.path)
+        self.stamped.put(key, timing.to_dict(), now)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from typing import Callable
 
 import torch
 
+from kspec.kernels.cpu_cap import cpu_cap
+
 __all__ = ["load", "load_attention", "load_matmul", "load_q8_matmul", "load_q5_matmul", "matmul_isa", "unavailable_reason", "build_folder", "cpu_info", "SOURCES"]
 
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("branch_layers.cpp", "q4_q8_matmul.cpp"))
@@ -56,7 +58,8 @@ def build_folder(cache_dir: Path) -> Path:
 
 
 def _march() -> str:
-    march = os.environ.get(MARCH_VARIABLE, "").strip() or "native"
+    cap = cpu_cap()
+    march = os.environ.get(MARCH_VARIABLE, "").strip() or (cap.march if cap is not None else "native")
     if not march.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise ValueError(f"${MARCH_VARIABLE} must be a -march value such as haswell or x86-64, got {march!r}")
     return march

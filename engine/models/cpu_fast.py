@@ -21,8 +21,10 @@ Weights without codes (an HF folder quantized with `--quantize none`) use the de
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -31,10 +33,15 @@ from kspec.engine.models.cpu_profile import INT4_KERNELS, INT4_MAX_ROWS, Q5Q8_IS
 from kspec.engine.models.quantized import (
     CpuLinear, Int4Embedding, Q4Codes, Q8HeadEmbedding, Q8Q8Term, TiledTerm, fused_linear, int4_kernel_available, weight_terms,
 )
+from kspec.engine.models.kernel_choice import (
+    MEMORY_HEADROOM, TRIAL_METHOD, Candidates, ChoiceCache, KernelChoice, available_bytes, decide, dense_bytes, dense_name, measure, trial_layer,
+)
 from kspec.engine.models.native_step import NativeSteps
 from kspec.engine.models.resolve import cache_root
 from kspec.engine.models.transformer import Transformer
+from kspec.engine.version import version
 from kspec.kernels import cpu_layers
+from kspec.kernels.cpu_cap import CPU_VARIABLE
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,58 @@ def fast_path_available() -> bool:
     return kernel != "kspec" or cpu_layers.load_matmul(cache_root()) is not None
 
 
+def _kernel_matmuls(kernel: str) -> tuple[Callable[..., torch.Tensor] | None, ...] | None:
+    """(q4q8, q8q8, q5q8) of a 4-bit kernel, all None for PyTorch's; None where it cannot run here."""
+    if kernel == "torch":
+        return (None, None, None) if int4_kernel_available() else None
+    q4q8 = cpu_layers.load_matmul(cache_root())
+    if q4q8 is None:
+        return None
+    isa = cpu_layers.matmul_isa(cache_root())
+    q8q8 = cpu_layers.load_q8_matmul(cache_root()) if isa in Q8Q8_ISAS else None
+    return q4q8, q8q8, cpu_layers.load_q5_matmul(cache_root()) if isa in Q5Q8_ISAS else None
+
+
+def choice_identity(codes_file: Path, path: FastPath) -> dict[str, Any]:
+    """What a measured kernel choice depends on: the CPU (name, flags, cap), the build, torch and
+    its threads, the model's file, the settings left to the measurement."""
+    info = cpu_layers.cpu_info()
+    stat = codes_file.stat()
+    return {
+        "cpu": [info.get("model name", ""), info.get("flags", ""), os.environ.get(CPU_VARIABLE, "")],
+        "build": cpu_layers.build_flags(), "torch": [torch.__version__, torch.get_num_threads()], "kspec": version(),
+        "model": [str(codes_file), stat.st_size, stat.st_mtime_ns], "path": repr(path), "method": TRIAL_METHOD,
+    }  # fmt: skip
+
+
+def measured_path(codes: Mapping[str, Q4Codes], path: FastPath, cache: ChoiceCache | None, key: str) -> tuple[FastPath, KernelChoice | None]:
+    """`path` with what it leaves to this machine (the 4-bit kernel, the dense copy and its rows)
+    chosen by timing one layer (kernel_choice.py), or taken from `cache` under `key`. Unchanged
+    where the settings decide everything or no layer has codes to time."""
+    if path.int4_kernel is not None and path.keep_dense is not None:
+        return path, None
+    choice = cache.get(key) if cache is not None else None
+    if choice is None:
+        prior = profile_for(CpuFacts.here()).int4_kernel
+        names = [path.int4_kernel] if path.int4_kernel is not None else sorted(INT4_KERNELS, key=lambda name: name != prior)
+        kernels = {name: mm for name in names if (mm := _kernel_matmuls(name)) is not None}
+        layer = trial_layer(codes)
+        if not kernels or not layer:
+            return path, None
+        dense_dtype = path.resolved_dense_dtype() if path.keep_dense is not False else None
+        times = measure(layer, Candidates(kernels, dense_dtype))
+        room = available_bytes()
+        fits = dense_dtype is not None and (room is None or MEMORY_HEADROOM * dense_bytes(codes, dense_dtype) <= room)
+        choice = decide(times, list(kernels), dense_name(dense_dtype) if dense_dtype is not None else None, prior, fits)
+        if cache is not None:
+            cache.put(key, choice)
+    measured = replace(
+        path, int4_kernel=path.int4_kernel or choice.int4_kernel, keep_dense=choice.keep_dense if path.keep_dense is None else path.keep_dense,
+        int4_max_rows=path.int4_max_rows if path.int4_max_rows is not None else choice.int4_max_rows,
+    )  # fmt: skip
+    return measured, choice
+
+
 def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPath = FastPath()) -> Transformer:
     """Turn a loaded model into the fast path, in place (returns it): q/k/v and gate/up fused,
     every projection and the head a CpuLinear, 4-bit where `codes` (HF weight names, see
@@ -166,7 +225,7 @@ def describe(model: Transformer) -> str:
     rows = "at every row count" if dense is None else f"up to {int4[0].int4_max_rows} rows, {dense_text} above"
     q4q8 = isinstance(int4[0].terms[0], TiledTerm)
     kernel = f"kspec's 4-bit x 8-bit kernel ({cpu_layers.matmul_isa(cache_root())})" if q4q8 else "PyTorch's int4 kernel"
-    notes = [f"{len(int4)}/{len(linears)} matmuls {rows}", kernel]
+    notes = [f"{len(int4)}/{len(linears)} matmuls {rows}", kernel + (", measured here" if model.kernel_choice is not None else "")]
     if isinstance(model.lm_head, CpuLinear) and any(isinstance(t, Q8Q8Term) for t in model.lm_head.terms):
         notes.append("8-bit head")
     if isinstance(model.model.embed_tokens, Int4Embedding):

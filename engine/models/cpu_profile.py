@@ -16,6 +16,7 @@ import torch
 
 from kspec.engine.models.resolve import cache_root
 from kspec.kernels import cpu_layers
+from kspec.kernels.cpu_cap import cpu_cap
 
 VNNI_ISA = "avx512-vnni"  # cpu_layers.matmul_isa() of a build with the AVX-512 VNNI loops
 INT4_KERNELS = ("torch", "kspec")  # PyTorch's int4 kernel (bfloat16 activations), kspec's 4-bit x 8-bit one
@@ -34,18 +35,22 @@ class CpuFacts:
 
     @classmethod
     def here(cls) -> "CpuFacts":
-        """This machine's facts. kspec's matmul is built (once, cached) only where a row reads its
-        instructions: on an AVX-512 CPU."""
+        """This machine's facts, no feature above `$KSPEC_CPU`'s cap (kernels/cpu_cap.py). kspec's
+        matmul is built (once, cached) on the CPUs its kernels vectorize: AVX-512 and AVX2."""
+        cap = cpu_cap()
         capability = torch.backends.cpu.get_cpu_capability()
+        if cap is not None and not cap.avx512 and capability.startswith("AVX512"):
+            capability = "AVX2"  # torch's own level when ATEN_CPU_CAPABILITY was set after it looked
         info = cpu_layers.cpu_info()
         family = info.get("cpu family", "")
-        amx = torch.cpu._is_amx_tile_supported()
+        amx = torch.cpu._is_amx_tile_supported() and (cap is None or cap.amx)  # torch's test reads the CPU, not the limit
+        bf16 = torch.cpu._is_avx512_bf16_supported() and (cap is None or cap.bf16)
         return cls(
             capability=capability,
-            matmul_isa=cpu_layers.matmul_isa(cache_root()) if capability == "AVX512" else None,
+            matmul_isa=cpu_layers.matmul_isa(cache_root()) if capability in ("AVX512", "AVX2") else None,
             vendor=info.get("vendor_id", ""),
             family=int(family) if family.isdigit() else 0,
-            native_bf16=torch.cpu._is_avx512_bf16_supported() or amx,
+            native_bf16=bf16 or amx,
             amx=amx,
         )
 

@@ -11,8 +11,10 @@ import torch
 from kspec.engine.config import EngineConfig
 from kspec.engine.errors import ModelLoadError
 from kspec.engine.models.gguf_convert import ProgressCallback
-from kspec.engine.models.cpu_fast import FastPath, describe, fast_path_available, to_fast_path
+from kspec.engine.json_file import identity_key
+from kspec.engine.models.cpu_fast import FastPath, choice_identity, describe, fast_path_available, measured_path, to_fast_path
 from kspec.engine.models.hf_folder import load_transformer
+from kspec.engine.models.kernel_choice import CHOICE_CACHE_FILE, ChoiceCache
 from kspec.engine.models.quantized import Q4_FILE, TERM_SEPARATOR, DenseWeightsSkipped, Q4File
 from kspec.engine.models.quantize_at_load import quantized_terms
 from kspec.engine.models.resolve import cache_root, resolve_model
@@ -105,6 +107,8 @@ def _load_fast_path(folder: Path, dtype: torch.dtype, path: FastPath, config: En
             return to_fast_path(load_transformer(folder, dtype, "cpu"), {}, path)
         q4_file = quantized_terms(folder, config.quantize, cache_root(), config.progress)
     with Q4File(q4_file) as codes:
+        cache = ChoiceCache(cache_root() / CHOICE_CACHE_FILE)
+        path, choice = measured_path(codes, path, cache, identity_key(choice_identity(q4_file, path)))
         skip = frozenset() if path.resolved_keep_dense() else frozenset(name.split(TERM_SEPARATOR)[0] for name in codes)
         try:
             model = to_fast_path(load_transformer(folder, dtype, "cpu", skip), codes, path)
@@ -113,6 +117,7 @@ def _load_fast_path(folder: Path, dtype: torch.dtype, path: FastPath, config: En
             complete = False
         if not complete:
             model = to_fast_path(load_transformer(folder, dtype, "cpu"), codes, path)
+    model.kernel_choice = choice
     return model
 
 

@@ -102,7 +102,10 @@ def pack_nibbles(codes: Tensor) -> Tensor:
 
 def unpack_nibbles(nibbles: Tensor) -> Tensor:
     """[..., K/2] uint8 from `pack_nibbles` -> the codes [..., K]."""
-    return torch.stack([nibbles & 0x0F, nibbles >> 4], dim=-1).view(*nibbles.shape[:-1], -1)
+    codes = torch.empty(*nibbles.shape, 2, dtype=torch.uint8)  # [..., K/2, 2]
+    torch.bitwise_and(nibbles, 0x0F, out=codes[..., 0])
+    torch.bitwise_right_shift(nibbles, 4, out=codes[..., 1])
+    return codes.view(*nibbles.shape[:-1], -1)
 
 
 TERM_SEPARATOR = "#"  # "<weight>#hi" / "<weight>#lo": a weight stored as two 4-bit terms (8-bit codes)
@@ -154,6 +157,7 @@ class Q4File(Mapping[str, Q4Codes]):
     def __init__(self, path: Path):
         self._file = TensorFile(path)
         self._names = sorted({key.rsplit(".", 1)[0] for key in self._file.names()})
+        self._known = frozenset(self._names)
         self.format = self._file.metadata.get("format", "")
 
     def __enter__(self) -> "Q4File":
@@ -162,8 +166,11 @@ class Q4File(Mapping[str, Q4Codes]):
     def __exit__(self, *exc: object) -> None:
         self._file.__exit__()
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._known  # Mapping's own would read and unpack the weight
+
     def __getitem__(self, name: str) -> Q4Codes:
-        if name not in self._names:
+        if name not in self._known:
             raise KeyError(name)
         codes = unpack_nibbles(self._file.get(f"{name}.codes"))  # [N, K/2] -> [N, K]
         return Q4Codes(codes, self._file.get(f"{name}.scale"), self._file.get(f"{name}.zero"))

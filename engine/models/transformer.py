@@ -167,6 +167,7 @@ class Transformer(nn.Module):
             "inv_freq", inverse_frequencies(args.head_dim, args.rope_theta, args.rope_scaling), persistent=False
         )
         self.native_steps: LayerLoop | None = None  # the CPU fast path's C++ layer loop (cpu_fast.to_fast_path)
+        self.kernel_choice: Any = None  # the CPU fast path's measured KernelChoice (engine/models/kernel_choice.py), None where none was measured
         self.prompt_kv_dtype: torch.dtype | None = None  # a prompt's KV stored in this dtype; None: the model's (cpu_fast.to_fast_path)
 
     @property

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kspec.engine import machine_fit
+from kspec.engine.json_file import identity_key
 from kspec.engine.machine_fit import (
     FIRST_ANSWER_RANGE_MS,
     MAX_TOKENS_RANGE,
@@ -22,7 +23,6 @@ from kspec.engine.machine_fit import (
     FitCache,
     MachineTiming,
     choose_defaults,
-    fit_key,
     tokens_ms,
     FIRST_WORD_TOKENS,
     COLD_PROMPT_MS,
@@ -240,5 +240,5 @@ def test_the_engine_s_own_measurement_says_what_share_of_the_cores_it_had(random
     assert MachineTiming.from_dict(timing.to_dict()) == timing
 
 
-def test_the_fit_key_is_the_identity_s_content_not_its_order():
-    assert fit_key({"a": 1, "b": [1, 2]}) == fit_key({"b": [1, 2], "a": 1}) != fit_key({"a": 1, "b": [2, 1]})
+def test_the_cache_key_is_the_identity_s_content_not_its_order():
+    assert identity_key({"a": 1, "b": [1, 2]}) == identity_key({"b": [1, 2], "a": 1}) != identity_key({"a": 1, "b": [2, 1]})
