@@ -1,7 +1,8 @@
 """The kspec language server (pygls 2): inline completions from a warm engine.
 
 One `Session` per client connection: the LSP lifecycle, the documents (incremental sync), the
-settings, where the engine runs, and what the client is told; each LSP feature is one method.
+settings, where the engine runs (current_engine.py: the one the settings call for), and what
+the client is told; each LSP feature is one method.
 A completion request becomes a `Query` here (the cursor's context within its budgets) and goes
 through completion_flow.py (typeahead, supersession, debounce, the engine raced against the
 deadline); items.py turns its texts into LSP items. pygls' private members are used only in
@@ -16,7 +17,6 @@ import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict, replace
-from functools import partial
 from typing import Any, BinaryIO, Callable
 
 from lsprotocol import types as lsp
@@ -25,7 +25,6 @@ from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
 
 from kspec.engine.errors import InputError
-from kspec.engine.serve.load_slot import LoadSlot
 from kspec.engine.serve.status import ERROR, READY, Status
 from kspec.engine.version import version
 from kspec.lsp_server.acceptance import ACCEPT_COMMAND, Acceptance
@@ -33,8 +32,8 @@ from kspec.lsp_server.client_kind import handles_updates
 from kspec.lsp_server.completion_flow import CompletionFlow, Query
 from kspec.lsp_server.context import Budgets, editor_context, looks_binary
 from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Document, DocumentStore, line_body
+from kspec.lsp_server.current_engine import CurrentEngine
 from kspec.lsp_server.engine_client import EngineClient
-from kspec.lsp_server.engine_placement import make_engine
 from kspec.lsp_server.extra_context import SessionContext
 from kspec.lsp_server.items import completion_items, inline_items, renders_markdown
 from kspec.lsp_server.jsonrpc import ChunkReader, Dispatcher, Frame, frames_to_loop, read_frames, strict_converter
@@ -77,11 +76,7 @@ class Session:
         self.acceptance = Acceptance()  # shown / accepted / partially accepted, by rank and language
         self.loading: LoadingProgress | None = None  # $/progress while the model loads (set at initialize)
         self.encoding = UTF16
-        self.engine: EngineClient | None = None
-        self._retired: list[EngineClient] = []  # closed engines whose thread may still be finishing
-        self._engine_key: tuple[Any, ...] | None = None
-        self._load_slot = LoadSlot()  # one in-process engine loads (or lives) at a time: a storm of model changes loads the last
-        self._generation = 0  # of self.engine: statuses of the engines it replaced are dropped
+        self.engines = CurrentEngine(options, self._on_status)
         self.trigger_kinds = TriggerKinds()
         self._pending_problems: list[str] = []
         self.messages = Messages(lambda params: self.server.window_show_message(params))
@@ -137,14 +132,10 @@ class Session:
             return
         self.report.closed = True
         self.flow.inflight.supersede()
-        if self.engine is not None:
-            self.engine.close()
-
-    def _engines(self) -> list[EngineClient]:
-        return self._retired + ([self.engine] if self.engine else [])
+        self.engines.close()
 
     def join(self, timeout_s: float) -> None:
-        for engine in self._engines():
+        for engine in self.engines.engines():
             if not engine.join(timeout_s):
                 log.warning("the engine did not stop within %.1f s", timeout_s)
 
@@ -204,32 +195,20 @@ class Session:
         self.options.redactor.debug = settings.debug_log
 
     def _ensure_engine(self) -> None:
-        if self.report.closed:
+        """The engine the settings call for, made and started unless it runs already."""
+        if self.report.closed or self.engines.fits(self.settings):
             return
-        key = self.settings.engine_key()
-        if self.engine is not None and key == self._engine_key:
-            return
-        if self.engine is not None:
-            self.engine.close()
-            self._retired = [e for e in self._retired if not e.join(0)] + [self.engine]
+        if self.engines.retire():
             self.typeahead.clear()  # another model's suggestions
-        self._engine_key = key
         self.messages.forget()
-        self._generation += 1
-        tell = lambda message: self.messages.show(message, lsp.MessageType.Info)  # noqa: E731
-        self.engine = make_engine(self.settings, self.options, partial(self._status_from, self._generation), self._load_slot, tell)
-        self.report.status = self.engine.status  # the replaced engine's (its model, "ready") must not be told again
-        asyncio.ensure_future(self.engine.start())
+        engine = self.engines.make(self.settings, lambda message: self.messages.show(message, lsp.MessageType.Info))
+        self.report.status = engine.status  # the replaced engine's (its model, "ready") must not be told again
+        asyncio.ensure_future(engine.start())
 
     def _current_engine(self) -> EngineClient | None:
-        if self.engine is None:
+        if self.engines.engine is None:
             self._ensure_engine()
-        return self.engine
-
-    def _status_from(self, generation: int, status: Status) -> None:
-        """A status of the engine of `generation`: dropped once that engine was replaced."""
-        if generation == self._generation:
-            self._on_status(status)
+        return self.engines.engine
 
     # --- status and messages ---------------------------------------------------------
 
@@ -250,7 +229,7 @@ class Session:
             "acceptance": self.acceptance.summary(), "context": {**self.extra.last, "tokens": self.report.context_tokens},
             "prompt": dict(self.report.prompt),
         }  # fmt: skip
-        log_file = getattr(self.engine, "log_file", None)
+        log_file = getattr(self.engines.engine, "log_file", None)
         if log_file is not None:
             extras["logFile"] = str(log_file)
         return extras
@@ -262,7 +241,7 @@ class Session:
             "typeahead_entries": len(self.typeahead),
             "inflight": len(self.flow.inflight),
             "handlers": running_handlers(self.server.protocol),
-            "engine_threads": sum(not engine.join(0) for engine in self._engines()),
+            "engine_threads": self.engines.running_threads(),
             "acceptance": self.acceptance.to_dict(),
         }
 
