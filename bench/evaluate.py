@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -75,7 +76,7 @@ def evaluate_file(
                 exact_top += bool(texts) and dedupe_key(texts[0]) == wanted
                 exact_any += any(dedupe_key(t) == wanted for t in texts)
             extra = {key: value for key, value in case.items() if key not in ("prefix", "suffix")}
-            line = {**extra, "id": case["id"], "completions": [c.to_dict() for c in result.completions], "latency_ms": latency}
+            line = {**extra, "id": case["id"], "completions": [asdict(c) for c in result.completions], "latency_ms": latency}
             results.write(json.dumps(line, ensure_ascii=False) + "\n")
     summary = summarize(latencies, shown, with_reference, exact_top, exact_any)
     summary["shown_breaking_parse"] = breaking / shown if shown else None

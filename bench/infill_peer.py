@@ -24,7 +24,7 @@ from typing import Any
 
 from kspec.bench.peer import PeerServer
 from kspec.engine.api import Completion, CompletionRequest, CompletionResult
-from kspec.engine.serve.protocol import free_port
+from kspec.engine.serve.network import free_port
 
 PEER_CONTEXT = 8192  # llama-server's context: the windows (6000 + 2000 characters) fit whole
 PEER_NAME = "llama.cpp /infill (greedy)"

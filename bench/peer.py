@@ -37,7 +37,7 @@ from typing import Any
 
 from kspec.engine.config import EngineConfig, to_flags
 from kspec.engine.serve.freed_memory import IDLE_TRIM_S
-from kspec.engine.serve.protocol import free_port, parse_engine_url
+from kspec.engine.serve.network import free_port, parse_engine_url
 from kspec.lsp_server.http_client import HttpError, request_json
 
 PROMPT_CHARS = 4400  # ~1.1k tokens of the demo model's tokenizer

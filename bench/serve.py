@@ -28,7 +28,7 @@ from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.bench.keystroke import typing_points
 from kspec.bench.stats import percentile, rounded
 from kspec.lsp_server.http_client import request_json
-from kspec.engine.serve.protocol import EngineUrl, parse_engine_url
+from kspec.engine.serve.network import EngineUrl, parse_engine_url
 
 Complete = Callable[[CompletionRequest], Awaitable[Any]]
 

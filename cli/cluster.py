@@ -59,7 +59,8 @@ def run_cluster(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown cluster command {args.cluster_command!r}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
-    from kspec.engine.serve.protocol import is_loopback, read_token
+    from kspec.engine.serve.auth import read_token
+    from kspec.engine.serve.network import is_loopback
 
     if args.token_file is None and not is_loopback(args.host):
         raise UsageError(

@@ -37,7 +37,7 @@ def _address(value: str) -> tuple[str, int]:
 
 
 def warn_if_public(host: str, what: str) -> None:
-    from kspec.engine.serve.protocol import is_loopback
+    from kspec.engine.serve.network import is_loopback
 
     if not is_loopback(host):
         print(f"kspec {what}: warning: listening on {host}, reachable from other machines", file=sys.stderr)
@@ -77,7 +77,9 @@ def add_engine_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run_lsp(args: argparse.Namespace) -> int:
-    from kspec.engine.serve.protocol import parse_engine_url, read_token, runtime_dir
+    from kspec.engine.serve.auth import read_token
+    from kspec.engine.serve.network import parse_engine_url
+    from kspec.engine.serve.runtime import runtime_dir
     from kspec.lsp_server.server import KspecServer, Redactor, ServerOptions
     from kspec.lsp_server.tcp_admission import Limits
 
@@ -123,7 +125,8 @@ def run_lsp(args: argparse.Namespace) -> int:
 
 def run_engine(args: argparse.Namespace) -> int:
     from kspec.engine.serve.daemon import run_daemon
-    from kspec.engine.serve.protocol import DaemonPaths, read_token
+    from kspec.engine.serve.auth import read_token
+    from kspec.engine.serve.runtime import DaemonPaths
 
     configure_logging(args, "kspec-engine")
     config = engine_config(args, progress=False)
@@ -148,7 +151,7 @@ def run_engine(args: argparse.Namespace) -> int:
 
 def _new_token_file(path: Path, what: str) -> str:
     """A new token, written to `path` (0600) and its place printed: what clients must show."""
-    from kspec.engine.serve.protocol import new_token
+    from kspec.engine.serve.auth import new_token
 
     token = new_token()
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

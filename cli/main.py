@@ -198,6 +198,8 @@ def _file_context(path: Path, prefix: str, suffix: str, fitted: float | None) ->
 
 
 def run_complete(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
     from kspec.engine.api import CompletionRequest
     from kspec.engine.completion import CompletionEngine
     from kspec.cli.location import read_location
@@ -219,7 +221,7 @@ def run_complete(args: argparse.Namespace) -> int:
     if args.json:
         told = {"files": list(dict.fromkeys(p.path for p in pieces)), "chars": sum(len(p.text) for p in pieces),
                 "tokens": int(result.timing_ms.get("context_tokens", 0)), "modules": [m.qualifier for m in members]}  # fmt: skip
-        print(json.dumps({**result.to_dict(), "attention": engine.attention, "context": told}, ensure_ascii=False))  # attention: kernels/paths.py
+        print(json.dumps({**asdict(result), "attention": engine.attention, "context": told}, ensure_ascii=False))  # attention: kernels/paths.py
         return 0
     print(f"model: {result.model}    answered in {result.timing_ms.get('total', 0):.0f} ms (the model loaded in {load_s:.1f} s before)")
     for index, completion in enumerate(result.completions, 1):
@@ -281,7 +283,7 @@ def _bench_prompt_starts(config, args: argparse.Namespace) -> list[dict]:
 
 def _bench_serve(config, args: argparse.Namespace) -> dict:
     from kspec.bench.serve import ServeBenchConfig, bench_hop, bench_serve_inprocess, bench_serve_urls
-    from kspec.engine.serve.protocol import read_token
+    from kspec.engine.serve.auth import read_token
 
     try:
         serve = ServeBenchConfig(

@@ -1,15 +1,16 @@
 """The request/response contract between editors' front ends and the engine.
 
 Everything that talks to an engine (CLI, `kspec eval`, the language server, the daemon
-protocol) uses these plain dataclasses; they serialise to dicts with `to_dict` /
-`from_dict` for msgpack and JSON.
+protocol) uses these plain dataclasses; the daemon protocol carries them as they are
+(engine/serve/wire.py decodes them by their declared types), and a request checks its own
+limits wherever it is made.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 from kspec.engine.errors import DeadlineExceeded, InputError
@@ -121,10 +122,8 @@ class CompletionRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.stop, tuple):  # a list from JSON or msgpack
             object.__setattr__(self, "stop", tuple(self.stop))
-        if not (isinstance(self.context, tuple) and all(isinstance(p, ContextFile) for p in self.context)):
-            object.__setattr__(self, "context", ContextFile.parse_all(self.context))
-        if not (isinstance(self.members, tuple) and all(isinstance(m, ModuleMembers) for m in self.members)):
-            object.__setattr__(self, "members", ModuleMembers.parse_all(self.members))
+        object.__setattr__(self, "context", ContextFile.parse_all(self.context))  # maps from JSON; the limits in any case
+        object.__setattr__(self, "members", ModuleMembers.parse_all(self.members))
 
     def after_waiting(self, waited_ms: float) -> "CompletionRequest":
         """The same request after `waited_ms` in a queue: waiting counts against its deadline
@@ -140,37 +139,6 @@ class CompletionRequest:
             return 0.0
         return self.temperature or DEFAULT_SAMPLE_TEMPERATURE
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Any) -> "CompletionRequest":
-        """The one parser of request maps from outside (msgpack, a Ray call): known fields
-        only, each of its declared type (an int is taken for a float, a list of strings for
-        `stop`); `prefix` is required. Raises InputError. The engine checks the values."""
-        if not isinstance(data, dict):
-            raise InputError("a request must be a map")
-        defaults = cls(prefix="")
-        values: dict[str, Any] = {}
-        for spec in fields(cls):
-            if spec.name not in data:
-                continue
-            parse = {"context": ContextFile.parse_all, "members": ModuleMembers.parse_all}.get(spec.name)
-            if parse is not None:
-                values[spec.name] = parse(data[spec.name])
-                continue
-            value, expected = data[spec.name], type(getattr(defaults, spec.name))
-            if expected is float and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
-            if expected is tuple and isinstance(value, (list, tuple)):
-                value = tuple(value) if all(isinstance(item, str) for item in value) else None
-            if type(value) is not expected:
-                raise InputError(f"request field {spec.name!r} must be {expected.__name__}")
-            values[spec.name] = value
-        if "prefix" not in values:
-            raise InputError("request field 'prefix' is required")
-        return cls(**values)
-
 
 @dataclass
 class Completion:
@@ -182,30 +150,12 @@ class Completion:
     n_tokens: int = 0
     finish_reason: str = ""  # "stop", "length", "eos", "deadline", "cancelled"
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass
 class CompletionResult:
     completions: list[Completion]
     model: str
     timing_ms: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "completions": [c.to_dict() for c in self.completions],
-            "timing_ms": dict(self.timing_ms),
-            "model": self.model,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CompletionResult":
-        return cls(
-            completions=[Completion(**c) for c in data["completions"]],
-            model=data["model"],
-            timing_ms=dict(data.get("timing_ms", {})),
-        )
 
 
 class CancelToken:

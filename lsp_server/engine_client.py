@@ -30,20 +30,14 @@ from typing import IO, Any, Callable, Protocol
 from kspec.engine.api import CompletionRequest, CompletionResult, EarlyAnswer
 from kspec.engine.config import EngineConfig, to_flags
 from kspec.engine.serve.platform import unix_only
-from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
-from kspec.engine.serve.protocol import (
-    PROTOCOL_VERSION,
-    DaemonPaths,
-    EngineUrl,
-    client_tls,
-    ProtocolError,
-    read_frame,
-    write_frame,
-)
+from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, InputError, ProtocolError
+from kspec.engine.serve.framing import read_frame, write_frame
 from kspec.engine.serve.load_slot import LoadSlot
-from kspec.engine.serve.messages import WIRE_TYPES, Cancel, Complete, Failed, Final, Interim, decode, encode
+from kspec.engine.serve.network import EngineUrl, client_tls
 from kspec.engine.serve.runner import EngineFactory, EngineRunner, default_engine_factory
+from kspec.engine.serve.runtime import DaemonPaths
 from kspec.engine.serve.status import ERROR, LOADING, Status
+from kspec.engine.serve.wire import PROTOCOL_VERSION, Cancel, Complete, Failed, Final, Hello, Interim, Message, decode, encode, envelope
 
 log = logging.getLogger("kspec.client")
 
@@ -148,7 +142,7 @@ class _Connection:
     reader_task: asyncio.Task | None = None
     alive: bool = True
 
-    def deliver(self, message: Interim | Final | Failed | Cancel | Complete) -> bool:
+    def deliver(self, message: Message) -> bool:
         """A request's event to whoever waits for it; False when nobody does any more."""
         future = self.pending.get(message.id) if isinstance(message, (Interim, Final, Failed)) and message.id else None
         if future is None or future.done():
@@ -320,23 +314,20 @@ class DaemonEngine:
             return None
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Connection:
-        hello: dict[str, Any] = {"type": "hello", "version": PROTOCOL_VERSION}
-        if self.options.token is not None:
-            hello["token"] = self.options.token
-        write_frame(writer, hello)
-        reply = await read_frame(reader)
-        if reply is not None and reply.get("type") == "error":
-            raise ProtocolError(f"the engine daemon refused the connection: {reply.get('message')}")
-        if reply is None or reply.get("type") != "hello":
+        write_frame(writer, encode(Hello(PROTOCOL_VERSION, token=self.options.token)))
+        body = await read_frame(reader)
+        reply = decode(body) if body is not None else None
+        if isinstance(reply, Failed):
+            raise ProtocolError(f"the engine daemon refused the connection: {reply.message}")
+        if not isinstance(reply, Hello):
             raise ProtocolError(f"the engine daemon at {self.where} did not answer the handshake")
-        if reply.get("version") != PROTOCOL_VERSION:
+        if reply.version != PROTOCOL_VERSION:
             raise ProtocolError(
-                f"the engine daemon at {self.where} speaks protocol {reply.get('version')!r}, "
-                f"this server {PROTOCOL_VERSION}: stop it (pid {reply.get('pid')})"
+                f"the engine daemon at {self.where} speaks protocol {reply.version!r}, "
+                f"this server {PROTOCOL_VERSION}: stop it (pid {reply.pid})"
             )
-        pid = reply.get("pid") if isinstance(reply.get("pid"), int) else None
-        self._set_status(Status.from_wire(reply.get("status"), pid))
-        return _Connection(reader, writer, pid)
+        self._set_status(reply.status or Status(LOADING, "connected", engine_pid=reply.pid))
+        return _Connection(reader, writer, reply.pid)
 
     async def _spawn_and_connect(self, deadline: float) -> _Connection:
         lock = _try_lock(self.paths.lock.with_suffix(".spawn"))
@@ -363,20 +354,21 @@ class DaemonEngine:
     async def _read(self, connection: _Connection) -> None:
         reason = "the engine daemon closed the connection"
         try:
-            while (message := await read_frame(connection.reader)) is not None:
-                self._dispatch(connection, message)
+            while (body := await read_frame(connection.reader)) is not None:
+                self._dispatch(connection, body)
         except (ProtocolError, ConnectionError, OSError) as exc:
             reason = f"the connection to the engine daemon failed: {exc}"
         finally:
             if connection.alive:
                 self._lost(connection, reason)
 
-    def _dispatch(self, connection: _Connection, data: dict[str, Any]) -> None:
+    def _dispatch(self, connection: _Connection, body: bytes) -> None:
         try:
-            message = decode(data, connection.pid)
-        except ProtocolError as exc:
-            future = connection.pending.get(str(data.get("id")))
-            if future is not None and not future.done() and data.get("type") == WIRE_TYPES[Final]:
+            message = decode(body)
+        except (ProtocolError, InputError) as exc:
+            about = envelope(body)
+            future = connection.pending.get(about.id) if about.id is not None else None
+            if future is not None and not future.done() and about.type == Final.__struct_config__.tag:
                 future.set_exception(EngineUnavailable(f"malformed result from the engine daemon: {exc}"))
             else:
                 log.warning("malformed message from the engine daemon: %s", exc)

@@ -10,7 +10,7 @@ from typing import Callable
 from kspec.engine.config import EngineConfig
 from kspec.engine.errors import InputError
 from kspec.engine.serve.load_slot import LoadSlot
-from kspec.engine.serve.protocol import parse_engine_url
+from kspec.engine.serve.network import parse_engine_url
 from kspec.engine.serve.status import Status
 from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions, EngineClient, InProcessEngine, UnusableEngine
 from kspec.lsp_server.options import ServerOptions

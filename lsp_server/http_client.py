@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from kspec.engine.serve.protocol import EngineUrl
+from kspec.engine.serve.network import EngineUrl
 
 MAX_RESPONSE = 16 * 1024 * 1024
 KEEPALIVE_S = 60.0  # an idle pooled connection is closed after this long

@@ -26,7 +26,8 @@ from kspec.engine.decode.stopping import rule_for_cursor
 from kspec.engine.syntax import Candidate, detect_language, postprocess
 from kspec.lsp_server import fim
 from kspec.lsp_server.http_client import HttpError, JsonClient
-from kspec.engine.serve.protocol import EngineUrl, client_tls, read_token
+from kspec.engine.serve.auth import read_token
+from kspec.engine.serve.network import EngineUrl, client_tls
 from kspec.engine.serve.status import ERROR, LOADING, READY, Status
 
 log = logging.getLogger("kspec.remote")

@@ -118,7 +118,7 @@ EngineSettings = make_dataclass(
 
 
 def _engine_url(value: str) -> str | None:
-    from kspec.engine.serve.protocol import parse_engine_url
+    from kspec.engine.serve.network import parse_engine_url
 
     try:
         parse_engine_url(value)

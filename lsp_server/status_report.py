@@ -6,10 +6,12 @@ deadline"."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import Any, Callable
 
+import msgspec
+
 from kspec.engine.serve.status import READY, Status
+from kspec.lsp_server.settings import camel
 
 STATUS_METHOD = "$/kspec/status"
 IDLE, BUSY, TIMED_OUT = "idle", "busy", "timedOut"
@@ -33,7 +35,7 @@ class StatusReport:
 
     def tell(self) -> None:
         if not self.closed:
-            self._notify({**self.status.to_dict(), "serverPid": os.getpid(), "activity": self.activity, **self._extras()})
+            self._notify({**status_for_editor(self.status), "serverPid": os.getpid(), "activity": self.activity, **self._extras()})
 
     def engine_status(self, status: Status) -> None:
         self.status = status
@@ -54,7 +56,7 @@ class StatusReport:
         self.context_tokens = int(timing.get("context_tokens", 0))
         self.prompt = {name: round(timing[key], 1) for name, key in PROMPT_TIMING.items() if key in timing}
         self.activity = BUSY if self.busy > 0 else IDLE
-        self.status = replace(self.status, state=READY, message="ready", model=model, latency_ms=latency_ms)
+        self.status = msgspec.structs.replace(self.status, state=READY, message="ready", model=model, latency_ms=latency_ms)
         self.tell()
 
     def machine_choice(self, name: str, value: Any, user_set: set[str]) -> Any:
@@ -65,3 +67,20 @@ class StatusReport:
         if chosen is None:
             return value
         return int(chosen) if isinstance(value, int) else chosen
+
+
+def status_for_editor(status: Status) -> dict[str, Any]:
+    """The engine's status as `$/kspec/status` tells it (camelCase; what is unknown left out)."""
+    told: dict[str, Any] = {"state": status.state, "message": status.message, "model": status.model}
+    if status.progress is not None:
+        told["progress"] = status.progress
+    if status.latency_ms is not None:
+        told["latencyMs"] = round(status.latency_ms, 1)
+    if status.engine_pid is not None:
+        told["enginePid"] = status.engine_pid
+    if status.defaults is not None:
+        told["defaults"] = {camel(key): value for key, value in status.defaults.items()}
+    if status.attention is not None:
+        told["attention"] = dict(status.attention)
+    return told
+

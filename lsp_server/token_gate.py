@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kspec.engine.serve.protocol import tokens_match
+from kspec.engine.serve.auth import tokens_match
 
 TOKEN_KEY = "lspToken"
 

@@ -54,9 +54,10 @@ from kspec.engine.config import options as engine_options
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError, ProtocolError
 from kspec.engine.serve.affinity import MAX_DOCUMENTS, DocumentPlacement
 from kspec.engine.serve.http_api import MAX_BODY, HttpApi
-from kspec.engine.serve.messages import Complete, Failed, Final, decode, encode
+from kspec.engine.serve.auth import read_token
+from kspec.engine.serve.network import free_port
 from kspec.engine.serve.openai_api import ApiError, error_body
-from kspec.engine.serve.protocol import free_port, read_token
+from kspec.engine.serve.wire import Complete, Failed, Final, decode, encode, envelope
 
 log = logging.getLogger("kspec.cluster")
 
@@ -148,18 +149,18 @@ class KspecEngine:
         self._model = status.model
         log.info("replica %s ready: %s", self._replica, self._model)
 
-    async def complete(self, message: dict[str, Any], document: str = "") -> dict[str, Any]:
-        """A `Complete` message (messages.py) in; its `Final` or `Failed` event out, as the wire
-        encodes them, with the replica's name. `document` is read by DocumentRouter only. Errors
-        come back as data, not exceptions."""
+    async def complete(self, message: bytes, document: str = "") -> dict[str, Any]:
+        """A `Complete` message (wire.py, encoded) in; its `Final` or `Failed` event out, encoded,
+        with the replica's name. `document` is read by DocumentRouter only. Errors come back as
+        data, not exceptions."""
         self._running += 1
         try:
             complete = decode(message)
             if not isinstance(complete, Complete):
-                raise ProtocolError(f"an engine replica takes 'complete' messages, not {message.get('type')!r}")
+                raise ProtocolError(f"an engine replica takes 'complete' messages, not {envelope(message).type!r}")
             event: Final | Failed = Final(complete.id, await self._runner.complete(complete.request))
         except KspecError as exc:
-            event = Failed.of(str(message.get("id")), exc)
+            event = Failed.of(envelope(message).id, exc)
         finally:
             self._running -= 1
         return {"replica": self._replica, "event": encode(event)}
@@ -228,7 +229,7 @@ class KspecIngress:
         if isinstance(event, Failed):
             raise ApiError.of(event.error(), headers)
         if not isinstance(event, Final):
-            raise ApiError.of(ProtocolError(f"an engine replica answered {answer['event'].get('type')!r}"), headers)
+            raise ApiError.of(ProtocolError(f"an engine replica answered {envelope(answer['event']).type!r}"), headers)
         return event.result, headers
 
     async def _complete_with_failover(self, request: CompletionRequest, document: str) -> dict[str, Any]:

@@ -27,25 +27,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from kspec.engine.serve.loop_errors import quiet_resource_errors
 from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.config import EngineConfig
-from kspec.engine.errors import InputError, KspecError
+from kspec.engine.errors import InputError, KspecError, ProtocolError
 from kspec.engine.serve.admission import Admission, AdmissionLimits
 from kspec.engine.serve.http_api import HttpApi, looks_like_http, serve_http
-from kspec.engine.serve.messages import Cancel, Complete, Failed, Final, Interim, decode, encode
+from kspec.engine.serve.auth import tokens_match
+from kspec.engine.serve.framing import read_frame, write_frame
 from kspec.engine.serve.metrics import EngineMetrics
 from kspec.engine.serve.platform import unix_only
-from kspec.engine.serve.protocol import (
-    PROTOCOL_VERSION,
-    DaemonPaths,
-    ProtocolError,
-    read_frame,
-    tokens_match,
-    write_frame,
-)
 from kspec.engine.serve.runner import EngineFactory, EngineRunner, default_engine_factory
+from kspec.engine.serve.runtime import DaemonPaths
 from kspec.engine.serve.status import READY, Status
+from kspec.engine.serve.wire import PROTOCOL_VERSION, Cancel, Complete, Failed, Final, Hello, Interim, Message, decode, encode, envelope
 
 log = logging.getLogger("kspec.daemon")
 MAX_UNIX_PATH = 107
@@ -56,9 +53,9 @@ class _Peer:
         self.writer = writer
         self.jobs: dict[str, asyncio.Task] = {}
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: Message) -> None:
         if not self.writer.is_closing():
-            write_frame(self.writer, message)
+            write_frame(self.writer, encode(message))
 
 
 class Daemon:
@@ -162,7 +159,7 @@ class Daemon:
             self._stop.set()
 
     def _broadcast(self, status: Status) -> None:
-        message = status.to_wire()
+        message = self._own(status)
         for peer in list(self._peers):
             peer.send(message)
 
@@ -183,8 +180,8 @@ class Daemon:
             self._peers.add(peer)
             if self._idle is not None:
                 self._idle.cancel()
-            while (message := await read_frame(reader)) is not None:
-                self._handle(peer, message)
+            while (body := await read_frame(reader)) is not None:
+                self._handle(peer, body)
         except (ProtocolError, ConnectionError) as exc:  # before the token: quiet, a flood must not flood the log
             (log.warning if peer in self._peers else log.debug)("dropping a client: %s", exc)
         finally:
@@ -199,27 +196,35 @@ class Daemon:
     async def _handshake(self, peer: _Peer, reader: asyncio.StreamReader, header: bytes) -> bool:
         limits = self.admission.limits  # before the token is verified: a small frame, soon
         try:
-            hello = await asyncio.wait_for(read_frame(reader, header, limits.bytes), limits.timeout_s)
+            body = await asyncio.wait_for(read_frame(reader, header, limits.bytes), limits.timeout_s)
         except asyncio.TimeoutError:
             return False
-        if hello is None or hello.get("type") != "hello":
-            peer.send(encode(Failed.of(None, ProtocolError("expected a hello"))))
+        try:
+            hello = decode(body) if body is not None else None
+        except (ProtocolError, InputError):
+            hello = None
+        if not isinstance(hello, Hello):
+            peer.send(Failed.of(None, ProtocolError("expected a hello")))
             return False
-        if not tokens_match(self.token, hello.get("token")):
-            peer.send(encode(Failed.of(None, ProtocolError("bad token"))))
+        if not tokens_match(self.token, hello.token):
+            peer.send(Failed.of(None, ProtocolError("bad token")))
             return False
-        peer.send({"type": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(), "status": self.runner.status.to_wire()})
-        if hello.get("version") != PROTOCOL_VERSION:
-            log.warning("client speaks protocol %r, we speak %d", hello.get("version"), PROTOCOL_VERSION)
+        peer.send(Hello(PROTOCOL_VERSION, pid=os.getpid(), status=self._own(self.runner.status)))
+        if hello.version != PROTOCOL_VERSION:
+            log.warning("client speaks protocol %r, we speak %d", hello.version, PROTOCOL_VERSION)
             return False
         return True
 
-    def _handle(self, peer: _Peer, data: dict[str, Any]) -> None:
-        request_id = str(data.get("id"))
+    @staticmethod
+    def _own(status: Status) -> Status:
+        """The runner's status as this daemon tells it: with its pid."""
+        return msgspec.structs.replace(status, engine_pid=os.getpid())
+
+    def _handle(self, peer: _Peer, body: bytes) -> None:
         try:
-            message = decode(data)
+            message = decode(body)
         except (ProtocolError, InputError) as exc:  # an unknown type, or a request that is not one: it fails alone
-            peer.send(encode(Failed.of(request_id, exc)))
+            peer.send(Failed.of(envelope(body).id, exc))
             return
         if isinstance(message, Cancel):
             job = peer.jobs.get(message.id)
@@ -227,22 +232,22 @@ class Daemon:
                 job.cancel()
         elif isinstance(message, Complete):
             if message.id in peer.jobs:
-                peer.send(encode(Failed.of(message.id, InputError("duplicate request id"))))
+                peer.send(Failed.of(message.id, InputError("duplicate request id")))
                 return
             peer.jobs[message.id] = asyncio.ensure_future(self._complete(peer, message))
         else:
-            peer.send(encode(Failed.of(request_id, ProtocolError(f"a client does not send {data.get('type')!r}"))))
+            peer.send(Failed.of(getattr(message, "id", None), ProtocolError(f"a client does not send {envelope(body).type!r}")))
 
     async def _complete(self, peer: _Peer, message: Complete) -> None:
         """The request's events, forwarded as the engine emits them: Interim..., then Final or Failed."""
         try:
             def early(interim: CompletionResult) -> None:
-                peer.send(encode(Interim(message.id, interim)))
+                peer.send(Interim(message.id, interim))
 
             result = await self._observed("protocol", message.request, early)
-            peer.send(encode(Final(message.id, result)))
+            peer.send(Final(message.id, result))
         except (asyncio.CancelledError, Exception) as exc:  # the request fails alone, with the kind of its error
-            peer.send(encode(Failed.of(message.id, exc)))
+            peer.send(Failed.of(message.id, exc))
         finally:
             peer.jobs.pop(message.id, None)
 

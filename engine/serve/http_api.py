@@ -28,7 +28,7 @@ from kspec.engine.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from kspec.engine.serve.openai_api import ApiError, check_model, completion_response, error_body, models_response, parse_completion
 from kspec.engine.serve.admission import Admission, return_memory
 from kspec.engine.serve.json_input import JsonInputError, parse_json
-from kspec.engine.serve.protocol import tokens_match
+from kspec.engine.serve.auth import tokens_match
 
 log = logging.getLogger("kspec.http")
 

@@ -11,7 +11,7 @@ import pytest
 from kspec.engine.api import CompletionRequest
 from kspec.engine.config import EngineConfig
 from kspec.engine.errors import DeadlineExceeded, InputError, KspecError
-from kspec.engine.serve.messages import Complete, encode
+from kspec.engine.serve.wire import Complete, Failed, decode, encode
 from kspec.engine.serve.openai_api import ApiError
 
 
@@ -53,7 +53,7 @@ def test_a_replica_error_reaches_the_client_as_the_engine_raised_it(cluster, err
     replica = object.__new__(cluster.KspecEngine)  # without Ray: only what complete() uses
     replica._replica, replica._running, replica._runner = "r1", 0, _FailingRunner(error)
     answer = asyncio.run(replica.complete(encode(Complete("a0", CompletionRequest(prefix="x")))))
-    assert answer["replica"] == "r1" and answer["event"]["type"] == "error"  # the wire's Failed event
+    assert answer["replica"] == "r1" and isinstance(decode(answer["event"]), Failed)
 
     class Engine:  # the ingress's handle, answering with that replica's answer
         class complete:  # noqa: N801

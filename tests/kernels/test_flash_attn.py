@@ -180,13 +180,14 @@ def test_this_machine_paths_are_detected() -> None:
 
 def test_status_carries_the_attention_paths() -> None:
     from kspec.engine.serve.status import READY, Status
+    from kspec.engine.serve.wire import decode, encode
+    from kspec.lsp_server.status_report import status_for_editor
 
     paths = {"prefill": "flash-attn", "decode": "flash-attn"}
     status = Status(READY, "ready", model="m", attention=paths)
-    assert status.to_dict()["attention"] == paths  # what $/kspec/status sends
-    assert Status.from_wire(status.to_wire(), None).attention == paths  # through the daemon's wire
-    assert Status.from_wire({**status.to_wire(), "attention": {"prefill": 3}}, None).attention is None
-    assert "attention" not in Status(READY).to_dict()
+    assert status_for_editor(status)["attention"] == paths  # what $/kspec/status sends
+    assert decode(encode(status)) == status  # through the daemon's wire
+    assert "attention" not in status_for_editor(Status(READY))
 
 
 # -- the real kernels (CUDA + flash-attn) ---------------------------------------------------

@@ -25,7 +25,9 @@ from kspec.engine.api import CompletionRequest
 from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions
 from kspec.engine.serve.openai_api import parse_completion
 from kspec.engine.config import EngineConfig
-from kspec.engine.serve.protocol import PROTOCOL_VERSION, pack, parse_engine_url, read_frame
+from kspec.engine.serve.framing import read_frame, write_frame
+from kspec.engine.serve.network import parse_engine_url
+from kspec.engine.serve.wire import PROTOCOL_VERSION, Failed, Hello, decode, encode
 from kspec.engine.errors import EngineUnavailable
 
 TOKEN = "team-token-123"
@@ -151,10 +153,9 @@ PREFIXES = ["def add(a, b):\n    return", "for item in items:\n    print(", "cla
 async def test_wrong_or_missing_token_gets_only_a_refusal(engine_tcp: Served) -> None:
     for token in (None, "guess"):
         reader, writer = await asyncio.open_connection(engine_tcp.host, engine_tcp.port)
-        hello = {"type": "hello", "version": PROTOCOL_VERSION, **({"token": token} if token else {})}
-        writer.write(pack(hello))
+        write_frame(writer, encode(Hello(PROTOCOL_VERSION, token=token)))
         reply = await asyncio.wait_for(read_frame(reader), 30)
-        assert reply == {"type": "error", "id": None, "kind": "protocol", "message": "bad token"}
+        assert reply is not None and decode(reply) == Failed(None, "protocol", "bad token")
         assert await asyncio.wait_for(read_frame(reader), 30) is None  # and the connection is closed
         writer.close()
     with pytest.raises(EngineUnavailable, match="refused"):

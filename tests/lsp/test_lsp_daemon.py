@@ -55,7 +55,7 @@ def test_the_daemon_runs_in_the_callers_environment_with_nothing_of_kspec_top_le
     so `engine` or `kernels` never become top-level names in it."""
     import sys
 
-    from kspec.engine.serve.protocol import DaemonPaths
+    from kspec.engine.serve.runtime import DaemonPaths
     from kspec.lsp_server.engine_client import DaemonOptions, spawn_daemon
 
     monkeypatch.delenv("PYTHONPATH", raising=False)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from request_maps import parsed, through_the_wire
 
 from kspec.engine.api import CompletionRequest, ContextFile
 from kspec.engine.context_prompt import context_block, display_path
@@ -105,10 +106,8 @@ def test_display_path() -> None:
 
 def test_the_request_field_round_trips_and_is_checked() -> None:
     request = CompletionRequest(prefix="x", context=(UTILS, NODES))
-    wire = request.to_dict()
-    assert wire["context"][0] == {"path": "pkg/utils.py", "text": UTILS.text}
-    assert CompletionRequest.from_dict(wire) == request
-    assert CompletionRequest.from_dict({"prefix": "x", "context": [{"path": "a.py", "text": "y"}]}).context == (ContextFile("a.py", "y"),)
+    assert through_the_wire(request) == request
+    assert parsed({"prefix": "x", "context": [{"path": "a.py", "text": "y"}]}).context == (ContextFile("a.py", "y"),)
     for bad in ("x", [{"path": 1, "text": ""}], [{"text": "y"}], [{"path": "a", "text": "y"}] * 65, [{"path": "a", "text": "y" * (1 << 20)}]):
         with pytest.raises(InputError):
-            CompletionRequest.from_dict({"prefix": "x", "context": bad})
+            parsed({"prefix": "x", "context": bad})

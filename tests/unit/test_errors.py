@@ -21,7 +21,7 @@ from kspec.engine.errors import (
     from_status,
 )
 from kspec.engine.serve.openai_api import ApiError
-from kspec.engine.serve.messages import Failed, decode, encode
+from kspec.engine.serve.wire import Failed, decode, encode, envelope
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_a_cancelled_task_and_a_bug_have_kinds_too() -> None:
 @pytest.mark.parametrize("error_type", [InputError, DeadlineExceeded, EngineUnavailable, CancelledError, ProtocolError])
 def test_a_client_raises_what_the_engine_raised(error_type: type[KspecError]) -> None:
     frame = encode(Failed.of("r1", error_type("why")))
-    assert frame["type"] == "error" and frame["id"] == "r1"
+    assert envelope(frame) == envelope(encode(Failed("r1", "any", "")))  # the wire's "error", for request r1
     decoded = decode(frame)
     assert isinstance(decoded, Failed)
     raised = decoded.error()

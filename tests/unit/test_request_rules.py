@@ -4,6 +4,7 @@ temperature a mode means, and the one parser of untrusted request maps."""
 from __future__ import annotations
 
 import pytest
+from request_maps import parsed, through_the_wire
 
 from kspec.engine.api import DEFAULT_SAMPLE_TEMPERATURE, CompletionRequest
 from kspec.engine.errors import InputError
@@ -23,15 +24,15 @@ def test_the_temperature_a_mode_means_survives_the_openai_api(mode: str, tempera
 
 
 def test_request_maps_are_type_checked() -> None:
-    """msgpack frames and the Ray replica's calls go through CompletionRequest.from_dict."""
-    request = CompletionRequest.from_dict({"prefix": "a", "k": 2, "deadline_ms": 100, "stop": ["\n"], "unknown": 1})
+    """msgpack frames and the Ray replica's calls decode requests through engine/serve/wire.py."""
+    request = parsed({"prefix": "a", "k": 2, "deadline_ms": 100, "stop": ["\n"], "unknown": 1})
     assert request.k == 2 and request.deadline_ms == 100.0 and isinstance(request.deadline_ms, float) and request.stop == ("\n",)
     for bad in ({"prefix": 1}, {"prefix": "a", "k": "2"}, {"prefix": "a", "k": 2.0}, {"prefix": "a", "raw": 1},
                 {"prefix": "a", "stop": ["\n", 3]}, {"prefix": "a", "stop": ("\n", None)}, {"k": 1}, ["prefix"], None):  # fmt: skip
         with pytest.raises(InputError):
-            CompletionRequest.from_dict(bad)
+            parsed(bad)
 
 
 def test_a_request_survives_its_map() -> None:
     request = CompletionRequest(prefix="def f(", suffix=")", k=3, mode="sample", temperature=0.5, stop=("\n\n",), deadline_ms=250.0)
-    assert CompletionRequest.from_dict(request.to_dict()) == request
+    assert through_the_wire(request) == request

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from kspec.engine.api import CancelToken, Completion, CompletionRequest, CompletionResult
@@ -21,7 +22,10 @@ from kspec.engine.errors import InputError, ModelLoadError
 from kspec.lsp_server import engine_client
 from kspec.engine.serve.daemon import Daemon
 from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions, InProcessEngine
-from kspec.engine.serve.protocol import PROTOCOL_VERSION, DaemonPaths, pack, parse_engine_url, read_frame, write_frame
+from kspec.engine.serve.framing import read_frame, write_frame
+from kspec.engine.serve.network import parse_engine_url
+from kspec.engine.serve.runtime import DaemonPaths
+from kspec.engine.serve.wire import PROTOCOL_VERSION, Cancel, Complete, Failed, Hello, Message, decode, encode
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
 from kspec.engine.serve.runner import EngineRunner
 from kspec.engine.serve.status import Status
@@ -183,9 +187,9 @@ async def test_client_disconnect_cancels_its_requests(short_dir: Path) -> None:
     daemon = Daemon(CONFIG, factory_for(fake), idle_timeout_s=60)
     served = await serve(daemon, socket)
     reader, writer = await asyncio.open_unix_connection(str(socket))
-    write_frame(writer, {"type": "hello", "version": PROTOCOL_VERSION})
-    assert (await read_frame(reader))["type"] == "hello"
-    write_frame(writer, {"type": "complete", "id": "1", "request": {"prefix": "block"}})
+    write_frame(writer, encode(Hello(PROTOCOL_VERSION)))
+    assert isinstance(decode(await read_frame(reader)), Hello)
+    write_frame(writer, encode(Complete("1", CompletionRequest(prefix="block"))))
     await wait_thread_event(fake.started)
     writer.close()
     await wait_thread_event(fake.stopped_by_cancel)
@@ -198,19 +202,22 @@ async def test_daemon_refuses_bad_peers(short_dir: Path) -> None:
     daemon = Daemon(CONFIG, factory_for(FakeEngine()), idle_timeout_s=60, token="secret")
     served = await serve(daemon, socket)
 
-    async def hello(message: dict[str, Any]) -> dict[str, Any] | None:
+    async def hello(body: bytes) -> Message:
         reader, writer = await asyncio.open_unix_connection(str(socket))
-        write_frame(writer, message)
+        write_frame(writer, body)
         reply = await asyncio.wait_for(read_frame(reader), 10)
         writer.close()
-        return reply
+        assert reply is not None
+        return decode(reply)
 
-    assert (await hello({"type": "hello", "version": PROTOCOL_VERSION, "token": "guess"}))["message"] == "bad token"
-    assert (await hello({"type": "complete", "id": "1"}))["message"] == "expected a hello"
-    assert (await hello({"type": "hello", "version": PROTOCOL_VERSION, "token": "secret"}))["type"] == "hello"
+    assert await hello(encode(Hello(PROTOCOL_VERSION, token="guess"))) == Failed(None, "protocol", "bad token")
+    assert await hello(encode(Cancel("1"))) == Failed(None, "protocol", "expected a hello")
+    assert await hello(b"\xc1") == Failed(None, "protocol", "expected a hello")  # no msgpack at all
+    assert await hello(msgspec.msgpack.encode({"type": "hello", "version": "one"})) == Failed(None, "protocol", "expected a hello")
+    assert isinstance(await hello(encode(Hello(PROTOCOL_VERSION, token="secret"))), Hello)
 
     reader, writer = await asyncio.open_unix_connection(str(socket))
-    write_frame(writer, {"type": "hello", "version": PROTOCOL_VERSION, "token": "secret"})
+    write_frame(writer, encode(Hello(PROTOCOL_VERSION, token="secret")))
     await read_frame(reader)
     writer.write((1 << 30).to_bytes(4, "big"))  # a 1 GiB frame: the daemon hangs up
     assert await asyncio.wait_for(reader.read(), 10) == b""
@@ -231,7 +238,7 @@ async def test_protocol_version_mismatch_is_a_clear_error(short_dir: Path) -> No
 
     async def old_daemon(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_frame(reader)
-        writer.write(pack({"type": "hello", "version": PROTOCOL_VERSION + 1, "pid": 1}))
+        write_frame(writer, encode(Hello(PROTOCOL_VERSION + 1, pid=1)))
 
     server = await asyncio.start_unix_server(old_daemon, str(paths.socket))
     statuses: list[Status] = []

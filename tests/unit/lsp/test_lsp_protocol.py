@@ -1,4 +1,4 @@
-"""Engine protocol: frames, size limits, untrusted requests, runtime paths."""
+"""Engine protocol: frames, size limits, runtime paths, tokens, engine URLs."""
 
 from __future__ import annotations
 
@@ -7,13 +7,17 @@ import os
 import stat
 from pathlib import Path
 
-import msgpack
 import pytest
 
-from kspec.engine.errors import InputError
-from kspec.engine.serve import protocol
+from kspec.engine.api import CompletionRequest
 from kspec.engine.config import EngineConfig
-from kspec.engine.serve.protocol import DaemonPaths, ProtocolError, is_loopback, pack, parse_engine_url, read_frame, read_token, runtime_dir, tokens_match, unpack
+from kspec.engine.errors import InputError, ProtocolError
+from kspec.engine.serve import framing
+from kspec.engine.serve.auth import read_token, tokens_match
+from kspec.engine.serve.framing import frame, read_frame
+from kspec.engine.serve.network import is_loopback, parse_engine_url
+from kspec.engine.serve.runtime import DaemonPaths, runtime_dir
+from kspec.engine.serve.wire import PROTOCOL_VERSION, Cancel, Complete, decode, encode
 
 
 def feed(data: bytes) -> asyncio.StreamReader:
@@ -24,27 +28,30 @@ def feed(data: bytes) -> asyncio.StreamReader:
 
 
 async def test_frames_round_trip_and_end_cleanly() -> None:
-    message = {"type": "complete", "id": "r1", "request": {"prefix": "def f(\u00e9😀"}}
-    reader = feed(pack(message) + pack({"type": "cancel", "id": "r1"}))
-    assert await read_frame(reader) == message
-    assert await read_frame(reader) == {"type": "cancel", "id": "r1"}
+    message = Complete("r1", CompletionRequest(prefix="def f(\u00e9😀"))
+    reader = feed(frame(encode(message)) + frame(encode(Cancel("r1"))))
+    assert decode(await read_frame(reader)) == message
+    assert decode(await read_frame(reader)) == Cancel("r1")
     assert await read_frame(reader) is None
 
 
 async def test_bad_frames_are_protocol_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ProtocolError, match="exceeds"):
-        await read_frame(feed((protocol.MAX_FRAME + 1).to_bytes(4, "big")))
+        await read_frame(feed((framing.MAX_FRAME + 1).to_bytes(4, "big")))
+    with pytest.raises(ProtocolError, match="exceeds the 8-byte limit"):
+        await read_frame(feed((10).to_bytes(4, "big") + b"0123456789"), limit=8)
     with pytest.raises(ProtocolError, match="inside a frame"):
         await read_frame(feed((10).to_bytes(4, "big") + b"abc"))
     with pytest.raises(ProtocolError, match="header"):
         await read_frame(feed(b"\x00\x01"))
-    with pytest.raises(ProtocolError, match="type"):
-        unpack(msgpack.packb([1, 2]))
-    with pytest.raises(ProtocolError, match="malformed"):
-        unpack(b"\xc1")
-    monkeypatch.setattr(protocol, "MAX_FRAME", 10)
+    monkeypatch.setattr(framing, "MAX_FRAME", 10)
     with pytest.raises(ProtocolError, match="exceeds"):
-        pack({"type": "x", "data": "y" * 20})
+        frame(encode(Cancel("y" * 20)))
+
+
+def test_text_msgpack_cannot_carry_is_the_senders_input_error() -> None:
+    with pytest.raises(InputError, match="lone surrogate at character 3"):
+        encode(Complete("r1", CompletionRequest(prefix="abc\ud800")))
 
 
 def test_runtime_dir_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,7 +66,7 @@ def test_runtime_dir_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_socket_names_carry_version_and_spec(tmp_path: Path) -> None:
     a = DaemonPaths.for_config(EngineConfig(model=str(tmp_path)), tmp_path)
     b = DaemonPaths.for_config(EngineConfig(model=str(tmp_path), device="cuda"), tmp_path)
-    assert a.socket != b.socket and f"-v{protocol.PROTOCOL_VERSION}-" in a.socket.name
+    assert a.socket != b.socket and f"-v{PROTOCOL_VERSION}-" in a.socket.name
     assert DaemonPaths.for_config(EngineConfig(model=str(tmp_path) + "/"), tmp_path) == a  # same folder, same daemon
     assert DaemonPaths.for_config(EngineConfig(model=str(tmp_path), progress=False), tmp_path) == a  # not an option
     assert DaemonPaths.for_config(EngineConfig(model=str(tmp_path), prefix_cache_mb=64), tmp_path) != a  # every option counts

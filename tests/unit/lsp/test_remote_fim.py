@@ -14,7 +14,7 @@ from vllm_standin import VllmLike
 
 from kspec.engine.api import CompletionRequest
 from kspec.engine.errors import InputError
-from kspec.engine.serve.protocol import parse_engine_url
+from kspec.engine.serve.network import parse_engine_url
 from kspec.engine.serve.status import ERROR, READY, Status
 from kspec.lsp_server import fim
 from kspec.lsp_server.remote_backend import OpenAIEngine, RemoteOptions

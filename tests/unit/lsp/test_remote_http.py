@@ -13,7 +13,7 @@ import pytest
 from vllm_standin import VllmLike
 
 from kspec.engine.api import CompletionRequest
-from kspec.engine.serve.protocol import parse_engine_url
+from kspec.engine.serve.network import parse_engine_url
 from kspec.lsp_server.http_client import JsonClient
 from kspec.lsp_server.remote_backend import OpenAIEngine, RemoteOptions
 

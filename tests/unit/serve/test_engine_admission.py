@@ -12,7 +12,7 @@ from kspec.engine.api import CompletionRequest
 from kspec.engine.config import EngineConfig
 from kspec.engine.serve.admission import Admission, AdmissionLimits
 from kspec.engine.serve.daemon import Daemon
-from kspec.engine.serve.protocol import parse_engine_url
+from kspec.engine.serve.network import parse_engine_url
 from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions
 
 TOKEN = "s3cret"

@@ -4,6 +4,7 @@ undefined (engine/syntax/members.py, postprocess's `members`), issues 41 and 42.
 from __future__ import annotations
 
 import pytest
+from request_maps import parsed, through_the_wire
 
 from kspec.engine.api import CompletionRequest, ModuleMembers
 from kspec.engine.errors import InputError
@@ -51,13 +52,13 @@ def test_a_name_the_module_lacks_counts_as_undefined() -> None:
 
 def test_members_travel_in_a_request_map_and_are_checked() -> None:
     request = CompletionRequest(prefix="nodes.", members=NODES)
-    assert CompletionRequest.from_dict(request.to_dict()) == request
-    assert CompletionRequest.from_dict({"prefix": "x", "members": [{"qualifier": "m", "names": ["a"]}]}).members == (ModuleMembers("m", ("a",)),)
+    assert through_the_wire(request) == request
+    assert parsed({"prefix": "x", "members": [{"qualifier": "m", "names": ["a"]}]}).members == (ModuleMembers("m", ("a",)),)
     for bad in ({"qualifier": "m"}, {"qualifier": 1, "names": []}, {"qualifier": "m", "names": [1]}, "m"):
         with pytest.raises(InputError, match="members"):
-            CompletionRequest.from_dict({"prefix": "x", "members": [bad]})
+            parsed({"prefix": "x", "members": [bad]})
     with pytest.raises(InputError, match="more than"):
-        CompletionRequest.from_dict({"prefix": "x", "members": [{"qualifier": "m", "names": [f"n{i}" for i in range(5000)]}]})
+        parsed({"prefix": "x", "members": [{"qualifier": "m", "names": [f"n{i}" for i in range(5000)]}]})
 
 
 NODE_NAMES = ("Compare", "Concat", "ContextReference", "Const", "ScopedEvalContextModifier", "EvalContext")
