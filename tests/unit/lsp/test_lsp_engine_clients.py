@@ -25,7 +25,7 @@ from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions, InProces
 from kspec.engine.serve.framing import read_frame, write_frame
 from kspec.engine.serve.network import parse_engine_url
 from kspec.engine.serve.runtime import DaemonPaths
-from kspec.engine.serve.wire import PROTOCOL_VERSION, Cancel, Complete, Failed, Hello, Message, decode, encode
+from kspec.engine.serve.wire import PROTOCOL_VERSION, Cancel, Complete, Failed, Final, Hello, Message, decode, encode
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
 from kspec.engine.serve.runner import EngineRunner
 from kspec.engine.serve.status import Status
@@ -223,6 +223,56 @@ async def test_daemon_refuses_bad_peers(short_dir: Path) -> None:
     assert await asyncio.wait_for(reader.read(), 10) == b""
     daemon._stop.set()
     await asyncio.wait_for(served, 10)
+
+
+async def test_a_message_that_does_not_decode_fails_alone_with_a_one_line_error(short_dir: Path) -> None:
+    """A wrong-typed request field, an unknown type, a frame that is no msgpack: each answered with
+    the user's one-line error for the request it names, and the connection keeps serving."""
+    socket = short_dir / "d.sock"
+    daemon = Daemon(CONFIG, factory_for(FakeEngine()), idle_timeout_s=60)
+    served = await serve(daemon, socket)
+    reader, writer = await asyncio.open_unix_connection(str(socket))
+    write_frame(writer, encode(Hello(PROTOCOL_VERSION)))
+    assert isinstance(decode(await read_frame(reader)), Hello)
+
+    async def answer(body: bytes) -> Message:
+        write_frame(writer, body)
+        while isinstance(reply := decode(await asyncio.wait_for(read_frame(reader), 10)), Status):
+            pass
+        return reply
+
+    wrong = msgspec.msgpack.encode({"type": "complete", "id": "r1", "request": {"prefix": "x", "k": "four"}})
+    assert await answer(wrong) == Failed("r1", "input", "request field 'k': Expected `int`, got `str`")
+    assert await answer(msgspec.msgpack.encode({"type": "shout", "id": "r2"})) == Failed("r2", "protocol", "unknown message type 'shout'")
+    assert await answer(b"\xc1") == Failed(None, "protocol", "malformed frame: MessagePack data is malformed: invalid opcode '\\xc1' (byte 0)")
+    final = await answer(encode(Complete("r3", CompletionRequest(prefix="ab"))))
+    assert isinstance(final, Final) and final.result.completions[0].text == "ba"
+    writer.close()
+    daemon._stop.set()
+    await asyncio.wait_for(served, 10)
+
+
+async def test_a_malformed_result_fails_its_request_and_not_the_connection(short_dir: Path) -> None:
+    options = DaemonOptions(config=EngineConfig(model="odd"), folder=short_dir, connect_timeout_s=5)
+
+    async def odd_daemon(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_frame(reader)
+        write_frame(writer, encode(Hello(PROTOCOL_VERSION, pid=1, status=Status("ready", model="odd"))))
+        while (body := await read_frame(reader)) is not None:
+            request = decode(body)
+            assert isinstance(request, Complete)
+            if request.request.prefix == "bad":
+                write_frame(writer, msgspec.msgpack.encode({"type": "result", "id": request.id, "result": {"completions": "nope"}}))
+            else:
+                write_frame(writer, encode(Final(request.id, CompletionResult([Completion("ok", 0.0)], "odd"))))
+
+    server = await asyncio.start_unix_server(odd_daemon, str(options.paths().socket))
+    client = DaemonEngine(options, lambda status: None)
+    with pytest.raises(EngineUnavailable, match="malformed result from the engine daemon: malformed 'result' message"):
+        await asyncio.wait_for(client.complete(CompletionRequest(prefix="bad")), 10)
+    assert (await asyncio.wait_for(client.complete(CompletionRequest(prefix="good")), 10)).completions[0].text == "ok"
+    client.close()
+    server.close()
 
 
 async def test_idle_daemon_exits_and_removes_its_socket(short_dir: Path) -> None:
