@@ -28,7 +28,7 @@ MAX_CONTEXT_CHARS = 1 << 20  # characters of extra context per request, all piec
 # Other files' context takes at most this share of the engine's prompt budget and the file's window
 # the rest (engine/prompt.py; the language server asks for no more): the whole prompt stays what the
 # machine fit prefills cold in its time, and a warm keystroke's decode rounds read no more KV than
-# without context. (Before 2026-12-04 the context came on top of the window, up to 2x the budget.)
+# without context.
 CONTEXT_SHARE = 0.5
 MAX_MEMBER_MODULES = 64  # modules whose member names a request carries
 MAX_MEMBER_NAMES = 4096  # member names per request, all modules together

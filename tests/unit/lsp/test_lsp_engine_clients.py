@@ -336,13 +336,13 @@ async def test_tcp_daemon_needs_its_token() -> None:
         await Daemon(CONFIG, factory_for(FakeEngine())).serve_tcp("127.0.0.1", 0)
 
 
-# --- issue 15: no worker left behind, no permanent giving up ------------------------------
+# --- no worker left behind, no permanent giving up ---------------------------------------
 
 
 async def test_stop_with_requests_queued_ends_the_worker() -> None:
     """stop() while the worker is busy (a setting that selects the engine changed while
-    requests were running or queued): the worker used to forget it was stopping after
-    that round, and wait for work for good (+1 thread and a model per switch)."""
+    requests were running or queued): the worker stops after that round rather than waiting
+    for work for good (+1 thread and a model per switch)."""
     fake = FakeEngine()
     runner = EngineRunner(CONFIG, factory_for(fake), lambda s: None)
     runner.start()
@@ -441,7 +441,7 @@ async def test_after_giving_up_a_daemon_running_again_is_used(short_dir: Path) -
     with pytest.raises(EngineUnavailable):
         await asyncio.wait_for(client.complete(CompletionRequest(prefix="cd")), 10)
 
-    # Another editor starts the daemon again: this client uses it (it used to answer [] for good).
+    # Another editor starts the daemon again: this client uses it (not [] for good).
     again = Daemon(CONFIG, factory_for(FakeEngine()), idle_timeout_s=60)
     served_again = await serve(again, paths.socket)
     result = await asyncio.wait_for(client.complete(CompletionRequest(prefix="ef")), 10)

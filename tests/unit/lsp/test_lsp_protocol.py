@@ -111,7 +111,7 @@ def test_loopback_addresses() -> None:
 
 
 def test_which_engine_urls_carry_code_in_clear_off_the_machine() -> None:
-    """Issue 43: the server refuses these unless the user allows it (allowInsecureRemote)."""
+    """The server refuses these unless the user allows it (allowInsecureRemote)."""
     clear = ("http://gpu-box:8000/v1", "tcp://10.0.0.1:7000", "http://[2001:db8::1]:80/v1", "http://0.0.0.0:9/v1")
     fine = ("https://gpu-box/v1", "tls://10.0.0.1:7000", "http://127.0.0.1:8000/v1", "tcp://localhost:7000", "http://[::1]:80/v1")
     assert all(parse_engine_url(url).in_clear_off_machine for url in clear)
@@ -119,7 +119,7 @@ def test_which_engine_urls_carry_code_in_clear_off_the_machine() -> None:
 
 
 def test_a_token_file_others_can_read_is_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 15: a world-readable --token-file was accepted silently."""
+    """A token file others can read is used, and the user is told how to make it private."""
     path = tmp_path / "token"
     path.write_text("s3cret\n")
     path.chmod(0o644)
