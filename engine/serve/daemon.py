@@ -159,7 +159,7 @@ class Daemon:
             self._stop.set()
 
     def _broadcast(self, status: Status) -> None:
-        message = self._own(status)
+        message = self._with_pid(status)
         for peer in list(self._peers):
             peer.send(message)
 
@@ -209,14 +209,14 @@ class Daemon:
         if not tokens_match(self.token, hello.token):
             peer.send(Failed.of(None, ProtocolError("bad token")))
             return False
-        peer.send(Hello(PROTOCOL_VERSION, pid=os.getpid(), status=self._own(self.runner.status)))
+        peer.send(Hello(PROTOCOL_VERSION, pid=os.getpid(), status=self._with_pid(self.runner.status)))
         if hello.version != PROTOCOL_VERSION:
             log.warning("client speaks protocol %r, we speak %d", hello.version, PROTOCOL_VERSION)
             return False
         return True
 
     @staticmethod
-    def _own(status: Status) -> Status:
+    def _with_pid(status: Status) -> Status:
         """The runner's status as this daemon tells it: with its pid."""
         return msgspec.structs.replace(status, engine_pid=os.getpid())
 
