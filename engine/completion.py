@@ -18,7 +18,7 @@ from kspec.engine.batching import BatchConfig, ContinuousBatcher
 from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 from kspec.engine.config import FIT_NEUTRAL_FIELDS, EngineConfig
 from kspec.engine.decode.speculative import DraftPayoffs
-from kspec.engine.machine_fit import PROMPT_TOKENS_RANGE, FIT_CACHE_FILE, TIMING_METHOD, FitCache, MachineDefaults, MachineTiming, choose_defaults
+from kspec.engine.machine_fit import PROMPT_TOKENS_RANGE, FIT_CACHE_FILE, TIMING_METHOD, FitCache, MachineDefaults, MachineTiming, choose_defaults, cpu_share
 from kspec.engine.json_file import identity_key
 from kspec.engine.prompt import PromptStarts
 from kspec.engine.models.gguf_convert import ProgressCallback
@@ -109,8 +109,8 @@ class CompletionEngine:
             rounds[k] = result.timing_ms["decode"] / max(1.0, result.timing_ms.get("rounds", 1.0))
         self.clear_caches()
         threads = min(torch.get_num_threads(), _usable_cores() or torch.get_num_threads())
-        share = (time.process_time() - cpu_started) / max(1e-9, (time.perf_counter() - wall_started) * threads)
-        return MachineTiming(rounds, per_token, keystroke, round(share, 3))
+        share = cpu_share(time.process_time() - cpu_started, time.perf_counter() - wall_started, threads)
+        return MachineTiming(rounds, per_token, keystroke, share)
 
     def fit_to_machine(self, cache: FitCache | None = None) -> MachineDefaults:
         """Measure this machine (or take what `cache` holds for this engine here) and choose

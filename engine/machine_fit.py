@@ -55,6 +55,11 @@ QUIET_CPU_SHARE = 0.75  # of the CPU time its threads could have had, a measurem
 # other work and is not cached (2-core Zen 5: 0.77-1.0 quiet, 0.57-0.70 beside one busy process; round 5 vs 10-43 ms)
 
 
+def cpu_share(cpu_seconds: float, wall_seconds: float, threads: int) -> float:
+    """The share of the cores a measurement had: the process's CPU time over wall time x threads."""
+    return round(cpu_seconds / max(1e-9, wall_seconds * max(1, threads)), 3)
+
+
 @dataclass(frozen=True)
 class MachineTiming:
     """What the engine measured on itself (ms)."""

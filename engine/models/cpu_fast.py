@@ -151,11 +151,11 @@ def measured_path(codes: Mapping[str, Q4Codes], path: FastPath, cache: ChoiceCac
         if not kernels or not layer:
             return path, None
         dense_dtype = path.resolved_dense_dtype() if path.keep_dense is not False else None
-        times = measure(layer, Candidates(kernels, dense_dtype))
+        times, share = measure(layer, Candidates(kernels, dense_dtype))
         room = available_bytes()
         fits = dense_dtype is not None and (room is None or MEMORY_HEADROOM * dense_bytes(codes, dense_dtype) <= room)
-        choice = decide(times, list(kernels), dense_name(dense_dtype) if dense_dtype is not None else None, prior, fits)
-        if cache is not None:
+        choice = decide(times, list(kernels), dense_name(dense_dtype) if dense_dtype is not None else None, prior, fits, share)
+        if cache is not None and choice.quiet:  # a busy moment's times serve this start only
             cache.put(key, choice)
     measured = replace(
         path, int4_kernel=path.int4_kernel or choice.int4_kernel, keep_dense=choice.keep_dense if path.keep_dense is None else path.keep_dense,

@@ -12,6 +12,7 @@ free. cpu_profile.py's row is the prior: it orders the candidates and wins a nea
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from kspec.engine.json_file import StampedEntries
+from kspec.engine.machine_fit import QUIET_CPU_SHARE, cpu_share
 from kspec.engine.models.quantized import CpuLinear, Q4Codes, fused_linear, weight_terms
 
 TRIAL_ROWS = (1, 4, 20, 64)  # one suggestion, k branches, k x (gamma + 1) verification, a prefill chunk
@@ -50,11 +52,16 @@ class KernelChoice:
     int4_max_rows: int  # the 4-bit kernel up to this many rows, the dense copy above (where kept)
     times_ms: Times = field(default_factory=dict)
     why: str = ""
+    cpu_share: float = 1.0  # of the cores the measurement had (below QUIET_CPU_SHARE: not cached)
+
+    @property
+    def quiet(self) -> bool:
+        return self.cpu_share >= QUIET_CPU_SHARE
 
     def to_dict(self) -> dict[str, Any]:
         times = {name: {str(rows): ms for rows, ms in by_rows.items()} for name, by_rows in self.times_ms.items()}
         return {"int4_kernel": self.int4_kernel, "keep_dense": self.keep_dense, "int4_max_rows": self.int4_max_rows,
-                "times_ms": times, "why": self.why}  # fmt: skip
+                "times_ms": times, "why": self.why, "cpu_share": self.cpu_share}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Any) -> "KernelChoice":
@@ -66,30 +73,28 @@ class KernelChoice:
             raise ValueError(f"not a kernel choice: {exc}") from exc
         if kernel not in ("kspec", "torch") or not isinstance(keep, bool) or not isinstance(limit, int):
             raise ValueError(f"not a kernel choice: {data!r}")
-        return cls(kernel, keep, limit, times, str(data.get("why", "")))
-
-    def summary(self) -> str:
-        """One line for users: what won and by how much."""
-        return self.why
+        return cls(kernel, keep, limit, times, str(data.get("why", "")), float(data.get("cpu_share", 1.0)))
 
 
-def decide(times: Times, kernels: Sequence[str], dense: str | None, prior: str | None, dense_fits: bool) -> KernelChoice:
+def decide(times: Times, kernels: Sequence[str], dense: str | None, prior: str | None, dense_fits: bool, share: float = 1.0) -> KernelChoice:
     """The choice from measured times: `kernels` the 4-bit candidates measured, `dense` the dense
-    candidate's name (None: not measured), `prior` the profile's kernel."""
+    candidate's name (None: not measured), `prior` the profile's kernel, `share` of the cores the
+    measurement had."""
     def round_ms(name: str) -> float:
         return sum(times[name][rows] for rows in DECODE_ROWS)
 
+    busy = "" if share >= QUIET_CPU_SHARE else f" (measured with {share:.0%} of the cores: this start only)"
     fastest = min(kernels, key=round_ms)
     kernel = prior if prior in kernels and round_ms(prior) <= PRIOR_TIE * round_ms(fastest) else fastest  # type: ignore[assignment]
     why = [f"{name} {round_ms(name):.2f} ms" for name in kernels]
-    text = f"4-bit kernel {kernel}: one layer's projections at {'+'.join(map(str, DECODE_ROWS))} rows " + ", ".join(why)
+    text = f"4-bit kernel {kernel}{busy}: one layer's projections at {'+'.join(map(str, DECODE_ROWS))} rows " + ", ".join(why)
     if dense is None:
-        return KernelChoice(kernel, False, max(TRIAL_ROWS), times, text)
+        return KernelChoice(kernel, False, max(TRIAL_ROWS), times, text, share)
     gain = times[kernel][VERIFY_ROWS] / times[dense][VERIFY_ROWS]
     keep = gain >= DENSE_MIN_GAIN and dense_fits
     reason = "no room" if gain >= DENSE_MIN_GAIN else "does not pay"
     text += f"; {dense} copy {gain:.2f}x at {VERIFY_ROWS} rows: " + ("kept" if keep else f"not kept ({reason})")
-    return KernelChoice(kernel, keep, crossover(times[kernel], times[dense]), times, text)
+    return KernelChoice(kernel, keep, crossover(times[kernel], times[dense]), times, text, share)
 
 
 def crossover(int4: Mapping[int, float], dense: Mapping[int, float]) -> int:
@@ -152,9 +157,11 @@ def _time_ms(linears: Sequence[CpuLinear], rows: int) -> float:
     return statistics.median(samples)
 
 
-def measure(layer: list[list[list[Q4Codes]]], candidates: Candidates) -> Times:
+def measure(layer: list[list[list[Q4Codes]]], candidates: Candidates) -> tuple[Times, float]:
     """Each candidate's time for the layer's projections at each of TRIAL_ROWS, interleaved by row
-    count (a noisy moment hits every candidate alike)."""
+    count (a noisy moment hits every candidate alike), and the share of the cores the process had
+    meanwhile (`machine_fit.cpu_share`: below QUIET_CPU_SHARE other work competed)."""
+    cpu_started, wall_started = time.process_time(), time.perf_counter()
     built: dict[str, list[CpuLinear]] = {name: [_int4_linear(parts, mm) for parts in layer] for name, mm in candidates.kernels.items()}
     if candidates.dense_dtype is not None:
         built[dense_name(candidates.dense_dtype)] = [_dense_linear(parts, candidates.dense_dtype) for parts in layer]
@@ -162,7 +169,8 @@ def measure(layer: list[list[list[Q4Codes]]], candidates: Candidates) -> Times:
     for rows in TRIAL_ROWS:
         for name, linears in built.items():
             times[name][rows] = round(_time_ms(linears, rows), 4)
-    return times
+    threads = min(torch.get_num_threads(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else torch.get_num_threads())
+    return times, cpu_share(time.process_time() - cpu_started, time.perf_counter() - wall_started, threads)
 
 
 def dense_name(dtype: torch.dtype) -> str:
