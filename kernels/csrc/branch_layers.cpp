@@ -17,11 +17,18 @@
 //
 // Attention (the contract of kernels/contract.py, no sliding window): query t of branch b sees
 // every prefix key and its branch's entries j < len_b + t + 1 (len_b: entries before this
-// step). On an AVX-512 or AVX2 build with heads of 64 or 128 it is written out here (`attend_direct`,
+// step). On an AVX-512 or AVX2 build with heads of 64 or 128 it is written out (`attend_direct`,
 // `attend_lanes`: one softmax over a query's prefix and branch scores, nothing to merge);
 // elsewhere two calls of PyTorch's CPU flash kernel and a log-sum-exp merge, as
 // kernels/cpu_fused.py. Why written out, with the measurements on Zen 4 and Zen 3:
 // docs/measurements/kernels-log.md.
+//
+// Files, as the matmul's (q4_q8_matmul.cpp): this one holds the layer loop, its checks, the
+// attention's dispatch and the ops; the attention's loops are in attention/: common.h (its
+// inputs, the prefix's pieces and float16 rows, shared by every build), generic.h (plain C++:
+// one query row at a time), lanes.h (tiles of queries in register lanes, written once over
+// `Lanes`), avx512.h and avx2.h (each instruction set's `Lanes`, float16 conversion and, on AVX2,
+// the one-row blocks for heads of 64); simd.h decides which of them this build has.
 //
 // The prompt's KV (the prefix) may be float16 (`--cpu-kv`, engine/models/cpu_fast.py): the
 // attention converts it a chunk of rows at a time into an L1 scratch and multiplies float32.
@@ -47,7 +54,11 @@
 #include <tuple>
 #include <type_traits>
 #include <vector>
-#include "attention/avx2.h"
+
+#include "attention/common.h"
+#include "attention/generic.h"
+#include "attention/lanes.h"
+#include "exp.h"
 #include "simd.h"
 
 at::Tensor q4_q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params);  // q4_q8_matmul.cpp
@@ -85,73 +96,6 @@ template <typename Act> constexpr at::ScalarType act_type = std::is_same_v<Act, 
 
 constexpr int64_t kGroup = 32;         // weights per 4-bit group (GGUF Q4 blocks)
 constexpr int64_t kMaxHeadDim = 512;
-
-// A float16 of the prompt's KV (the prefix, stored in 16 bits: a step reads half the bytes; the
-// branches' own few entries stay float32). A struct, not its bits' integer type: bf16 is that.
-struct f16 {
-  uint16_t bits;
-};
-static_assert(sizeof(f16) == 2);
-const f16* f16_data(const Tensor& t) { return reinterpret_cast<const f16*>(t.data_ptr<c10::Half>()); }
-
-// The attention multiplies float32: prefix rows of float16 are converted a chunk at a time into
-// a scratch of this many bytes (L1), float32 rows read in place
-constexpr int64_t kConvertBytes = 16384;
-template <int64_t D>
-constexpr int64_t kConvertRows = kConvertBytes / (D * 4);
-
-// Rows of the prefix a pass takes at a time: a float16 prefix a scratch's worth (converted), a
-// float32 one all of them
-template <typename KV, int64_t D>
-inline int64_t chunk_rows(int64_t n) { return std::is_same_v<KV, float> ? std::max<int64_t>(n, 1) : kConvertRows<D>; }
-
-// n rows of D elements at `stride` as float32 rows: a float32 source in place (stride kept);
-// float16 ones converted into scratch [n, D] (stride D), each row's source asked for a few rows
-// ahead (the prefix is not cached at a layer's turn)
-template <int64_t D>
-inline const float* rows_as_float(const float* src, int64_t, int64_t stride, float*, int64_t& out_stride) {
-  out_stride = stride;
-  return src;
-}
-
-template <int64_t D>
-inline const float* rows_as_float(const f16* src, int64_t n, int64_t stride, float* scratch, int64_t& out_stride) {
-  constexpr int64_t kAhead = 16;
-  for (int64_t j = 0; j < n; ++j) {
-    const uint16_t* row = &src[j * stride].bits;
-    float* dst = scratch + j * D;
-    for (int64_t line = 0; line < D * 2; line += 64)  // past the chunk too: the next chunk's rows (a prefetch never faults)
-      __builtin_prefetch(reinterpret_cast<const char*>(row + kAhead * stride) + line);
-#if defined(__AVX512F__)
-    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(dst + d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + d))));
-#elif defined(__F16C__)
-    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d))));
-#else
-    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(c10::Half(row[d], c10::Half::from_bits()));
-#endif
-  }
-  out_stride = D;
-  return scratch;
-}
-
-// e^x for x <= 0 (SiLU's e^-|x|): Cephes' polynomial, ~2 ulp, written so the compiler
-// vectorizes it (std::exp in a loop stays scalar). Below e^-60 it is 0: 1 + e^x is then 1 in
-// float32, and the product would be a denormal number, which costs x86 ~100 cycles.
-inline float exp_nonpositive(float x) {
-  const bool negligible = x < -60.0f;
-  x = std::max(x, -60.0f);
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // rounded (1.5 * 2^23: floor() stays scalar)
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const float scale = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);  // 2^n
-  return negligible ? 0.0f : y * scale;
-}
 
 // x / (1 + e^-x), from e^-|x| so that the exponent is never positive
 inline float silu(float x) {
@@ -293,358 +237,11 @@ __attribute__((noinline)) Tensor mlp_hidden(MlpKind kind, const Tensor& first, c
   return hidden;
 }
 
-// Row r's place among a step's k T padded rows (branch p / T, new token p % T): padded_rows[r]
-// where a step computes only some of them (check_rows), else r itself
-inline int64_t padded_row(const int64_t* padded_rows, int64_t r) { return padded_rows ? padded_rows[r] : r; }
-
 struct Dims {
   int64_t rows, dim, heads, kv_heads, head_dim, n_new, branches, capacity;
   const int64_t* padded_rows = nullptr;  // [R] the rows computed of the k T padded ones; nullptr: all
   int64_t padded(int64_t r) const { return padded_row(padded_rows, r); }
 };
-
-// Where a layer's attention reads its inputs: queries [R, H, D] float32 (row r: the padded row
-// p = padded(r) of branch p / T, new token p % T), pre-softmax scale 1 / sqrt(D); the prefix
-// [Hkv, P, D] of KV (float32 or f16; key stride p_key, head stride p_head, unit last stride,
-// values alike); each branch's entries [k, Hkv, S, D] float32 contiguous, `cols` of them visible
-// under the additive mask [k, 1, T, cols] (or all of them)
-template <typename KV>
-struct AttentionInputs {
-  int64_t rows, heads, kv_heads, n_new, prefix, capacity, cols, p_head, p_key;
-  const float* queries;
-  const KV *prefix_k, *prefix_v;
-  const float *branch_k, *branch_v, *mask;
-  const int64_t* padded_rows;  // [R] each row's place among the k T padded rows; nullptr: row r is r
-
-  int64_t group() const { return heads / kv_heads; }
-  int64_t padded(int64_t r) const { return padded_row(padded_rows, r); }
-  const float* own_keys(int64_t r, int64_t hk, int64_t D) const { return branch_k + ((padded(r) / n_new) * kv_heads + hk) * capacity * D; }
-  const float* own_values(int64_t r, int64_t hk, int64_t D) const { return branch_v + ((padded(r) / n_new) * kv_heads + hk) * capacity * D; }
-  const float* mask_row(int64_t r) const { return mask ? mask + padded(r) * cols : nullptr; }  // [k, 1, T, cols]: row b T + t
-};
-
-constexpr int64_t kMaxGroup = 16;  // query heads per kv head the written-out attention takes
-
-// The prefix keys cut into `count` pieces so that the attention's work items (kv heads x query
-// tiles x pieces) split evenly between the threads: at one or four rows of the default model
-// there are 3 kv heads' items for 2 threads (one thread did two, the other one; measured on Zen 4)
-struct PrefixPieces {
-  int64_t count, keys;
-  static constexpr int64_t kMaxPieces = 4;
-  static constexpr int64_t kMinKeys = 64;  // per piece: below, the join costs more than the balance saves
-
-  static PrefixPieces balancing(int64_t items, int64_t keys, int64_t threads) {
-    for (int64_t count = 1; count <= kMaxPieces && keys >= count * kMinKeys; ++count)
-      if ((items * count) % threads == 0) return {count, keys};
-    return {1, keys};
-  }
-  int64_t start(int64_t piece) const { return piece * keys / count; }
-  int64_t longest() const { return (keys + count - 1) / count; }
-  bool last(int64_t piece) const { return piece == count - 1; }
-};
-
-// A query's scores over `cols` own entries plus the mask, into scores; returns their maximum
-template <int64_t D>
-float own_scores(const float* q, const float* keys, const float* mask, int64_t cols, float* scores, float top) {
-  for (int64_t j = 0; j < cols; ++j) {
-    float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t d = 0; d < D; ++d) dot += q[d] * keys[j * D + d];
-    scores[j] = mask ? dot + mask[j] : dot;
-    top = std::max(top, scores[j]);
-  }
-  return top;
-}
-
-// scores[j] = e^(scores[j] - top) for n scores; returns their sum
-inline float exponentiate(float* scores, int64_t n, float top) {
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) {
-    const float e = exp_nonpositive(scores[j] - top);
-    scores[j] = e;
-    sum += e;
-  }
-  return sum;
-}
-
-// out[d] += sum_j p[j] values[j][d] over n values of row stride `stride`
-template <int64_t D>
-void weigh_values(const float* p, const float* values, int64_t stride, int64_t n, float* out) {
-  for (int64_t j = 0; j < n; ++j) {
-#pragma omp simd
-    for (int64_t d = 0; d < D; ++d) out[d] += p[j] * values[j * stride + d];
-  }
-}
-
-
-// scores[j] = q . keys[j] for n key rows of D (stride)
-template <int64_t D>
-inline void score_rows(const float* q, const float* keys, int64_t stride, int64_t n, float* scores) {
-#if KSPEC_ROW_BLOCKS
-  if constexpr (D == 64) return score_rows64(q, keys, stride, n, scores);
-#endif
-  for (int64_t j = 0; j < n; ++j) {
-    const float* key = keys + j * stride;
-    float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t d = 0; d < D; ++d) dot += q[d] * key[d];
-    scores[j] = dot;
-  }
-}
-
-// out [D] += sum_j p[j] values[j] over n value rows of D (stride)
-template <int64_t D>
-inline void weigh_rows(const float* p, const float* values, int64_t stride, int64_t n, float* out) {
-#if KSPEC_ROW_BLOCKS
-  if constexpr (D == 64) return weigh_rows64(p, values, stride, n, out);
-#endif
-  weigh_values<D>(p, values, stride, n, out);
-}
-
-// One row at a time: its group of query heads against the prefix keys, a chunk of keys at a
-// time (each chunk read once for the group), then its own entries; for a step of few rows, where the
-// flash kernel's fixed cost dominates. Items are (row, kv head, piece of the prefix); the last
-// piece also takes the row's own entries. emit(r, h, piece, o, top, sum) takes the piece's
-// output o [D] unnormalized (weights e^(score - top)) and its sum of weights.
-template <int64_t D, typename KV, typename Emit>
-void attend_direct(const AttentionInputs<KV>& in, const PrefixPieces& pieces, Emit emit) {
-  const int64_t G = in.group(), n = pieces.longest() + in.cols;
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  at::parallel_for(0, in.rows * in.kv_heads * pieces.count, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores(G * n);  // [G, piece + cols]
-    std::vector<float> converted(std::is_same_v<KV, float> ? 0 : kConvertRows<D> * D);  // [chunk, D] float16 rows as float32
-    alignas(64) float q[kMaxGroup * D];
-    alignas(64) float o[kMaxGroup * D];
-    float top[kMaxGroup], sum[kMaxGroup];
-    for (int64_t item = i0; item < i1; ++item) {
-      const int64_t piece = item % pieces.count, base = item / pieces.count;
-      const int64_t r = base / in.kv_heads, hk = base % in.kv_heads, h0 = hk * G;
-      const int64_t p0 = pieces.start(piece), P = pieces.start(piece + 1) - p0;
-      const int64_t cols = pieces.last(piece) ? in.cols : 0;
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t d = 0; d < D; ++d) q[g * D + d] = in.queries[(r * in.heads + h0 + g) * D + d] * scale;
-      const KV* keys = in.prefix_k + hk * in.p_head + p0 * in.p_key;
-      const KV* values = in.prefix_v + hk * in.p_head + p0 * in.p_key;
-      const int64_t p_key = in.p_key, chunk = kConvertRows<D>;  // float32 rows too: a chunk stays in L1 for the group
-      for (int64_t j0 = 0; j0 < P; j0 += chunk) {
-        const int64_t m = std::min(chunk, P - j0);
-        int64_t stride;
-        const float* rows = rows_as_float<D>(keys + j0 * p_key, m, p_key, converted.data(), stride);
-        for (int64_t g = 0; g < G; ++g) score_rows<D>(q + g * D, rows, stride, m, scores.data() + g * n + j0);
-      }
-      for (int64_t g = 0; g < G; ++g) {
-        float* row = scores.data() + g * n;
-        float best = -INFINITY;
-#pragma omp simd reduction(max : best)
-        for (int64_t j = 0; j < P; ++j) best = std::max(best, row[j]);
-        top[g] = own_scores<D>(q + g * D, in.own_keys(r, hk, D), in.mask_row(r), cols, row + P, best);
-        sum[g] = exponentiate(row, P + cols, top[g]);
-      }
-      std::fill(o, o + G * D, 0.f);
-      for (int64_t j0 = 0; j0 < P; j0 += chunk) {  // each chunk of value rows read (converted) once for the group
-        const int64_t m = std::min(chunk, P - j0);
-        int64_t stride;
-        const float* rows = rows_as_float<D>(values + j0 * p_key, m, p_key, converted.data(), stride);
-        for (int64_t g = 0; g < G; ++g) weigh_rows<D>(scores.data() + g * n + j0, rows, stride, m, o + g * D);
-      }
-      for (int64_t g = 0; g < G; ++g) {
-        weigh_values<D>(scores.data() + g * n + P, in.own_values(r, hk, D), D, cols, o + g * D);
-        emit(r, h0 + g, piece, o + g * D, top[g], sum[g]);
-      }
-    }
-  });
-}
-
-#if KSPEC_LANES_ATTENTION
-constexpr int64_t kLanes = Lanes::kCount;  // float32 lanes of a register
-constexpr int64_t kRegisters = kLanes == 16 ? 32 : 16;  // vector registers of the build
-
-// The first pass over the keys (or values) reads part of each row: a row's whole D floats are
-// asked for this many rows ahead, so that the later passes find them cached and the first one
-// does not wait on memory a few lines at a time (the KV cache is never cached at a layer's
-// turn: the weights streamed through since the layer's last step)
-constexpr int64_t kPrefetchRows = 8;
-
-template <int64_t D>
-inline void prefetch_row(const float* row) {
-  for (int64_t line = 0; line < D * 4; line += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + line, _MM_HINT_T0);
-}
-
-// A query tile: Regs registers of lanes, one query per lane (AVX2 takes 2 registers from more
-// than one register's queries: each key element broadcast serves 16 queries). KeyBlock keys are
-// scored together, KeyBlock x Regs accumulators held in registers.
-template <int64_t Regs>
-struct QueryTile {
-  static constexpr int64_t kWidth = Regs * kLanes;  // queries
-  static constexpr int64_t kKeyBlock = std::min<int64_t>(8, (kRegisters - 2 - Regs) / Regs);
-};
-constexpr int64_t kWideTileRegs = kLanes == 8 ? 2 : 1;
-
-// Values are weighed kValueRegs registers of dimensions at a time, for kValueQueries queries:
-// a loaded piece of a value row serves kValueQueries queries (Zen 3, 30 layers: 2 x 4 against
-// 4 x 2 1.0-1.1x, against 1 x 8 equal but at 4 rows, whose 12 queries a tile 8 wide wastes)
-constexpr int64_t kValueRegs = 2;
-constexpr int64_t kValueQueries = 4;
-
-// st [KB, W] = the tile's scaled queries qt [D, W] against KB key rows (stride p_key)
-template <int64_t D, int64_t Regs, int64_t KB>
-inline void score_keys(const float* qt, const float* keys, int64_t p_key, float* st) {
-  constexpr int64_t W = QueryTile<Regs>::kWidth;
-  Lanes::V acc[KB][Regs];
-#pragma GCC unroll 16
-  for (int64_t b = 0; b < KB; ++b)
-#pragma GCC unroll 4
-    for (int64_t r = 0; r < Regs; ++r) acc[b][r] = Lanes::zero();
-  for (int64_t d = 0; d < D; ++d) {
-    Lanes::V q[Regs];
-#pragma GCC unroll 4
-    for (int64_t r = 0; r < Regs; ++r) q[r] = Lanes::load(qt + d * W + r * kLanes);
-#pragma GCC unroll 16
-    for (int64_t b = 0; b < KB; ++b) {
-      const Lanes::V key = Lanes::set1(keys[b * p_key + d]);
-#pragma GCC unroll 4
-      for (int64_t r = 0; r < Regs; ++r) acc[b][r] = Lanes::fmadd(key, q[r], acc[b][r]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int64_t b = 0; b < KB; ++b)
-#pragma GCC unroll 4
-    for (int64_t r = 0; r < Regs; ++r) Lanes::storeu(st + b * W + r * kLanes, acc[b][r]);
-}
-
-// ot[m + i] [D] = sum_j p[j][m + i] values[j] for kValueQueries queries m + i of the tile,
-// p [n, W] (the tile's weights per key), values n rows of stride p_key; `accumulate`: added to
-// what ot holds (a chunk of the prefix after the first)
-template <int64_t D, int64_t W>
-inline void weigh_value_rows(const float* p, const float* values, int64_t p_key, int64_t n, int64_t m, bool prefetch, bool accumulate,
-                             float* ot) {
-  for (int64_t c = 0; c < D; c += kValueRegs * kLanes) {
-    Lanes::V acc[kValueQueries][kValueRegs];
-#pragma GCC unroll 8
-    for (int64_t i = 0; i < kValueQueries; ++i)
-#pragma GCC unroll 4
-      for (int64_t v = 0; v < kValueRegs; ++v) acc[i][v] = accumulate ? Lanes::loadu(ot + (m + i) * D + c + v * kLanes) : Lanes::zero();
-    for (int64_t j = 0; j < n; ++j) {
-      const float* value = values + j * p_key;
-      if (prefetch && c == 0 && j + kPrefetchRows < n) prefetch_row<D>(value + kPrefetchRows * p_key);
-      Lanes::V row[kValueRegs];
-#pragma GCC unroll 4
-      for (int64_t v = 0; v < kValueRegs; ++v) row[v] = Lanes::loadu(value + c + v * kLanes);
-#pragma GCC unroll 8
-      for (int64_t i = 0; i < kValueQueries; ++i) {
-        const Lanes::V weight = Lanes::set1(p[j * W + m + i]);
-#pragma GCC unroll 4
-        for (int64_t v = 0; v < kValueRegs; ++v) acc[i][v] = Lanes::fmadd(weight, row[v], acc[i][v]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int64_t i = 0; i < kValueQueries; ++i)
-#pragma GCC unroll 4
-      for (int64_t v = 0; v < kValueRegs; ++v) Lanes::storeu(ot + (m + i) * D + c + v * kLanes, acc[i][v]);
-  }
-}
-
-// A kv head's queries (rows x its group of query heads) in the lanes of Regs registers, a tile
-// of QueryTile<Regs>::kWidth at a time, against the shared prefix: a block of keys at a time,
-// each key element broadcast against the tile's queries in one fused multiply-add per register
-// (no transposition of the keys, no horizontal sums); the values weighed a few queries at a
-// time, each loaded piece of a value row against their weights. Each query's own branch entries
-// (few) one dot at a time. Items and emit as attend_direct.
-template <int64_t D, int64_t Regs, typename KV, typename Emit>
-void attend_lanes(const AttentionInputs<KV>& in, const PrefixPieces& pieces, Emit emit) {
-  constexpr int64_t W = QueryTile<Regs>::kWidth, KB = QueryTile<Regs>::kKeyBlock;
-  static_assert(D % (kValueRegs * kLanes) == 0 && W % kValueQueries == 0);
-  const int64_t G = in.group(), M = in.rows * G, tiles = (M + W - 1) / W;
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  at::parallel_for(0, in.kv_heads * tiles * pieces.count, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> prefix_scores(std::max<int64_t>(pieces.longest(), 1) * W);  // [piece, W]
-    std::vector<float> branch_scores(W * std::max<int64_t>(in.cols, 1));  // [W, cols]
-    std::vector<float> converted(std::is_same_v<KV, float> ? 0 : kConvertRows<D> * D);  // [chunk, D] float16 rows as float32
-    alignas(64) float qt[D * W];  // [D, W] the tile's queries, scaled
-    alignas(64) float ot[W * D];  // [W, D] their prefix values' weighted sums
-    alignas(64) float top[W];
-    alignas(64) float total[W];
-    for (int64_t item = i0; item < i1; ++item) {
-      const int64_t piece = item % pieces.count, base = item / pieces.count;
-      const int64_t hk = base / tiles, m0 = (base % tiles) * W, lanes = std::min(W, M - m0);
-      const int64_t p0 = pieces.start(piece), P = pieces.start(piece + 1) - p0;
-      const int64_t cols = pieces.last(piece) ? in.cols : 0;
-      std::fill(qt, qt + D * W, 0.f);
-      for (int64_t l = 0; l < lanes; ++l) {
-        const int64_t r = (m0 + l) / G, h = hk * G + (m0 + l) % G;
-        for (int64_t d = 0; d < D; ++d) qt[d * W + l] = in.queries[(r * in.heads + h) * D + d] * scale;
-      }
-      float* st = prefix_scores.data();
-      const KV* keys = in.prefix_k + hk * in.p_head + p0 * in.p_key;
-      const int64_t chunk = chunk_rows<KV, D>(P);
-      for (int64_t j0 = 0; j0 < P; j0 += chunk) {
-        const int64_t n = std::min(chunk, P - j0);
-        int64_t stride;
-        const float* rows = rows_as_float<D>(keys + j0 * in.p_key, n, in.p_key, converted.data(), stride);
-        int64_t j = 0;
-        for (; j + KB <= n; j += KB) {
-          if constexpr (std::is_same_v<KV, float>)  // converted rows were asked for by the conversion
-            for (int64_t b = 0; b < KB && j + kPrefetchRows + b < n; ++b) prefetch_row<D>(rows + (j + kPrefetchRows + b) * stride);
-          score_keys<D, Regs, KB>(qt, rows + j * stride, stride, st + (j0 + j) * W);
-        }
-        for (; j < n; ++j) score_keys<D, Regs, 1>(qt, rows + j * stride, stride, st + (j0 + j) * W);
-      }
-      std::fill(top, top + W, -INFINITY);
-      for (int64_t k = 0; k < P; ++k) {
-#pragma omp simd
-        for (int64_t l = 0; l < W; ++l) top[l] = std::max(top[l], st[k * W + l]);
-      }
-      for (int64_t l = 0; l < lanes; ++l) {
-        const int64_t r = (m0 + l) / G;
-        float q[D];
-        for (int64_t d = 0; d < D; ++d) q[d] = qt[d * W + l];
-        top[l] = own_scores<D>(q, in.own_keys(r, hk, D), in.mask_row(r), cols, branch_scores.data() + l * in.cols, top[l]);
-      }
-      std::fill(total, total + W, 0.f);
-      for (int64_t k = 0; k < P; ++k) {
-        float* row = st + k * W;
-#pragma omp simd
-        for (int64_t l = 0; l < W; ++l) {
-          const float e = exp_nonpositive(row[l] - top[l]);
-          row[l] = e;
-          total[l] += e;
-        }
-      }
-      const KV* values = in.prefix_v + hk * in.p_head + p0 * in.p_key;
-      for (int64_t j0 = 0; j0 < std::max<int64_t>(P, 1); j0 += chunk) {  // an empty piece still zeroes ot
-        const int64_t n = std::min(chunk, P - j0);
-        int64_t stride;
-        const float* rows = rows_as_float<D>(values + j0 * in.p_key, n, in.p_key, converted.data(), stride);
-        for (int64_t m = 0; m < lanes; m += kValueQueries)
-          weigh_value_rows<D, W>(st + j0 * W, rows, stride, n, m, std::is_same_v<KV, float> && m == 0, j0 > 0, ot);
-      }
-      for (int64_t l = 0; l < lanes; ++l) {
-        const int64_t r = (m0 + l) / G, h = hk * G + (m0 + l) % G;
-        float* sb = branch_scores.data() + l * in.cols;
-        float* o = ot + l * D;
-        const float sum = total[l] + exponentiate(sb, cols, top[l]);
-        weigh_values<D>(sb, in.own_values(r, hk, D), D, cols, o);
-        emit(r, h, piece, o, top[l], sum);
-      }
-    }
-  });
-}
-
-// Tiles of a kv head's queries and their registers: one register where the queries fit in one
-template <int64_t Regs, typename KV>
-inline int64_t query_tiles(const AttentionInputs<KV>& in) { return (in.rows * in.group() + QueryTile<Regs>::kWidth - 1) / QueryTile<Regs>::kWidth; }
-template <typename KV>
-inline bool wide_tiles(const AttentionInputs<KV>& in) { return in.rows * in.group() > kLanes; }
-
-// Query vectors per kv head from which a kv head's queries share registers (attend_lanes)
-// rather than go one at a time (attend_direct): three quarters of a register's lanes. The
-// default model's kv heads have 3 queries per row. Measured on Zen 4 (16 lanes): 3 one at a
-// time, 12 in lanes. On Zen 3 (8 lanes; 30 layers, 512 prefix keys, interleaved): 6 (two rows)
-// in lanes 1.18-1.22x faster than one at a time, which reads the keys and values once per row;
-// 3 in lanes 0.70x.
-constexpr int64_t kLanesFromQueries = (3 * kLanes + 3) / 4;
-#endif
 
 // The written-out attention where this build and these inputs have it (true), else false. With
 // the prefix in several pieces, each piece's output is kept with its maximum score and sum of

@@ -26,32 +26,13 @@ inline void keep_in_register(__m256i& a) { asm volatile("" : "+x"(a)); }
 }  // namespace
 #endif
 
-// The layer loop's written-out attention: 16 float32 lanes a register on AVX-512, 8 on AVX2
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#define KSPEC_LANES_ATTENTION 1
-namespace {
-// One register of float32 lanes and the few operations the attention's tiles use: 16 lanes on
-// AVX-512, 8 on AVX2 (Zen 3: PyTorch's flash calls were a fifth of a one-row step)
-struct Lanes {
+// The layer loop's attention (csrc/attention/): its tiles of float32 lanes, 16 a register on
+// AVX-512 (attention/avx512.h), 8 on AVX2 (attention/avx2.h); elsewhere PyTorch's flash kernel
 #if defined(__AVX512F__)
-  using V = __m512;
-  static constexpr int64_t kCount = 16;
-  static V zero() { return _mm512_setzero_ps(); }
-  static V set1(float x) { return _mm512_set1_ps(x); }
-  static V load(const float* p) { return _mm512_load_ps(p); }  // 64-byte aligned
-  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
-  static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-#else
-  using V = __m256;
-  static constexpr int64_t kCount = 8;
-  static V zero() { return _mm256_setzero_ps(); }
-  static V set1(float x) { return _mm256_set1_ps(x); }
-  static V load(const float* p) { return _mm256_load_ps(p); }  // 32-byte aligned
-  static V loadu(const float* p) { return _mm256_loadu_ps(p); }
-  static void storeu(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+#define KSPEC_ATTENTION_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define KSPEC_ATTENTION_AVX2 1
 #endif
-};
-}  // namespace
+#if KSPEC_ATTENTION_AVX512 || KSPEC_ATTENTION_AVX2
+#define KSPEC_LANES_ATTENTION 1
 #endif

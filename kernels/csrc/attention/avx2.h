@@ -1,15 +1,38 @@
-// AVX2 (without AVX-512) blocks of the layer loop's one-row attention over heads of 64: 8 keys a
-// register block; AVX-512 builds take the lanes tiles (branch_layers.cpp) instead.
+// AVX2 (without AVX-512) pieces of the layer loop's attention: a register of 8 float32 lanes for
+// lanes.h's tiles, float16 prefix rows converted 8 values an instruction (F16C), and blocks of the
+// one-row attention (generic.h's attend_direct) over heads of 64, 8 keys a register block.
 #pragma once
 
 #include <cstdint>
 
 #include "../simd.h"
+#include "common.h"
 
 namespace {
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// F16C: every AVX2 CPU has it; an AVX-512 build converts in avx512.h
+#if defined(__F16C__) && !KSPEC_ATTENTION_AVX512
+template <int64_t D>
+inline void half_row_to_float(const uint16_t* row, float* dst) {
+  for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d))));
+}
+#endif
+
+#if KSPEC_ATTENTION_AVX2
 #define KSPEC_ROW_BLOCKS 1
+// One register of float32 lanes and the few operations the attention's tiles use (Zen 3:
+// PyTorch's flash calls were a fifth of a one-row step)
+struct Lanes {
+  using V = __m256;
+  static constexpr int64_t kCount = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V load(const float* p) { return _mm256_load_ps(p); }  // 32-byte aligned
+  static V loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static void storeu(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+};
+
 // The sums of eight registers' lanes, in one register: lane i = the sum of a[i]'s 8 lanes
 inline __m256 lane_sums(const __m256 (&a)[8]) {
   const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));  // halves: lanes 0-3 | 4-7 of a[0..3]
