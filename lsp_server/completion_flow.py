@@ -4,7 +4,8 @@
   -> the user typed what a branch of the document's request still decoding has written the start
      of? wait for its next rounds: typeahead hit? answer
   -> supersede the document's older request -> debounce (automatic triggers)
-  -> engine, raced against being superseded and against the deadline (`race`)
+  -> engine, raced against being superseded and against the deadline (`race`; one `Deadline` per
+     engine request, deadline.py)
   -> early answer? the engine decodes on into the typeahead cache, the client is told
   -> cancelled by the client? the engine work goes on, unattended, for the requests that continue it.
 
@@ -28,6 +29,7 @@ from kspec.engine.api import CompletionRequest, CompletionResult, ContextFile, M
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError
 from kspec.lsp_server.client_kind import whole_texts
 from kspec.lsp_server.context import EditorContext
+from kspec.lsp_server.deadline import Deadline
 from kspec.lsp_server.documents import Cursor, Document
 from kspec.lsp_server.edits import CLOSERS
 from kspec.lsp_server.engine_client import EngineClient
@@ -40,7 +42,6 @@ log = logging.getLogger("kspec.lsp")
 UPDATED_METHOD = "$/kspec/suggestionsUpdated"  # longer alternatives for {uri, version} are in the typeahead cache
 FALLBACK_FIRST_ANSWER_MS = 300.0  # when the engine chose none (a remote engine) and the user set none
 MID_LINE_MAX_TOKENS = 24  # a cursor before text on its line only completes that line
-ENGINE_GRACE_S = 0.5  # on top of the request's deadline, for the engine to return what it has
 INTERIM_REFRESH_MS = 300.0  # after an early answer, the client is told of grown alternatives at most this often
 
 
@@ -234,9 +235,10 @@ class CompletionFlow:
         if not settings.typeahead or pending is None or not pending.may_still_write(query):
             return None
         self.stats.joined += 1
+        deadline = Deadline(settings.deadline_ms)
         try:
             while pending.may_still_write(query):
-                await asyncio.wait_for(pending.grew.wait(), settings.deadline_ms / 1000 + ENGINE_GRACE_S)
+                await asyncio.wait_for(pending.grew.wait(), deadline.left_s())
                 if (texts := self._cached(query)) is not None:
                     return texts
         except asyncio.TimeoutError:
@@ -257,13 +259,13 @@ class CompletionFlow:
             context = query.context
             log.debug("request at %s:%d: ...%r | %r...", query.document.uri, query.cursor.line, context.prefix[-80:], context.suffix[:40])
         self.stats.engine_calls += 1
-        started = time.perf_counter()
+        deadline = Deadline(request.deadline_ms)
         early: asyncio.Future = asyncio.get_running_loop().create_future()
 
         def on_interim(interim: CompletionResult) -> None:
             # Every interim answer (the branches grew) serves the keystrokes that follow.
             if not ticket.superseded.is_set():
-                ticket.interim(tuple(self._store(query, interim, started, shown=False)))
+                ticket.interim(tuple(self._store(query, interim, deadline, shown=False)))
             if not early.done():
                 early.set_result(interim)
 
@@ -276,28 +278,28 @@ class CompletionFlow:
         outcome = IDLE  # told when this request is over (also when it was cancelled)
         try:
             try:
-                done, superseded = await race({job, early}, ticket, request.deadline_ms / 1000 + ENGINE_GRACE_S)
+                done, superseded = await race({job, early}, ticket, deadline.left_s())
             except asyncio.CancelledError:
                 # The client cancelled: an editor does at every keystroke, and the next request
                 # may continue this one. The engine goes on for it, unattended.
                 if not job.done() and not ticket.superseded.is_set():
-                    ticket.unattended = asyncio.ensure_future(self._unattended(query, request, ticket, job, early, started))
+                    ticket.unattended = asyncio.ensure_future(self._unattended(query, request, ticket, job, early, deadline))
                 raise
             finally:
                 self.report.busy -= 1
                 if ticket.unattended is None and not done and not job.done():
                     job.cancel()  # stops the engine at its next round
             if job in done:
-                texts = self._answered(query, request, job, started)
-                if not texts and _timed_out(job, started, request.deadline_ms):
+                texts = self._answered(query, request, job, deadline)
+                if not texts and _timed_out(job, deadline):
                     self.stats.timeouts += 1
                     outcome = TIMED_OUT
                     return texts, self._after_timeout(query, ticket)
                 return texts, None
             if early in done:
-                texts = self._store(query, early.result(), started, kept=True)
+                texts = self._store(query, early.result(), deadline, kept=True)
                 self.stats.early_answers += 1
-                return texts[: request.k], asyncio.ensure_future(self._decode_on(query, request, ticket, job, started))
+                return texts[: request.k], asyncio.ensure_future(self._decode_on(query, request, ticket, job, deadline))
             if superseded:
                 self.stats.superseded += 1
             else:
@@ -309,16 +311,16 @@ class CompletionFlow:
         finally:
             self.report.set_activity(outcome)
 
-    def _answered(self, query: Query, request: CompletionRequest, job: asyncio.Future, started: float, shown: bool = True) -> list[str]:
+    def _answered(self, query: Query, request: CompletionRequest, job: asyncio.Future, deadline: Deadline, shown: bool = True) -> list[str]:
         try:
             result = job.result()
         except (DeadlineExceeded, EngineUnavailable, KspecError) as exc:
             self.stats.errors += 1
             log.info("no completion: %s", exc)
             return []
-        return self._store(query, result, started, shown)[: request.k]
+        return self._store(query, result, deadline, shown)[: request.k]
 
-    def _store(self, query: Query, result: CompletionResult, started: float, shown: bool = True, kept: bool = False) -> list[str]:
+    def _store(self, query: Query, result: CompletionResult, deadline: Deadline, shown: bool = True, kept: bool = False) -> list[str]:
         """Texts of an answer, kept in the typeahead cache (unless `kept` there already); the
         status carries its latency when it is the answer the user waited for (`shown`), not
         one decoded on after it."""
@@ -327,17 +329,16 @@ class CompletionFlow:
         if texts and settings.typeahead and not kept:
             self.typeahead.store(query.document.uri, Entry(query.context, settings.prefix_chars, settings.suffix_chars, tuple(texts)))
         if shown:
-            self.report.answered(result.model, (time.perf_counter() - started) * 1000, result.timing_ms)
+            self.report.answered(result.model, deadline.elapsed_ms(), result.timing_ms)
         return texts
 
-    async def _decode_on(self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, started: float) -> None:
+    async def _decode_on(self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, deadline: Deadline) -> None:
         """After an early answer: the interim answers that grew the alternatives, at most one
         per `INTERIM_REFRESH_MS`, and the final answer go into the typeahead cache and the
         client is told (it asks again and gets the longer alternatives at once: the
         suggestion grows while the user pauses); a request for this document that the
         typeahead cache cannot answer supersedes (cancels) it."""
         with work_on(self.stats):
-            ends = time.perf_counter() + request.deadline_ms / 1000 + ENGINE_GRACE_S
             told = time.perf_counter()
             done: set[asyncio.Future] = set()
             superseded = False
@@ -345,7 +346,7 @@ class CompletionFlow:
                 while True:
                     grew = asyncio.ensure_future(ticket.grew.wait())
                     try:
-                        done, superseded = await race({job, grew}, ticket, ends - time.perf_counter())
+                        done, superseded = await race({job, grew}, ticket, deadline.left_s())
                     finally:
                         grew.cancel()
                     if grew not in done or job in done or superseded:
@@ -361,7 +362,7 @@ class CompletionFlow:
                 self.stats.superseded += 1
             if job not in done or job.cancelled() or job.exception() is not None:
                 return
-            if self._answered(query, request, job, started, shown=False) and not self.report.closed:
+            if self._answered(query, request, job, deadline, shown=False) and not self.report.closed:
                 self.stats.continued += 1
                 self._tell_updated(query)
 
@@ -377,12 +378,13 @@ class CompletionFlow:
         if (engine := self._engine()) is None:
             return
         with work_on(self.stats):
-            request, started = engine_request(query, self.choice, early_answers=False), time.perf_counter()
+            request = engine_request(query, self.choice, early_answers=False)
+            deadline = Deadline(request.deadline_ms)
             job = asyncio.ensure_future(engine.complete(request, None))
             job.add_done_callback(_retrieved)
-            if job not in (await race({job}, ticket, request.deadline_ms / 1000 + ENGINE_GRACE_S))[0]:
+            if job not in (await race({job}, ticket, deadline.left_s()))[0]:
                 job.cancel()
-            elif self._answered(query, request, job, started, shown=False) and not self.report.closed:
+            elif self._answered(query, request, job, deadline, shown=False) and not self.report.closed:
                 self.stats.retried += 1
                 self._tell_updated(query)
 
@@ -391,27 +393,26 @@ class CompletionFlow:
         self._notify(UPDATED_METHOD, {"uri": query.document.uri, "version": query.version})
 
     async def _unattended(
-        self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, early: asyncio.Future, started: float,
+        self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, early: asyncio.Future, deadline: Deadline,
     ) -> None:
         """The engine work of a request the client cancelled, for the requests that continue
         it: its answers go into the typeahead cache until a request it cannot serve
         supersedes it, or its deadline passes."""
         with work_on(self.stats):
             self.stats.unattended += 1
-            left_s = request.deadline_ms / 1000 + ENGINE_GRACE_S - (time.perf_counter() - started)
             done: set[asyncio.Future] = set()
             superseded = False
             try:
-                done, superseded = await race({job, early}, ticket, left_s)
+                done, superseded = await race({job, early}, ticket, deadline.left_s())
             finally:
                 if not done and not job.done():
                     job.cancel()
             if superseded and not done:
                 self.stats.superseded += 1
             elif job in done and not job.cancelled():
-                self._answered(query, request, job, started, shown=False)
+                self._answered(query, request, job, deadline, shown=False)
             elif early in done:
-                await self._decode_on(query, request, ticket, job, started)
+                await self._decode_on(query, request, ticket, job, deadline)
 
 
 def engine_request(query: Query, choice: Callable[[str, Any], Any], early_answers: bool) -> CompletionRequest:
@@ -460,13 +461,13 @@ def _retrieved(job: asyncio.Future) -> None:
         job.exception()
 
 
-def _timed_out(job: asyncio.Future, started: float, deadline_ms: float) -> bool:
+def _timed_out(job: asyncio.Future, deadline: Deadline) -> bool:
     """The engine's empty answer came at its deadline (or it said it was too late)."""
     if job.cancelled():
         return False
     if isinstance(job.exception(), DeadlineExceeded):
         return True
-    return (time.perf_counter() - started) * 1000 >= deadline_ms
+    return deadline.passed()
 
 
 def _uri_path(uri: str) -> str:
