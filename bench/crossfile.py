@@ -244,7 +244,7 @@ def pool_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
     runs = []
     for report in reports:
         if "cases" not in report or any("ms" not in case for case in report["cases"]):
-            raise ValueError("a report without per-cut latencies (`ms`, kept since 2026-12-04): run the bench again")
+            raise ValueError("a report without per-cut latencies (`ms`; an older kspec's): run the bench again")
         runs.append({"prompt_tokens": (report.get("machine_defaults") or {}).get("promptTokens"), **report["config"]})
         for case in report["cases"]:
             for way in WAYS:

@@ -220,7 +220,9 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
 
 
 def goals(cells: dict[tuple[int, float], dict[str, Any]]) -> dict[str, Any]:
-    """Issue 42's three executed goals, where the table has the cells they compare."""
+    """The executed goals, where the table has the cells they compare: pass@all at k = 4 at least
+    1.5x pass@first at k = 1 (1 s); pass@first at k = 4 not below k = 1 at any budget; pass@all at
+    k = 4 in 0.5 s not below pass@first at k = 1 in 2 s."""
     def value(k: int, budget: float, key: str) -> float | None:
         cell = cells.get((k, budget))
         return None if cell is None else cell[key]

@@ -16,8 +16,8 @@ side point by point (A B A B: both see the same moments of machine noise):
 
   kspec     the server's current defaults (`kspec_settings`, default none: what a user
             gets without settings), engines from `engine_factory`
-  previous  what shipped before issue 13's work: fp32 weights, no early answer
-            (`firstAnswerMs` 0) and the old fixed k / maxTokens / debounce / deadline
+  previous  a baseline without the typist's shaping: fp32 weights, no early answer
+            (`firstAnswerMs` 0) and fixed k / maxTokens / debounce / deadline
             (`PREVIOUS_SETTINGS`), engines from `previous_engine_factory`
 
 Settings the server does not know (yet) are not sent (the server reports unknown keys);
@@ -73,7 +73,7 @@ from kspec.lsp_server.settings import Settings, camel, parse_settings
 log = logging.getLogger("kspec.bench")
 
 PREDICT_CHARS = 8
-PAUSE_MS = 500.0  # after a word-ending character (issue 13's replay: "10 characters/s with pauses")
+PAUSE_MS = 500.0  # after a word-ending character (a typist's replay: 10 characters/s with pauses)
 
 
 def keystroke_times(typed: str, cps: float, pause_ms: float) -> list[float]:
@@ -85,10 +85,10 @@ def keystroke_times(typed: str, cps: float, pause_ms: float) -> list[float]:
         at += 1 / cps + (pause_ms / 1000 if not (char.isalnum() or char == "_") else 0.0)
     return times
 UPDATED_METHOD = "$/kspec/suggestionsUpdated"
-# What shipped before issue 13 (fast CPU path, answers shaped for a typist): the settings'
-# defaults of that time, fp32 weights and one answer at the deadline
+# The baseline without the fast CPU path and the answers shaped for a typist: fp32 weights,
+# one answer at the deadline, fixed k / maxTokens / debounce / deadline (docs/history.md)
 PREVIOUS_SETTINGS: dict[str, Any] = {"dtype": "float32", "firstAnswerMs": 0, "k": 3, "maxTokens": 48, "debounceMs": 40, "deadlineMs": 3000}
-PREVIOUS_ENGINE: dict[str, Any] = {"dtype": "float32", "fit_to_machine": False}  # EngineConfig of that time (fields it lacks are skipped)
+PREVIOUS_ENGINE: dict[str, Any] = {"dtype": "float32", "fit_to_machine": False}  # its EngineConfig (fields it lacks are skipped)
 
 
 def predicts(suggestion: str, still_to_type: str, chars: int = PREDICT_CHARS) -> bool:
@@ -410,7 +410,7 @@ def known_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], list[str]]
 
 
 def previous_engine_factory(factory: EngineFactory = default_engine_factory) -> EngineFactory:
-    """`factory` with the engine configuration of `PREVIOUS_ENGINE` (the fields EngineConfig still has)."""
+    """`factory` with the engine configuration of `PREVIOUS_ENGINE` (those fields EngineConfig has)."""
 
     def build(config: Any, on_progress: Any) -> Any:
         names = {f.name for f in dataclasses.fields(config)}

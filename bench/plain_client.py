@@ -1,4 +1,4 @@
-"""`kspec bench clients`: what an editor that speaks plain LSP gets (issue 40's goal). A client with
+"""`kspec bench clients`: what an editor that speaks plain LSP gets. A client with
 no kspec extensions (it never re-asks on `$/kspec/suggestionsUpdated`: Neovim 0.12's built-in
 inline completion, Emacs, Helix) asks `textDocument/inlineCompletion`, triggerKind Invoked, k = 4,
 at fresh positions: the start of a HumanEval function's body, each in a document of its own.

@@ -1,4 +1,4 @@
-"""Names after `module.` kept to the module's members while a branch writes them (issue 41).
+"""Names after `module.` kept to the module's members while a branch writes them.
 
 A branch that writes `nodes.` for a module the file imports (`ModuleMembers`, from the context
 gatherer) goes on, token by token, only with tokens that continue one of the module's names or

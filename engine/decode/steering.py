@@ -1,4 +1,4 @@
-"""Branches steered by what the hole needs (issue 42): some of the k branches start with a
+"""Branches steered by what the hole needs: some of the k branches start with a
 forced text (`msg =` where the code after the cursor reads `msg` and nothing binds it:
 engine/syntax/needs.py), the others decode freely.
 

@@ -9,7 +9,7 @@ Public API (other packages import from here):
 * `unit_complete(prefix, completion_so_far, suffix, language)` — the early-stop hook
   (`UnitPredicate` is the same with the request's context built once)
 * `hole_needs(prefix, suffix, language)` / `binding_starts(needs)` — what the hole must bind,
-  as the starts the decoder can force on some branches (needs.py, issue 42)
+  as the starts the decoder can force on some branches (needs.py)
 * `forget_requests()` — empty the per-request memos (memo.py), so that the next call for a
   text costs what a new keystroke's does (benchmarks)
 """

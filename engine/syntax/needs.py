@@ -1,4 +1,4 @@
-"""What the hole must bind, as the text a branch can be made to start with (issue 42).
+"""What the hole must bind, as the text a branch can be made to start with.
 
 The name analysis (pynames.py, jsnames.py) finds the names the code right after the cursor
 reads that nothing before it binds (`needs`: the suffix reads `msg`, the hole is where

@@ -141,7 +141,7 @@ describe('needsRestart', () => {
 	});
 });
 
-describe('only what the user set is sent (issue 16)', () => {
+describe('only what the user set is sent', () => {
 	/** vscode.WorkspaceConfiguration: `get` gives the manifest's default too, `inspect` says who set a value. */
 	function vscodeConfig(user: Record<string, unknown>) {
 		const defaults: Record<string, unknown> = { k: 3, maxTokens: 48, enabled: true, engine: 'daemon', deadlineMs: 3000 };
@@ -177,7 +177,7 @@ describe('only what the user set is sent (issue 16)', () => {
 	});
 });
 
-describe('a workspace cannot choose what runs or where code goes (issue 43)', () => {
+describe('a workspace cannot choose what runs or where code goes', () => {
 	/** A repository's .vscode/settings.json, as `inspect` reports it: workspaceValue only. */
 	function workspaceConfig(workspace: Record<string, unknown>, user: Record<string, unknown> = {}) {
 		return {

@@ -114,7 +114,7 @@ describe('StatusModel', () => {
 	});
 });
 
-describe('busy and timed out (issue 16)', () => {
+describe('busy and timed out', () => {
 	it('reads activity and the engine log as kspec lsp sends them; ignores unknown activities', () => {
 		assert.deepEqual(parseStatus({ state: 'ready', activity: 'busy', logFile: '/run/kspec/m.log', serverPid: 42 }),
 			{ state: 'ready', message: '', progress: null, lastLatencyMs: null, activity: 'busy', logFile: '/run/kspec/m.log' });
