@@ -23,6 +23,7 @@ from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult, D
 from kspec.engine.errors import EngineUnavailable, KspecError, LoadCancelled
 from kspec.engine.serve.freed_memory import IDLE_TRIM_S, return_freed_memory
 from kspec.engine.serve.load_slot import LoadSlot
+from kspec.engine.serve.main_exit import stop_at_main_exit
 from kspec.engine.serve.status import ERROR, LOADING, READY, Status
 
 if TYPE_CHECKING:
@@ -164,10 +165,10 @@ class EngineRunner:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._thread.start()
-        # At interpreter exit, stop the worker before threading joins it (the hook
-        # concurrent.futures uses for its own workers): an owner that never called stop(),
-        # e.g. after an exception, must not hang the process at exit.
-        threading._register_atexit(self.stop)  # type: ignore[attr-defined]
+        # When the main thread ends, stop the worker before the interpreter joins it (atexit
+        # would run only after that join): an owner that never called stop(), e.g. after an
+        # exception, must not hang the process at exit.
+        stop_at_main_exit(self)
 
     def stop(self) -> None:
         """Cancels the running requests (each stops at its next round) and ends the thread (without waiting)."""
