@@ -46,7 +46,8 @@
 //
 // Files, as ggml keeps its CPU kernels: this one holds the checks, the dispatch and the ops; the
 // loops are per instruction set, q4q8/generic.h (plain C++, every build), q4q8/avx2.h and
-// q4q8/avx512_vnni.h, over q4q8/layout.h (the forms' constants, the activations' quantization);
+// q4q8/avx512_vnni.h (the activations' quantization too, where it has its own loop), over
+// q4q8/layout.h (the forms' constants and the quantized activations' layout);
 // simd.h decides which instruction sets this build has, once for every kernel file.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -72,6 +73,25 @@ namespace {
 using at::Tensor;
 
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "kspec q4_q8_matmul: ", what); }
+
+constexpr int64_t kQuantizeGrain = 256;  // blocks per thread's share: below, one thread quantizes
+
+// x [rows, k] float32 as 8-bit blocks of 32 (the VNNI build's loop where built, else the generic one)
+Quantized quantize_rows(const float* x, int64_t rows, int64_t k) {
+  const int64_t blocks = rows * (k / kBlock);
+  Quantized q{uninitialized<int8_t>(rows * k), uninitialized<float>(blocks), uninitialized<float>(blocks),
+              uninitialized<float>(blocks)};
+  at::parallel_for(0, blocks, kQuantizeGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+#if KSPEC_Q4Q8_VNNI
+      quantize_block_vnni(x + i * kBlock, q.a.get() + i * kBlock, q.scale[i], q.sum[i], q.code_sum[i]);
+#else
+      quantize_block_scalar(x + i * kBlock, q.a.get() + i * kBlock, q.scale[i], q.sum[i], q.code_sum[i]);
+#endif
+    }
+  });
+  return q;
+}
 
 // Checks shared by both forms; y [M, N] and x quantized, or y empty when there is nothing to do
 template <int Bits>

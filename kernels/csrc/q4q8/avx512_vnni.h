@@ -7,6 +7,21 @@
 #if KSPEC_Q4Q8_VNNI
 namespace {
 
+// One block of 32 activations: a = round(x / d) (to nearest even), d = max|x| / 127; the sum of the
+// block's x and d times the sum of its a
+inline void quantize_block_vnni(const float* xb, int8_t* ab, float& d, float& total, float& code_sum) {
+  const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+  total = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
+  d = amax / 127.f;
+  const __m512 inv = _mm512_set1_ps(d > 0.f ? 1.f / d : 0.f);
+  const __m512i a0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x0, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512i a1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x1, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(ab), _mm512_cvtepi32_epi8(a0));  // |a| <= 127: no saturation
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(ab + 16), _mm512_cvtepi32_epi8(a1));
+  code_sum = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(a0, a1)));
+}
+
 // AVX-512 VNNI: T tiles (16 T outputs) x R rows. A block's codes unpack into 8 registers per
 // tile (weights 4j .. 4j + 3 of each output in its lane), used by every row; a row's 8 broadcast
 // groups of four activations serve every tile. Per row, tile and block: 8 vpdpbusd into a fresh

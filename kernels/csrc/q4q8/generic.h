@@ -1,10 +1,32 @@
-// The generic loop of every form: plain C++, one sum at a time; what a build without a vector
-// loop for a form runs (correct, slow).
+// The generic loops: the activations' quantization in plain C++ (the compiler vectorizes it; every
+// build but AVX-512 VNNI's runs it), and every form's dot one sum at a time, what a build without
+// a vector loop for a form runs (correct, slow).
 #pragma once
 
 #include "layout.h"
 
 namespace {
+
+// One block of 32 activations: a = round(x / d) (to nearest even, as std::nearbyint), d = max|x| / 127;
+// the sum of the block's x and d times the sum of its a
+inline void quantize_block_scalar(const float* xb, int8_t* ab, float& d, float& total, float& code_sum) {
+  float amax = 0.f;
+  total = 0.f;
+#pragma omp simd reduction(max : amax) reduction(+ : total)
+  for (int64_t j = 0; j < kBlock; ++j) {
+    amax = std::max(amax, std::fabs(xb[j]));
+    total += xb[j];
+  }
+  d = amax / 127.f;
+  const float inv = d > 0.f ? 1.f / d : 0.f;
+  int32_t codes = 0;
+#pragma omp simd reduction(+ : codes)
+  for (int64_t j = 0; j < kBlock; ++j) {
+    ab[j] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
+    codes += ab[j];
+  }
+  code_sum = d * static_cast<float>(codes);
+}
 
 // Tile t, every row, one sum at a time: either form where no vector loop is built
 template <int Bits>

@@ -1,5 +1,5 @@
 // The 4-, 5- and 8-bit forms' layout (q4_q8_matmul.cpp says what they hold) and the activations'
-// quantization to 8 bits per block of 32, shared by every ISA's loops.
+// 8-bit blocks of 32 (`Quantized`), shared by every ISA's loops.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -69,52 +69,6 @@ struct Quantized {  // x [M, K] as 8-bit blocks
   std::unique_ptr<float[]> sum;      // [M, K/32] float32 sum of the block's x (the 4-bit form's minimums)
   std::unique_ptr<float[]> code_sum; // [M, K/32] d * sum of the block's a (the 8-bit form's -128 d)
 };
-
-// One block of 32 activations: a = round(x / d) (to nearest even, as std::nearbyint), d = max|x| / 127
-inline void quantize_block(const float* xb, int8_t* ab, float& d, float& total, float& code_sum) {
-#if KSPEC_Q4Q8_VNNI
-  const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
-  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-  total = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
-  d = amax / 127.f;
-  const __m512 inv = _mm512_set1_ps(d > 0.f ? 1.f / d : 0.f);
-  const __m512i a0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x0, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512i a1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x1, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(ab), _mm512_cvtepi32_epi8(a0));  // |a| <= 127: no saturation
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(ab + 16), _mm512_cvtepi32_epi8(a1));
-  code_sum = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(a0, a1)));
-#else
-  float amax = 0.f;
-  total = 0.f;
-#pragma omp simd reduction(max : amax) reduction(+ : total)
-  for (int64_t j = 0; j < kBlock; ++j) {
-    amax = std::max(amax, std::fabs(xb[j]));
-    total += xb[j];
-  }
-  d = amax / 127.f;
-  const float inv = d > 0.f ? 1.f / d : 0.f;
-  int32_t codes = 0;
-#pragma omp simd reduction(+ : codes)
-  for (int64_t j = 0; j < kBlock; ++j) {
-    ab[j] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
-    codes += ab[j];
-  }
-  code_sum = d * static_cast<float>(codes);
-#endif
-}
-
-constexpr int64_t kQuantizeGrain = 256;  // blocks per thread's share: below, one thread quantizes
-
-Quantized quantize_rows(const float* x, int64_t rows, int64_t k) {
-  const int64_t blocks = rows * (k / kBlock);
-  Quantized q{uninitialized<int8_t>(rows * k), uninitialized<float>(blocks), uninitialized<float>(blocks),
-              uninitialized<float>(blocks)};
-  at::parallel_for(0, blocks, kQuantizeGrain, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-      quantize_block(x + i * kBlock, q.a.get() + i * kBlock, q.scale[i], q.sum[i], q.code_sum[i]);
-  });
-  return q;
-}
 
 // The per-block sums of x each form's m multiplies: sum(x) for 4 bits, d sum(a) for 5 and 8
 template <int Bits>
