@@ -9,12 +9,14 @@ import random
 import shutil
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from lsprotocol import types as lsp
+from pygls.io_ import run_async
 from pygls.lsp.client import LanguageClient
 
 from kspec.bench.crossfile import WAYS, CrossFileConfig, Cut, Tally, find_cuts, package_folders
@@ -23,7 +25,10 @@ STATUS = "$/kspec/status"
 
 
 class Editor:
-    """One `kspec lsp` process and its client; `status` is the last `$/kspec/status`."""
+    """One `kspec lsp` process and its client; `status` is the last `$/kspec/status`. The process
+    is started here, not by the client's `start_io` (pygls has no public handle on the process it
+    starts): its stderr is read, it is killed if it outlives `exit`, and a request fails at once
+    when it ends."""
 
     def __init__(self) -> None:
         self.client = LanguageClient("kspec-crossfile-bench", "0")
@@ -33,6 +38,10 @@ class Editor:
         self.client.feature(lsp.WINDOW_SHOW_MESSAGE)(lambda params: None)
         self.stderr_tail: list[str] = []
         self._version: dict[str, int] = {}
+        self.process: asyncio.subprocess.Process | None = None
+        self._exited: asyncio.Future | None = None  # the process's end
+        self._stop_reading = threading.Event()
+        self._reading: asyncio.Future | None = None  # the client's loop over the server's messages
 
     def _on_status(self, params: Any) -> None:
         self.status = _plain(params)
@@ -41,20 +50,37 @@ class Editor:
 
     async def start(self, folder: Path, options: dict[str, Any], timeout_s: float) -> None:
         env = {**os.environ, "KSPEC_LOG_LEVEL": "warning"}
-        await self.client.start_io(sys.executable, "-m", "kspec.cli.main", "lsp", "--engine", "inprocess", env=env)
-        asyncio.ensure_future(self._drain())
+        pipe = asyncio.subprocess.PIPE
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kspec.cli.main", "lsp", "--engine", "inprocess", env=env, stdin=pipe, stdout=pipe, stderr=pipe,
+        )  # fmt: skip
+        self._exited = asyncio.ensure_future(self.process.wait())
+        self.client.protocol.set_writer(self.process.stdin)
+        self._reading = asyncio.ensure_future(run_async(stop_event=self._stop_reading, reader=self.process.stdout, protocol=self.client.protocol))
+        asyncio.ensure_future(self._drain(self.process.stderr))
         params = lsp.InitializeParams(
             capabilities=lsp.ClientCapabilities(), initialization_options=options, root_uri=folder.as_uri(),
             workspace_folders=[lsp.WorkspaceFolder(uri=folder.as_uri(), name=folder.name)],
         )  # fmt: skip
-        await asyncio.wait_for(self.client.initialize_async(params), timeout_s)
+        await self._answer(self.client.initialize_async(params), timeout_s)
         self.client.initialized(lsp.InitializedParams())
         await asyncio.wait_for(self._ready.wait(), timeout_s)
 
-    async def _drain(self) -> None:
-        stream = self.client._server.stderr if self.client._server is not None else None  # type: ignore[attr-defined]
+    async def _drain(self, stream: asyncio.StreamReader | None) -> None:
         while stream is not None and (line := await stream.readline()):
             self.stderr_tail = [*self.stderr_tail[-20:], line.decode("utf-8", "replace")]
+
+    async def _answer(self, request: Awaitable[Any], timeout_s: float) -> Any:
+        """The answer to `request`; an error at once if the server process ends first."""
+        assert self._exited is not None and self.process is not None
+        answer = asyncio.ensure_future(request)
+        done, _ = await asyncio.wait({answer, self._exited}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if answer in done:
+            return answer.result()
+        answer.cancel()
+        if self._exited in done:
+            raise RuntimeError(f"kspec lsp exited with code {self.process.returncode}")
+        raise asyncio.TimeoutError()
 
     def configure(self, settings: dict[str, Any]) -> None:
         self.client.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(settings={"kspec": settings}))
@@ -78,20 +104,24 @@ class Editor:
             context=lsp.InlineCompletionContext(trigger_kind=lsp.InlineCompletionTriggerKind.Invoked),
         )  # fmt: skip
         started = time.perf_counter()
-        result = await asyncio.wait_for(self.client.text_document_inline_completion_async(params), timeout_s)
+        result = await self._answer(self.client.text_document_inline_completion_async(params), timeout_s)
         elapsed = (time.perf_counter() - started) * 1000
         items = result.items if isinstance(result, lsp.InlineCompletionList) else (result or [])
         return [item.insert_text if isinstance(item.insert_text, str) else item.insert_text.value for item in items], elapsed
 
     async def stop(self) -> None:
         try:
-            await asyncio.wait_for(self.client.shutdown_async(None), 30)
+            await self._answer(self.client.shutdown_async(None), 30)
             self.client.exit(None)
         except Exception:  # the process may be gone already
             pass
-        if self.client._server is not None and self.client._server.returncode is None:  # type: ignore[attr-defined]
-            self.client._server.kill()  # type: ignore[attr-defined]
-        await self.client.stop()
+        if self.process is not None:
+            if self.process.returncode is None:
+                self.process.kill()
+            await self.process.wait()
+        self._stop_reading.set()
+        if self._reading is not None:
+            await asyncio.gather(self._reading, return_exceptions=True)  # its stdout ended with the process
 
 
 def _plain(value: Any) -> Any:

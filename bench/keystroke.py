@@ -181,6 +181,7 @@ class ThreadServer:
         self.on_updated: dict[str, Callable[[Any], None]] = {}  # uri -> the replay's handler of UPDATED_METHOD
         self.client.feature(UPDATED_METHOD)(lambda params: self._updated(params))  # pygls tags the function: no bound method
         self.client.feature(lsp.WINDOW_SHOW_MESSAGE)(lambda params: log.warning("server: %s", params.message))
+        self._stop_reading = threading.Event()  # ends the client's loop over the server's messages
         self._task: asyncio.Task | None = None
 
     def _status(self, params: Any) -> None:  # on the client's event loop
@@ -207,7 +208,7 @@ class ThreadServer:
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(self._from_server_r, "rb", buffering=0))
         transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(self._to_server_w, "wb", buffering=0))
         self.client.protocol.set_writer(asyncio.StreamWriter(transport, protocol, None, loop))
-        self._task = asyncio.ensure_future(run_async(stop_event=self.client._stop_event, reader=reader, protocol=self.client.protocol, logger=log))
+        self._task = asyncio.ensure_future(run_async(stop_event=self._stop_reading, reader=reader, protocol=self.client.protocol, logger=log))
 
     async def close(self) -> None:
         try:
@@ -216,7 +217,7 @@ class ThreadServer:
         except (asyncio.TimeoutError, Exception) as exc:
             log.warning("server did not shut down cleanly: %s", exc)
         await asyncio.to_thread(self.thread.join, 30)
-        self.client._stop_event.set()
+        self._stop_reading.set()
         if self._task is not None:
             self._task.cancel()
 

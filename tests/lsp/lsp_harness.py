@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lsprotocol import types as lsp
+from pygls.exceptions import JsonRpcException
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 from kspec.lsp_server.client_kind import DECLARES_UPDATES
@@ -49,6 +50,21 @@ class Editor:
         self.updates: list[dict[str, Any]] = []  # $/kspec/suggestionsUpdated
         client.feature("$/kspec/suggestionsUpdated")(lambda params: self._on_update(params))
         self._versions: dict[str, int] = {}
+        self._hand_written: dict[Any, asyncio.Future] = {}  # ids of requests written by hand (`raw_request`) -> their answers
+        self._handle_message = client.protocol.handle_message
+        client.protocol.handle_message = self._on_message  # type: ignore[method-assign]
+
+    def _on_message(self, message: Any) -> None:
+        """Every message from the server, through pygls' public entry point for them: the answer to
+        a request written by hand goes to its waiter (pygls would drop it as the answer to an id
+        it never sent), the rest to pygls."""
+        waiting = None if hasattr(message, "method") else self._hand_written.pop(getattr(message, "id", None), None)
+        if waiting is None:
+            self._handle_message(message)
+        elif getattr(message, "error", None) is not None:
+            waiting.set_exception(JsonRpcException.from_error(message.error))
+        else:
+            waiting.set_result(message.result)
 
     def _on_status(self, params: Any) -> None:
         self.statuses.append(plain(params))
@@ -135,7 +151,7 @@ class Editor:
 
     async def raw_request(self, body: dict[str, Any] | bytes, msg_id: int, timeout: float = 30.0) -> Any:
         """Send a request by hand and wait for the response to `msg_id` (its error, if any, is raised)."""
-        future = self.client.protocol._request_futures[msg_id] = asyncio.get_running_loop().create_future()
+        future = self._hand_written[msg_id] = asyncio.get_running_loop().create_future()
         self.send_raw(body if isinstance(body, bytes) else json.dumps(body).encode())
         return await asyncio.wait_for(future, timeout)
 
@@ -193,6 +209,7 @@ async def editor_session(
         if not language_client.stopped:  # a test may have ended the server itself
             await asyncio.wait_for(language_client.shutdown_session(), 30)
     finally:
+        # pygls 2.1 and pytest-lsp have no public handle on the process `start_io` started
         if language_client._server is not None and language_client._server.returncode is None:
             language_client._server.kill()
         await language_client.stop()
