@@ -238,6 +238,7 @@ def bench_step(
         "generated_per_branch": GENERATED,
         "repeats": repeats,
         "paths": {path: target.compute for path, target in loaded.items()},
+        "kernel_choice": {path: t.model.kernel_choice.to_dict() for path, t in loaded.items() if t.model.kernel_choice is not None},
         "memory_bandwidth_gb_s": round(bandwidth / 1e9, 2),
         "resident_weights_mb": {path: round(resident_bytes(t.model) / 2**20, 1) for path, t in loaded.items()},
         "cases": rows,

@@ -37,6 +37,7 @@ from kspec.engine.models.kernel_choice import (
     MEMORY_HEADROOM, TRIAL_METHOD, Candidates, ChoiceCache, KernelChoice, available_bytes, decide, dense_bytes, dense_name, measure, trial_layer,
 )
 from kspec.engine.models.native_step import NativeSteps
+from kspec.engine.models.tiled_store import TiledStore, store_path
 from kspec.engine.models.resolve import cache_root
 from kspec.engine.models.transformer import Transformer
 from kspec.engine.version import version
@@ -164,22 +165,35 @@ def measured_path(codes: Mapping[str, Q4Codes], path: FastPath, cache: ChoiceCac
     return measured, choice
 
 
-def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPath = FastPath()) -> Transformer:
+def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPath = FastPath(), codes_file: Path | None = None) -> Transformer:
     """Turn a loaded model into the fast path, in place (returns it): q/k/v and gate/up fused,
     every projection and the head a CpuLinear, 4-bit where `codes` (HF weight names, see
-    `weight_terms`) has every part. The head's dense form stays the model's own weight."""
+    `weight_terms`) has every part. The head's dense form stays the model's own weight. With
+    kspec's kernel and `codes_file` (where `codes` were read from), the kernel's forms are kept
+    next to it and later loads map them instead of building them (tiled_store.py)."""
     dense_dtype, keep_dense, int4_max_rows = path.resolved_dense_dtype(), path.resolved_keep_dense(), path.resolved_int4_max_rows()
     q4q8 = cpu_layers.load_matmul(cache_root()) if path.resolved_int4_kernel() == "kspec" else None  # None: PyTorch's
     isa = cpu_layers.matmul_isa(cache_root()) if q4q8 is not None else None
     q8q8 = cpu_layers.load_q8_matmul(cache_root()) if isa in Q8Q8_ISAS else None
     q5q8 = cpu_layers.load_q5_matmul(cache_root()) if isa in Q5Q8_ISAS else None
+    store_file = store_path(codes_file, isa) if codes_file is not None and isa is not None else None
+    store = TiledStore.open(store_file) if store_file is not None else None
+    forms = {"Q4Q8Term": q4q8, "Q8Q8Term": q8q8, "Q5Q8Term": q5q8}
+    built: dict[str, CpuLinear] = {}
+
+    def kept(key: str) -> list[TiledTerm]:
+        return (store.terms(key, forms) if store is not None else None) or []
+
     for index, block in enumerate(model.model.layers):
         prefix = f"model.layers.{index}."
 
         def linear(*names: str) -> CpuLinear:
             modules = [block.get_submodule(name) for name in names]
-            terms = [weight_terms(codes, f"{prefix}{name}.weight") for name in names]
-            return fused_linear(modules, terms, int4_max_rows, dense_dtype, keep_dense, q4q8, q8q8, q5q8)
+            key = prefix + "+".join(names)
+            tiled = kept(key)
+            terms = [] if tiled else [weight_terms(codes, f"{prefix}{name}.weight") for name in names]
+            built[key] = fused_linear(modules, terms, int4_max_rows, dense_dtype, keep_dense, q4q8, q8q8, q5q8, tiled)
+            return built[key]
 
         attention, mlp = block.self_attn, block.mlp
         attention.fuse(linear("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), linear("self_attn.o_proj"))
@@ -189,16 +203,21 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
             mlp.c_fc, mlp.c_proj = linear("mlp.c_fc"), linear("mlp.c_proj")
     embed_name = "model.embed_tokens.weight"
     head_name = embed_name if model.args.tie_embeddings else "lm_head.weight"
-    head_terms = weight_terms(codes, head_name) if int4_kernel_available() else None
+    head_tiled = kept("lm_head")
+    head_terms = None if head_tiled else weight_terms(codes, head_name) if int4_kernel_available() else None
     head = model.lm_head
     # The dense form: next to 4-bit terms, in the projections' dense dtype (bfloat16: a packed
     # copy, and the 4-bit kernel's row limit holds for the head too); alone, the model's
     # weight itself (tied: the embedding table), not a copy.
-    head_dense = [head.weight] if keep_dense or not head_terms else []
-    head_dtype = dense_dtype if head_terms else head.weight.dtype
-    model.lm_head = CpuLinear(
-        head_dense, head_terms or [], head.bias, int4_max_rows, head_dtype, q4q8_matmul=q4q8, q8q8_matmul=q8q8, q5q8_matmul=q5q8
-    )
+    head_coded = bool(head_tiled or head_terms)
+    head_dense = [head.weight] if keep_dense or not head_coded else []
+    head_dtype = dense_dtype if head_coded else head.weight.dtype
+    model.lm_head = built["lm_head"] = CpuLinear(
+        head_dense, head_terms or [], head.bias, int4_max_rows, head_dtype, q4q8_matmul=q4q8, q8q8_matmul=q8q8, q5q8_matmul=q5q8,
+        tiled=head_tiled,
+    )  # fmt: skip
+    if store_file is not None and store is None:
+        TiledStore.save(store_file, built)
     float_table_needed = bool(model.lm_head.dense_parts) and model.args.tie_embeddings
     float_weights_kept = keep_dense and dense_dtype == torch.float32  # loaded and kept anyway: the table stays float32
     head_terms_kept = model.lm_head.terms

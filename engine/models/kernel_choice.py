@@ -24,7 +24,7 @@ from torch import nn
 
 from kspec.engine.json_file import StampedEntries
 from kspec.engine.machine_fit import QUIET_CPU_SHARE, cpu_share
-from kspec.engine.models.quantized import CpuLinear, Q4Codes, fused_linear, weight_terms
+from kspec.engine.models.quantized import TERM_SEPARATOR, CpuLinear, Q4Codes, fused_linear, weight_shape, weight_terms
 
 TRIAL_ROWS = (1, 4, 20, 64)  # one suggestion, k branches, k x (gamma + 1) verification, a prefill chunk
 DECODE_ROWS = (1, 4, 20)  # the rows of a decode round: the 4-bit kernel is chosen on these
@@ -179,7 +179,7 @@ def dense_name(dtype: torch.dtype) -> str:
 
 def dense_bytes(codes: Mapping[str, Q4Codes], dtype: torch.dtype) -> int:
     """What a dense copy of every coded weight would hold."""
-    shapes = {name.split("#")[0]: codes[name].shape for name in codes}
+    shapes = {name.split(TERM_SEPARATOR)[0]: weight_shape(codes, name) for name in codes}
     return sum(n * k for n, k in shapes.values()) * dtype.itemsize
 
 

@@ -111,12 +111,12 @@ def _load_fast_path(folder: Path, dtype: torch.dtype, path: FastPath, config: En
         path, choice = measured_path(codes, path, cache, identity_key(choice_identity(q4_file, path)))
         skip = frozenset() if path.resolved_keep_dense() else frozenset(name.split(TERM_SEPARATOR)[0] for name in codes)
         try:
-            model = to_fast_path(load_transformer(folder, dtype, "cpu", skip), codes, path)
+            model = to_fast_path(load_transformer(folder, dtype, "cpu", skip), codes, path, q4_file)
             complete = not any(tensor.is_meta for tensor in [*model.parameters(), *model.buffers()])
         except DenseWeightsSkipped:
             complete = False
         if not complete:
-            model = to_fast_path(load_transformer(folder, dtype, "cpu"), codes, path)
+            model = to_fast_path(load_transformer(folder, dtype, "cpu"), codes, path, q4_file)
     model.kernel_choice = choice
     return model
 

@@ -175,11 +175,21 @@ class Q4File(Mapping[str, Q4Codes]):
         codes = unpack_nibbles(self._file.get(f"{name}.codes"))  # [N, K/2] -> [N, K]
         return Q4Codes(codes, self._file.get(f"{name}.scale"), self._file.get(f"{name}.zero"))
 
+    def shape(self, name: str) -> tuple[int, int]:
+        """A weight's [N, K], from the file's header: nothing read."""
+        rows, half = self._file.shape(f"{name}.codes")
+        return rows, 2 * half
+
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self._names)
 
     def __len__(self) -> int:
         return len(self._names)
+
+
+def weight_shape(codes: Mapping[str, Q4Codes], name: str) -> tuple[int, int]:
+    """[N, K] of a weight's term, without reading it where the codes are a file."""
+    return codes.shape(name) if isinstance(codes, Q4File) else codes[name].shape
 
 
 def cat_rows(parts: Sequence[Q4Codes]) -> Q4Codes:
@@ -208,14 +218,30 @@ class TiledTerm(nn.Module):
     def __init__(self, codes: Tensor, scale: Tensor, minimum: Tensor, out_features: int, matmul: Q4Q8Matmul):
         """codes in the form's layout; scale, minimum [N padded, K/32] float32."""
         super().__init__()
-        self.matmul = matmul
-        self.out_features = out_features
         rows, blocks = scale.shape
         params = torch.stack([scale, minimum], dim=1).to(torch.float16)  # [N, 2, K/32]
+        self._hold(codes, params.view(rows // Q4Q8_TILE, Q4Q8_TILE, 2, blocks).permute(0, 3, 2, 1).contiguous(), out_features, matmul)
+
+    def _hold(self, codes: Tensor, params: Tensor, out_features: int, matmul: Q4Q8Matmul) -> None:
+        self.matmul = matmul
+        self.out_features = out_features
         self.codes: Tensor
         self.params: Tensor
         self.register_buffer("codes", codes)
-        self.register_buffer("params", params.view(rows // Q4Q8_TILE, Q4Q8_TILE, 2, blocks).permute(0, 3, 2, 1).contiguous())
+        self.register_buffer("params", params)
+
+    @classmethod
+    def from_layout(cls, codes: Tensor, params: Tensor, out_features: int, matmul: Q4Q8Matmul) -> "TiledTerm":
+        """A term from its form's layout as an earlier one held it (`codes`, `params` [N/16, K/32,
+        2, 16]): no conversion (engine/models/tiled_store.py)."""
+        term = cls.__new__(cls)
+        nn.Module.__init__(term)
+        term._hold(codes, params, out_features, matmul)
+        return term
+
+    @property
+    def in_features(self) -> int:
+        return self.params.shape[1] * GROUP
 
     @property
     def nbytes(self) -> int:
@@ -398,23 +424,27 @@ class CpuLinear(nn.Module):
         q4q8_matmul: Q4Q8Matmul | None = None,
         q8q8_matmul: Q4Q8Matmul | None = None,
         q5q8_matmul: Q4Q8Matmul | None = None,
+        tiled: Sequence[TiledTerm] = (),
     ):
+        """`tiled`: terms for kspec's kernel as an earlier load built them (instead of `terms`)."""
         super().__init__()
-        if not dense and not terms:
+        if not dense and not terms and not tiled:
             raise ValueError("a linear layer needs dense weights or 4-bit codes")
         if any(w.is_meta for w in dense):
             raise DenseWeightsSkipped("a dense weight was not read (its codes could not serve alone)")
-        in_features = {t.shape[1] for t in terms} | {w.shape[1] for w in dense}
-        out_features = {t.shape[0] for t in terms} | ({sum(w.shape[0] for w in dense)} if dense else set())
+        in_features = {t.shape[1] for t in terms} | {w.shape[1] for w in dense} | {t.in_features for t in tiled}
+        out_features = {t.shape[0] for t in terms} | ({sum(w.shape[0] for w in dense)} if dense else set()) | {t.out_features for t in tiled}
         if len(in_features) != 1 or len(out_features) != 1:
             raise ValueError(f"4-bit terms and dense parts disagree on the shape: K {in_features}, N {out_features}")
         self.in_features, self.out_features = in_features.pop(), out_features.pop()
         self.int4_max_rows = int4_max_rows
         # the 4-bit terms' kernel: kspec's 4-bit x 8-bit one where given (float32 in and out),
         # else PyTorch's int4 kernel (in int4_dtype: bfloat16 is its vectorized path)
-        self.int4_dtype = torch.float32 if q4q8_matmul is not None else int4_dtype
+        self.int4_dtype = torch.float32 if q4q8_matmul is not None or tiled else int4_dtype
         eight_bit = eight_bit_codes(terms) if q4q8_matmul is not None and q8q8_matmul is not None else None
-        if eight_bit is not None and q5q8_matmul is not None and int(eight_bit[0].max()) <= 31:
+        if tiled:
+            self.terms = nn.ModuleList(tiled)
+        elif eight_bit is not None and q5q8_matmul is not None and int(eight_bit[0].max()) <= 31:
             self.terms = nn.ModuleList([Q5Q8Term(*eight_bit, q5q8_matmul)])  # 5-bit codes: 5 bits a weight, not 8
         elif eight_bit is not None:
             self.terms = nn.ModuleList([Q8Q8Term(*eight_bit, q8q8_matmul)])  # type: ignore[arg-type]
@@ -581,16 +611,20 @@ def fused_linear(
     q4q8_matmul: Q4Q8Matmul | None = None,
     q8q8_matmul: Q4Q8Matmul | None = None,
     q5q8_matmul: Q4Q8Matmul | None = None,
+    tiled: Sequence[TiledTerm] = (),
 ) -> CpuLinear:
     """One CpuLinear for several linear layers over the same input (outputs concatenated), with
-    each part's terms (`weight_terms`). On the kernels only when every part has them (parts in
-    both forms all take the 8-bit one: a Q4_K q and k beside a Q6_K v); the dense parts are kept
-    unless keep_dense is False."""
+    each part's terms (`weight_terms`), or the fused terms an earlier load built (`tiled`). On the
+    kernels only when every part has them (parts in both forms all take the 8-bit one: a Q4_K q
+    and k beside a Q6_K v); the dense parts are kept unless keep_dense is False."""
     biases = [linear.bias for linear in linears]
     bias = None if all(b is None for b in biases) else torch.cat(
         [b.detach() if b is not None else torch.zeros(l.out_features) for b, l in zip(biases, linears)]
     )
     fused: list[Q4Codes] = []
+    if tiled:
+        dense = [linear.weight for linear in linears] if keep_dense else []
+        return CpuLinear(dense, [], bias, int4_max_rows, dense_dtype, tiled=tiled)
     if int4_kernel_available() and all(t is not None for t in terms):
         parts = [t for t in terms if t is not None]
         if len(parts) > 1 and any(len(t) == 2 for t in parts):  # one 8-bit part: all in the 8-bit form

@@ -45,6 +45,10 @@ class TensorFile:
     def names(self) -> list[str]:
         return list(self._entries)
 
+    def shape(self, name: str) -> list[int]:
+        """A tensor's shape, from the header: nothing read."""
+        return list(self._entries[name]["shape"])
+
     def get(self, name: str) -> torch.Tensor:
         """One tensor, in the file's dtype, in memory of its own."""
         entry = self._entries[name]
