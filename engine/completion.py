@@ -154,6 +154,12 @@ class CompletionEngine:
         return self.target.attention
 
     @property
+    def kernels(self) -> str:
+        """How the target computes and why (the measured kernel choice, where one was made), for the status."""
+        choice = self.target.model.kernel_choice
+        return self.target.compute + (f"; {choice.why}" if choice is not None else "")
+
+    @property
     def prompt_tokens(self) -> int:
         """The machine's defaults' budget (a cold prompt, a new document or place, is prefilled in
         about `machine_fit.COLD_PROMPT_MS`) unless `config.prompt_tokens` pins one; not fitted:

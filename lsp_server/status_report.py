@@ -82,5 +82,7 @@ def status_for_editor(status: Status) -> dict[str, Any]:
         told["defaults"] = {camel(key): value for key, value in status.defaults.items()}
     if status.attention is not None:
         told["attention"] = dict(status.attention)
+    if status.kernels:
+        told["kernels"] = status.kernels
     return told
 

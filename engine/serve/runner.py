@@ -311,7 +311,8 @@ class EngineRunner:
         fitted = getattr(engine, "defaults", None)  # MachineDefaults, for engines that time themselves
         attention = getattr(engine, "attention", None)  # the attention paths the model takes (kernels/paths.py)
         self._set_status(Status(
-            READY, "ready", progress=1.0, model=engine.model_name, defaults=fitted.to_dict() if fitted else None, attention=attention
+            READY, "ready", progress=1.0, model=engine.model_name, defaults=fitted.to_dict() if fitted else None, attention=attention,
+            kernels=getattr(engine, "kernels", ""),
         ))
         return engine
 

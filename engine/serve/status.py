@@ -20,3 +20,4 @@ class Status(msgspec.Struct, frozen=True, tag="status", tag_field="type", omit_d
     engine_pid: int | None = None  # the daemon's pid, when there is one
     defaults: dict[str, float] | None = None  # what the engine chose for this machine (MachineDefaults.to_dict)
     attention: dict[str, str] | None = None  # the attention paths the model takes: {"prefill": ..., "decode": ...}
+    kernels: str = ""  # how the model computes on this CPU and why: the kernels chosen by measurement, with their times

@@ -37,6 +37,7 @@ async def test_status_shows_what_the_engine_chose_for_this_machine(editor: Edito
     assert {"k", "maxTokens", "firstAnswerMs", "roundMs", "prefillMsPerToken"} <= set(defaults)
     assert 1 <= defaults["k"] <= 4 and defaults["roundMs"] > 0
     assert defaults["promptTokens"] == PINNED_PROMPT_TOKENS  # the setting, not the fit's choice
+    assert ready["kernels"].startswith("float32"), ready  # how it computes here (and, on the fast path, the measured choice)
 
 
 async def test_early_answer_then_longer_alternatives_from_the_typeahead_cache(editor: Editor) -> None:
