@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("lsp_server", "engine", "kernels", "bench", "cli", "editors")
 MAX_CLASS_LINES = 250
 MAX_FUNCTION_LINES = 80
+MAX_README_LINES = 500  # a newcomer reads it through; the details live in docs/
 # (file, qualified name): argparse tables, one `add_argument` after another
 EXEMPT = frozenset({("cli/main.py", "build_parser")})
 
@@ -64,3 +65,9 @@ def test_the_count_sees_definitions() -> None:
     assert ("lsp_server/server.py", "Session.inline_completion") in names
     assert ("engine/decode/speculative.py", "SpeculativeRun") in names
     assert ("cli/main.py", "build_parser") in names
+
+
+def test_the_readme_stays_a_newcomers_length_and_names_nothing_outside_the_project() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= MAX_README_LINES, "move details to docs/"
+    assert "../shared" not in text, "the README's commands run on what the project ships or fetches"
