@@ -24,12 +24,14 @@ import logging
 import threading
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from kspec.engine.api import CancelToken, CompletionRequest, Done, EarlyAnswer, admitted
+from kspec.engine.busy_cores import CoreGovernor
 from kspec.engine.cache.kv import BranchCacheGroup
 from kspec.engine.decode.speculative import SpeculativeRun, pad_rows
 from kspec.engine.errors import KspecError
@@ -81,8 +83,9 @@ class _Round:
 class ContinuousBatcher:
     """Runs on one thread: `add` requests, call `run_round` until `idle`."""
 
-    def __init__(self, engine: BatchEngine, config: BatchConfig = BatchConfig()):
-        self.engine, self.config = engine, config
+    def __init__(self, engine: BatchEngine, config: BatchConfig = BatchConfig(), cores: CoreGovernor | None = None):
+        """`cores`: the thread count follows the cores that are free (engine/busy_cores.py)."""
+        self.engine, self.config, self.cores = engine, config, cores
         self._waiting: deque[tuple[CompletionRequest, CancelToken, Done, EarlyAnswer | None, float]] = deque()
         self._members: list[_Member] = []
         self.rounds = 0
@@ -117,7 +120,8 @@ class ContinuousBatcher:
     def run_round(self) -> None:
         with self.engine.lock:
             plan = self._schedule()
-            hidden = self._run(plan)
+            with self.cores.round(decode_only=not plan.prefill) if self.cores is not None else nullcontext():
+                hidden = self._run(plan)
             self._update(plan, hidden)
 
     # -- schedule: who joins, who prefills a chunk, who decodes, who leaves ------------

@@ -15,6 +15,7 @@ import torch
 
 from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult
 from kspec.engine.batching import BatchConfig, ContinuousBatcher
+from kspec.engine.busy_cores import CoreGovernor
 from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 from kspec.engine.config import FIT_NEUTRAL_FIELDS, EngineConfig
 from kspec.engine.decode.speculative import DraftPayoffs
@@ -64,6 +65,10 @@ class CompletionEngine:
         self.prompt_starts = PromptStarts()
         self.lock = threading.Lock()  # one round at a time: the model and caches are not re-entrant
         self.defaults: MachineDefaults | None = None  # set by fit_to_machine()
+        # the thread count follows the free cores, unless the user pinned it (or on a GPU)
+        self.cores = None if config.threads or config.device != "cpu" else CoreGovernor(
+            torch.get_num_threads(), lambda: self.defaults.round_ms if self.defaults is not None else None, torch.set_num_threads
+        )
 
     @classmethod
     def load(cls, config: EngineConfig, on_progress: ProgressCallback | None = None) -> "CompletionEngine":
@@ -183,7 +188,7 @@ class CompletionEngine:
 
     def batcher(self, max_requests: int) -> ContinuousBatcher:
         """Requests of several clients decoded together (continuous batching)."""
-        return ContinuousBatcher(self, BatchConfig(max_requests=max_requests))
+        return ContinuousBatcher(self, BatchConfig(max_requests=max_requests), self.cores)
 
     def begin(self, request: CompletionRequest, cancel: CancelToken) -> ActiveCompletion:
         """A request ready to be prepared (prefill, a chunk per round) and then decoded in a batch.
