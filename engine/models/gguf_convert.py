@@ -58,6 +58,8 @@ _QWEN2_SPLIT = (
 )
 SUPPORTED_PRE_TOKENIZERS = ("smollm", "starcoder", "qwen2", "gpt2", "default")
 
+CONVERTING = "converting the GGUF file once (later starts reuse it)"  # what the first start shows
+
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
     field = reader.fields.get(key)
@@ -132,9 +134,9 @@ def gguf_weights(
     state: dict[str, torch.Tensor] = {}
     codes: dict[str, torch.Tensor] = {}
     tensors = list(reader.tensors)
-    for index, tensor in enumerate(tqdm(tensors, desc="converting GGUF", unit="tensor", disable=not progress)):
+    for index, tensor in enumerate(tqdm(tensors, desc=CONVERTING, unit="tensor", disable=not progress)):
         if on_progress is not None:
-            on_progress(index / len(tensors), "converting the GGUF file")
+            on_progress(index / len(tensors), CONVERTING)
         name = hf_tensor_name(tensor.name, arch)
         shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
         heads = _rotary_heads(arch, tensor.name, config)
