@@ -193,8 +193,10 @@ async def editor_session(
     updates: bool = True,
     folders: tuple[Path, ...] = (),
     real_default: bool = False,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[Editor]:
-    config = ClientServerConfig(server_command=server_command(*args), server_env=server_env(runtime_dir, real_default))
+    """`env`: variables set on top of the server's environment (the daemon it starts inherits them)."""
+    config = ClientServerConfig(server_command=server_command(*args), server_env={**server_env(runtime_dir, real_default), **(env or {})})
     language_client = await config.start()
     editor = Editor(language_client)  # type: ignore[arg-type]
     try:
