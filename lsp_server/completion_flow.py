@@ -11,8 +11,10 @@
 
 For a client that declared `$/kspec/suggestionsUpdated` (client_kind.py), every interim answer
 (from the first-answer moment on, each round that grew the branches) goes into the typeahead
-cache; any other client waits for whole answers. Nothing here holds a lock; every wait has a
-deadline.
+cache; any other client waits for whole answers. After an early answer the later ones keep the
+alternative shown first in front while one of them continues it (`keep_shown`): the ghost the
+user reads grows, it does not jump to another line unless that one scores clearly better.
+Nothing here holds a lock; every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kspec.engine.api import CompletionRequest, CompletionResult, ContextFile, ModuleMembers
+from kspec.engine.api import Completion, CompletionRequest, CompletionResult, ContextFile, ModuleMembers
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError
 from kspec.lsp_server.client_kind import whole_texts
 from kspec.lsp_server.context import EditorContext
@@ -34,7 +36,7 @@ from kspec.lsp_server.documents import Cursor, Document
 from kspec.lsp_server.edits import CLOSERS
 from kspec.lsp_server.engine_client import EngineClient
 from kspec.lsp_server.settings import Settings
-from kspec.lsp_server.status_report import BUSY, IDLE, TIMED_OUT, StatusReport
+from kspec.lsp_server.status_report import IDLE, TIMED_OUT, StatusReport
 from kspec.lsp_server.typeahead import Entry, TypeaheadCache, typed_since
 
 log = logging.getLogger("kspec.lsp")
@@ -43,6 +45,9 @@ UPDATED_METHOD = "$/kspec/suggestionsUpdated"  # longer alternatives for {uri, v
 FALLBACK_FIRST_ANSWER_MS = 300.0  # when the engine chose none (a remote engine) and the user set none
 MID_LINE_MAX_TOKENS = 24  # a cursor before text on its line only completes that line
 INTERIM_REFRESH_MS = 300.0  # after an early answer, the client is told of grown alternatives at most this often
+# A later answer puts first the alternative that continues the one shown first, unless its best
+# scores this much higher (rank.py's scale: a penalty, or a clearly surer model)
+STABLE_SCORE_GAP = 1.0
 
 
 @dataclass
@@ -90,6 +95,7 @@ class Ticket:
         self.over = False
         self.grew = asyncio.Event()
         self.unattended: asyncio.Future | None = None  # its engine work, going on after it was cancelled
+        self.shown: str | None = None  # the first alternative the client was given (then kept first while continued)
 
     def interim(self, texts: tuple[str, ...]) -> None:
         self.texts = texts
@@ -265,16 +271,13 @@ class CompletionFlow:
         def on_interim(interim: CompletionResult) -> None:
             # Every interim answer (the branches grew) serves the keystrokes that follow.
             if not ticket.superseded.is_set():
-                ticket.interim(tuple(self._store(query, interim, deadline, shown=False)))
+                ticket.interim(tuple(self._store(query, interim, deadline, shown=False, ticket=ticket)))
             if not early.done():
                 early.set_result(interim)
 
-        job = asyncio.ensure_future(engine.complete(request, on_interim if request.first_answer_ms > 0 else None))
-        job.add_done_callback(_retrieved)  # superseded or shut down, nobody may read its error
+        job = start_job(self.report, query, engine.complete(request, on_interim if request.first_answer_ms > 0 else None))
         done: set[asyncio.Future] = set()
         superseded = False
-        self.report.busy += 1
-        self.report.set_activity(BUSY)
         outcome = IDLE  # told when this request is over (also when it was cancelled)
         try:
             try:
@@ -286,7 +289,6 @@ class CompletionFlow:
                     ticket.unattended = asyncio.ensure_future(self._unattended(query, request, ticket, job, early, deadline))
                 raise
             finally:
-                self.report.busy -= 1
                 if ticket.unattended is None and not done and not job.done():
                     job.cancel()  # stops the engine at its next round
             if job in done:
@@ -299,6 +301,7 @@ class CompletionFlow:
             if early in done:
                 texts = self._store(query, early.result(), deadline, kept=True)
                 self.stats.early_answers += 1
+                ticket.shown = texts[0] if texts else None
                 return texts[: request.k], asyncio.ensure_future(self._decode_on(query, request, ticket, job, deadline))
             if superseded:
                 self.stats.superseded += 1
@@ -311,21 +314,24 @@ class CompletionFlow:
         finally:
             self.report.set_activity(outcome)
 
-    def _answered(self, query: Query, request: CompletionRequest, job: asyncio.Future, deadline: Deadline, shown: bool = True) -> list[str]:
+    def _answered(self, query: Query, request: CompletionRequest, job: asyncio.Future, deadline: Deadline, shown: bool = True, ticket: Ticket | None = None) -> list[str]:
+        """The final answer's texts (also in the typeahead cache; the status says how many of k)."""
         try:
             result = job.result()
         except (DeadlineExceeded, EngineUnavailable, KspecError) as exc:
             self.stats.errors += 1
             log.info("no completion: %s", exc)
             return []
-        return self._store(query, result, deadline, shown)[: request.k]
+        texts = self._store(query, result, deadline, shown, ticket=ticket)[: request.k]
+        self.report.final_alternatives(len(texts), request.k)
+        return texts
 
-    def _store(self, query: Query, result: CompletionResult, deadline: Deadline, shown: bool = True, kept: bool = False) -> list[str]:
-        """Texts of an answer, kept in the typeahead cache (unless `kept` there already); the
-        status carries its latency when it is the answer the user waited for (`shown`), not
+    def _store(self, query: Query, result: CompletionResult, deadline: Deadline, shown: bool = True, kept: bool = False, ticket: Ticket | None = None) -> list[str]:
+        """Texts of an answer (`shown_texts`), kept in the typeahead cache (unless `kept` there already);
+        the status carries its latency when it is the answer the user waited for (`shown`), not
         one decoded on after it."""
         settings = query.settings
-        texts = [c.text for c in result.completions if c.text] if self.handles_updates else whole_texts(result.completions)
+        texts = shown_texts(result, ticket, self.handles_updates)
         if texts and settings.typeahead and not kept:
             self.typeahead.store(query.document.uri, Entry(query.context, settings.prefix_chars, settings.suffix_chars, tuple(texts)))
         if shown:
@@ -354,7 +360,7 @@ class CompletionFlow:
                     if (time.perf_counter() - told) * 1000 >= INTERIM_REFRESH_MS and not self.report.closed:
                         told = time.perf_counter()
                         self.stats.interim_updates += 1
-                        self._tell_updated(query)
+                        self._tell_updated(query, final=False)
             finally:
                 if not job.done():
                     job.cancel()
@@ -362,9 +368,9 @@ class CompletionFlow:
                 self.stats.superseded += 1
             if job not in done or job.cancelled() or job.exception() is not None:
                 return
-            if self._answered(query, request, job, deadline, shown=False) and not self.report.closed:
+            if self._answered(query, request, job, deadline, shown=False, ticket=ticket) and not self.report.closed:
                 self.stats.continued += 1
-                self._tell_updated(query)
+                self._tell_updated(query, final=True)
 
     def _after_timeout(self, query: Query, ticket: Ticket) -> asyncio.Future | None:
         """Nothing by the deadline: mostly a first request at a file, the engine still reading its prompt,
@@ -380,17 +386,17 @@ class CompletionFlow:
         with work_on(self.stats):
             request = engine_request(query, self.choice, early_answers=False)
             deadline = Deadline(request.deadline_ms)
-            job = asyncio.ensure_future(engine.complete(request, None))
-            job.add_done_callback(_retrieved)
+            job = start_job(self.report, query, engine.complete(request, None))
             if job not in (await race({job}, ticket, deadline.left_s()))[0]:
                 job.cancel()
             elif self._answered(query, request, job, deadline, shown=False) and not self.report.closed:
                 self.stats.retried += 1
-                self._tell_updated(query)
+                self._tell_updated(query, final=True)
 
-    def _tell_updated(self, query: Query) -> None:
-        """Longer alternatives for the document at the request's version are in the typeahead cache."""
-        self._notify(UPDATED_METHOD, {"uri": query.document.uri, "version": query.version})
+    def _tell_updated(self, query: Query, final: bool) -> None:
+        """Longer alternatives for the document at the request's version are in the typeahead cache;
+        `final`: the engine work for them is over (no more will come for this request)."""
+        self._notify(UPDATED_METHOD, {"uri": query.document.uri, "version": query.version, "final": final})
 
     async def _unattended(
         self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, early: asyncio.Future, deadline: Deadline,
@@ -441,6 +447,54 @@ def engine_request(query: Query, choice: Callable[[str, Any], Any], early_answer
         context=query.extra,
         members=query.members,
     )
+
+
+def start_job(report: StatusReport, query: Query, work: Any) -> asyncio.Future:
+    """An engine job for `query`'s document: the status is BUSY until it is over."""
+    uri = query.document.uri
+    job = asyncio.ensure_future(work)
+    report.work_started(uri)
+    job.add_done_callback(lambda _: report.work_ended(uri))
+    job.add_done_callback(_retrieved)  # superseded or shut down, nobody may read its error
+    return job
+
+
+def shown_texts(result: CompletionResult, ticket: Ticket | None, handles_updates: bool) -> list[str]:
+    """An answer's distinct texts for a client that re-asks on updates (else its whole texts,
+    client_kind.py); after an early answer (`ticket.shown`) the one continuing what the client
+    shows stays first (`keep_shown`), and becomes what it shows."""
+    completions = keep_shown(result.completions, ticket.shown if ticket else None)
+    texts = distinct_texts(c.text for c in completions) if handles_updates else whole_texts(completions)
+    if ticket is not None and ticket.shown is not None and texts:
+        ticket.shown = texts[0]
+    return texts
+
+
+def keep_shown(completions: list[Completion], shown: str | None) -> list[Completion]:
+    """`completions` (best first) with the best one that continues `shown` (the text the user was
+    shown first: it starts with it, or was cut back to a start of it) moved to the front, unless
+    the best scores more than STABLE_SCORE_GAP above it. None continues it: the order as ranked."""
+    if not shown or not completions:
+        return completions
+    for index, completion in enumerate(completions):
+        text = completion.text
+        if text and (text.startswith(shown) or shown.startswith(text)):
+            if index == 0 or completions[0].score - completion.score > STABLE_SCORE_GAP:
+                return completions
+            return [completion, *completions[:index], *completions[index + 1 :]]
+    return completions
+
+
+def distinct_texts(texts: Iterable[str]) -> list[str]:
+    """The non-empty texts, in order, each once (trailing blanks do not make another alternative:
+    an editor shows both alike)."""
+    seen: set[str] = set()
+    kept: list[str] = []
+    for text in texts:
+        if text and text.rstrip() not in seen:
+            seen.add(text.rstrip())
+            kept.append(text)
+    return kept
 
 
 @contextmanager

@@ -38,6 +38,8 @@ from kspec.lsp_server.extra_context import SessionContext
 from kspec.lsp_server.items import completion_items, inline_items, renders_markdown
 from kspec.lsp_server.jsonrpc import ChunkReader, Dispatcher, Frame, frames_to_loop, read_frames, strict_converter
 from kspec.lsp_server.options import Redactor, ServerOptions
+from kspec.lsp_server.own_logs import OwnLogs
+from kspec.lsp_server.selected_item import SelectedItem, selected_item
 from kspec.lsp_server.progress import LoadingProgress, client_shows_progress
 from kspec.lsp_server.pygls_adapter import KspecProtocol, as_handler, running_handlers
 from kspec.lsp_server.messages import Messages
@@ -78,6 +80,7 @@ class Session:
         self.encoding = UTF16
         self.engines = CurrentEngine(options, self._on_status)
         self.trigger_kinds = TriggerKinds()
+        self.own_logs = OwnLogs()  # open documents that are kspec's own log files: never context
         self._pending_problems: list[str] = []
         self.messages = Messages(lambda params: self.server.window_show_message(params))
         self._user_set: set[str] = set()  # settings the client gave; the engine's machine defaults fill the rest
@@ -143,6 +146,8 @@ class Session:
 
     def did_open(self, params: lsp.DidOpenTextDocumentParams) -> None:
         item = params.text_document
+        if self.own_logs.opened(item.uri, item.language_id, getattr(self.engines.engine, "log_file", None)):
+            return
         document = self.documents.open(item.uri, item.language_id, item.version, item.text)
         self.typeahead.forget(item.uri)
         if document.too_large:
@@ -150,6 +155,8 @@ class Session:
 
     def did_change(self, params: lsp.DidChangeTextDocumentParams) -> None:
         uri = params.text_document.uri
+        if uri in self.own_logs:
+            return
         if uri not in self.documents:
             log.warning("didChange for a document that is not open (ignored)")
             return
@@ -164,6 +171,7 @@ class Session:
 
     def did_close(self, params: lsp.DidCloseTextDocumentParams) -> None:
         uri = params.text_document.uri
+        self.own_logs.closed(uri)
         self.documents.close(uri)
         self.typeahead.forget(uri)
         self.extra.forget(uri)
@@ -258,11 +266,18 @@ class Session:
     # --- completions -------------------------------------------------------------------
 
     async def inline_completion(self, params: lsp.InlineCompletionParams) -> lsp.InlineCompletionList:
+        """With the suggest widget open, the alternatives continue its selected item (selected_item.py)."""
         automatic = params.context.trigger_kind == lsp.InlineCompletionTriggerKind.Automatic
-        query = self._query(params.text_document.uri, params.position)
+        uri, selected, chosen = params.text_document.uri, params.context.selected_completion_info, None
+        if selected is not None and uri in self.documents:
+            chosen = selected_item(self.documents.get(uri), params.position, selected.range, selected.text, self.encoding)
+            if chosen is None:  # not at the cursor: nothing can agree with the widget
+                return lsp.InlineCompletionList(items=[])
+        query = self._query(uri, params.position, chosen)
         if query is None:
             return lsp.InlineCompletionList(items=[])
-        items = inline_items(query, await self.flow.suggest(query, debounce=automatic), self.encoding)
+        texts = await self.flow.suggest(query, debounce=automatic)
+        items = inline_items(query, texts, self.encoding) if chosen is None else chosen.items(query, texts, self.encoding)
         if items:
             self.acceptance.shown(query.document.language_id, len(items))
         return lsp.InlineCompletionList(items=items)
@@ -277,14 +292,17 @@ class Session:
             self.acceptance.shown(query.document.language_id, len(items))
         return lsp.CompletionList(is_incomplete=True, items=items)
 
-    def _query(self, uri: str, position: lsp.Position) -> Query | None:
-        """The request's context, None when this document gets no completions, InvalidParams for bad input."""
+    def _query(self, uri: str, position: lsp.Position, chosen: SelectedItem | None = None) -> Query | None:
+        """The request's context (with the suggest widget's item inserted: `chosen`), None when this
+        document gets no completions, InvalidParams for bad input."""
         self.flow.stats.requests += 1
+        if uri in self.own_logs:
+            return None
         try:
-            document = self.documents.get(uri)
+            document = self.documents.get(uri) if chosen is None else chosen.document
             if document.too_large:
                 return None
-            cursor = document.cursor(position.line, position.character, self.encoding)
+            cursor = document.cursor(position.line, position.character, self.encoding) if chosen is None else chosen.cursor
         except InputError as exc:
             self.flow.stats.errors += 1
             raise JsonRpcInvalidParams(str(exc)) from None

@@ -1,7 +1,9 @@
 """What the client is told of the engine and of its requests (`$/kspec/status`): the engine's
-state, model and last latency, and `activity` (BUSY while a request is with the engine, else how
-the last one ended), so that "nothing came" can be told from "still working" and "gave up at the
-deadline"."""
+state, model and last latency, and `activity` (BUSY while any engine work runs: a request waited
+for, decoding on after an early answer, unattended or retried; else how the last request ended),
+so that "nothing came" can be told from "still working" and "gave up at the deadline".
+`decoding` lists the documents whose engine work runs, and `alternatives` how many distinct
+alternatives the last final answer had of the k asked for."""
 
 from __future__ import annotations
 
@@ -28,22 +30,58 @@ class StatusReport:
         self._extras = extras
         self.status = Status("loading", "starting")
         self.activity = IDLE
-        self.busy = 0  # requests with the engine now
+        self.outcome = IDLE  # how the last request ended (IDLE or TIMED_OUT): the activity once no work runs
+        self.work: dict[str, int] = {}  # document URI -> its engine jobs running now
+        self.alternatives: dict[str, int] | None = None  # the last final answer: {"count", "k"}
         self.context_tokens = 0  # of other files' context in the last answer's prompt
         self.prompt: dict[str, float] = {}  # the last answer's prompt: tokens, reusedTokens (from the prefix cache), prefillMs
         self.closed = False
 
     def tell(self) -> None:
         if not self.closed:
-            self._notify({**status_for_editor(self.status), "serverPid": os.getpid(), "activity": self.activity, **self._extras()})
+            told = {**status_for_editor(self.status), "serverPid": os.getpid(), "activity": self.activity, "decoding": sorted(self.work)}
+            if self.alternatives is not None:
+                told["alternatives"] = dict(self.alternatives)
+            self._notify({**told, **self._extras()})
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.work)
+
+    def work_started(self, uri: str) -> None:
+        """An engine job for document `uri` began: BUSY (told when that changes what the client knows)."""
+        first = uri not in self.work
+        self.work[uri] = self.work.get(uri, 0) + 1
+        if first:
+            self.activity = BUSY
+            self.tell()
+
+    def work_ended(self, uri: str) -> None:
+        """An engine job for `uri` is over (answered, decoded on to its end, cancelled, or failed)."""
+        left = self.work.get(uri, 0) - 1
+        if left > 0:
+            self.work[uri] = left
+            return
+        self.work.pop(uri, None)
+        self.activity = BUSY if self.work else self.outcome
+        self.tell()
+
+    def final_alternatives(self, count: int, k: int) -> None:
+        """The distinct alternatives of a final answer, of the `k` asked for (told when that changed)."""
+        alternatives = {"count": count, "k": k}
+        if alternatives != self.alternatives:
+            self.alternatives = alternatives
+            self.tell()
 
     def engine_status(self, status: Status) -> None:
         self.status = status
         self.tell()
 
-    def set_activity(self, activity: str) -> None:
-        """BUSY while a request is with the engine; told to the client when it changes."""
-        activity = BUSY if self.busy > 0 else activity
+    def set_activity(self, outcome: str) -> None:
+        """How the last request ended; the activity is BUSY instead while engine work runs; told
+        to the client when it changes."""
+        self.outcome = outcome
+        activity = BUSY if self.busy else outcome
         if activity != self.activity:
             self.activity = activity
             self.tell()
@@ -55,7 +93,8 @@ class StatusReport:
         timing = timing_ms or {}
         self.context_tokens = int(timing.get("context_tokens", 0))
         self.prompt = {name: round(timing[key], 1) for name, key in PROMPT_TIMING.items() if key in timing}
-        self.activity = BUSY if self.busy > 0 else IDLE
+        self.outcome = IDLE
+        self.activity = BUSY if self.busy else IDLE
         self.status = msgspec.structs.replace(self.status, state=READY, message="ready", model=model, latency_ms=latency_ms)
         self.tell()
 

@@ -1,0 +1,67 @@
+"""The suggest widget's selected item (LSP 3.18 `InlineCompletionContext.selectedCompletionInfo`):
+with the widget open, an inline completion must extend the text that item inserts, over the
+same range, or the editor does not show it. So the engine is asked at the place the item would
+leave the cursor (the document with the item's text put over its range, a copy), and each
+alternative is written as the item's text followed by the model's continuation, replacing the
+item's range (and the closers right of it that the continuation writes again, edits.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lsprotocol import types as lsp
+
+from kspec.lsp_server.acceptance import item_command
+from kspec.lsp_server.documents import Cursor, Document, line_body, units_from_column
+from kspec.lsp_server.edits import replaced_chars
+
+if TYPE_CHECKING:
+    from kspec.lsp_server.completion_flow import Query
+
+
+@dataclass(frozen=True)
+class SelectedItem:
+    document: Document  # a copy of the document with the item's text over its range
+    cursor: Cursor  # in that copy: the end of the item's text
+    text: str  # what the item inserts
+    line: int  # the item's range, in the real document: its line
+    start: int  # code-point columns of the range in that line's body
+    end: int
+    body: str  # that line's body in the real document
+
+    def items(self, query: Query, texts: list[str], encoding: str) -> list[lsp.InlineCompletionItem]:
+        """Each alternative as the item's text then the model's continuation, over the item's range."""
+        language = query.document.language_id
+        items = []
+        for rank, text in enumerate(texts):
+            end = self.end + replaced_chars(text, query.context.line_suffix)
+            edit = lsp.Range(
+                start=lsp.Position(line=self.line, character=units_from_column(self.body, self.start, encoding)),
+                end=lsp.Position(line=self.line, character=units_from_column(self.body, end, encoding)),
+            )
+            whole = self.text + text
+            items.append(lsp.InlineCompletionItem(insert_text=whole, range=edit, command=item_command(rank, language, whole)))
+        return items
+
+
+def selected_item(document: Document, position: lsp.Position, selected: lsp.Range, text: str, encoding: str) -> SelectedItem | None:
+    """The widget's item as a place to complete at; None when its range is not on the cursor's line
+    around the cursor (no inline completion could then agree with it)."""
+    if document.too_large or not (selected.start.line == selected.end.line == position.line < len(document.lines)):
+        return None
+    body = line_body(document.lines[position.line])
+    cursor = document.cursor(position.line, position.character, encoding)
+    start = document.cursor(selected.start.line, selected.start.character, encoding).column
+    end = document.cursor(selected.end.line, selected.end.character, encoding).column
+    if not start <= cursor.column <= end:
+        return None
+    copy = Document(document.uri, document.language_id, document.version, list(document.lines), document.length)
+    copy.apply_edit(Cursor(position.line, start), Cursor(position.line, end), text)
+    written = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if len(written) == 1:
+        after = Cursor(position.line, start + len(text))
+    else:
+        after = Cursor(position.line + len(written) - 1, len(written[-1]))
+    return SelectedItem(copy, after, text, position.line, start, end, body)
