@@ -1,10 +1,12 @@
 // VS Code glue: starts `kspec lsp`, keeps its settings in step, shows its status.
 // Inline completions come from vscode-languageclient's built-in LSP 3.18 feature;
 // VS Code's own next/previous inline suggestion commands (Alt+] / Alt+[) cycle the
-// k items the server returns; `$/kspec/suggestionsUpdated` re-triggers them when the
-// server has longer ones for the text on screen. Everything that can be decided without
-// VS Code lives in settings.ts, serverCommand.ts, status.ts and suggestionsUpdated.ts
-// (tested under node).
+// k items the server returns; while the server still decodes for the document, Alt+] / Alt+[
+// run kspec.showNext / kspec.showPrevious instead (bound on the context key
+// kspec.activeDocumentDecoding), which wait for the final alternatives first.
+// `$/kspec/suggestionsUpdated` hides and re-triggers the suggestion when the server has longer
+// ones for the text on screen. Everything that can be decided without VS Code lives in
+// settings.ts, serverCommand.ts, status.ts, decoding.ts and suggestionsUpdated.ts (tested under node).
 
 import * as os from 'os';
 import * as vscode from 'vscode';
@@ -17,13 +19,19 @@ import {
 } from 'vscode-languageclient/node';
 import { defaultIsExecutable, resolveServerCommand, toExecutable } from './serverCommand';
 import { defaultPathContext, KspecSettings, needsRestart, readSettings, shouldComplete, toServerSettings } from './settings';
-import { COMMANDS, parseStatus, STATUS_METHOD, StatusModel } from './status';
-import { declareSuggestionsUpdated, SUGGESTIONS_UPDATED_METHOD, suggestionsUpdatedHandler, TRIGGER_INLINE_SUGGEST } from './suggestionsUpdated';
+import { cycle, DecodingDocuments, SHOW_NEXT_INLINE_SUGGEST, SHOW_PREVIOUS_INLINE_SUGGEST, showAgain } from './decoding';
+import { COMMANDS, parseStatus, SETTINGS_FILTER, STATUS_METHOD, StatusModel } from './status';
+import { declareSuggestionsUpdated, SUGGESTIONS_UPDATED_METHOD, suggestionsUpdatedHandler } from './suggestionsUpdated';
+
+/** Set while the active editor's document is being decoded for: Alt+] / Alt+[ then join it. */
+const DECODING_CONTEXT_KEY = 'kspec.activeDocumentDecoding';
 
 class KspecExtension implements vscode.Disposable {
 	private client: LanguageClient | undefined;
 	private settings: KspecSettings;
 	private readonly status = new StatusModel();
+	private readonly decoding = new DecodingDocuments();
+	private decodingKey = false;
 	private readonly item: vscode.StatusBarItem;
 	private readonly log: vscode.LogOutputChannel;
 	private readonly disposables: vscode.Disposable[] = [];
@@ -46,8 +54,41 @@ class KspecExtension implements vscode.Disposable {
 			vscode.commands.registerCommand(COMMANDS.toggle, () => this.toggle()),
 			vscode.commands.registerCommand(COMMANDS.restart, () => this.enqueue(() => this.restartNow())),
 			vscode.commands.registerCommand(COMMANDS.showLog, () => this.showLog()),
+			vscode.commands.registerCommand(COMMANDS.showNext, () => cycle(this.cycleDeps(), SHOW_NEXT_INLINE_SUGGEST)),
+			vscode.commands.registerCommand(COMMANDS.showPrevious, () => cycle(this.cycleDeps(), SHOW_PREVIOUS_INLINE_SUGGEST)),
 			vscode.workspace.onDidChangeConfiguration((e) => this.onConfigurationChanged(e)),
+			vscode.window.onDidChangeActiveTextEditor(() => this.updateDecodingKey()),
+			this.log.onDidChangeLogLevel(() => this.checkTrace()),
 		);
+		this.checkTrace();
+	}
+
+	private cycleDeps() {
+		return {
+			activeUri: () => vscode.window.activeTextEditor?.document.uri.toString(),
+			decoding: this.decoding,
+			timeoutMs: () => this.settings.deadlineMs,
+			run: (command: string) => vscode.commands.executeCommand(command),
+		};
+	}
+
+	/** The context key that binds Alt+] / Alt+[ to kspec.showNext / kspec.showPrevious. */
+	private updateDecodingKey(): void {
+		const uri = vscode.window.activeTextEditor?.document.uri.toString();
+		const decoding = uri !== undefined && this.decoding.has(uri);
+		if (decoding !== this.decodingKey) {
+			this.decodingKey = decoding;
+			void vscode.commands.executeCommand('setContext', DECODING_CONTEXT_KEY, decoding);
+		}
+	}
+
+	/** vscode-languageclient traces only into a channel at log level Trace: say so where it is not. */
+	private checkTrace(): void {
+		const trace = vscode.workspace.getConfiguration('kspec').get<string>('trace.server', 'off');
+		if (trace !== 'off' && this.log.logLevel !== vscode.LogLevel.Trace) {
+			this.log.warn(`kspec.trace.server is "${trace}", but the LSP traffic is logged only at log level Trace: ` +
+				'run "Developer: Set Log Level…", pick "kspec", then "Trace".');
+		}
 	}
 
 	start(): Promise<void> {
@@ -163,10 +204,12 @@ class KspecExtension implements vscode.Disposable {
 				this.log.error(`server: ${params.message}`);
 			}
 			this.status.onServerStatus(params);
+			this.decoding.update(params.decoding ?? []);
+			this.updateDecodingKey();
 			this.render();
 		});
-		// Longer alternatives are ready for the text being edited: ask again (served from
-		// the server's typeahead cache), so the suggestion on screen grows without a keystroke.
+		// Longer alternatives are ready for the text being edited: hide and ask again (served
+		// from the server's typeahead cache), so the suggestion on screen grows without a keystroke.
 		client.onNotification(SUGGESTIONS_UPDATED_METHOD, suggestionsUpdatedHandler({
 			activeDocument: () => {
 				const editor = vscode.window.activeTextEditor;
@@ -176,8 +219,9 @@ class KspecExtension implements vscode.Disposable {
 				};
 			},
 			settings: () => this.settings,
-			trigger: () => void vscode.commands.executeCommand(TRIGGER_INLINE_SUGGEST),
+			trigger: () => void showAgain((command) => vscode.commands.executeCommand(command)),
 			warn: (message) => this.log.warn(message),
+			decoding: this.decoding,
 		}));
 		client.onDidChangeState((e) => {
 			if (e.newState === State.Running) {
@@ -205,7 +249,7 @@ class KspecExtension implements vscode.Disposable {
 			if (choice === 'Show log') {
 				void this.showLog();
 			} else if (choice === 'Open settings') {
-				void vscode.commands.executeCommand('workbench.action.openSettings', 'kspec.server');
+				void vscode.commands.executeCommand('workbench.action.openSettings', SETTINGS_FILTER);
 			}
 		});
 	}
@@ -249,6 +293,9 @@ class KspecExtension implements vscode.Disposable {
 	private onConfigurationChanged(e: vscode.ConfigurationChangeEvent): void {
 		if (!e.affectsConfiguration('kspec')) {
 			return;
+		}
+		if (e.affectsConfiguration('kspec.trace.server')) {
+			this.checkTrace();
 		}
 		const before = this.settings;
 		this.settings = this.read();

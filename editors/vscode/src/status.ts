@@ -17,6 +17,10 @@ export interface StatusParams {
 	activity?: Activity;
 	/** kspec lsp: the engine daemon's log file (absent for an engine inside kspec lsp: its messages are in this output channel). */
 	logFile?: string;
+	/** kspec lsp: the documents (URIs) whose engine work runs now: busy while any is. */
+	decoding?: string[];
+	/** kspec lsp: the last final answer's distinct alternatives of the k asked for. */
+	alternatives?: { count: number; k: number };
 }
 
 export type Activity = 'busy' | 'timedOut';
@@ -41,6 +45,13 @@ export function parseStatus(raw: unknown): StatusParams | undefined {
 		progress: num(r.progress),
 		lastLatencyMs: num(r.lastLatencyMs) ?? num(r.latencyMs),
 	};
+	if (Array.isArray(r.decoding)) {
+		out.decoding = r.decoding.filter((u): u is string => typeof u === 'string' && u !== '');
+	}
+	const alt = r.alternatives as Record<string, unknown> | null | undefined;
+	if (typeof alt === 'object' && alt !== null && Number.isInteger(alt.count) && Number.isInteger(alt.k)) {
+		out.alternatives = { count: alt.count as number, k: alt.k as number };
+	}
 	if (typeof r.model === 'string' && r.model !== '') {
 		out.model = r.model;
 	}
@@ -69,7 +80,14 @@ export const COMMANDS = {
 	toggle: 'kspec.toggle',
 	restart: 'kspec.restart',
 	showLog: 'kspec.showLog',
+	showNext: 'kspec.showNext',
+	showPrevious: 'kspec.showPrevious',
 } as const;
+
+/** The Settings editor's search for this extension's keys: `@ext:` shows them in whichever tab
+ * holds them (the Remote tab under code-server or a remote window, where the machine-scoped keys
+ * live), unlike a text search of the User tab. `<publisher>.<name>` of package.json. */
+export const SETTINGS_FILTER = '@ext:kspec.kspec';
 
 /** Progress as a whole percentage; the server sends a fraction in [0, 1]. */
 export function percent(progress: number): number {
@@ -78,6 +96,15 @@ export function percent(progress: number): number {
 
 function ms(value: number): string {
 	return value >= 10000 ? `${(value / 1000).toFixed(1)} s` : `${Math.round(value)} ms`;
+}
+
+/** What the last final answer offered to cycle (Alt+] / Alt+[), said when it was fewer than k. */
+export function alternativesNote(alternatives: { count: number; k: number } | undefined): string {
+	if (alternatives === undefined || alternatives.count >= alternatives.k) {
+		return '';
+	}
+	const n = alternatives.count;
+	return `; last answer: ${n} distinct alternative${n === 1 ? '' : 's'} of k = ${alternatives.k} (the others were the same text)`;
 }
 
 export class StatusModel {
@@ -158,10 +185,11 @@ export class StatusModel {
 				severity: 'normal',
 			};
 		}
-		if (this.server.activity === 'busy') {
+		const docs = this.server.decoding?.length ?? 0;
+		if (this.server.activity === 'busy' || docs > 0) {
 			return {
 				text: '$(sync~spin) kspec',
-				tooltip: 'kspec: a request is with the engine. Click to turn completions off.',
+				tooltip: `kspec: decoding${docs > 1 ? ` for ${docs} documents` : ''}; the suggestion grows until done. Click to turn completions off.`,
 				command: COMMANDS.toggle,
 				severity: 'normal',
 			};
@@ -181,6 +209,7 @@ export class StatusModel {
 				`kspec: ${this.server.message || 'ready'}` +
 				(this.server.model ? `, model ${this.server.model}` : '') +
 				(this.lastLatencyMs === null ? '' : ` (last completion ${ms(this.lastLatencyMs)})`) +
+				alternativesNote(this.server.alternatives) +
 				'. Click to turn completions off.',
 			command: COMMANDS.toggle,
 			severity: 'normal',

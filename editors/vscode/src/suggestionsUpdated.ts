@@ -1,14 +1,17 @@
 // `$/kspec/suggestionsUpdated`: the server answered a request early (what was complete at
 // its first deadline), kept decoding, and has now stored the longer alternatives in its
 // typeahead cache for that document at that version. If the user is still looking at that
-// text, asking again shows them at once (the new request is answered from the cache).
-// No `vscode` import: extension.ts supplies the active editor and the trigger command.
+// text, asking again shows them at once (the new request is answered from the cache): VS Code
+// is told to hide what it shows and ask again (a trigger alone, at the place and version of
+// what it shows, is answered from what it holds: the ghost would not change). Every
+// notification does so, also after Alt+]. `final` says that the decoding is over.
+// No `vscode` import: extension.ts supplies the active editor and runs the commands.
 
+import { DecodingDocuments } from './decoding';
 import { ServerSettings, shouldComplete } from './settings';
 
+export { TRIGGER_INLINE_SUGGEST } from './decoding';
 export const SUGGESTIONS_UPDATED_METHOD = '$/kspec/suggestionsUpdated';
-/** VS Code's command that asks the inline completion providers again (trigger kind Invoke). */
-export const TRIGGER_INLINE_SUGGEST = 'editor.action.inlineSuggest.trigger';
 
 /** Declares in the client capabilities that this client handles SUGGESTIONS_UPDATED_METHOD:
  * only then does the server answer early with what is complete and tell us when more is. */
@@ -25,6 +28,8 @@ export const declareSuggestionsUpdated = {
 export interface SuggestionsUpdatedParams {
 	uri: string;
 	version: number;
+	/** The decoding for them is over (absent: not said, taken as not final). */
+	final?: boolean;
 }
 
 /** Validate a notification's params; undefined for anything malformed (logged, ignored). */
@@ -36,7 +41,7 @@ export function parseSuggestionsUpdated(raw: unknown): SuggestionsUpdatedParams 
 	if (typeof r.uri !== 'string' || r.uri === '' || typeof r.version !== 'number' || !Number.isInteger(r.version)) {
 		return undefined;
 	}
-	return { uri: r.uri, version: r.version };
+	return typeof r.final === 'boolean' ? { uri: r.uri, version: r.version, final: r.final } : { uri: r.uri, version: r.version };
 }
 
 /** What the user is looking at: the active text editor's document and cursor. */
@@ -65,9 +70,11 @@ export function shouldRetrigger(params: SuggestionsUpdatedParams, active: Active
 export interface SuggestionsUpdatedDeps {
 	activeDocument(): ActiveDocument | undefined;
 	settings(): ServerSettings;
-	/** Runs TRIGGER_INLINE_SUGGEST. */
+	/** Hides the inline suggestion and triggers it again (decoding.ts: showAgain). */
 	trigger(): void;
 	warn(message: string): void;
+	/** The documents still decoding; a final notification ends one (and the waits on it). */
+	decoding?: DecodingDocuments;
 }
 
 /** The notification handler extension.ts registers on its LanguageClient. */
@@ -78,7 +85,12 @@ export function suggestionsUpdatedHandler(deps: SuggestionsUpdatedDeps): (raw: u
 			deps.warn(`ignored a malformed ${SUGGESTIONS_UPDATED_METHOD}: ${JSON.stringify(raw)}`);
 			return;
 		}
-		if (shouldRetrigger(params, deps.activeDocument(), deps.settings())) {
+		// Alt+] waiting for this document shows the final alternatives itself, once told.
+		const joined = params.final === true && deps.decoding?.joining(params.uri) === true;
+		if (params.final === true) {
+			deps.decoding?.finished(params.uri);
+		}
+		if (!joined && shouldRetrigger(params, deps.activeDocument(), deps.settings())) {
 			deps.trigger();
 		}
 	};

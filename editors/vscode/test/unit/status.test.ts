@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { COMMANDS, parseStatus, percent, StatusModel } from '../../src/status';
+import { alternativesNote, COMMANDS, parseStatus, percent, StatusModel } from '../../src/status';
 
 const ready = (lastLatencyMs: number | null, message = 'ready') => ({ state: 'ready' as const, message, progress: null, lastLatencyMs });
 
@@ -128,9 +128,32 @@ describe('busy and timed out', () => {
 		m.onServerStatus(ready(80));
 		m.onServerStatus({ ...ready(80), activity: 'busy' });
 		assert.equal(m.view().text, '$(sync~spin) kspec');
-		assert.match(m.view().tooltip, /a request is with the engine/);
+		assert.match(m.view().tooltip, /decoding/);
 		m.onServerStatus(ready(120));
 		assert.equal(m.view().text, '$(check) kspec 120 ms');
+	});
+
+	it('stays busy while any document decodes, idle only when none does', () => {
+		const m = new StatusModel();
+		m.setPhase('running');
+		const decoding = parseStatus({ state: 'ready', message: 'ready', latencyMs: 90, activity: 'idle', decoding: ['file:///a.py', 'file:///b.py', 3] });
+		assert.deepEqual(decoding?.decoding, ['file:///a.py', 'file:///b.py']);
+		m.onServerStatus(decoding!);
+		assert.equal(m.view().text, '$(sync~spin) kspec');
+		assert.match(m.view().tooltip, /decoding for 2 documents/);
+		m.onServerStatus(parseStatus({ state: 'ready', message: 'ready', activity: 'idle', decoding: [] })!);
+		assert.equal(m.view().text, '$(check) kspec 90 ms');
+	});
+
+	it('says when the last final answer had fewer distinct alternatives than k', () => {
+		assert.deepEqual(parseStatus({ state: 'ready', alternatives: { count: 2, k: 4 } })?.alternatives, { count: 2, k: 4 });
+		assert.equal(parseStatus({ state: 'ready', alternatives: { count: '2', k: 4 } })?.alternatives, undefined);
+		assert.equal(alternativesNote({ count: 4, k: 4 }), '');
+		assert.match(alternativesNote({ count: 1, k: 4 }), /1 distinct alternative of k = 4/);
+		const m = new StatusModel();
+		m.setPhase('running');
+		m.onServerStatus(parseStatus({ state: 'ready', message: 'ready', alternatives: { count: 3, k: 4 } })!);
+		assert.match(m.view().tooltip, /3 distinct alternatives of k = 4/);
 	});
 
 	it('says an empty answer came at the deadline, and where to look', () => {
