@@ -186,6 +186,6 @@ async def test_the_suggestion_grows_while_the_user_pauses(editor: Editor) -> Non
         editor.close(uri)
     finally:
         editor.configure({**FAST, "maxTokens": 48, "firstAnswerMs": 1})
-    assert update == {"uri": uri, "version": 1}
+    assert update == {"uri": uri, "version": 1, "final": False}  # grown while decoding goes on
     assert told["interim_updates"] > before["interim_updates"] and told["continued"] == before["continued"]  # before the final answer
     assert max(len(item.insert_text) for item in again) > max(len(item.insert_text) for item in first)
