@@ -18,7 +18,7 @@ from kspec.engine.syntax.pynames import module_names
 from kspec.engine.syntax.rank import (
     RankConfig, Scored, Signals, dedupe_key, distinct, first_line_key, normalized_logprob, order, score,
 )
-from kspec.engine.syntax.trim import END, Cut, before_open_call, drop_truncated_line, find_cut, finalize
+from kspec.engine.syntax.trim import END, Cut, before_open_call, drop_truncated_line, find_cut, finalize, under_block_opener
 from kspec.engine.syntax.memo import request_memo
 from kspec.engine.syntax.window import EndBalance, crop, end_balance
 
@@ -157,6 +157,10 @@ def trim_and_check(request: Analysis, candidate: Candidate, config: PostprocessC
     first = attempt(cut)
     if first is None or clean(first):
         return first
+    if (moved := under_block_opener(request.prefix, ctx, candidate.text)) is not None:
+        found = trim_and_check(request, replace(candidate, text=moved), config)  # moved once: deeper than the opener now
+        if clean(found):
+            return found
     earlier = list(cut.line_ends[: config.max_fallbacks]) if first[1].breaks_parse else []
     header = header_for_suffix(ctx, completion) if first[1].unfixed_at_cursor and not earlier else None
     later = [m.start() for m in _NEWLINE.finditer(completion, cut.end + 1)][: config.max_fallbacks]

@@ -437,3 +437,30 @@ def before_open_call(ctx: CursorContext, completion: str) -> int | None:
     if len(before) != at or not before or not (before[-1].isalnum() or before[-1] in "_)]"):
         return None
     return at
+
+
+def under_block_opener(prefix: str, ctx: CursorContext, completion: str) -> str | None:
+    """Python: the completion moved right to one indentation unit under the block opener above
+    the cursor line, where the model wrote the block's first line at the opener's depth or less
+    (`if month == 2:` then `return False` at the `if`'s column: a parse error whose code is
+    right). Every line moves by the same width (the completion's own nesting kept). None where
+    the cursor is not at a line start under an opener, or the depth is already deeper."""
+    if ctx.spec is None or ctx.spec.family != "python" or ctx.mid_line or not ctx.prev_line_opens_block:
+        return None
+    above = [line for line in prefix[: len(prefix) - len(ctx.line_prefix)].split("\n") if line.strip()]
+    first = ctx.line_prefix + completion.split("\n", 1)[0]
+    if not above or not first.strip() or indent_of(first) > indent_of(above[-1]):
+        return None
+    shift = " " * (indent_of(above[-1]) + indent_unit(above) - indent_of(first))
+    return "\n".join(shift + line if line.strip() or i == 0 else line for i, line in enumerate(completion.split("\n")))
+
+
+def indent_unit(lines: list[str]) -> int:
+    """The file's indentation step: the most common increase from one non-blank line to the next
+    (4 where none is seen)."""
+    steps: dict[int, int] = {}
+    for before, after in zip(lines, lines[1:]):
+        step = indent_of(after) - indent_of(before)
+        if step > 0:
+            steps[step] = steps.get(step, 0) + 1
+    return max(steps, key=lambda step: (steps[step], -step)) if steps else 4

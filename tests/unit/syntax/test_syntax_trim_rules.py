@@ -252,3 +252,23 @@ def test_a_call_opened_at_the_line_end_shows_its_name(raw: str, shown: list[str]
 def test_a_name_of_an_open_call_comes_after_the_whole_alternatives() -> None:
     candidates = [Candidate("Message(", -0.5, 3, "stop"), Candidate("Other(text)", -6.0, 4, "stop")]
     assert [c.text for c in postprocess(_CALL_PREFIX, _CALL_SUFFIX, "python", candidates)] == ["Other(text)", "Message"]
+
+
+# --------------------------------------------------------------------------- a block's body at the opener's depth
+
+def test_a_body_written_at_its_openers_depth_moves_one_unit_under_it() -> None:
+    prefix = "def f(month, day):\n    try:\n        if month < 1:\n            return False\n        if month == 2 and day > 29:\n"
+    suffix = "    except ValueError:\n        return False\n    return True\n"
+    texts = postprocess(prefix, suffix, "python", [Candidate("        return False", -1.0, 5, "stop")])
+    assert [c.text for c in texts] == ["            return False\n"]  # was: no suggestion (an expected indented block)
+
+
+def test_a_moved_body_keeps_its_own_nesting_and_the_files_unit() -> None:
+    from kspec.engine.syntax.trim import under_block_opener
+
+    prefix = "def f(xs):\n  for x in xs:\n"  # two-space file
+    ctx = build_context(prefix, "", "python")
+    assert under_block_opener(prefix, ctx, "  if x:\n    print(x)\n\n  y = 1") == "    if x:\n      print(x)\n\n    y = 1"
+    assert under_block_opener(prefix, ctx, "    print(x)") is None  # already under the opener
+    assert under_block_opener("x = 1\n", build_context("x = 1\n", "", "python"), "y = 2") is None  # no opener above
+    assert under_block_opener("a {\n", build_context("a {\n", "", "javascript"), "b();") is None  # braces decide there
