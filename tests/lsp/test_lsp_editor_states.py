@@ -3,8 +3,8 @@
 - the body after a line that opens a block, and the rest of a signature being written,
   instead of an empty answer (an OpenAI-compatible fake engine gives the model's text:
   the stop rule, trimming and the syntax checks are the server's own);
-- `activity` in `$/kspec/status`: "busy" while a request is with the engine, then the
-  answer's latency, or "timedOut" when nothing came by the deadline; the server's pid and
+- `activity` in `$/kspec/status`: "busy" while any engine work for a document runs (also the
+  decoding after an early answer; `decoding` lists the documents), then the answer's latency, or "timedOut" when nothing came by the deadline; the server's pid and
   the engine daemon's log file;
 - a daemon `kspec lsp` started exits soon after its last client disconnected.
 """
@@ -101,11 +101,11 @@ async def test_busy_then_the_answer_and_who_answers(model_dir: Path) -> None:
         editor.open(uri, "def add(a, b):\n    return \n")
         seen = len(editor.statuses)
         assert await editor.inline(uri, 1, 11)
-        after = editor.statuses[seen:]
-        activities = [s["activity"] for s in after]
-        assert activities[0] == "busy" and activities[-1] == "idle", after
-        assert after[-1]["state"] == "ready" and after[-1]["latencyMs"] > 0
-        assert "logFile" not in after[-1]  # an engine inside kspec lsp logs to its stderr
+        assert editor.statuses[seen]["activity"] == "busy" and editor.statuses[seen]["decoding"] == [uri]
+        # busy while the engine decodes on after an early answer; idle once nothing decodes
+        idle = await editor.wait_status(lambda s: s["activity"] == "idle", timeout=60, after=seen)
+        assert idle["decoding"] == [] and idle["state"] == "ready" and idle["latencyMs"] > 0
+        assert "logFile" not in idle  # an engine inside kspec lsp logs to its stderr
 
 
 async def test_no_answer_by_the_deadline_says_timed_out(tmp_path: Path) -> None:
