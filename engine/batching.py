@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -37,6 +36,7 @@ from kspec.engine.decode.speculative import SpeculativeRun, pad_rows
 from kspec.engine.errors import KspecError
 from kspec.engine.models.loading import LoadedModel
 from kspec.engine.request import ActiveCompletion, RequestState
+from kspec.engine.waiting_line import Waiting, WaitingLine
 
 log = logging.getLogger("kspec.batching")
 
@@ -83,10 +83,12 @@ class _Round:
 class ContinuousBatcher:
     """Runs on one thread: `add` requests, call `run_round` until `idle`."""
 
-    def __init__(self, engine: BatchEngine, config: BatchConfig = BatchConfig(), cores: CoreGovernor | None = None):
-        """`cores`: the thread count follows the cores that are free (engine/busy_cores.py)."""
+    def __init__(self, engine: BatchEngine, config: BatchConfig = BatchConfig(), cores: CoreGovernor | None = None, waiting: WaitingLine | None = None):
+        """`cores`: the thread count follows the cores that are free (engine/busy_cores.py);
+        `waiting`: the line requests wait in until they join the batch (its owner's, shared with
+        the threads that put requests in; a new one by default)."""
         self.engine, self.config, self.cores = engine, config, cores
-        self._waiting: deque[tuple[CompletionRequest, CancelToken, Done, EarlyAnswer | None, float]] = deque()
+        self._waiting = WaitingLine() if waiting is None else waiting
         self._members: list[_Member] = []
         self.rounds = 0
         self.largest_batch = 0  # most requests verified in one round
@@ -94,7 +96,7 @@ class ContinuousBatcher:
 
     @property
     def idle(self) -> bool:
-        return not self._members and not self._waiting
+        return not self._members and not len(self._waiting)
 
     @property
     def size(self) -> int:
@@ -109,13 +111,12 @@ class ContinuousBatcher:
         typist's next keystrokes can be served from what the branches have written by then.
         `arrived` (time.monotonic(), default now) is when the request reached the engine: its
         deadline and early answer count from then, here and nowhere else."""
-        self._waiting.append((request, cancel, done, early, time.monotonic() if arrived is None else arrived))
+        self._waiting.put(Waiting(request, cancel, done, early, time.monotonic() if arrived is None else arrived))
 
     def cancel_all(self) -> None:
         for member in self._members:
             member.active.cancel.cancel()
-        for _, cancel, _, _, _ in self._waiting:
-            cancel.cancel()
+        self._waiting.cancel_all()
 
     def run_round(self) -> None:
         with self.engine.lock:
@@ -132,8 +133,8 @@ class ContinuousBatcher:
         return _Round(prefill=self._prefill_turns())
 
     def _admit(self) -> None:
-        while self._waiting and len(self._members) < self.config.max_requests:
-            request, cancel, done, early, arrived = self._waiting.popleft()
+        while len(self._members) < self.config.max_requests and (waiting := self._waiting.take()) is not None:
+            request, cancel, done, early, arrived = waiting
             try:
                 self._members.append(_Member(self.engine.begin(admitted(request, arrived), cancel), done, early))
             except Exception as exc:  # an invalid request (InputError) fails alone

@@ -15,6 +15,7 @@ import torch
 
 from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult
 from kspec.engine.batching import BatchConfig, ContinuousBatcher
+from kspec.engine.waiting_line import WaitingLine
 from kspec.engine.busy_cores import CoreGovernor
 from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 from kspec.engine.config import FIT_NEUTRAL_FIELDS, EngineConfig
@@ -186,9 +187,10 @@ class CompletionEngine:
         assert result is not None
         return result
 
-    def batcher(self, max_requests: int) -> ContinuousBatcher:
-        """Requests of several clients decoded together (continuous batching)."""
-        return ContinuousBatcher(self, BatchConfig(max_requests=max_requests), self.cores)
+    def batcher(self, max_requests: int, waiting: WaitingLine | None = None) -> ContinuousBatcher:
+        """Requests of several clients decoded together (continuous batching); they wait in
+        `waiting` (the runner's line, shared with its event loop) until they join."""
+        return ContinuousBatcher(self, BatchConfig(max_requests=max_requests), self.cores, waiting)
 
     def begin(self, request: CompletionRequest, cancel: CancelToken) -> ActiveCompletion:
         """A request ready to be prepared (prefill, a chunk per round) and then decoded in a batch.

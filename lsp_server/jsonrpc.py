@@ -243,19 +243,19 @@ def _skip(stream: ChunkReader, length: int) -> bytes | None:
     return bytes(head)
 
 
-def frames_to_loop(frames: Iterator[Frame], loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> threading.Thread:
+def frames_to_loop(frames: Iterator[Frame], loop: asyncio.AbstractEventLoop, arrived: Callable[[Frame | None], None]) -> threading.Thread:
     """Read frames (read_frames over a stream) on a daemon thread (never joined: exit must
-    not wait for stdin) into `queue`; None at the end."""
+    not wait for stdin), each handed to `arrived` on `loop` as it is read, in order; None at the end."""
 
     def pump() -> None:
         try:
             for frame in frames:
-                loop.call_soon_threadsafe(queue.put_nowait, frame)
+                loop.call_soon_threadsafe(arrived, frame)
         except (OSError, ValueError) as exc:
             log.warning("input stream failed: %s", exc)
         finally:
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, None)
+                loop.call_soon_threadsafe(arrived, None)
             except RuntimeError:
                 pass
 

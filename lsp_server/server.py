@@ -356,11 +356,21 @@ class KspecServer(LanguageServer):
             self.session.join(EXIT_JOIN_S)
 
     async def _serve(self, frames: Iterator[Frame]) -> None:
-        queue: asyncio.Queue = asyncio.Queue()
-        limit = self.session.options.max_message_bytes
-        frames_to_loop(frames, asyncio.get_running_loop(), queue)
+        """Each frame the reader thread reads is dispatched on this loop as it arrives (one loop
+        callback each, in order: no queue of our own holds it), until the input ends."""
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future = loop.create_future()
         report = lambda message: self.session.messages.show(message, lsp.MessageType.Error)  # noqa: E731
-        dispatcher = Dispatcher(self.protocol, self.session.trigger_kinds.normalize, report, limit)
-        while (frame := await queue.get()) is not None:
-            dispatcher.dispatch(frame)
+        dispatcher = Dispatcher(self.protocol, self.session.trigger_kinds.normalize, report, self.session.options.max_message_bytes)
+
+        def arrived(frame: Frame | None) -> None:
+            if ended.done():
+                return
+            if frame is None:
+                ended.set_result(None)
+            else:
+                dispatcher.dispatch(frame)
+
+        frames_to_loop(frames, loop, arrived)
+        await ended
         log.info("the client closed the connection")

@@ -3,7 +3,9 @@
 The worker runs the engine's batcher round after round: requests that arrive while
 others are decoding join the batch at the next round (continuous batching, see
 engine/batching.py; `max_batch_requests=1` answers them one at a time, in arrival
-order). Cancelling the awaiting coroutine sets the request's CancelToken: a request not
+order). A request waits in one queue only, the batcher's `WaitingLine`: `complete` puts it
+there from the event loop, and the worker takes from it at each round (or waits on it when
+there is no work). Cancelling the awaiting coroutine sets the request's CancelToken: a request not
 started yet is skipped, a running one leaves the batch at its next round. Every request
 carries a deadline; time spent waiting counts against it.
 """
@@ -13,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult, Done, EarlyAnswer, admitted
+from kspec.engine.waiting_line import Waiting, WaitingLine
+from kspec.engine.errors import CancelledError
 from kspec.engine.errors import EngineUnavailable, KspecError, LoadCancelled
 from kspec.engine.serve.freed_memory import IDLE_TRIM_S, return_freed_memory
 from kspec.engine.serve.load_slot import LoadSlot
@@ -54,21 +57,27 @@ class Batcher(Protocol):
 
 
 class SerialBatcher:
-    """For an engine that can only answer whole requests: one request per round."""
+    """For an engine that can only answer whole requests: one request per round (no early answer)."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, waiting: WaitingLine | None = None):
         self._engine = engine
-        self._waiting: list[tuple[CompletionRequest, CancelToken, Done, float]] = []
+        self._waiting = WaitingLine() if waiting is None else waiting
 
     @property
     def idle(self) -> bool:
-        return not self._waiting
+        return not len(self._waiting)
 
     def add(self, request: CompletionRequest, cancel: CancelToken, done: Done, early: EarlyAnswer | None = None, arrived: float | None = None) -> None:
-        self._waiting.append((request, cancel, done, time.monotonic() if arrived is None else arrived))  # whole requests only: no early answer
+        self._waiting.put(Waiting(request, cancel, done, None, time.monotonic() if arrived is None else arrived))
 
     def run_round(self) -> None:
-        request, cancel, done, arrived = self._waiting.pop(0)
+        waiting = self._waiting.take()
+        if waiting is None:
+            return
+        request, cancel, done, _, arrived = waiting
+        if cancel.cancelled:  # its caller stopped waiting before its turn: never run
+            done(None, CancelledError("cancelled before it started"))
+            return
         try:
             result = self._engine.complete(admitted(request, arrived), cancel)
         except BaseException as exc:  # handed to the waiting coroutine
@@ -77,13 +86,12 @@ class SerialBatcher:
         done(result, None)
 
     def cancel_all(self) -> None:
-        for _, cancel, _, _ in self._waiting:
-            cancel.cancel()
+        self._waiting.cancel_all()
 
 
-def batcher_for(engine: Engine, max_requests: int) -> Batcher:
+def batcher_for(engine: Engine, max_requests: int, waiting: WaitingLine) -> Batcher:
     make = getattr(engine, "batcher", None)
-    return make(max_requests) if make is not None else SerialBatcher(engine)
+    return make(max_requests, waiting) if make is not None else SerialBatcher(engine, waiting)
 
 
 ProgressCallback = Callable[[float, str], None]  # (fraction loaded, what is happening)
@@ -98,12 +106,11 @@ def default_engine_factory(config: "EngineConfig", on_progress: ProgressCallback
 
 @dataclass
 class _Job:
-    request: CompletionRequest
+    """The awaiting side of a request: where its answers are handed back."""
+
     cancel: CancelToken
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-    arrived: float  # time.monotonic()
-    early: EarlyAnswer | None = None  # called on the job's loop
 
 
 def _call_soon(job: _Job, callback: EarlyAnswer, result: CompletionResult) -> None:
@@ -145,7 +152,7 @@ class EngineRunner:
         self.max_batch_requests = max_batch_requests
         self._factory = factory
         self._on_status = on_status
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._waiting = WaitingLine()  # the one queue: requests in arrival order, until the batch takes them
         # Never a daemon thread, whoever starts it (a thread inherits its starter's daemon flag):
         # the interpreter's exit must wait for it to leave torch's native code (a daemon thread
         # ended there by finalization aborts the process: "terminate called ..."); stop() makes it
@@ -154,7 +161,7 @@ class EngineRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status = Status(LOADING, "loading the model", progress=0.0, model=config.model or "default")
         self._running: set[CancelToken] = set()  # requests handed to the batcher and not settled
-        self._stopped = False  # stop() was called: nothing more is queued
+        self._stopped = False  # stop() was called: nothing more is queued (the line is closed)
         self._guard = threading.Lock()  # guards _status/_running/_stopped between threads; never held across an await
 
     @property
@@ -172,17 +179,17 @@ class EngineRunner:
 
     def stop(self) -> None:
         """Cancels the running requests (each stops at its next round) and ends the thread (without waiting)."""
-        with self._guard:  # no job can be queued after the None (complete() checks under the same lock)
+        with self._guard:  # no request can be queued after this (complete() checks under the same lock)
             self._stopped = True
             for cancel in self._running:
                 cancel.cancel()
-            self._queue.put(None)
+            self._waiting.close()
         if self._slot is not None:
             self._slot.wake()  # a worker waiting for the slot never loads
 
     def queued(self) -> int:
-        """Requests waiting for the engine's thread to take them (the metrics' queue length)."""
-        return self._queue.qsize()
+        """Requests waiting for a place in the batch (the metrics' queue length)."""
+        return len(self._waiting)
 
     def join(self, timeout_s: float) -> bool:
         """Wait for the worker to finish after stop()."""
@@ -194,11 +201,15 @@ class EngineRunner:
         """The final answer; with `request.first_answer_ms` > 0, `early(result)` may be called
         (on this loop) with an interim one first, while decoding goes on."""
         loop = asyncio.get_running_loop()
-        job = _Job(request, CancelToken(), loop.create_future(), loop, time.monotonic(), early)
+        job = _Job(CancelToken(), loop.create_future(), loop)
+        forward = (lambda result: _call_soon(job, early, result)) if early is not None else None  # type: ignore[arg-type]
+        # The batcher admits it and owns its deadline, counted from its arrival here
+        waiting = Waiting(request, job.cancel, lambda result, error: self._settle(job, result, error), forward, time.monotonic())
         with self._guard:
             if self._stopped:
                 raise EngineUnavailable(STOPPED)
-            self._queue.put(job)
+            self._running.add(job.cancel)
+            self._waiting.put(waiting)
         try:
             return await job.future
         finally:
@@ -231,19 +242,20 @@ class EngineRunner:
 
     def _serve(self, load: bool = True) -> None:
         engine = self._load() if load else None
-        batcher = batcher_for(engine, self.max_batch_requests) if engine is not None else None
-        stopping = False  # once stop() was seen (alone or among jobs), for good
+        if engine is None:  # not loaded: every request fails, until stop()
+            while not self._waiting.closed or len(self._waiting):
+                while (waiting := self._waiting.take()) is not None:
+                    waiting.done(None, EngineUnavailable(STOPPED if self._stopping() else self.status.message))
+                self._waiting.wait()
+            return
+        batcher = batcher_for(engine, self.max_batch_requests, self._waiting)
         while True:
-            for job in self._arrivals(block=not stopping and (batcher is None or batcher.idle)):
-                if job is None:
-                    stopping = True
-                elif stopping:
-                    _resolve(job, None, EngineUnavailable(STOPPED))
-                elif not (job.cancel.cancelled or job.future.done()):
-                    self._submit(job, batcher)
-            if stopping and batcher is not None:
-                batcher.cancel_all()  # each request ends at its next round
-            if batcher is not None and not batcher.idle:
+            stopping = self._waiting.closed  # for good: stop() was called
+            if stopping:
+                while (waiting := self._waiting.take()) is not None:  # not started: never will be
+                    waiting.done(None, EngineUnavailable(STOPPED))
+                batcher.cancel_all()  # each running request ends at its next round
+            if not batcher.idle:
                 try:
                     batcher.run_round()
                 except Exception:  # a bug must not kill the worker: the requests fail, the engine stays
@@ -251,35 +263,9 @@ class EngineRunner:
                     batcher.cancel_all()
             elif stopping:
                 return
-
-    def _arrivals(self, block: bool) -> list[_Job | None]:
-        """The jobs queued since the last round; waits for one when there is no work (after
-        `IDLE_TRIM_S` of waiting, the memory the last requests freed goes back to the system)."""
-        jobs: list[_Job | None] = []
-        try:
-            jobs.append(self._next_job() if block else self._queue.get_nowait())
-            while True:
-                jobs.append(self._queue.get_nowait())
-        except queue.Empty:
-            pass
-        return jobs
-
-    def _next_job(self) -> _Job | None:
-        try:
-            return self._queue.get(timeout=IDLE_TRIM_S)
-        except queue.Empty:
-            return_freed_memory()
-            return self._queue.get()
-
-    def _submit(self, job: _Job, batcher: Batcher | None) -> None:
-        if batcher is None:
-            _resolve(job, None, EngineUnavailable(self.status.message))
-            return
-        with self._guard:
-            self._running.add(job.cancel)
-        early = (lambda result: _call_soon(job, job.early, result)) if job.early is not None else None  # type: ignore[arg-type]
-        # The batcher admits it and owns its deadline, counted from its arrival here
-        batcher.add(job.request, job.cancel, lambda result, error: self._settle(job, result, error), early, arrived=job.arrived)
+            elif not self._waiting.wait(IDLE_TRIM_S):  # nothing to do for a while: the memory the last requests freed goes back
+                return_freed_memory()
+                self._waiting.wait()
 
     def _settle(self, job: _Job, result: CompletionResult | None, error: BaseException | None) -> None:
         with self._guard:

@@ -113,7 +113,7 @@ class _Recorder:
                 continue
             seen.add(id(value))
             name = kind.__name__
-            if kind in (list, tuple, set, frozenset, collections.deque):
+            if isinstance(value, (list, tuple, set, frozenset, collections.deque)):  # named tuples too
                 items = list(value)[:_BREADTH]
             elif kind is dict:
                 items = [item for pair in list(value.items())[:_BREADTH] for item in pair]
