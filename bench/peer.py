@@ -45,7 +45,7 @@ COLD_CHARS = 6000  # a cold request's window: the language server's default char
 COLD_REPEATS = 3  # cold windows per server, each a different part of the file
 IDLE_SETTLE_S = 1.0  # past the engine's idle moment, before the idle memory is read
 CURSOR_LINE = "    def _split(self, text):"  # the place in textwrap.py where "typing" happens
-SLOTS, CONTEXT = 4, 8192  # llama-server: 4 parallel slots over an 8k context (its KV is allocated up front)
+SLOTS, CONTEXT = 4, 16384  # llama-server: 4 parallel slots over a 16k context (its KV is allocated up front)
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class PeerBenchConfig:
     keystrokes: int = 5
     new_tokens: int = 32
     start_timeout_s: float = 300.0
+    starts: int = 0  # then each server started this many times more, one at a time, alternating: spawn to healthy
 
     def __post_init__(self) -> None:
         if not self.llama_server.is_file() or not os.access(self.llama_server, os.X_OK):
@@ -65,6 +66,8 @@ class PeerBenchConfig:
             raise ValueError(f"{self.gguf}: the peer needs a .gguf file (--model)")
         if self.threads < 1 or self.keystrokes < 1 or not self.ns or min(self.ns) < 1:
             raise ValueError("threads, keystrokes and every n must be >= 1")
+        if self.starts < 0:
+            raise ValueError(f"starts must be >= 0, got {self.starts}")
 
 
 def keystroke_prompts(count: int) -> tuple[str, list[str]]:
@@ -151,7 +154,38 @@ class PeerServer:
                 self.process.wait()
 
 
+ServerSpec = tuple[str, list[str], int, "str | None", Path]  # name, command, port, token, log
+
+
 def _start(engine: EngineConfig, config: PeerBenchConfig, folder: Path) -> list[PeerServer]:
+    return [_spawn(spec) for spec in _specs(engine, config, folder)]
+
+
+def _spawn(spec: ServerSpec) -> PeerServer:
+    name, command, port, token, log = spec
+    with open(log, "wb") as sink:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink)
+    return PeerServer(name, process, port, token, log, time.monotonic())
+
+
+async def _start_times(specs: list[ServerSpec], config: PeerBenchConfig) -> dict[str, Any]:
+    """Each server started `config.starts` times alone (the other stopped), alternating which goes
+    first: seconds from spawn to its first healthy answer; the conversion caches are warm by now."""
+    times: dict[str, list[float]] = {spec[0]: [] for spec in specs}
+    for index in range(config.starts):
+        for spec in specs if index % 2 == 0 else specs[::-1]:
+            server = _spawn(spec)
+            try:
+                await server.wait_ready(config.start_timeout_s)
+                times[spec[0]].append(round(server.load_s, 2))
+            finally:
+                server.stop()
+    medians = {name: round(statistics.median(values), 2) for name, values in times.items()}
+    kspec, llama = specs[0][0], specs[1][0]
+    return {"s": times, "median_s": medians, "kspec_over_llama": round(medians[kspec] / medians[llama], 2)}
+
+
+def _specs(engine: EngineConfig, config: PeerBenchConfig, folder: Path) -> list[ServerSpec]:
     token = secrets.token_hex(16)
     token_file = folder / "token"
     token_file.write_text(token)
@@ -166,15 +200,7 @@ def _start(engine: EngineConfig, config: PeerBenchConfig, folder: Path) -> list[
         str(config.llama_server), "-m", str(config.gguf), "-t", str(config.threads), "-np", str(SLOTS), "-c", str(CONTEXT),
         "--host", "127.0.0.1", "--port", str(llama_port),
     ]  # fmt: skip
-    servers = []
-    for name, command, port, server_token, log in (
-        ("kspec engine", kspec_command, kspec_port, token, kspec_log),
-        ("llama-server", llama_command, llama_port, None, llama_log),
-    ):
-        with open(log, "wb") as sink:
-            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink)
-        servers.append(PeerServer(name, process, port, server_token, log, time.monotonic()))
-    return servers
+    return [("kspec engine", kspec_command, kspec_port, token, kspec_log), ("llama-server", llama_command, llama_port, None, llama_log)]
 
 
 async def _measure(servers: list[PeerServer], config: PeerBenchConfig) -> dict[str, Any]:
@@ -236,6 +262,8 @@ def bench_peer(engine: EngineConfig, config: PeerBenchConfig) -> dict[str, Any]:
         finally:
             for server in servers:
                 server.stop()
+        if config.starts:
+            measured["start_alone"] = asyncio.run(_start_times(_specs(engine, config, Path(folder)), config))
     return {
         "gguf": config.gguf.name,
         "llama_server": str(config.llama_server),

@@ -150,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--token-file", type=Path, default=None, help="serve: the endpoints' token (API key)")
     bench.add_argument("--hop", action="store_true", help="serve: with one --url, the same request in this process vs through that endpoint (the network / Ray hop)")
     bench.add_argument("--llama-server", type=Path, default=None, help="peer: the llama-server executable to compare with")
+    bench.add_argument("--starts", type=int, default=0, help="peer: then start each server this many times alone, alternating, and report spawn-to-healthy seconds (default 0: not measured)")
     bench.add_argument("--peer", type=Path, default=None, metavar="LLAMA_SERVER", help="quality: also ask llama.cpp's llama-server (this executable) for its greedy /infill answer on the same holes, windows and GGUF file, as llama.vim does, and report both side by side")
     add_flags(bench)
     add_log_level(bench, "warning")
@@ -317,7 +318,7 @@ def _bench_peer(config, args: argparse.Namespace) -> dict:
     gguf = gguf_file(config.model)
     try:
         peer = PeerBenchConfig(args.llama_server, gguf, threads, ns=tuple(_ints(args.ks, [1, 4])), keystrokes=args.repeats or 5,
-                               new_tokens=args.max_tokens or 32)  # fmt: skip
+                               new_tokens=args.max_tokens or 32, starts=args.starts)  # fmt: skip
     except ValueError as exc:
         raise KspecError(str(exc)) from exc
     return bench_peer(dataclasses.replace(config, threads=threads), peer)

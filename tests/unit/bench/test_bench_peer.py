@@ -47,8 +47,10 @@ def test_a_missing_or_wrong_peer_is_refused(tmp_path: Path, capsys) -> None:
 def test_peer_bench_against_a_real_llama_server() -> None:
     from kspec.engine.models.resolve import default_gguf_path
 
-    config = PeerBenchConfig(Path(os.environ["KSPEC_LLAMA_SERVER"]), default_gguf_path(), 2, ns=(2,), keystrokes=1, new_tokens=4)
+    config = PeerBenchConfig(Path(os.environ["KSPEC_LLAMA_SERVER"]), default_gguf_path(), 2, ns=(2,), keystrokes=1, new_tokens=4, starts=1)
     report = bench_peer(EngineConfig(progress=False), config)
     assert set(report["n=2"]["ms"]) == {"kspec engine", "llama-server"}
     assert report["resident_mb"]["llama-server"]["VmRSS"] > 0
     assert report["resident_idle_mb"]["kspec engine"]["VmRSS"] > 0 and report["kspec_idle_rss_over_llama"] > 0
+    alone = report["start_alone"]  # each started again by itself
+    assert [len(times) for times in alone["s"].values()] == [1, 1] and alone["kspec_over_llama"] > 0
