@@ -45,7 +45,8 @@ PREFIX_KV_DTYPES = (torch.float32, torch.float16)
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """What the C++ loop reads of every layer, in layer order (the model's own tensors)."""
+    """What the C++ loop reads of every layer, in layer order (the model's own tensors); the
+    fields of its `LoopModel` (kernels/csrc/branch_layers.cpp), by name."""
 
     input_norm: list[Tensor]  # [dim] float32
     input_norm_bias: list[Tensor]  # [dim] float32 per layer (StarCoder2's LayerNorm), or empty (RMSNorm)
@@ -66,10 +67,6 @@ class LayerWeights:
     down_scales: list[Tensor]
     down_bias: list[Tensor]  # [dim] float32 per layer, or empty
 
-    def first(self, n_layers: int) -> "LayerWeights":
-        """The first n layers (an early-exit drafter)."""
-        return LayerWeights(*(parts[:n_layers] for parts in vars(self).values()))
-
 
 class NativeSteps:
     """Runs `Transformer.forward`'s layer loop in C++ where `serves` says so."""
@@ -79,8 +76,9 @@ class NativeSteps:
         sliding_window: int | None = None, norm: str = "rms", mlp: str = "silu_gated",
     ):  # fmt: skip
         self.weights, self.op = weights, op
-        self.heads, self.kv_heads, self.eps = heads, kv_heads, eps
-        self.norm, self.mlp = norm, mlp  # the loop's kinds: "rms" or "layer"; "silu_gated" or "gelu_tanh" (_kinds)
+        # the model as the loop reads it, built and checked once: its weights, heads, eps and kinds
+        # ("rms" or "layer"; "silu_gated" or "gelu_tanh": _kinds); registered by the op's library
+        self.loop_model = torch.classes.kspec.LoopModel(**vars(weights), heads=heads, kv_heads=kv_heads, eps=eps, norm=norm, mlp=mlp)
         self.max_rows = max_rows  # rows every projection multiplies with its 4-bit terms; None: any (no dense copy)
         self.sliding_window = sliding_window  # served only while it hides no key
 
@@ -160,7 +158,6 @@ class NativeSteps:
         later one); the other rows of the output are zeros."""
         k, new, dim = x.shape
         rows = k * new
-        weights = self.weights if n_layers is None else self.weights.first(n_layers)
         padded_rows: list[int] = []  # all k T rows
         if row_lengths is not None and sum(row_lengths) < rows:
             padded_rows = [b * new + t for b, length in enumerate(row_lengths) for t in range(length)]
@@ -169,12 +166,9 @@ class NativeSteps:
             places = torch.tensor(padded_rows)  # [N]
             x, cos, sin = x[places], cos[places], sin[places]  # [N, ...]
         out = self.op(
-            x, cos, sin,
-            weights.input_norm, weights.input_norm_bias, weights.qkv_packed, weights.qkv_scales, weights.qkv_bias,
-            weights.q_norm, weights.k_norm, weights.o_packed, weights.o_scales, weights.o_bias, weights.post_norm, weights.post_norm_bias,
-            weights.gate_up_packed, weights.gate_up_scales, weights.gate_up_bias, weights.down_packed, weights.down_scales, weights.down_bias,
-            cache.prefix_keys, cache.prefix_values, cache.keys, cache.values, cache.branch_mask(step), cache.lengths,
-            padded_rows, new, self.heads, self.kv_heads, self.eps, self.norm, self.mlp,
+            self.loop_model, x=x, cos=cos, signed_sin=sin,
+            prefix_k=cache.prefix_keys, prefix_v=cache.prefix_values, branch_k=cache.keys, branch_v=cache.values,
+            branch_mask=cache.branch_mask(step), lengths=cache.lengths, padded_rows=padded_rows, n_new=new, n_layers=n_layers,
         )  # fmt: skip  # [N, dim]
         if padded_rows:
             out = out.new_zeros(rows, dim).index_copy_(0, places, out)  # [k T, dim]

@@ -42,6 +42,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -398,73 +399,129 @@ int64_t check_rows(Dims& s, at::IntArrayRef padded_rows, at::IntArrayRef lengths
   return cols;
 }
 
-}  // namespace
+// The per-layer tensor lists of LoopModel, each named once here (X(name), in the constructor's
+// order): its fields, its constructor's parameters and their names
+#define KSPEC_LAYER_TENSORS(X)                                                                                        \
+  X(input_norm) X(input_norm_bias) X(qkv_packed) X(qkv_scales) X(qkv_bias) X(q_norm) X(k_norm) X(o_packed) X(o_scales) \
+  X(o_bias) X(post_norm) X(post_norm_bias) X(gate_up_packed) X(gate_up_scales) X(gate_up_bias) X(down_packed)         \
+  X(down_scales) X(down_bias)
 
-// x [R, dim] float32 (R = k * T rows, row r: branch r / T, new token r % T; or the rows at
-// padded_rows of those, see check_rows); cos, signed sin [R, D] float32 (engine/models/rope.py:
-// rotate_half folded into a roll and a signed sin).
-// Per layer l: input and post-attention norm weights [dim] (and biases [dim]: norm "layer",
-// LayerNorm; none: "rms"); the int4 kernel's packed weights and scales/zeros of q|k|v, o, the
-// MLP's first matmul (mlp "silu_gated": gate|up [2 I]; "gelu_tanh": c_fc [I]) and down (c_proj);
-// the q|k|v bias [(H + 2 Hkv) D] or none; the per-head RMSNorm weights of q and of k [D] (Qwen3's
-// q_norm / k_norm, before rotary) or none; the biases of o [dim], of the first MLP matmul [I]
-// (gelu_tanh only) and of down [dim], each one per layer or none.
-// prefix_k/v [L, 1, Hkv, P, D] float32 or float16 (unit last stride), branch_k/v [L, k, Hkv, S, D]
-// float32 contiguous, written at slots lengths[b] + t; branch_mask the branch piece's additive mask [k, 1, T, cols]
-// (kernels/contract.py BranchLayout: the masking rules are written once, there) or none.
-// Returns the residual stream after the last layer [R, dim].
-Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed_sin, at::TensorList input_norm,
-                     at::TensorList input_norm_bias, at::TensorList qkv_packed, at::TensorList qkv_scales, at::TensorList qkv_bias,
-                     at::TensorList q_norm, at::TensorList k_norm, at::TensorList o_packed, at::TensorList o_scales, at::TensorList o_bias,
-                     at::TensorList post_norm, at::TensorList post_norm_bias, at::TensorList gate_up_packed,
-                     at::TensorList gate_up_scales, at::TensorList gate_up_bias, at::TensorList down_packed,
-                     at::TensorList down_scales, at::TensorList down_bias, const Tensor& prefix_k, const Tensor& prefix_v, const Tensor& branch_k,
-                     const Tensor& branch_v, const std::optional<Tensor>& branch_mask, at::IntArrayRef lengths,
-                     at::IntArrayRef padded_rows, int64_t n_new, int64_t heads, int64_t kv_heads, double eps,
-                     const std::string& norm, const std::string& mlp) {
-  const int64_t layers = input_norm.size();
-  const NormKind norm_type = norm_kind(norm);
-  const MlpKind mlp_type = mlp_kind(mlp);
-  check(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be [R, dim] float32");
+// What the layer loop reads of a model, built once per model (engine/models/native_step.py) and
+// checked then. Per layer l, in layer order: input and post-attention norm weights [dim] (and
+// biases [dim]: norm "layer", LayerNorm; none: "rms"); the 4-bit kernel's packed weights and
+// scales of q|k|v, o, the MLP's first matmul (mlp "silu_gated": gate|up [2 I]; "gelu_tanh": c_fc
+// [I]) and down (c_proj); the q|k|v bias [(H + 2 Hkv) D] or none; the per-head RMSNorm weights
+// of q and of k [D] (Qwen3's q_norm / k_norm, before rotary) or none; the biases of o [dim], of
+// the first MLP matmul [I] (gelu_tanh only) and of down [dim], each one per layer or none. Then
+// the query and kv heads, the norms' eps and the norm and MLP kinds.
+struct LoopModel : torch::CustomClassHolder {
+  using Tensors = std::vector<Tensor>;
+#define KSPEC_FIELD(name) Tensors name;
+  KSPEC_LAYER_TENSORS(KSPEC_FIELD)
+#undef KSPEC_FIELD
+  int64_t heads, kv_heads;
+  double eps;
+  NormKind norm;
+  MlpKind mlp;
+
+#define KSPEC_PARAMETER(name) Tensors name,
+#define KSPEC_INITIALIZER(name) name(std::move(name)),
+  LoopModel(KSPEC_LAYER_TENSORS(KSPEC_PARAMETER) int64_t heads, int64_t kv_heads, double eps, const std::string& norm, const std::string& mlp)
+      : KSPEC_LAYER_TENSORS(KSPEC_INITIALIZER) heads(heads), kv_heads(kv_heads), eps(eps), norm(norm_kind(norm)), mlp(mlp_kind(mlp)) {
+    check_weights();
+  }
+#undef KSPEC_PARAMETER
+#undef KSPEC_INITIALIZER
+
+  int64_t layers() const { return static_cast<int64_t>(input_norm.size()); }
+  int64_t dim() const { return input_norm[0].numel(); }
+
+  // Layer l's tensor of a list that holds one per layer or none: its floats, or nullptr
+  static const float* optional(const Tensors& per_layer, int64_t l) { return per_layer.empty() ? nullptr : per_layer[l].data_ptr<float>(); }
+
+  void check_weights() const {
+    const int64_t layers = this->layers();
+    check(layers > 0, "no layers");
+    for (const Tensors* every :
+         {&qkv_packed, &qkv_scales, &o_packed, &o_scales, &post_norm, &gate_up_packed, &gate_up_scales, &down_packed, &down_scales})
+      check(static_cast<int64_t>(every->size()) == layers, "one of each norm and each projection's weights per layer");
+    for (const Tensors* norms : {&input_norm, &post_norm})
+      for (const Tensor& w : *norms)
+        check(w.scalar_type() == at::kFloat && w.numel() == dim() && w.is_contiguous(), "norm weights must be [dim] float32");
+    check(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "heads do not fit");
+    check(qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == layers, "one q|k|v bias per layer or none");
+    check(q_norm.size() == k_norm.size() && (q_norm.empty() || static_cast<int64_t>(q_norm.size()) == layers),
+          "one q norm and one k norm per layer or none");
+    for (const Tensors* norms : {&q_norm, &k_norm})
+      for (const Tensor& w : *norms)
+        check(w.scalar_type() == at::kFloat && w.dim() == 1 && w.numel() == q_norm[0].numel(), "q and k norm weights must be [D] float32");
+    const bool layer_norm = norm == NormKind::layer;
+    check(static_cast<int64_t>(input_norm_bias.size()) == (layer_norm ? layers : 0) && post_norm_bias.size() == input_norm_bias.size(),
+          "norm biases: one per layer for LayerNorm, none for RMSNorm");
+    for (const Tensors* biases : {&input_norm_bias, &post_norm_bias, &o_bias, &down_bias})
+      for (const Tensor& b : *biases)
+        check(b.scalar_type() == at::kFloat && b.numel() == dim() && b.is_contiguous(), "norm, o and down biases must be [dim] float32");
+    for (const Tensors* biases : {&o_bias, &down_bias})
+      check(biases->empty() || static_cast<int64_t>(biases->size()) == layers, "one o / down bias per layer or none");
+    check(static_cast<int64_t>(gate_up_bias.size()) == (mlp == MlpKind::gelu_tanh ? layers : 0),
+          "the first MLP matmul's bias: one per layer for gelu_tanh (c_fc), none for silu_gated");
+    for (const Tensor& b : gate_up_bias) check(b.scalar_type() == at::kFloat && b.dim() == 1 && b.is_contiguous(), "c_fc biases must be [I] float32");
+  }
+};
+
+// The step's inputs against the model: x [R, dim] float32, the caches' shapes and types, the
+// rows (check_rows); sets the step's Dims s, returns the branch keys any query sees
+int64_t check_step(Dims& s, const LoopModel& m, int64_t layers, const Tensor& x, const Tensor& cos, const Tensor& signed_sin,
+                   const Tensor& prefix_k, const Tensor& prefix_v, const Tensor& branch_k, const Tensor& branch_v,
+                   const std::optional<Tensor>& branch_mask, at::IntArrayRef lengths, at::IntArrayRef padded_rows, int64_t n_new) {
+  check(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) == m.dim(), "x must be [R, dim] float32");
   check(branch_k.dim() == 5 && branch_k.is_contiguous() && branch_v.is_contiguous(), "branch buffers must be contiguous [L, k, Hkv, S, D]");
   check(branch_k.scalar_type() == at::kFloat && branch_v.scalar_type() == at::kFloat, "the branch buffers must be float32");
   check_prefix_type(prefix_k, prefix_v);
   check(prefix_k.dim() == 5 && prefix_k.stride(4) == 1 && prefix_v.strides() == prefix_k.strides(), "prefix KV must be [L, 1, Hkv, P, D] with unit last stride");
   check(branch_k.size(0) >= layers && prefix_k.size(0) >= layers, "fewer cache layers than weights");
-  check(qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == layers, "one q|k|v bias per layer or none");
-  check(q_norm.size() == k_norm.size() && (q_norm.empty() || static_cast<int64_t>(q_norm.size()) == layers),
-        "one q norm and one k norm per layer or none");
-  for (const Tensor& w : q_norm) check(w.scalar_type() == at::kFloat && w.numel() == branch_k.size(4), "q norm weights must be [D] float32");
-  for (const Tensor& w : k_norm) check(w.scalar_type() == at::kFloat && w.numel() == branch_k.size(4), "k norm weights must be [D] float32");
-  const bool layer_norm = norm_type == NormKind::layer;
-  check(static_cast<int64_t>(input_norm_bias.size()) == (layer_norm ? layers : 0) && post_norm_bias.size() == input_norm_bias.size(),
-        "norm biases: one per layer for LayerNorm, none for RMSNorm");
-  for (at::TensorList biases : {input_norm_bias, post_norm_bias, o_bias, down_bias})
-    for (const Tensor& b : biases)
-      check(b.scalar_type() == at::kFloat && b.numel() == x_in.size(1) && b.is_contiguous(), "norm, o and down biases must be [dim] float32");
-  for (at::TensorList biases : {o_bias, down_bias}) check(biases.empty() || static_cast<int64_t>(biases.size()) == layers, "one o / down bias per layer or none");
-  check(static_cast<int64_t>(gate_up_bias.size()) == (mlp_type == MlpKind::gelu_tanh ? layers : 0),
-        "the first MLP matmul's bias: one per layer for gelu_tanh (c_fc), none for silu_gated");
-  for (const Tensor& b : gate_up_bias) check(b.scalar_type() == at::kFloat && b.dim() == 1 && b.is_contiguous(), "c_fc biases must be [I] float32");
-  check(layers > 0, "no layers");
-  Dims s{};
-  s.rows = x_in.size(0);
-  s.dim = x_in.size(1);
-  s.heads = heads;
-  s.kv_heads = kv_heads;
+  s.rows = x.size(0);
+  s.dim = x.size(1);
+  s.heads = m.heads;
+  s.kv_heads = m.kv_heads;
   s.head_dim = branch_k.size(4);
   s.n_new = n_new;
   s.branches = static_cast<int64_t>(lengths.size());
   s.capacity = branch_k.size(3);
-  check(heads % kv_heads == 0 && s.head_dim % 2 == 0, "heads or head size do not fit");
+  check(m.q_norm.empty() || m.q_norm[0].numel() == s.head_dim, "q and k norm weights must be [D] float32");
+  check(s.head_dim % 2 == 0, "heads or head size do not fit");
   check(s.head_dim <= kMaxHeadDim, "head size above 512");
   check(cos.sizes() == signed_sin.sizes() && cos.size(0) == s.rows && cos.size(1) == s.head_dim, "cos/sin must be [R, D]");
-  const int64_t cols = check_rows(s, padded_rows, lengths, branch_mask);  // branch keys any query sees
+  return check_rows(s, padded_rows, lengths, branch_mask);
+}
+
+}  // namespace
+
+// One branch step through the model's first n_layers layers (all of them: none).
+// x [R, dim] float32 (R = k * T rows, row r: branch r / T, new token r % T; or the rows at
+// padded_rows of those, see check_rows); cos, signed sin [R, D] float32 (engine/models/rope.py:
+// rotate_half folded into a roll and a signed sin).
+// prefix_k/v [L, 1, Hkv, P, D] float32 or float16 (unit last stride), branch_k/v [L, k, Hkv, S, D]
+// float32 contiguous, written at slots lengths[b] + t; branch_mask the branch piece's additive mask [k, 1, T, cols]
+// (kernels/contract.py BranchLayout: the masking rules are written once, there) or none.
+// Returns the residual stream after the last layer [R, dim].
+Tensor branch_layers(const c10::intrusive_ptr<LoopModel>& model, const Tensor& x_in, const Tensor& cos, const Tensor& signed_sin,
+                     const Tensor& prefix_k, const Tensor& prefix_v, const Tensor& branch_k, const Tensor& branch_v,
+                     const std::optional<Tensor>& branch_mask, at::IntArrayRef lengths, at::IntArrayRef padded_rows, int64_t n_new,
+                     std::optional<int64_t> n_layers) {
+  const LoopModel& m = *model;
+  check(!n_layers.has_value() || *n_layers > 0, "no layers");
+  const int64_t layers = n_layers.has_value() ? std::min(*n_layers, m.layers()) : m.layers();
+  Dims s{};
+  const int64_t cols = check_step(s, m, layers, x_in, cos, signed_sin, prefix_k, prefix_v, branch_k, branch_v, branch_mask, lengths,
+                                  padded_rows, n_new);  // branch keys any query sees
+  const int64_t heads = m.heads, kv_heads = m.kv_heads;
   const int64_t D = s.head_dim, half = D / 2, qkv_width = (heads + 2 * kv_heads) * D;
+  const float eps = static_cast<float>(m.eps);
 
   // The weights' kernel decides the matmuls' activations: float16 params are kspec's 4-bit x
   // 8-bit kernel (float32 in and out), bfloat16 scales PyTorch's int4 one (bfloat16).
-  const bool float_matmul = qkv_scales[0].scalar_type() == at::kHalf;
+  const bool float_matmul = m.qkv_scales[0].scalar_type() == at::kHalf;
   auto run = [&]<typename Act>() {
     Tensor x = x_in.contiguous().clone();  // [R, dim] the residual stream
     Tensor normed = at::empty({s.rows, s.dim}, x.options().dtype(act_type<Act>));  // [R, dim]
@@ -477,13 +534,12 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
     const float* sp = sin_c.data_ptr<float>();
     const int64_t cache_layer = branch_k.stride(0);
     for (int64_t l = 0; l < layers; ++l) {
-      norm_to(norm_type, xp, input_norm[l].data_ptr<float>(), layer_norm ? input_norm_bias[l].data_ptr<float>() : nullptr,
-              act_data<Act>(normed), s.rows, s.dim, static_cast<float>(eps));
-      Tensor qkv = matmul(normed, qkv_packed[l], qkv_scales[l]);  // [R, (H + 2 Hkv) D]
+      norm_to(m.norm, xp, m.input_norm[l].data_ptr<float>(), LoopModel::optional(m.input_norm_bias, l), act_data<Act>(normed), s.rows, s.dim, eps);
+      Tensor qkv = matmul(normed, m.qkv_packed[l], m.qkv_scales[l]);  // [R, (H + 2 Hkv) D]
       const Act* proj = act_data<Act>(qkv);
-      const float* bias = qkv_bias.empty() ? nullptr : qkv_bias[l].data_ptr<float>();
-      const float* qn = q_norm.empty() ? nullptr : q_norm[l].data_ptr<float>();
-      const float* kn = k_norm.empty() ? nullptr : k_norm[l].data_ptr<float>();
+      const float* bias = LoopModel::optional(m.qkv_bias, l);
+      const float* qn = LoopModel::optional(m.q_norm, l);
+      const float* kn = LoopModel::optional(m.k_norm, l);
       float* bk = branch_k.data_ptr<float>() + l * cache_layer;
       float* bv = branch_v.data_ptr<float>() + l * cache_layer;
       for (int64_t r = 0; r < s.rows; ++r) {  // rotary on q and k, k and v into the branch buffers
@@ -497,7 +553,7 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
           for (int64_t i = 0; i < D; ++i) value[i] = from_act(src[i]);
           if (bias_h)
             for (int64_t i = 0; i < D; ++i) value[i] += bias_h[i];
-          if (qn != nullptr && h < heads + kv_heads) head_rms_norm(value, h < heads ? qn : kn, D, static_cast<float>(eps));
+          if (qn != nullptr && h < heads + kv_heads) head_rms_norm(value, h < heads ? qn : kn, D, eps);
           if (h >= heads + kv_heads) {
             std::memcpy(bv + ((b * kv_heads + h - heads - kv_heads) * s.capacity + slot) * D, value, D * sizeof(float));
             continue;
@@ -508,16 +564,13 @@ Tensor branch_layers(const Tensor& x_in, const Tensor& cos, const Tensor& signed
         }
       }
       attend_layer(s, queries, prefix_k[l], prefix_v[l], branch_k[l], branch_v[l], cols, branch_mask, act_data<Act>(attn));
-      add_biased_to(xp, act_data<Act>(matmul(attn, o_packed[l], o_scales[l])), o_bias.empty() ? nullptr : o_bias[l].data_ptr<float>(),
-                    s.rows, s.dim);
-      norm_to(norm_type, xp, post_norm[l].data_ptr<float>(), layer_norm ? post_norm_bias[l].data_ptr<float>() : nullptr,
-              act_data<Act>(normed), s.rows, s.dim, static_cast<float>(eps));
-      Tensor first = matmul(normed, gate_up_packed[l], gate_up_scales[l]);  // [R, 2 I] gate | up, or [R, I] c_fc
-      const float* first_bias = gate_up_bias.empty() ? nullptr : gate_up_bias[l].data_ptr<float>();
-      check(first_bias == nullptr || gate_up_bias[l].numel() == first.size(1), "a c_fc bias must be [I]");
-      Tensor hidden = mlp_hidden<Act>(mlp_type, first, first_bias);  // [R, I]
-      add_biased_to(xp, act_data<Act>(matmul(hidden, down_packed[l], down_scales[l])), down_bias.empty() ? nullptr : down_bias[l].data_ptr<float>(),
-                    s.rows, s.dim);
+      add_biased_to(xp, act_data<Act>(matmul(attn, m.o_packed[l], m.o_scales[l])), LoopModel::optional(m.o_bias, l), s.rows, s.dim);
+      norm_to(m.norm, xp, m.post_norm[l].data_ptr<float>(), LoopModel::optional(m.post_norm_bias, l), act_data<Act>(normed), s.rows, s.dim, eps);
+      Tensor first = matmul(normed, m.gate_up_packed[l], m.gate_up_scales[l]);  // [R, 2 I] gate | up, or [R, I] c_fc
+      const float* first_bias = LoopModel::optional(m.gate_up_bias, l);
+      check(first_bias == nullptr || m.gate_up_bias[l].numel() == first.size(1), "a c_fc bias must be [I]");
+      Tensor hidden = mlp_hidden<Act>(m.mlp, first, first_bias);  // [R, I]
+      add_biased_to(xp, act_data<Act>(matmul(hidden, m.down_packed[l], m.down_scales[l])), LoopModel::optional(m.down_bias, l), s.rows, s.dim);
     }
     return x;
   };
@@ -554,14 +607,18 @@ Tensor branch_attention(const Tensor& queries, const Tensor& prefix_k, const Ten
 }
 
 TORCH_LIBRARY(kspec, m) {
+#define KSPEC_ARGUMENT(name) torch::arg(#name),
+#define KSPEC_TYPE(name) LoopModel::Tensors,
+  m.class_<LoopModel>("LoopModel")
+      .def(torch::init<KSPEC_LAYER_TENSORS(KSPEC_TYPE) int64_t, int64_t, double, std::string, std::string>(), "",
+           {KSPEC_LAYER_TENSORS(KSPEC_ARGUMENT) torch::arg("heads"), torch::arg("kv_heads"), torch::arg("eps"), torch::arg("norm"),
+            torch::arg("mlp")});
+#undef KSPEC_ARGUMENT
+#undef KSPEC_TYPE
   m.def(
-      "branch_layers(Tensor x, Tensor cos, Tensor signed_sin, Tensor[] input_norm, Tensor[] input_norm_bias, Tensor[] qkv_packed, "
-      "Tensor[] qkv_scales, Tensor[] qkv_bias, Tensor[] q_norm, Tensor[] k_norm, Tensor[] o_packed, Tensor[] o_scales, Tensor[] o_bias, "
-      "Tensor[] post_norm, Tensor[] post_norm_bias, Tensor[] gate_up_packed, Tensor[] gate_up_scales, Tensor[] gate_up_bias, "
-      "Tensor[] down_packed, Tensor[] down_scales, Tensor[] down_bias, "
-      "Tensor prefix_k, Tensor prefix_v, Tensor(a!) branch_k, Tensor(b!) branch_v, Tensor? branch_mask, int[] lengths, "
-      "int[] padded_rows, int n_new, "
-      "int heads, int kv_heads, float eps, str norm, str mlp) -> Tensor");
+      "branch_layers(__torch__.torch.classes.kspec.LoopModel model, Tensor x, Tensor cos, Tensor signed_sin, Tensor prefix_k, "
+      "Tensor prefix_v, Tensor(a!) branch_k, Tensor(b!) branch_v, Tensor? branch_mask, int[] lengths, int[] padded_rows, int n_new, "
+      "int? n_layers) -> Tensor");
   m.def(
       "branch_attention(Tensor queries, Tensor prefix_k, Tensor prefix_v, Tensor branch_k, Tensor branch_v, "
       "Tensor? branch_mask, int[] lengths, int[] padded_rows, int n_new) -> Tensor");

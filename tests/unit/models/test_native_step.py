@@ -413,7 +413,7 @@ def test_starcoder2_decodes_in_one_call_of_the_loop(kernel: str) -> None:
     assert native is not None and "C++ layer loop" in describe(model)
     calls: list[int] = []
     op = native.op
-    native.op = lambda *args: calls.append(1) or op(*args)  # type: ignore[method-assign]
+    native.op = lambda *args, **kwargs: calls.append(1) or op(*args, **kwargs)  # type: ignore[method-assign]
     prompt, lengths = [(7 * i + 3) % 500 for i in range(20)], [3, 3, 3, 3]
     tokens = (torch.arange(4).view(4, 1) * 11 + 5) % 500  # [k, 1]
     cache = _branches(model, prompt, lengths)
@@ -446,3 +446,24 @@ def test_llama_with_attention_biases_runs_in_the_loop(kernel: str) -> None:
     _close(got, want, SHARE[kernel])
     model, codes = quantized_model("llama", 3, mlp_bias=True)
     assert to_fast_path(model, codes, FastPath(int4_max_rows=16, keep_dense=True, int4_kernel=kernel)).native_steps is None
+
+
+def test_the_loops_model_is_checked_once_when_built() -> None:
+    """The weights, heads and kinds go to the loop as one object built per model (its fields by
+    name: `LayerWeights`); a weight that does not fit is refused there, before any step."""
+    model = _fast("starcoder2")
+    native, args = model.native_steps, model.args
+    assert native is not None
+    build = torch.classes.kspec.LoopModel
+    fields = {**vars(native.weights), "heads": args.n_heads, "kv_heads": args.n_kv_heads, "eps": args.norm_eps, "norm": "layer", "mlp": "gelu_tanh"}
+    build(**fields)  # the model's own fields build
+    for wrong, message in [
+        ({"o_bias": native.weights.o_bias[:1]}, "one o / down bias per layer or none"),
+        ({"down_bias": [torch.zeros(3)] * len(native.weights.down_bias)}, r"biases must be \[dim\] float32"),
+        ({"input_norm_bias": []}, "norm biases: one per layer for LayerNorm"),
+        ({"qkv_packed": native.weights.qkv_packed[:1]}, "one of each norm and each projection's weights per layer"),
+        ({"kv_heads": 3}, "heads do not fit"),
+        ({"mlp": "relu"}, "mlp must be silu_gated or gelu_tanh"),
+    ]:
+        with pytest.raises(RuntimeError, match=message):
+            build(**{**fields, **wrong})
