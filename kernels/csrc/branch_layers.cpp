@@ -163,11 +163,13 @@ void layer_norm_to(const float* x, const float* w, const float* b, Act* out, int
 }
 
 // The decoder's norms: RMSNorm (llama family) or LayerNorm with a bias (StarCoder2).
-// norm_to, add_biased_to and mlp_hidden are noinline: inlined into the layer loop, they changed
-// how GCC compiled the q|k|v loop beside them, and with it the order of Qwen3's q/k norm sums on
-// an AVX2 build (one ulp, which the 8-bit activations carried to 6 % of a test's scale); out of
-// line, llama/qwen2/qwen3 compute bit for bit what they did before StarCoder2 (AVX-512 and AVX2
-// builds). One call per layer and row block: nothing to measure.
+// norm_to, add_biased_to and mlp_hidden are noinline: inlined into the layer loop, they change
+// how GCC compiles the q|k|v loop beside them, and with it the order of Qwen3's q/k norm sums on
+// an AVX2 build (one ulp, which the 8-bit activations carry to 6 % of a test's scale); out of
+// line, the q|k|v loop compiles as it does without the LayerNorm and GELU kinds. The q|k|v loop
+// itself stays in the layer loop for the same reason: moved into a function of its own, the
+// generic (x86-64) build sums Qwen3's q/k norms in another order. One call per layer and row
+// block: nothing to measure.
 enum class NormKind { rms, layer };
 
 NormKind norm_kind(const std::string& name) {
