@@ -279,6 +279,7 @@ class CompletionFlow:
         done: set[asyncio.Future] = set()
         superseded = False
         outcome = IDLE  # told when this request is over (also when it was cancelled)
+        self.report.awaiting(query.document.uri, True)  # its job's end is told with its answer
         try:
             try:
                 done, superseded = await race({job, early}, ticket, deadline.left_s())
@@ -312,6 +313,7 @@ class CompletionFlow:
                 return [], self._after_timeout(query, ticket)
             return [], None
         finally:
+            self.report.awaiting(query.document.uri, False)
             self.report.set_activity(outcome)
 
     def _answered(self, query: Query, request: CompletionRequest, job: asyncio.Future, deadline: Deadline, shown: bool = True, ticket: Ticket | None = None) -> list[str]:

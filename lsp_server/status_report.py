@@ -32,6 +32,7 @@ class StatusReport:
         self.activity = IDLE
         self.outcome = IDLE  # how the last request ended (IDLE or TIMED_OUT): the activity once no work runs
         self.work: dict[str, int] = {}  # document URI -> its engine jobs running now
+        self.waiting: dict[str, int] = {}  # document URI -> requests awaiting its jobs (they tell the end)
         self.alternatives: dict[str, int] | None = None  # the last final answer: {"count", "k"}
         self.context_tokens = 0  # of other files' context in the last answer's prompt
         self.prompt: dict[str, float] = {}  # the last answer's prompt: tokens, reusedTokens (from the prefix cache), prefillMs
@@ -63,8 +64,17 @@ class StatusReport:
             self.work[uri] = left
             return
         self.work.pop(uri, None)
-        self.activity = BUSY if self.work else self.outcome
-        self.tell()
+        if not self.waiting.get(uri):  # else the request awaiting it tells, with its answer
+            self.activity = BUSY if self.work else self.outcome
+            self.tell()
+
+    def awaiting(self, uri: str, started: bool) -> None:
+        """A request for `uri` started (or stopped) awaiting its engine job."""
+        left = self.waiting.get(uri, 0) + (1 if started else -1)
+        if left > 0:
+            self.waiting[uri] = left
+        else:
+            self.waiting.pop(uri, None)
 
     def final_alternatives(self, count: int, k: int) -> None:
         """The distinct alternatives of a final answer, of the `k` asked for (told when that changed)."""
