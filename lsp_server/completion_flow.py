@@ -275,11 +275,11 @@ class CompletionFlow:
             if not early.done():
                 early.set_result(interim)
 
-        job = start_job(self.report, query, engine.complete(request, on_interim if request.first_answer_ms > 0 else None))
+        # awaited: its job's end is told with its answer, when this request records it
+        job = start_job(self.report, query, engine.complete(request, on_interim if request.first_answer_ms > 0 else None), awaited=True)
         done: set[asyncio.Future] = set()
         superseded = False
         outcome = IDLE  # told when this request is over (also when it was cancelled)
-        self.report.awaiting(query.document.uri, True)  # its job's end is told with its answer
         try:
             try:
                 done, superseded = await race({job, early}, ticket, deadline.left_s())
@@ -451,11 +451,12 @@ def engine_request(query: Query, choice: Callable[[str, Any], Any], early_answer
     )
 
 
-def start_job(report: StatusReport, query: Query, work: Any) -> asyncio.Future:
-    """An engine job for `query`'s document: the status is BUSY until it is over."""
+def start_job(report: StatusReport, query: Query, work: Any, awaited: bool = False) -> asyncio.Future:
+    """An engine job for `query`'s document: the status is BUSY until it is over (`awaited`: a
+    request awaits it and tells its end, `StatusReport.awaiting`)."""
     uri = query.document.uri
     job = asyncio.ensure_future(work)
-    report.work_started(uri)
+    report.work_started(uri, awaited)
     job.add_done_callback(lambda _: report.work_ended(uri))
     job.add_done_callback(_retrieved)  # superseded or shut down, nobody may read its error
     return job

@@ -49,10 +49,13 @@ class StatusReport:
     def busy(self) -> bool:
         return bool(self.work)
 
-    def work_started(self, uri: str) -> None:
-        """An engine job for document `uri` began: BUSY (told when that changes what the client knows)."""
+    def work_started(self, uri: str, awaited: bool = False) -> None:
+        """An engine job for document `uri` began: BUSY (told when that changes what the client
+        knows); `awaited`: a request awaits it, and tells its end (`awaiting(uri, False)`)."""
         first = uri not in self.work
         self.work[uri] = self.work.get(uri, 0) + 1
+        if awaited:
+            self.awaiting(uri, True)
         if first:
             self.activity = BUSY
             self.tell()
