@@ -20,7 +20,7 @@ from kspec.engine.busy_cores import CoreGovernor
 from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 from kspec.engine.config import FIT_NEUTRAL_FIELDS, EngineConfig
 from kspec.engine.decode.speculative import DraftPayoffs
-from kspec.engine.machine_fit import PROMPT_TOKENS_RANGE, FIT_CACHE_FILE, TIMING_METHOD, FitCache, MachineDefaults, MachineTiming, choose_defaults, cpu_share
+from kspec.engine.machine_fit import PROMPT_TOKENS_RANGE, FIT_CACHE_FILE, TIMING_METHOD, FitCache, MachineDefaults, MachineTiming, choose_defaults, cpu_share, usable_cores
 from kspec.engine.json_file import identity_key
 from kspec.engine.prompt import PromptStarts
 from kspec.engine.models.gguf_convert import ProgressCallback
@@ -114,8 +114,7 @@ class CompletionEngine:
             result = run(CALIBRATION_CODE, k, 12)
             rounds[k] = result.timing_ms["decode"] / max(1.0, result.timing_ms.get("rounds", 1.0))
         self.clear_caches()
-        threads = min(torch.get_num_threads(), _usable_cores() or torch.get_num_threads())
-        share = cpu_share(time.process_time() - cpu_started, time.perf_counter() - wall_started, threads)
+        share = cpu_share(time.process_time() - cpu_started, time.perf_counter() - wall_started, torch.get_num_threads())
         return MachineTiming(rounds, per_token, keystroke, share)
 
     def fit_to_machine(self, cache: FitCache | None = None) -> MachineDefaults:
@@ -138,7 +137,7 @@ class CompletionEngine:
         return {
             "models": [[str(m.folder), m.files(), m.compute] for m in (self.target, self.draft) if m is not None],
             "config": {name: value for name, value in asdict(self.config).items() if name not in FIT_NEUTRAL_FIELDS},
-            "machine": [platform.node(), platform.machine(), _cpu_name(), os.cpu_count(), _usable_cores()],
+            "machine": [platform.node(), platform.machine(), _cpu_name(), os.cpu_count(), usable_cores()],
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": [torch.__version__, torch.get_num_threads()],
             "kspec": version(),
@@ -196,11 +195,6 @@ class CompletionEngine:
         """A request ready to be prepared (prefill, a chunk per round) and then decoded in a batch.
         Raises InputError for an invalid request."""
         return ActiveCompletion(self, request, cancel)
-
-
-def _usable_cores() -> int | None:
-    """The cores this process may run on (its affinity), where the system says."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
 def _cpu_name() -> str:

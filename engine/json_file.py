@@ -8,7 +8,9 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Generic, TypeVar
+
+T = TypeVar("T")
 
 
 def identity_key(identity: dict[str, Any]) -> str:
@@ -39,26 +41,32 @@ def replace_json(path: Path, data: Any) -> None:
         raise
 
 
-class StampedEntries:
+class StampedEntries(Generic[T]):
     """Values kept by key with the time they were put, one JSON file {key: {"at": unix time,
-    "value": ...}}, replaced whole (never half written). A missing, unreadable or foreign file, or
-    an entry older than `max_age_s`, is a miss, never an error; the newest `entries` are kept."""
+    "value": ...}}, replaced whole (never half written), each value through `encode` / `decode`
+    (which raises ValueError for what is not one). A missing, unreadable or foreign file, an entry
+    older than `max_age_s` or one that does not decode is a miss, never an error; the newest
+    `entries` are kept."""
 
-    def __init__(self, path: Path, max_age_s: float, entries: int):
+    def __init__(self, path: Path, max_age_s: float, entries: int, decode: Callable[[Any], T], encode: Callable[[T], Any]):
         self.path, self.max_age_s, self.entries = path, max_age_s, entries
+        self._decode, self._encode = decode, encode
 
-    def get(self, key: str, now: float | None = None) -> Any:
+    def get(self, key: str, now: float | None = None) -> T | None:
         """The value put for `key`, or None."""
         entry = read_json_object(self.path).get(key)
         now = time.time() if now is None else now
         if not isinstance(entry, dict) or not isinstance(entry.get("at"), (int, float)) or not 0 <= now - entry["at"] < self.max_age_s:
             return None
-        return entry.get("value")
+        try:
+            return None if entry.get("value") is None else self._decode(entry["value"])
+        except ValueError:
+            return None
 
-    def put(self, key: str, value: Any, now: float | None = None) -> None:
+    def put(self, key: str, value: T, now: float | None = None) -> None:
         """Best effort: a file that cannot be written costs a later reader a miss, nothing else."""
         stamped = {k: e for k, e in read_json_object(self.path).items() if isinstance(e, dict) and isinstance(e.get("at"), (int, float))}
-        stamped[key] = {"at": time.time() if now is None else now, "value": value}
+        stamped[key] = {"at": time.time() if now is None else now, "value": self._encode(value)}
         newest = dict(sorted(stamped.items(), key=lambda item: item[1]["at"])[-self.entries :])
         try:
             replace_json(self.path, newest)

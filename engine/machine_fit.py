@@ -30,6 +30,7 @@ an engine started again (a daemon after a crash, a new editor) does not time its
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,15 @@ QUIET_CPU_SHARE = 0.75  # of the CPU time its threads could have had, a measurem
 # other work and is not cached (2-core Zen 5: 0.77-1.0 quiet, 0.57-0.70 beside one busy process; round 5 vs 10-43 ms)
 
 
+def usable_cores() -> int | None:
+    """The cores this process may run on (its affinity), where the system says."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 def cpu_share(cpu_seconds: float, wall_seconds: float, threads: int) -> float:
-    """The share of the cores a measurement had: the process's CPU time over wall time x threads."""
+    """The share of the cores a measurement had: the process's CPU time over wall time x the
+    threads it ran (`threads`, at most the cores it may use)."""
+    threads = min(threads, usable_cores() or threads)
     return round(cpu_seconds / max(1e-9, wall_seconds * max(1, threads)), 3)
 
 
@@ -96,22 +104,12 @@ class MachineTiming:
             raise ValueError(f"not a machine timing: {exc}") from exc
 
 
-class FitCache:
-    """Timings measured before (`StampedEntries`): a miss, never an error, where the file is
-    missing, unreadable, foreign or old; the engine then measures, as without a cache."""
+class FitCache(StampedEntries[MachineTiming]):
+    """Timings measured before: a miss, never an error, where the file is missing, unreadable,
+    foreign or old; the engine then measures, as without a cache."""
 
     def __init__(self, path: Path, max_age_s: float = FIT_CACHE_MAX_AGE_S, entries: int = FIT_CACHE_ENTRIES):
-        self.stamped = StampedEntries(path, max_age_s, entries)
-
-    def get(self, key: str, now: float | None = None) -> MachineTiming | None:
-        value = self.stamped.get(key, now)
-        try:
-            return None if value is None else MachineTiming.from_dict(value)
-        except ValueError:
-            return None
-
-    def put(self, key: str, timing: MachineTiming, now: float | None = None) -> None:
-        self.stamped.put(key, timing.to_dict(), now)
+        super().__init__(path, max_age_s, entries, MachineTiming.from_dict, MachineTiming.to_dict)
 
 
 @dataclass(frozen=True)

@@ -172,10 +172,8 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     kspec's kernel and `codes_file` (where `codes` were read from), the kernel's forms are kept
     next to it and later loads map them instead of building them (tiled_store.py)."""
     dense_dtype, keep_dense, int4_max_rows = path.resolved_dense_dtype(), path.resolved_keep_dense(), path.resolved_int4_max_rows()
-    q4q8 = cpu_layers.load_matmul(cache_root()) if path.resolved_int4_kernel() == "kspec" else None  # None: PyTorch's
+    q4q8, q8q8, q5q8 = _kernel_matmuls(path.resolved_int4_kernel()) or (None, None, None)  # all None: PyTorch's
     isa = cpu_layers.matmul_isa(cache_root()) if q4q8 is not None else None
-    q8q8 = cpu_layers.load_q8_matmul(cache_root()) if isa in Q8Q8_ISAS else None
-    q5q8 = cpu_layers.load_q5_matmul(cache_root()) if isa in Q5Q8_ISAS else None
     store_file = store_path(codes_file, isa) if codes_file is not None and isa is not None else None
     store = TiledStore.open(store_file) if store_file is not None else None
     forms = {"Q4Q8Term": q4q8, "Q8Q8Term": q8q8, "Q5Q8Term": q5q8}

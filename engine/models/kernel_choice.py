@@ -12,7 +12,6 @@ free. cpu_profile.py's row is the prior: it orders the candidates and wins a nea
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -169,8 +168,7 @@ def measure(layer: list[list[list[Q4Codes]]], candidates: Candidates) -> tuple[T
     for rows in TRIAL_ROWS:
         for name, linears in built.items():
             times[name][rows] = round(_time_ms(linears, rows), 4)
-    threads = min(torch.get_num_threads(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else torch.get_num_threads())
-    return times, cpu_share(time.process_time() - cpu_started, time.perf_counter() - wall_started, threads)
+    return times, cpu_share(time.process_time() - cpu_started, time.perf_counter() - wall_started, torch.get_num_threads())
 
 
 def dense_name(dtype: torch.dtype) -> str:
@@ -194,18 +192,8 @@ def available_bytes() -> int | None:
     return None
 
 
-class ChoiceCache:
-    """Choices measured before, by key (`StampedEntries`); a bad entry is a miss."""
+class ChoiceCache(StampedEntries[KernelChoice]):
+    """Choices measured before, by key; a bad entry is a miss."""
 
     def __init__(self, path: Path, max_age_s: float = CHOICE_MAX_AGE_S, entries: int = CHOICE_ENTRIES):
-        self.stamped = StampedEntries(path, max_age_s, entries)
-
-    def get(self, key: str) -> KernelChoice | None:
-        value = self.stamped.get(key)
-        try:
-            return None if value is None else KernelChoice.from_dict(value)
-        except ValueError:
-            return None
-
-    def put(self, key: str, choice: KernelChoice) -> None:
-        self.stamped.put(key, choice.to_dict())
+        super().__init__(path, max_age_s, entries, KernelChoice.from_dict, KernelChoice.to_dict)
