@@ -82,8 +82,8 @@ from pyflakes import checker as pyflakes_checker
 from pyflakes import messages as pyflakes_messages
 
 from kspec.bench.stats import percentile, rounded
-from kspec.engine.api import CompletionRequest, CompletionResult
-from kspec.engine.syntax import Candidate, Checker, forget_requests, rank_alternatives
+from kspec.engine.api import Completion, CompletionRequest, CompletionResult
+from kspec.engine.syntax import Checker, forget_requests, rank_alternatives
 from kspec.engine.syntax.checks import python_parses
 from kspec.engine.syntax.hole_errors import error_nodes
 from kspec.engine.syntax.languages import SPECS, new_parser
@@ -490,7 +490,7 @@ class Column:
         return result
 
 
-def widen(candidates: list[Candidate], k: int) -> list[Candidate]:
+def widen(candidates: list[Completion], k: int) -> list[Completion]:
     """`k` distinct candidates: the given ones plus truncated variants of them (for timing)."""
     out = list(candidates)
     seen = {c.text for c in out}
@@ -501,12 +501,13 @@ def widen(candidates: list[Candidate], k: int) -> list[Candidate]:
             text = candidate.text[: max(1, int(len(candidate.text) * fraction))]
             if text.strip() and text not in seen:
                 seen.add(text)
-                out.append(Candidate(text, candidate.logprob * fraction, max(1, int(candidate.n_tokens * fraction)), "length"))
+                tokens = max(1, int(candidate.n_tokens * fraction))
+                out.append(Completion(text, logprob=candidate.logprob * fraction, n_tokens=tokens, finish_reason="length"))
     return out
 
 
 def _time_postprocess(
-    prefix: str, suffix: str, language: str, candidates: list[Candidate], repeats: int
+    prefix: str, suffix: str, language: str, candidates: list[Completion], repeats: int
 ) -> tuple[float, float]:
     """(wall, CPU time of this thread) in ms, each the least over `repeats` runs."""
     wall = cpu = float("inf")
@@ -532,15 +533,15 @@ class _Variant:
         return {"raw": self.raw.summary(), "trimmed": self.trimmed.summary()}
 
 
-Shown = Callable[[str, str, str, list[Candidate]], list[str]]  # (prefix, suffix, language, alternatives) -> what is shown
+Shown = Callable[[str, str, str, list[Completion]], list[str]]  # (prefix, suffix, language, alternatives) -> what is shown
 
 
-def ranked_texts(prefix: str, suffix: str, language: str, candidates: list[Candidate]) -> list[str]:
+def ranked_texts(prefix: str, suffix: str, language: str, candidates: list[Completion]) -> list[str]:
     """kspec's post-processing: trimmed, checked, deduplicated, ranked."""
     return [r.completion.text for r in rank_alternatives(prefix, suffix, language, candidates)]
 
 
-def first_lines(prefix: str, suffix: str, language: str, candidates: list[Candidate]) -> list[str]:
+def first_lines(prefix: str, suffix: str, language: str, candidates: list[Completion]) -> list[str]:
     """Each answer's first line with something on it (llama.vim's accept-a-line): a peer's "trimmed"."""
     out = []
     for candidate in candidates:
@@ -551,7 +552,7 @@ def first_lines(prefix: str, suffix: str, language: str, candidates: list[Candid
 
 
 def _score_case(
-    judge: Judge, prefix: str, suffix: str, candidates: list[Candidate], variant: _Variant,
+    judge: Judge, prefix: str, suffix: str, candidates: list[Completion], variant: _Variant,
     config: QualityBenchConfig, timing: bool, shown_by: Shown = ranked_texts,
 ) -> list[str]:
     """Post-process one answer, add it to both columns; -> the shown texts."""
@@ -610,7 +611,7 @@ def run_quality_bench(
             result = engine.complete(request)
             engine_ms.append((time.perf_counter() - started) * 1000)
             steered += result.timing_ms.get("steered", 0.0) > 0
-            candidates = [Candidate(c.text, c.logprob, c.n_tokens, c.finish_reason) for c in result.completions]
+            candidates = list(result.completions)  # raw: untrimmed, post-processed here by each variant
             shown = _score_case(judge, window.prefix, window.suffix, candidates, variants[name], config, timing=True, shown_by=shown_by)
             if name == "windowed":
                 key = f"{window.starts_in}/{window.ends_in}"
@@ -628,7 +629,7 @@ def run_quality_bench(
     return report
 
 
-def _record(hole: Hole, variant: str, window: Window, candidates: list[Candidate], shown: list[str]) -> dict[str, Any]:
+def _record(hole: Hole, variant: str, window: Window, candidates: list[Completion], shown: list[str]) -> dict[str, Any]:
     return {
         "id": hole.id, "source": hole.source, "language": hole.language, "kind": hole.kind, "variant": variant,
         "file_prefix": hole.prefix, "file_suffix": hole.suffix, "reference": hole.reference,
@@ -666,7 +667,7 @@ def _report(
     return report
 
 
-def _distinct(candidates: list[Candidate]) -> list[Candidate]:
+def _distinct(candidates: list[Completion]) -> list[Completion]:
     """What the engine's raw answer is now: one alternative per `dedupe_key`, the most
     confident, by confidence (cases recorded by an older engine may hold duplicates)."""
     ranked = [(r.source_index, r) for r in rank_alternatives("", "", None, candidates, raw=True)]
@@ -687,7 +688,9 @@ def replay_quality_bench(
         hole = Hole(case["id"], case["source"], case["language"], case["file_prefix"], case["file_suffix"], case["reference"], case["kind"])
         holes.setdefault(hole.id, hole)
         judge = judges.get(hole.id) or judges.setdefault(hole.id, Judge(hole))
-        candidates = _distinct([Candidate(*raw) for raw in case["raw"]])
+        candidates = _distinct([
+            Completion(text, logprob=logprob, n_tokens=n_tokens, finish_reason=reason) for text, logprob, n_tokens, reason in case["raw"]
+        ])
         _score_case(judge, case["prefix"], case["suffix"], candidates, variants[case["variant"]], config, timing)
         if case["variant"] == "windowed":
             key = f"{case['starts_in']}/{case['ends_in']}"

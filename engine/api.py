@@ -142,10 +142,12 @@ class CompletionRequest:
 
 @dataclass
 class Completion:
-    """One alternative: the text to insert at the cursor and its ranking score."""
+    """One alternative: the text to insert at the cursor, what decoding said of it, and its ranking
+    score. Decoding makes it (its text untrimmed, no score yet); post-processing trims the text and
+    sets the score (engine/syntax/postprocess.py); the language server shows it as it came."""
 
     text: str
-    score: float
+    score: float = 0.0  # engine/syntax/rank.py's score; 0 until ranked
     logprob: float = 0.0  # sum of the model's token log-probabilities
     n_tokens: int = 0
     finish_reason: str = ""  # "stop", "length", "eos", "deadline", "cancelled"

@@ -22,6 +22,7 @@ from kspec.engine.api import (
     MAX_STOPS,
     MODES,
     CancelToken,
+    Completion,
     CompletionRequest,
     CompletionResult,
 )
@@ -39,7 +40,7 @@ from kspec.engine.errors import CancelledError, InputError
 from kspec.engine.models.loading import LoadedModel
 from kspec.engine.models.transformer import EarlyExit
 from kspec.engine.prompt import PromptBudget, PromptStarts, build_prompt
-from kspec.engine.syntax import Candidate, UnitPredicate, binding_starts, by_context_affinity, detect_language, hole_needs, member_names, postprocess
+from kspec.engine.syntax import UnitPredicate, binding_starts, by_context_affinity, detect_language, hole_needs, member_names, postprocess
 
 
 class RequestState(enum.Enum):
@@ -304,7 +305,7 @@ class ActiveCompletion:
             return CompletionResult([], parts.model_name, {"total": (now - self.started) * 1000})
         output = run.output()
         candidates = [
-            Candidate(b.text, b.logprob, len(b.token_ids), b.finish_reason or ("deadline" if interim else ""))
+            Completion(b.text, logprob=b.logprob, n_tokens=len(b.token_ids), finish_reason=b.finish_reason or ("deadline" if interim else ""))
             for b in output.branches
             if b.text
         ]

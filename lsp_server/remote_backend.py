@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from kspec.engine.api import CompletionRequest, CompletionResult, EarlyAnswer
+from kspec.engine.api import Completion, CompletionRequest, CompletionResult, EarlyAnswer
 from kspec.engine.context_prompt import comment_block
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, InputError, KspecError, from_status
 from kspec.engine.decode.stopping import rule_for_cursor
-from kspec.engine.syntax import Candidate, detect_language, postprocess
+from kspec.engine.syntax import detect_language, postprocess
 from kspec.lsp_server import fim
 from kspec.lsp_server.http_client import HttpError, JsonClient
 from kspec.engine.serve.auth import read_token
@@ -175,7 +175,7 @@ class OpenAIEngine:
             text, stopped = rule.cut(text)
             reason = "stop" if stopped or choice.get("finish_reason") == "stop" else "length"
             if text:
-                candidates.append(Candidate(text, -1e-3 * rank, 0, reason))  # the server's order breaks ties
+                candidates.append(Completion(text, logprob=-1e-3 * rank, n_tokens=0, finish_reason=reason))  # the server's order breaks ties
         language = detect_language(request.language, request.path)
         completions = postprocess(request.prefix, request.suffix, language, candidates, raw=request.raw)
         return CompletionResult(completions, str((reply or {}).get("model") or self._model), {})

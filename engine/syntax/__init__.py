@@ -3,8 +3,8 @@
 Public API (other packages import from here):
 
 * `detect_language(language_id, path)` -> canonical name or None
-* `Candidate` — one raw alternative from decoding
-* `postprocess(prefix, suffix, language, candidates, raw=False)` -> ranked `kspec.engine.api.Completion`s
+* `postprocess(prefix, suffix, language, completions, raw=False)` -> decoding's `kspec.engine.api.Completion`s
+  trimmed and ranked (their `score` set)
   (prefix and suffix may be a window of the file, cut anywhere: window.py)
 * `unit_complete(prefix, completion_so_far, suffix, language)` — the early-stop hook
   (`UnitPredicate` is the same with the request's context built once)
@@ -20,20 +20,13 @@ from kspec.engine.syntax.languages import LANGUAGES, detect_language, normalize_
 from kspec.engine.syntax.memo import forget_requests
 from kspec.engine.syntax.members import MemberNames, by_context_affinity, member_names
 from kspec.engine.syntax.needs import HoleNeeds, binding_starts, hole_needs
-from kspec.engine.syntax.postprocess import (
-    Candidate,
-    PostprocessConfig,
-    Ranked,
-    postprocess,
-    rank_alternatives,
-)
-from kspec.engine.syntax.rank import RankConfig
+from kspec.engine.syntax.postprocess import PostprocessConfig, postprocess, rank_alternatives
+from kspec.engine.syntax.rank import RankConfig, Ranked
 from kspec.engine.syntax.trim import trim
 
 __all__ = [
     "ANALYSIS",
     "LANGUAGES",
-    "Candidate",
     "MemberNames",
     "CheckResult",
     "Checker",

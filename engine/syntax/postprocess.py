@@ -1,4 +1,8 @@
-"""Trim, check, deduplicate and rank the k alternatives of one request."""
+"""Trim, check, deduplicate and rank the k alternatives of one request.
+
+The alternatives are `Completion`s from decoding to the shown list: trimming replaces their text,
+ranking fills in their score (`dataclasses.replace`), so one type carries an answer's text all the way.
+"""
 
 from __future__ import annotations
 
@@ -16,21 +20,11 @@ from kspec.engine.syntax.degenerate import degeneration
 from kspec.engine.syntax import jsnames
 from kspec.engine.syntax.pynames import module_names
 from kspec.engine.syntax.rank import (
-    RankConfig, Scored, Signals, dedupe_key, distinct, first_line_key, normalized_logprob, order, score,
+    RankConfig, Ranked, Signals, dedupe_key, distinct, first_line_key, normalized_logprob, order, score,
 )
 from kspec.engine.syntax.trim import END, Cut, before_open_call, drop_truncated_line, find_cut, finalize, under_block_opener
 from kspec.engine.syntax.memo import request_memo
 from kspec.engine.syntax.window import EndBalance, crop, end_balance
-
-
-@dataclass
-class Candidate:
-    """One raw alternative from decoding."""
-
-    text: str
-    logprob: float  # sum of the token log-probabilities
-    n_tokens: int
-    finish_reason: str = ""  # "length" / "deadline": cut by the token or time budget
 
 
 @dataclass(frozen=True)
@@ -62,16 +56,6 @@ class PostprocessConfig:
 
 
 DEFAULT_CONFIG = PostprocessConfig()
-
-
-@dataclass(frozen=True)
-class Ranked:
-    """A shown alternative with what was found about it."""
-
-    completion: Completion
-    check: CheckResult
-    agreeing: int
-    source_index: int  # the candidate it came from
 
 
 TRUNCATED = frozenset({"length", "deadline"})  # finish reasons that cut a text mid-thought
@@ -119,13 +103,13 @@ def analysis(prefix: str, suffix: str, language: str | None) -> Analysis:
 
 
 class Trimmed(NamedTuple):
-    text: str
+    completion: Completion  # the alternative with its text trimmed
     check: CheckResult
     name_only: bool = False  # the name of a call the candidate opened and did not finish (`Message(` -> `Message`)
 
 
-def trim_and_check(request: Analysis, candidate: Candidate, config: PostprocessConfig) -> Trimmed | None:
-    """The trimmed text and its check.
+def trim_and_check(request: Analysis, candidate: Completion, config: PostprocessConfig) -> Trimmed | None:
+    """The alternative with its text trimmed, and that text's check.
 
     If the trimmed text does not leave the file whole (`Checker.leaves_whole`: errors the
     window had away from the hole are not held against it), other cuts are tried: earlier line
@@ -149,10 +133,10 @@ def trim_and_check(request: Analysis, candidate: Candidate, config: PostprocessC
         if text is None:
             return None
         result = request.check(text, config.check_names)
-        return Trimmed(text, replace(result, beyond_window=True) if balance.unsure else result)
+        return Trimmed(replace(candidate, text=text), replace(result, beyond_window=True) if balance.unsure else result)
 
     def clean(found: Trimmed | None) -> bool:
-        return found is not None and request.leaves_whole(found[1])
+        return found is not None and request.leaves_whole(found.check)
 
     first = attempt(cut)
     if first is None or clean(first):
@@ -161,15 +145,15 @@ def trim_and_check(request: Analysis, candidate: Candidate, config: PostprocessC
         found = trim_and_check(request, replace(candidate, text=moved), config)  # moved once: deeper than the opener now
         if clean(found):
             return found
-    earlier = list(cut.line_ends[: config.max_fallbacks]) if first[1].breaks_parse else []
-    header = header_for_suffix(ctx, completion) if first[1].unfixed_at_cursor and not earlier else None
+    earlier = list(cut.line_ends[: config.max_fallbacks]) if first.check.breaks_parse else []
+    header = header_for_suffix(ctx, completion) if first.check.unfixed_at_cursor and not earlier else None
     later = [m.start() for m in _NEWLINE.finditer(completion, cut.end + 1)][: config.max_fallbacks]
-    fallback = None if first[1].breaks_parse else first
+    fallback = None if first.check.breaks_parse else first
     for option in [*earlier, *([header] if header is not None else []), *later, len(completion)]:
         found = attempt(option)
         if clean(found):
             return found
-        if fallback is None and found is not None and not found[1].breaks_parse:
+        if fallback is None and found is not None and not found.check.breaks_parse:
             fallback = found
     if (name_end := before_open_call(ctx, completion[: cut.end])) is not None:
         found = attempt(name_end)
@@ -198,7 +182,7 @@ def header_for_suffix(ctx: CursorContext, completion: str) -> int | None:
 
 
 def rank_alternatives(
-    prefix: str, suffix: str, language: str | None, candidates: list[Candidate], *,
+    prefix: str, suffix: str, language: str | None, candidates: list[Completion], *,
     raw: bool = False, config: PostprocessConfig = DEFAULT_CONFIG, members: MemberNames | None = None,
 ) -> list[Ranked]:
     """`postprocess` with the checks kept (for benchmarks and debugging)."""
@@ -206,20 +190,20 @@ def rank_alternatives(
         return _raw(candidates)
     request = analysis(prefix, suffix, normalize_language(language))
     writing_at_end = not request.suffix.strip()
-    groups: dict[str, list[tuple[int, str, CheckResult]]] = {}
+    groups: dict[str, list[Ranked]] = {}  # dedupe key -> the trimmed alternatives with that text, not scored yet
     partial: set[int] = set()  # candidates shown as the name of a call they left open (Trimmed.name_only)
     first_lines: dict[str, int] = {}  # first-line key -> trimmed alternatives that start with it
     for index, candidate in enumerate(candidates):
         trimmed = trim_and_check(request, candidate, config)
         if trimmed is None:
             continue
-        text, result, name_only = trimmed
+        completion, result, name_only = trimmed
         if name_only:
             partial.add(index)
-        unknown = members.unknown(text) if members is not None else None
+        unknown = members.unknown(completion.text) if members is not None else None
         if unknown is not None:  # after `nodes.`, a name the module does not have
             result = replace(result, undefined_names=(*result.undefined_names, unknown))
-        first_lines[first_line_key(text)] = first_lines.get(first_line_key(text), 0) + 1
+        first_lines[first_line_key(completion.text)] = first_lines.get(first_line_key(completion.text), 0) + 1
         # At the end of the document (blank suffix) the construct being typed is open by
         # nature (a def header's body comes next): only a budget-cut text counts as unfilled.
         unfilled = result.unfixed_at_cursor > 0 and (
@@ -229,23 +213,19 @@ def rank_alternatives(
             continue  # broken, or leaves the hole at the cursor unfilled
         if config.drop_wrong_binding and result.binds_the_wrong_name:
             continue
-        groups.setdefault(dedupe_key(text), []).append((index, text, result))
+        groups.setdefault(dedupe_key(completion.text), []).append(Ranked(completion, result, 1, index))
 
-    scored: list[Scored] = []
+    scored: list[Ranked] = []
     for group in groups.values():
         # The group's representative: the most confident of it (the engine's order breaks ties).
-        index, text, result = max(
-            group,
-            key=lambda m: (normalized_logprob(candidates[m[0]].logprob, candidates[m[0]].n_tokens), -m[0]),
-        )
-        candidate = candidates[index]
+        best = max(group, key=lambda item: (normalized_logprob(item.completion.logprob, item.completion.n_tokens), -item.source_index))
         signals = Signals(
-            text, candidate.logprob, candidate.n_tokens, result,
-            agreeing=first_lines[first_line_key(text)],
-            degenerate=degeneration(text, request.prefix) is not None,
-            affinity=members.affinity(text) if members is not None else 0.0,
+            best.completion, best.check,
+            agreeing=first_lines[first_line_key(best.completion.text)],
+            degenerate=degeneration(best.completion.text, request.prefix) is not None,
+            affinity=members.affinity(best.completion.text) if members is not None else 0.0,
         )
-        scored.append(Scored(index, text, score(signals, config.rank), result, len(group)))
+        scored.append(replace(best, completion=replace(best.completion, score=score(signals, config.rank)), agreeing=len(group)))
     if config.drop_broken and any(item.check.unfixed_errors == 0 for item in scored):
         # Some alternative leaves the file whole (it fills the hole): those that leave it
         # broken are not worth showing next to it.
@@ -254,37 +234,23 @@ def rank_alternatives(
         # Nor are those whose brackets reach past the window's end, where it cannot be seen
         # whether the file stays whole, next to one the window vouches for.
         scored = [item for item in scored if not item.check.beyond_window]
-    whole = [item for item in scored if item.index not in partial]
-    best_first = order(whole) + order([item for item in scored if item.index in partial])
-    return [_ranked(candidates[item.index], item) for item in distinct(best_first)]
+    whole = [item for item in scored if item.source_index not in partial]
+    return distinct(order(whole) + order([item for item in scored if item.source_index in partial]))
 
 
-def _raw(candidates: list[Candidate]) -> list[Ranked]:
+def _raw(candidates: list[Completion]) -> list[Ranked]:
     """Untrimmed texts by length-normalised log-probability, one per `dedupe_key`: branches
     that began with different tokens can still detokenize to the same text."""
-    items = [
-        Scored(i, c.text, normalized_logprob(c.logprob, c.n_tokens), CheckResult(), 1)
-        for i, c in enumerate(candidates)
-    ]
-    return [_ranked(candidates[item.index], item) for item in distinct(order(items))]
-
-
-def _ranked(candidate: Candidate, item: Scored) -> Ranked:
-    completion = Completion(
-        text=item.text,
-        score=item.score,
-        logprob=candidate.logprob,
-        n_tokens=candidate.n_tokens,
-        finish_reason=candidate.finish_reason,
-    )
-    return Ranked(completion, item.check, item.agreeing, item.index)
+    items = [Ranked(replace(c, score=normalized_logprob(c.logprob, c.n_tokens)), CheckResult(), 1, i) for i, c in enumerate(candidates)]
+    return distinct(order(items))
 
 
 def postprocess(
-    prefix: str, suffix: str, language: str | None, candidates: list[Candidate], *,
+    prefix: str, suffix: str, language: str | None, candidates: list[Completion], *,
     raw: bool = False, config: PostprocessConfig = DEFAULT_CONFIG, members: MemberNames | None = None,
 ) -> list[Completion]:
-    """Trim, check, deduplicate and rank `candidates`; best first.
+    """Trim, check, deduplicate and rank `candidates` (decoding's alternatives, their `score` not set
+    yet); best first, each with its trimmed text and its score.
 
     `language`: a canonical name or an LSP languageId; None or unknown means line-based
     trimming and no checks. `prefix` and `suffix` may be a window of the file, cut anywhere

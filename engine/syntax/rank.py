@@ -32,8 +32,9 @@ were set on `kspec bench quality` (whole-file and windowed holes, k = 4): see do
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
+from kspec.engine.api import Completion
 from kspec.engine.syntax.checks import CheckResult
 
 
@@ -61,9 +62,7 @@ class RankConfig:
 class Signals:
     """What is known about one alternative when it is scored."""
 
-    text: str  # the shown text
-    logprob: float  # of the whole generated text
-    n_tokens: int
+    completion: Completion  # the shown text, with the log-probability and tokens of the whole generated text
     check: CheckResult
     agreeing: int = 1  # alternatives whose shown text has the same first line, this one included
     degenerate: bool = False
@@ -91,10 +90,10 @@ def first_line_key(text: str) -> str:
 
 def score(signals: Signals, config: RankConfig) -> float:
     """The documented score (module docstring); higher is better."""
-    check = signals.check
-    value = normalized_logprob(signals.logprob, signals.n_tokens)
+    check, completion = signals.check, signals.completion
+    value = normalized_logprob(completion.logprob, completion.n_tokens)
     value += config.agreement_weight * math.log(max(signals.agreeing, 1))
-    value += config.length_weight * math.log1p(sum(1 for c in signals.text if not c.isspace()))
+    value += config.length_weight * math.log1p(sum(1 for c in completion.text if not c.isspace()))
     value += config.needed_name_weight * (len(check.needs_defined) - len(check.needs_missing))
     value += config.context_affinity_weight * signals.affinity
     value -= config.undefined_name_penalty * (len(check.undefined_names) + len(check.certainly_undefined))
@@ -107,27 +106,25 @@ def score(signals: Signals, config: RankConfig) -> float:
 
 
 @dataclass(frozen=True)
-class Scored:
-    index: int  # position of the alternative in the engine's list (ties keep this order)
-    text: str
-    score: float
+class Ranked:
+    """A shown alternative with what was found about it."""
+
+    completion: Completion  # the shown text, its score (`score`) and what decoding said of it
     check: CheckResult
     agreeing: int  # alternatives that trimmed to the same text (this one included)
+    source_index: int  # the alternative it came from, in the engine's list (ties keep this order)
 
 
-def order(items: list[Scored]) -> list[Scored]:
+def order(items: list[Ranked]) -> list[Ranked]:
     """Best first; equal scores keep the engine's order."""
-    return sorted(items, key=lambda item: (-item.score, item.index))
+    return sorted(items, key=lambda item: (-item.completion.score, item.source_index))
 
 
-def distinct(items: list[Scored]) -> list[Scored]:
+def distinct(items: list[Ranked]) -> list[Ranked]:
     """The first of each `dedupe_key` (in the given order), with the agreeing counts of those dropped added."""
-    kept: dict[str, Scored] = {}
+    kept: dict[str, Ranked] = {}
     for item in items:
-        key = dedupe_key(item.text)
+        key = dedupe_key(item.completion.text)
         first = kept.get(key)
-        if first is None:
-            kept[key] = item
-        else:
-            kept[key] = Scored(first.index, first.text, first.score, first.check, first.agreeing + item.agreeing)
+        kept[key] = item if first is None else replace(first, agreeing=first.agreeing + item.agreeing)
     return list(kept.values())

@@ -10,7 +10,6 @@ from kspec.engine.api import Completion, CompletionRequest, CompletionResult
 from kspec.bench.quality import (
     QualityBenchConfig, cut_window, load_holes, replay_quality_bench, run_quality_bench, stdlib_holes, widen,
 )
-from kspec.engine.syntax import Candidate
 
 DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"evaluation data not found at {DATA}")
@@ -78,7 +77,7 @@ def test_bench_reports_raw_and_trimmed() -> None:
 
 
 def test_widen_gives_distinct_candidates() -> None:
-    base = [Candidate("alpha beta\ngamma\n", -2.0, 6), Candidate("delta epsilon", -1.0, 4)]
+    base = [Completion("alpha beta\ngamma\n", logprob=-2.0, n_tokens=6), Completion("delta epsilon", logprob=-1.0, n_tokens=4)]
     wide = widen(base, 8)
     assert len(wide) == 8
     assert len({c.text for c in wide}) == 8
@@ -94,7 +93,7 @@ def test_a_model_that_writes_the_reference_and_keeps_going_gets_the_reference_ba
     config = QualityBenchConfig(humaneval_single=60, humaneval_multi=20, mbxp_per_language=10, seed=7)
     exact: dict[str, list[bool]] = {}
     for hole in load_holes(DATA, config):
-        overshoot = Candidate(hole.reference + hole.suffix[:200], -1.0, 40, finish_reason="length")
+        overshoot = Completion(hole.reference + hole.suffix[:200], logprob=-1.0, n_tokens=40, finish_reason="length")
         shown = [r.completion.text for r in rank_alternatives(hole.prefix, hole.suffix, hole.language, [overshoot])]
         assert len(shown) == 1, hole.id
         assert not Judge(hole).breaks_parse(shown[0]), hole.id
@@ -181,7 +180,7 @@ def test_a_peers_first_line_is_what_accept_a_line_takes() -> None:
     from kspec.bench.quality import first_lines
 
     texts = ["\n    x = 1\n    y = 2\n", "z = 3", "   \n"]
-    assert first_lines("", "", "python", [Candidate(t, 0.0, 1) for t in texts]) == ["\n    x = 1\n", "z = 3"]
+    assert first_lines("", "", "python", [Completion(t, logprob=0.0, n_tokens=1) for t in texts]) == ["\n    x = 1\n", "z = 3"]
 
 
 def test_the_peer_is_asked_as_llama_vim_asks() -> None:

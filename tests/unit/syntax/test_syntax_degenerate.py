@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kspec.engine.syntax import Candidate, rank_alternatives
+from kspec.engine.api import Completion
+from kspec.engine.syntax import rank_alternatives
 from kspec.engine.syntax.degenerate import degeneration
 
 
@@ -66,7 +67,7 @@ CASES = [
 def test_degenerate_alternatives_rank_last_even_when_the_model_prefers_them(
     language: str, prefix: str, suffix: str, sane: str, degenerate: str
 ) -> None:
-    candidates = [Candidate(degenerate, -0.01, 30), Candidate(sane, -5.0, 10)]  # far more likely
+    candidates = [Completion(degenerate, logprob=-0.01, n_tokens=30), Completion(sane, logprob=-5.0, n_tokens=10)]  # far more likely
     ranked = [r.completion.text for r in rank_alternatives(prefix, suffix, language, candidates)]
     assert ranked[0] == sane
     assert len(ranked) == 1 or degeneration(ranked[-1], prefix) is not None

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from request_maps import parsed, through_the_wire
 
-from kspec.engine.api import CompletionRequest, ModuleMembers
+from kspec.engine.api import Completion, CompletionRequest, ModuleMembers
 from kspec.engine.errors import InputError
-from kspec.engine.syntax import Candidate, by_context_affinity, member_names, postprocess
+from kspec.engine.syntax import by_context_affinity, member_names, postprocess
 from kspec.engine.syntax.members import context_words
 
 NODES = (ModuleMembers("nodes", ("Concat", "Const", "Node", "_private_helper")), ModuleMembers("os.path", ("join", "split")))
@@ -44,7 +44,7 @@ def test_a_name_the_module_lacks_counts_as_undefined() -> None:
     assert found is not None
     assert found.unknown("Concat(args)") is None and found.unknown("concat(args)") == "nodes.concat"
     # the same two alternatives, the invented name the model prefers: ranking puts the member first
-    candidates = [Candidate("concat(args)", -1.0, 3, "stop"), Candidate("Concat(args)", -1.5, 3, "stop")]
+    candidates = [Completion("concat(args)", logprob=-1.0, n_tokens=3, finish_reason="stop"), Completion("Concat(args)", logprob=-1.5, n_tokens=3, finish_reason="stop")]
     plain = postprocess(prefix, suffix, "python", candidates)
     steered = postprocess(prefix, suffix, "python", candidates, members=found)
     assert plain[0].text == "concat(args)" and steered[0].text == "Concat(args)"
@@ -88,7 +88,7 @@ def test_ranking_prefers_the_member_the_code_around_the_cursor_names() -> None:
     enclosing function's word ranks first (rank.py's context_affinity_weight)."""
     members = (ModuleMembers("nodes", ("Compare", "Concat")),)
     prefix, suffix = "from pkg import nodes\n\n\ndef parse_concat(args):\n    return nodes.", "\n"
-    candidates = [Candidate("Compare(args)", -1.0, 4, "stop"), Candidate("Concat(args)", -1.6, 4, "stop")]
+    candidates = [Completion("Compare(args)", logprob=-1.0, n_tokens=4, finish_reason="stop"), Completion("Concat(args)", logprob=-1.6, n_tokens=4, finish_reason="stop")]
     shown = postprocess(prefix, suffix, "python", candidates, members=member_names(prefix, members))
     assert [c.text for c in shown] == ["Concat(args)", "Compare(args)"]
     plain = postprocess(prefix.replace("parse_concat", "parse"), suffix, "python", candidates, members=member_names(prefix.replace("parse_concat", "parse"), members))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kspec.engine.syntax import Candidate, forget_requests, postprocess
+from kspec.engine.api import Completion
+from kspec.engine.syntax import forget_requests, postprocess
 from kspec.engine.syntax.postprocess import analysis
 
 PREFIX = "def total(values):\n    result = 0\n    for value in values:\n        "
@@ -10,7 +11,7 @@ SUFFIX = "\n    return result\n"
 
 
 def test_the_same_request_reuses_its_analysis_and_checks() -> None:
-    candidates = [Candidate("result += value", -1.0, 4), Candidate("result +=", -2.0, 3)]
+    candidates = [Completion("result += value", logprob=-1.0, n_tokens=4), Completion("result +=", logprob=-2.0, n_tokens=3)]
     first = postprocess(PREFIX, SUFFIX, "python", candidates)
     request = analysis(PREFIX, SUFFIX, "python")
     assert analysis(PREFIX, SUFFIX, "python") is request

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from kspec.engine.syntax import Candidate, rank_alternatives
+from kspec.engine.api import Completion
+from kspec.engine.syntax import rank_alternatives
 from kspec.engine.syntax.checks import Checker
 
 JS_FILE = '''import { readFileSync } from "fs";
@@ -136,8 +137,8 @@ def test_the_alternative_that_defines_what_the_suffix_needs_ranks_first(language
     prefix, suffix = cut(language, window)
     needed = FILES[language][5]
     candidates = [
-        Candidate("  console.log(1);\n", -1.0, 5),  # more likely, leaves the needed name undefined
-        Candidate(f"  let {needed} = 0;\n", -1.3, 5),
+        Completion("  console.log(1);\n", logprob=-1.0, n_tokens=5),  # more likely, leaves the needed name undefined
+        Completion(f"  let {needed} = 0;\n", logprob=-1.3, n_tokens=5),
     ]
     ranked = rank_alternatives(prefix, suffix, language, candidates)
     assert [r.completion.text for r in ranked] == [f"  let {needed} = 0;\n", "  console.log(1);\n"]
@@ -148,7 +149,7 @@ def test_a_mid_word_completion_that_invents_a_name_ranks_below_one_that_does_not
     # `dat` -> `datum`: the model finishes the word into a name that exists nowhere.
     prefix, suffix = cut("javascript", window)
     prefix, suffix = prefix + "  if (!dat", suffix[len("  if (!data") :]
-    ranked = rank_alternatives(prefix, suffix, "javascript", [Candidate("um", -0.5, 1), Candidate("a", -0.6, 1)])
+    ranked = rank_alternatives(prefix, suffix, "javascript", [Completion("um", logprob=-0.5, n_tokens=1), Completion("a", logprob=-0.6, n_tokens=1)])
     assert [r.completion.text for r in ranked] == ["a", "um"]
     assert ranked[-1].check.undefined_names == ("datum",)
 
@@ -173,7 +174,7 @@ def test_an_import_above_the_window_vouches_for_its_name_when_the_caller_has_the
     prefix = 'import { useState } from "react";\n\n' + filler + "function Counter() {\n  "
     suffix = "\n  return count;\n}\n"
     alternative = "const [count, setCount] = useState(0);"
-    ranked = rank_alternatives(prefix, suffix, "javascript", [Candidate(alternative, -1.0, 9)])
+    ranked = rank_alternatives(prefix, suffix, "javascript", [Completion(alternative, logprob=-1.0, n_tokens=9)])
     assert ranked[0].check.undefined_names == () and ranked[0].check.needs_defined == ("count",)
     # With the window alone, nothing in it spells `useState`.
     window = prefix[-3000:]

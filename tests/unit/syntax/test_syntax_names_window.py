@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kspec.engine.syntax import Candidate, rank_alternatives
+from kspec.engine.api import Completion
+from kspec.engine.syntax import rank_alternatives
 from kspec.engine.syntax.postprocess import PostprocessConfig
 from kspec.engine.syntax.checks import Checker
 from kspec.engine.syntax.pynames import module_names
@@ -85,8 +86,8 @@ def test_what_the_suffix_needs(name: str) -> None:
 def test_the_alternative_that_defines_what_the_suffix_needs_ranks_first(name: str) -> None:
     prefix, suffix = cut(name)
     candidates = [
-        Candidate("    print(data)\n", -1.0, 5),  # more likely, leaves `msg` undefined
-        Candidate('    msg = "empty"\n', -1.3, 5),
+        Completion("    print(data)\n", logprob=-1.0, n_tokens=5),  # more likely, leaves `msg` undefined
+        Completion('    msg = "empty"\n', logprob=-1.3, n_tokens=5),
     ]
     ranked = rank_alternatives(prefix, suffix, "python", candidates)
     assert [r.completion.text for r in ranked] == ['    msg = "empty"\n', "    print(data)\n"]
@@ -131,11 +132,11 @@ def test_an_assignment_to_a_name_nothing_reads_where_the_suffix_needs_another_is
     (pyflakes: unused `j`). A wrong assignment is dropped, even alone; the one the suffix reads,
     and a statement that binds nothing, stay."""
     prefix, suffix = ROMAN[ROMAN_WINDOWS[name] : ROMAN_CURSOR], ROMAN[ROMAN_CURSOR:]
-    assert rank_alternatives(prefix, suffix, "python", [Candidate("    j = 10\n", -0.2, 4)]) == []
+    assert rank_alternatives(prefix, suffix, "python", [Completion("    j = 10\n", logprob=-0.2, n_tokens=4)]) == []
     candidates = [
-        Candidate("    j = 10\n", -0.2, 4),  # unused, and `res` still unbound
-        Candidate("    print(number)\n", -1.0, 5),  # binds nothing: `res` unbound, but nothing invented
-        Candidate("    res = ''\n", -1.3, 5),
+        Completion("    j = 10\n", logprob=-0.2, n_tokens=4),  # unused, and `res` still unbound
+        Completion("    print(number)\n", logprob=-1.0, n_tokens=5),  # binds nothing: `res` unbound, but nothing invented
+        Completion("    res = ''\n", logprob=-1.3, n_tokens=5),
     ]
     shown = [r.completion.text for r in rank_alternatives(prefix, suffix, "python", candidates)]
     assert shown == ["    res = ''\n", "    print(number)\n"]
@@ -145,7 +146,7 @@ def test_an_assignment_to_a_name_nothing_reads_where_the_suffix_needs_another_is
 
 def test_an_unused_assignment_is_kept_when_the_suffix_needs_nothing() -> None:
     prefix = FILE[: FILE.index("    return data")]
-    ranked = rank_alternatives(prefix, FILE[FILE.index("    return data") :], "python", [Candidate("    count = 10\n", -0.2, 4)])
+    ranked = rank_alternatives(prefix, FILE[FILE.index("    return data") :], "python", [Completion("    count = 10\n", logprob=-0.2, n_tokens=4)])
     assert [(r.completion.text, r.check.unused_variables, r.check.needs_missing) for r in ranked] == [("    count = 10\n", ("count",), ())]
 
 
@@ -153,8 +154,8 @@ def test_a_mid_word_completion_that_invents_a_name_ranks_below_one_that_does_not
     # `len` -> `length`: the model finishes the word into a name that exists nowhere.
     prefix = FILE[FILE.index("Falls back") : CURSOR] + "    if len"
     suffix = "(data) == 0:\n" + FILE[CURSOR + len("    if not data:\n") :]
-    candidates = [Candidate("gth", -0.5, 1), Candidate("", -0.6, 1)]
-    ranked = rank_alternatives(prefix, suffix, "python", candidates + [Candidate("(data or ())", -0.9, 4)])
+    candidates = [Completion("gth", logprob=-0.5, n_tokens=1), Completion("", logprob=-0.6, n_tokens=1)]
+    ranked = rank_alternatives(prefix, suffix, "python", candidates + [Completion("(data or ())", logprob=-0.9, n_tokens=4)])
     assert ranked[-1].completion.text == "gth"
     assert ranked[-1].check.undefined_names == ("length",)
 
@@ -164,7 +165,7 @@ def test_names_the_file_binds_above_a_long_window_are_known() -> None:
     # module-level definitions above the window from a regex over that part.
     body = "".join(f"def helper_{i}(x):\n    return x + {i}\n\n\n" for i in range(400))
     prefix = "import json\nfrom os import path as osp\n\n\n" + body + "def main(name):\n    "
-    candidates = [Candidate("return json.dumps(osp.basename(name))", -1.0, 8), Candidate("return jsn.dumps(name)", -0.5, 6)]
+    candidates = [Completion("return json.dumps(osp.basename(name))", logprob=-1.0, n_tokens=8), Completion("return jsn.dumps(name)", logprob=-0.5, n_tokens=6)]
     ranked = rank_alternatives(prefix, "\n", "python", candidates)
     assert [r.check.undefined_names for r in ranked] == [(), ("jsn",)]
     assert ranked[0].completion.text.startswith("return json")
@@ -303,7 +304,7 @@ def test_a_name_the_window_binds_only_inside_other_functions_is_certainly_undefi
     come from above the window, `Writer` can (its class is above the cut windows): the first costs
     the undefined-name penalty twice, so the model's likelier `self...` ranks below."""
     prefix = WRITERS[WRITER_WINDOWS[name] :]
-    candidates = [Candidate("self._f.write(mode)", -1.5, 5), Candidate("return Writer(f)", -2.0, 4)]
+    candidates = [Completion("self._f.write(mode)", logprob=-1.5, n_tokens=5), Completion("return Writer(f)", logprob=-2.0, n_tokens=4)]
     ranked = rank_alternatives(prefix, "\n", "python", candidates)
     assert [r.completion.text for r in ranked] == ["return Writer(f)", "self._f.write(mode)"]
     assert ranked[1].check.undefined_names == ranked[1].check.certainly_undefined == ("self",)

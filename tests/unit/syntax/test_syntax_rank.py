@@ -7,7 +7,7 @@ import math
 import pytest
 
 from kspec.engine.api import Completion
-from kspec.engine.syntax import Candidate, PostprocessConfig, RankConfig, postprocess, rank_alternatives
+from kspec.engine.syntax import PostprocessConfig, RankConfig, postprocess, rank_alternatives
 from kspec.engine.syntax.checks import CheckResult
 from kspec.engine.syntax.rank import Signals, dedupe_key, score
 
@@ -21,8 +21,8 @@ def texts(completions: list[Completion]) -> list[str]:
 
 def test_returns_engine_api_completions_best_first() -> None:
     candidates = [
-        Candidate("        t += x\n    return t\n", logprob=-2.0, n_tokens=8),
-        Candidate("        t = t + x\n", logprob=-4.0, n_tokens=8),
+        Completion("        t += x\n    return t\n", logprob=-2.0, n_tokens=8),
+        Completion("        t = t + x\n", logprob=-4.0, n_tokens=8),
     ]
     out = postprocess(PREFIX, SUFFIX, "python", candidates)
     assert all(isinstance(c, Completion) for c in out)
@@ -33,10 +33,10 @@ def test_returns_engine_api_completions_best_first() -> None:
 
 def test_alternatives_equal_after_trimming_are_merged() -> None:
     candidates = [
-        Candidate("        t += x\n    return t\n", -3.0, 8),
-        Candidate("        t  +=  x\n", -2.0, 6),  # same after whitespace normalisation
-        Candidate("        t += x\n\n\nprint(total([1]))\n", -6.0, 12),
-        Candidate("        t = t + x\n", -2.5, 8),
+        Completion("        t += x\n    return t\n", logprob=-3.0, n_tokens=8),
+        Completion("        t  +=  x\n", logprob=-2.0, n_tokens=6),  # same after whitespace normalisation
+        Completion("        t += x\n\n\nprint(total([1]))\n", logprob=-6.0, n_tokens=12),
+        Completion("        t = t + x\n", logprob=-2.5, n_tokens=8),
     ]
     ranked = rank_alternatives(PREFIX, SUFFIX, "python", candidates)
     keys = [dedupe_key(r.completion.text) for r in ranked]
@@ -48,9 +48,9 @@ def test_alternatives_equal_after_trimming_are_merged() -> None:
 
 def test_static_errors_rank_below_clean_alternatives() -> None:
     candidates = [
-        Candidate("        t += undefined_thing(x)\n", -1.0, 6),  # more likely but undefined name
-        Candidate("        unused = x\n", -1.0, 6),  # unused variable
-        Candidate("        t += x\n", -1.5, 6),
+        Completion("        t += undefined_thing(x)\n", logprob=-1.0, n_tokens=6),  # more likely but undefined name
+        Completion("        unused = x\n", logprob=-1.0, n_tokens=6),  # unused variable
+        Completion("        t += x\n", logprob=-1.5, n_tokens=6),
     ]
     ranked = rank_alternatives(PREFIX, SUFFIX, "python", candidates)
     assert ranked[0].completion.text == "        t += x\n"
@@ -59,7 +59,7 @@ def test_static_errors_rank_below_clean_alternatives() -> None:
 
 
 def test_suggestions_that_break_the_file_are_dropped_unless_asked() -> None:
-    candidates = [Candidate("        t += (x\n", -0.1, 5), Candidate("        t += x\n", -2.0, 5)]
+    candidates = [Completion("        t += (x\n", logprob=-0.1, n_tokens=5), Completion("        t += x\n", logprob=-2.0, n_tokens=5)]
     assert texts(postprocess(PREFIX, SUFFIX, "python", candidates)) == ["        t += x\n"]
     kept = postprocess(PREFIX, SUFFIX, "python", candidates, config=PostprocessConfig(drop_broken=False))
     assert texts(kept) == ["        t += x\n", "        t += (x\n"]  # penalised, so last
@@ -68,12 +68,12 @@ def test_suggestions_that_break_the_file_are_dropped_unless_asked() -> None:
 def test_a_broken_tail_falls_back_to_an_earlier_line_end() -> None:
     prefix = "def f(x):\n"
     completion = "    y = x + 1\n    z = y * 2\n    return (z\n"
-    out = postprocess(prefix, "", "python", [Candidate(completion, -3.0, 20)])
+    out = postprocess(prefix, "", "python", [Completion(completion, logprob=-3.0, n_tokens=20)])
     assert texts(out) == ["    y = x + 1\n    z = y * 2"]
 
 
 def test_equal_scores_keep_the_engine_order() -> None:
-    candidates = [Candidate("a", -1.0, 1), Candidate("b", -1.0, 1), Candidate("c", -1.0, 1)]
+    candidates = [Completion("a", logprob=-1.0, n_tokens=1), Completion("b", logprob=-1.0, n_tokens=1), Completion("c", logprob=-1.0, n_tokens=1)]
     # `a`, `b`, `c` are undefined names, equally penalised: the order must be the input order.
     out = texts(postprocess("a = b = c = 0\nx = ", "\n", "python", candidates))
     assert out == ["a", "b", "c"]
@@ -82,8 +82,8 @@ def test_equal_scores_keep_the_engine_order() -> None:
 
 def test_raw_keeps_text_untrimmed_and_orders_by_normalised_logprob() -> None:
     candidates = [
-        Candidate("        t += x\n    return t\n", -4.0, 8),  # -0.5 per token
-        Candidate("        t += (x\n", -1.0, 4),  # -0.25 per token, broken: raw keeps it
+        Completion("        t += x\n    return t\n", logprob=-4.0, n_tokens=8),  # -0.5 per token
+        Completion("        t += (x\n", logprob=-1.0, n_tokens=4),  # -0.25 per token, broken: raw keeps it
     ]
     out = postprocess(PREFIX, SUFFIX, "python", candidates, raw=True)
     assert texts(out) == ["        t += (x\n", "        t += x\n    return t\n"]
@@ -94,10 +94,10 @@ def test_raw_alternatives_are_distinct_text() -> None:
     """Branches that began with different tokens can detokenize to the same text (the OpenAI
     endpoint at temperature 0 once returned one twice): raw mode keeps the most likely one."""
     candidates = [
-        Candidate("ield (chunk, end)\n    end += 1", -3.0, 6),
-        Candidate("ield (chunk, end)\n    end += 1", -2.0, 5),
-        Candidate("ield  (chunk, end)\n    end += 1\n", -2.5, 5),  # equal after whitespace normalisation
-        Candidate("ield chunk", -4.0, 3),
+        Completion("ield (chunk, end)\n    end += 1", logprob=-3.0, n_tokens=6),
+        Completion("ield (chunk, end)\n    end += 1", logprob=-2.0, n_tokens=5),
+        Completion("ield  (chunk, end)\n    end += 1\n", logprob=-2.5, n_tokens=5),  # equal after whitespace normalisation
+        Completion("ield chunk", logprob=-4.0, n_tokens=3),
     ]
     ranked = rank_alternatives("def f():\n    y", "\n", "python", candidates, raw=True)
     assert [r.completion.text for r in ranked] == ["ield (chunk, end)\n    end += 1", "ield chunk"]
@@ -107,20 +107,20 @@ def test_raw_alternatives_are_distinct_text() -> None:
 
 def test_nothing_to_show_gives_an_empty_list() -> None:
     assert postprocess(PREFIX, SUFFIX, "python", []) == []
-    assert postprocess(PREFIX, SUFFIX, "python", [Candidate("   \n", -1.0, 2)]) == []
-    assert postprocess(PREFIX, SUFFIX, "python", [Candidate("    return t\n", -1.0, 2)]) == []
+    assert postprocess(PREFIX, SUFFIX, "python", [Completion("   \n", logprob=-1.0, n_tokens=2)]) == []
+    assert postprocess(PREFIX, SUFFIX, "python", [Completion("    return t\n", logprob=-1.0, n_tokens=2)]) == []
 
 
 def test_truncated_candidates_lose_their_last_line() -> None:
-    candidate = Candidate("    y = 1\n    return y +", -2.0, 6, finish_reason="length")
+    candidate = Completion("    y = 1\n    return y +", logprob=-2.0, n_tokens=6, finish_reason="length")
     assert texts(postprocess("def f():\n", "", "python", [candidate])) == ["    y = 1"]
 
 
 def test_unknown_language_and_language_ids_are_accepted() -> None:
-    candidates = [Candidate("a = 1\nmore\n", -1.0, 3)]
+    candidates = [Completion("a = 1\nmore\n", logprob=-1.0, n_tokens=3)]
     assert texts(postprocess("x\n", "", None, candidates)) == ["a = 1"]
     assert texts(postprocess("x\n", "", "plaintext", candidates)) == ["a = 1"]
-    js = [Candidate("1, 2];\nfoo();\n", -1.0, 4)]
+    js = [Completion("1, 2];\nfoo();\n", logprob=-1.0, n_tokens=4)]
     assert texts(postprocess("const a = [", "];\n", "javascriptreact", js)) == ["1, 2"]
 
 
@@ -129,7 +129,7 @@ def test_score_terms() -> None:
     clean = CheckResult()
 
     def value(text: str = "x", logprob: float = -2.0, n_tokens: int = 4, check: CheckResult = clean, **kw: object) -> float:
-        return score(Signals(text, logprob, n_tokens, check, **kw), config)  # type: ignore[arg-type]
+        return score(Signals(Completion(text, logprob=logprob, n_tokens=n_tokens), check, **kw), config)  # type: ignore[arg-type]
 
     base = value()
     assert base == pytest.approx(-0.5 + config.length_weight * math.log(2))
@@ -164,7 +164,7 @@ HOLE_SUFFIX = "    return xs\n"  # the `for` has no body: the file is broken unt
 
 
 def test_leaving_the_hole_unfilled_is_reported_apart_from_breaking() -> None:
-    comment = [Candidate("        # TODO\n", -0.1, 3)]
+    comment = [Completion("        # TODO\n", logprob=-0.1, n_tokens=3)]
     assert rank_alternatives(HOLE_PREFIX, HOLE_SUFFIX, "python", comment) == []
     lenient = PostprocessConfig(drop_unfilled=False)
     ranked = rank_alternatives(HOLE_PREFIX, HOLE_SUFFIX, "python", comment, config=lenient)
@@ -183,7 +183,7 @@ def test_leaving_the_hole_unfilled_is_reported_apart_from_breaking() -> None:
     ],
 )
 def test_an_error_elsewhere_in_the_file_does_not_hide_suggestions(prefix: str, suffix: str, text: str, unfixed: int) -> None:
-    out = rank_alternatives(prefix, suffix, "python", [Candidate(text, -1.0, 5)])
+    out = rank_alternatives(prefix, suffix, "python", [Completion(text, logprob=-1.0, n_tokens=5)])
     assert [r.completion.text for r in out] == [text]
     assert out[0].check.unfixed_errors == unfixed and out[0].check.unfixed_at_cursor == 0
 
@@ -193,14 +193,14 @@ def test_a_header_the_hole_lost_shows_up_lines_later() -> None:
     # `}` two lines down is the hole's error; a plain statement does not fill it.
     prefix = "function f(text) {\n    "
     suffix = '\n        return 1;\n    } else {\n        return 2;\n    }\n}\n'
-    statement = Candidate("let match = false;", -0.5, 5)
-    header = Candidate("if (text.length > 0) {", -2.0, 9)
+    statement = Completion("let match = false;", logprob=-0.5, n_tokens=5)
+    header = Completion("if (text.length > 0) {", logprob=-2.0, n_tokens=9)
     assert texts(postprocess(prefix, suffix, "javascript", [statement])) == []
     assert texts(postprocess(prefix, suffix, "javascript", [statement, header])) == ["if (text.length > 0) {"]
 
 
 def test_alternatives_that_leave_the_hole_unfilled_go_when_another_fills_it() -> None:
-    candidates = [Candidate("        # TODO\n", -0.1, 3), Candidate("        print(x)\n", -3.0, 5)]
+    candidates = [Completion("        # TODO\n", logprob=-0.1, n_tokens=3), Completion("        print(x)\n", logprob=-3.0, n_tokens=5)]
     ranked = rank_alternatives(HOLE_PREFIX, HOLE_SUFFIX, "python", candidates)
     assert [r.completion.text for r in ranked] == ["        print(x)\n"]
     kept = rank_alternatives(HOLE_PREFIX, HOLE_SUFFIX, "python", candidates, config=PostprocessConfig(drop_broken=False))
@@ -209,9 +209,9 @@ def test_alternatives_that_leave_the_hole_unfilled_go_when_another_fills_it() ->
 
 def test_a_statement_cut_by_the_budget_before_it_fills_the_hole_is_dropped() -> None:
     prefix, suffix = "int f(int n) {\n    return (n == ", "\n}\n"
-    cut_short = Candidate("7) ? 84.0 : (n == 8) ? 90.0 :", -1.0, 16, finish_reason="length")
+    cut_short = Completion("7) ? 84.0 : (n == 8) ? 90.0 :", logprob=-1.0, n_tokens=16, finish_reason="length")
     assert postprocess(prefix, suffix, "c", [cut_short]) == []
-    finished = Candidate("7) ? 84.0 : 0.0;", -1.0, 8, finish_reason="stop")
+    finished = Completion("7) ? 84.0 : 0.0;", logprob=-1.0, n_tokens=8, finish_reason="stop")
     assert texts(postprocess(prefix, suffix, "c", [cut_short, finished])) == ["7) ? 84.0 : 0.0;"]
 
 
@@ -221,7 +221,7 @@ def test_a_hole_that_needs_more_than_one_statement_takes_more_lines() -> None:
     prefix = "function f(n) {\n  let count = 0;\n  "
     suffix = "\n    count += i;\n  }\n  return count;\n}\n"
     completion = "let total = 0;\n  for (let i = 0; i < n; i++) {\n    total += i;\n  }\n"
-    assert texts(postprocess(prefix, suffix, "javascript", [Candidate(completion, -2.0, 20)])) == [
+    assert texts(postprocess(prefix, suffix, "javascript", [Completion(completion, logprob=-2.0, n_tokens=20)])) == [
         "let total = 0;\n  for (let i = 0; i < n; i++) {"
     ]
 
@@ -229,7 +229,7 @@ def test_a_hole_that_needs_more_than_one_statement_takes_more_lines() -> None:
 def test_cpython_judges_what_tree_sitter_python_accepts() -> None:
     # tree-sitter-python accepts a non-default parameter after a default one; CPython does not.
     prefix, suffix = "def f(", "):\n    return a\n"
-    out = rank_alternatives(prefix, suffix, "python", [Candidate("a=1, b", -1.0, 4), Candidate("a, b=1", -2.0, 4)])
+    out = rank_alternatives(prefix, suffix, "python", [Completion("a=1, b", logprob=-1.0, n_tokens=4), Completion("a, b=1", logprob=-2.0, n_tokens=4)])
     assert [r.completion.text for r in out] == ["a, b=1"]
 
 
@@ -238,10 +238,10 @@ LOOP_PREFIX, LOOP_SUFFIX = "def f(xs):\n    total = 0\n    for x in xs:\n       
 
 def test_branches_that_agree_on_their_first_line_outrank_a_lone_likelier_one() -> None:
     candidates = [
-        Candidate("x * x\n    return total\n", -1.0, 4),  # -0.25 per token, alone
-        Candidate("x\n    return total\n", -1.2, 4),  # -0.3 per token; three branches write `x`
-        Candidate("x\n\n    return total\n", -1.3, 4),
-        Candidate("x\n    print(total)\n", -1.3, 4),
+        Completion("x * x\n    return total\n", logprob=-1.0, n_tokens=4),  # -0.25 per token, alone
+        Completion("x\n    return total\n", logprob=-1.2, n_tokens=4),  # -0.3 per token; three branches write `x`
+        Completion("x\n\n    return total\n", logprob=-1.3, n_tokens=4),
+        Completion("x\n    print(total)\n", logprob=-1.3, n_tokens=4),
     ]
     ranked = rank_alternatives(LOOP_PREFIX, LOOP_SUFFIX, "python", candidates)
     assert [r.completion.text for r in ranked] == ["x", "x * x"]
@@ -250,5 +250,5 @@ def test_branches_that_agree_on_their_first_line_outrank_a_lone_likelier_one() -
 
 def test_confidence_is_the_mean_log_probability_per_token() -> None:
     # The same total log-probability over more tokens is more confident per token.
-    candidates = [Candidate("x + 1", -2.0, 2), Candidate("x - 1", -2.0, 8)]
+    candidates = [Completion("x + 1", logprob=-2.0, n_tokens=2), Completion("x - 1", logprob=-2.0, n_tokens=8)]
     assert texts(postprocess(LOOP_PREFIX, LOOP_SUFFIX, "python", candidates)) == ["x - 1", "x + 1"]

@@ -6,7 +6,8 @@ import pytest
 
 from kspec.engine.syntax.context import build_context
 from kspec.engine.syntax.languages import detect_language
-from kspec.engine.syntax.postprocess import Candidate, postprocess
+from kspec.engine.api import Completion
+from kspec.engine.syntax.postprocess import postprocess
 from kspec.engine.syntax.trim import BRACKET, DEDENT, REPEAT, REPEAT_INLINE, drop_truncated_line, find_cut, trim
 
 
@@ -245,12 +246,12 @@ _CALL_SUFFIX = "\n\n    def name(self):\n        return 1\n"
     ],
 )
 def test_a_call_opened_at_the_line_end_shows_its_name(raw: str, shown: list[str]) -> None:
-    completions = postprocess(_CALL_PREFIX, _CALL_SUFFIX, "python", [Candidate(raw, -1.0, 3, "stop")])
+    completions = postprocess(_CALL_PREFIX, _CALL_SUFFIX, "python", [Completion(raw, logprob=-1.0, n_tokens=3, finish_reason="stop")])
     assert [c.text for c in completions] == shown
 
 
 def test_a_name_of_an_open_call_comes_after_the_whole_alternatives() -> None:
-    candidates = [Candidate("Message(", -0.5, 3, "stop"), Candidate("Other(text)", -6.0, 4, "stop")]
+    candidates = [Completion("Message(", logprob=-0.5, n_tokens=3, finish_reason="stop"), Completion("Other(text)", logprob=-6.0, n_tokens=4, finish_reason="stop")]
     assert [c.text for c in postprocess(_CALL_PREFIX, _CALL_SUFFIX, "python", candidates)] == ["Other(text)", "Message"]
 
 
@@ -259,7 +260,7 @@ def test_a_name_of_an_open_call_comes_after_the_whole_alternatives() -> None:
 def test_a_body_written_at_its_openers_depth_moves_one_unit_under_it() -> None:
     prefix = "def f(month, day):\n    try:\n        if month < 1:\n            return False\n        if month == 2 and day > 29:\n"
     suffix = "    except ValueError:\n        return False\n    return True\n"
-    texts = postprocess(prefix, suffix, "python", [Candidate("        return False", -1.0, 5, "stop")])
+    texts = postprocess(prefix, suffix, "python", [Completion("        return False", logprob=-1.0, n_tokens=5, finish_reason="stop")])
     assert [c.text for c in texts] == ["            return False\n"]  # was: no suggestion (an expected indented block)
 
 

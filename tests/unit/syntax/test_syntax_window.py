@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from kspec.engine.syntax import Candidate, postprocess
+from kspec.engine.api import Completion
+from kspec.engine.syntax import postprocess
 from kspec.engine.syntax.checks import Checker
 from kspec.engine.syntax.languages import SPECS
 from kspec.engine.syntax.window import MAX_AFTER, MAX_BEFORE, closing_tail, crop, find_region, repair, start_state
@@ -126,7 +127,7 @@ def window(hole: Hole, start_cut: str, end_cut: str) -> tuple[str, str]:
 
 
 def shown(prefix: str, suffix: str, language: str, *texts: str) -> list[str]:
-    candidates = [Candidate(text, -1.0 - i, 8) for i, text in enumerate(texts)]
+    candidates = [Completion(text, logprob=-1.0 - i, n_tokens=8) for i, text in enumerate(texts)]
     return [c.text for c in postprocess(prefix, suffix, language, candidates)]
 
 
@@ -260,7 +261,7 @@ def test_an_error_of_the_window_away_from_the_hole_sends_no_alternative_through_
     checked: list[str] = []
     check = request.checker.check
     request.checker.check = lambda text, names=True: checked.append(text) or check(text, names=names)  # type: ignore[method-assign]
-    found = trim_and_check(request, Candidate(text, -1.0, 12), DEFAULT_CONFIG)
-    assert found is not None and found[0] == text[: text.index("\n", text.index("print"))]
-    assert found[1].unfixed_at_cursor == 0 and not found[1].breaks_parse
-    assert checked == [found[0]]
+    found = trim_and_check(request, Completion(text, logprob=-1.0, n_tokens=12), DEFAULT_CONFIG)
+    assert found is not None and found.completion.text == text[: text.index("\n", text.index("print"))]
+    assert found.check.unfixed_at_cursor == 0 and not found.check.breaks_parse
+    assert checked == [found.completion.text]

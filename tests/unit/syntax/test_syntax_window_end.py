@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from kspec.engine.syntax import Candidate, postprocess
+from kspec.engine.api import Completion
+from kspec.engine.syntax import postprocess
 from kspec.engine.syntax.window import end_balance
 
 JAVA = """class Digits {
@@ -41,7 +42,7 @@ PYTHON = """def main(argv):
 
 
 def shown(prefix: str, suffix: str, language: str, *texts: str) -> list[str]:
-    candidates = [Candidate(text, -1.0 - i, 8) for i, text in enumerate(texts)]
+    candidates = [Completion(text, logprob=-1.0 - i, n_tokens=8) for i, text in enumerate(texts)]
     return [c.text for c in postprocess(prefix, suffix, language, candidates)]
 
 
