@@ -14,6 +14,7 @@ only the whole lines they wrote, never a fragment ending mid-identifier.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from kspec.engine.api import Completion
@@ -40,11 +41,13 @@ def whole_text(completion: Completion) -> str:
     return completion.text[:end].rstrip() if end > 0 else ""
 
 
-def whole_texts(completions: Iterable[Completion]) -> list[str]:
-    """The non-empty, distinct whole texts, in rank order."""
-    texts: list[str] = []
+def whole_alternatives(completions: Iterable[Completion]) -> list[Completion]:
+    """The alternatives with their whole texts (`whole_text`), those non-empty and distinct, in rank order."""
+    kept: list[Completion] = []
+    seen: set[str] = set()
     for completion in completions:
         text = whole_text(completion)
-        if text.strip() and text not in texts:
-            texts.append(text)
-    return texts
+        if text.strip() and text not in seen:
+            seen.add(text)
+            kept.append(completion if text == completion.text else replace(completion, text=text))
+    return kept

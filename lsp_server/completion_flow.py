@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from kspec.engine.api import Completion, CompletionRequest, CompletionResult, ContextFile, ModuleMembers
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError
-from kspec.lsp_server.client_kind import whole_texts
+from kspec.lsp_server.client_kind import whole_alternatives
 from kspec.lsp_server.context import EditorContext
 from kspec.lsp_server.deadline import Deadline
 from kspec.lsp_server.documents import Cursor, Document
@@ -84,21 +84,21 @@ class Query:
 
 class Ticket:
     """The newest request of a document with the engine; set `superseded` when a newer one
-    arrives that it cannot serve. While the engine decodes for it, `texts` are its latest
-    interim alternatives (None before the first), and `grew` is set each time they change
-    and when its engine work is over."""
+    arrives that it cannot serve. While the engine decodes for it, `alternatives` are its latest
+    interim ones (None before the first), and `grew` is set each time they change and when its
+    engine work is over."""
 
     def __init__(self, query: Query | None = None) -> None:
         self.superseded = asyncio.Event()
         self.query = query
-        self.texts: tuple[str, ...] | None = None
+        self.alternatives: tuple[Completion, ...] | None = None
         self.over = False
         self.grew = asyncio.Event()
         self.unattended: asyncio.Future | None = None  # its engine work, going on after it was cancelled
         self.shown: str | None = None  # the first alternative the client was given (then kept first while continued)
 
-    def interim(self, texts: tuple[str, ...]) -> None:
-        self.texts = texts
+    def interim(self, alternatives: tuple[Completion, ...]) -> None:
+        self.alternatives = alternatives
         self._wake()
 
     def finish(self) -> None:
@@ -118,10 +118,10 @@ class Ticket:
         """Still decoding, and `query` is its place with text typed at the cursor that some
         branch has written the start of and no further: its next interim answer may serve it."""
         mine = self.query
-        if mine is None or self.texts is None or self.over or self.superseded.is_set() or mine.settings != query.settings:
+        if mine is None or self.alternatives is None or self.over or self.superseded.is_set() or mine.settings != query.settings:
             return False
         found = typed_since(mine.context, query.context, query.settings.prefix_chars, query.settings.suffix_chars)
-        return found is not None and any(found[0].startswith(text) for text in self.texts)
+        return found is not None and any(found[0].startswith(alternative.text) for alternative in self.alternatives)
 
 
 async def race(futures: Iterable[asyncio.Future], ticket: Ticket, timeout_s: float) -> tuple[set[asyncio.Future], bool]:
@@ -192,12 +192,13 @@ class CompletionFlow:
     def choice(self, name: str, value: Any) -> Any:
         return self.report.machine_choice(name, value, self._user_set())
 
-    async def suggest(self, query: Query, debounce: bool) -> list[str]:
+    async def suggest(self, query: Query, debounce: bool) -> list[Completion]:
+        """The alternatives to show at `query`, best first."""
         settings, uri = query.settings, query.document.uri
-        if (texts := self._cached(query)) is not None:
-            return texts
-        if (texts := await self._join(query)) is not None:
-            return texts
+        if (alternatives := self._cached(query)) is not None:
+            return alternatives
+        if (alternatives := await self._join(query)) is not None:
+            return alternatives
         ticket = self.inflight.begin(uri, query)
         continuing: asyncio.Future | None = None
         try:
@@ -205,7 +206,7 @@ class CompletionFlow:
                 if (await race((), ticket, settings.debounce_ms / 1000))[1]:
                     self.stats.superseded += 1
                     return []
-            texts, continuing = await self._ask_engine(query, ticket)
+            alternatives, continuing = await self._ask_engine(query, ticket)
         except asyncio.CancelledError:
             self.stats.cancelled += 1
             raise
@@ -215,13 +216,13 @@ class CompletionFlow:
                 self.inflight.end(uri, ticket)
             else:  # the request decodes on after its answer or its cancelling: a diverging request still supersedes it
                 continuing.add_done_callback(lambda _: self.inflight.end(uri, ticket))
-        if texts:
+        if alternatives:
             self.stats.answered += 1
         else:
             self.stats.empty += 1
-        return texts
+        return alternatives
 
-    def _cached(self, query: Query) -> list[str] | None:
+    def _cached(self, query: Query) -> list[Completion] | None:
         """The typeahead cache's answer, if it has one."""
         settings = query.settings
         if not settings.typeahead:
@@ -232,9 +233,9 @@ class CompletionFlow:
         self.stats.typeahead_hits += 1
         self.stats.answered += 1
         self.report.set_activity(IDLE)
-        return list(hit.texts[: self.choice("k", settings.k)])
+        return list(hit.alternatives[: self.choice("k", settings.k)])
 
-    async def _join(self, query: Query) -> list[str] | None:
+    async def _join(self, query: Query) -> list[Completion] | None:
         """The user typed what a branch of the request decoding on has begun to write: its next
         rounds may serve this one, sooner than starting over would."""
         settings, pending = query.settings, self.inflight.get(query.document.uri)
@@ -245,8 +246,8 @@ class CompletionFlow:
         try:
             while pending.may_still_write(query):
                 await asyncio.wait_for(pending.grew.wait(), deadline.left_s())
-                if (texts := self._cached(query)) is not None:
-                    return texts
+                if (alternatives := self._cached(query)) is not None:
+                    return alternatives
         except asyncio.TimeoutError:
             pass
         except asyncio.CancelledError:
@@ -254,8 +255,8 @@ class CompletionFlow:
             raise
         return None
 
-    async def _ask_engine(self, query: Query, ticket: Ticket) -> tuple[list[str], asyncio.Future | None]:
-        """The texts to show now, and the request still decoding after an early answer (its
+    async def _ask_engine(self, query: Query, ticket: Ticket) -> tuple[list[Completion], asyncio.Future | None]:
+        """The alternatives to show now, and the request still decoding after an early answer (its
         final answer lands in the typeahead cache), if any."""
         engine = self._engine()
         if engine is None:
@@ -293,17 +294,17 @@ class CompletionFlow:
                 if ticket.unattended is None and not done and not job.done():
                     job.cancel()  # stops the engine at its next round
             if job in done:
-                texts = self._answered(query, request, job, deadline)
-                if not texts and _timed_out(job, deadline):
+                alternatives = self._answered(query, request, job, deadline)
+                if not alternatives and _timed_out(job, deadline):
                     self.stats.timeouts += 1
                     outcome = TIMED_OUT
-                    return texts, self._after_timeout(query, ticket)
-                return texts, None
+                    return alternatives, self._after_timeout(query, ticket)
+                return alternatives, None
             if early in done:
-                texts = self._store(query, early.result(), deadline, kept=True)
+                alternatives = self._store(query, early.result(), deadline, kept=True)
                 self.stats.early_answers += 1
-                ticket.shown = texts[0] if texts else None
-                return texts[: request.k], asyncio.ensure_future(self._decode_on(query, request, ticket, job, deadline))
+                ticket.shown = alternatives[0].text if alternatives else None
+                return alternatives[: request.k], asyncio.ensure_future(self._decode_on(query, request, ticket, job, deadline))
             if superseded:
                 self.stats.superseded += 1
             else:
@@ -316,29 +317,34 @@ class CompletionFlow:
             self.report.awaiting(query.document.uri, False)
             self.report.set_activity(outcome)
 
-    def _answered(self, query: Query, request: CompletionRequest, job: asyncio.Future, deadline: Deadline, shown: bool = True, ticket: Ticket | None = None) -> list[str]:
-        """The final answer's texts (also in the typeahead cache; the status says how many of k)."""
+    def _answered(
+        self, query: Query, request: CompletionRequest, job: asyncio.Future, deadline: Deadline, shown: bool = True, ticket: Ticket | None = None,
+    ) -> list[Completion]:  # fmt: skip
+        """The final answer's alternatives (also in the typeahead cache; the status says how many of k)."""
         try:
             result = job.result()
         except (DeadlineExceeded, EngineUnavailable, KspecError) as exc:
             self.stats.errors += 1
             log.info("no completion: %s", exc)
             return []
-        texts = self._store(query, result, deadline, shown, ticket=ticket)[: request.k]
-        self.report.final_alternatives(len(texts), request.k)
-        return texts
+        alternatives = self._store(query, result, deadline, shown, ticket=ticket)[: request.k]
+        self.report.final_alternatives(len(alternatives), request.k)
+        return alternatives
 
-    def _store(self, query: Query, result: CompletionResult, deadline: Deadline, shown: bool = True, kept: bool = False, ticket: Ticket | None = None) -> list[str]:
-        """Texts of an answer (`shown_texts`), kept in the typeahead cache (unless `kept` there already);
-        the status carries its latency when it is the answer the user waited for (`shown`), not
-        one decoded on after it."""
+    def _store(
+        self, query: Query, result: CompletionResult, deadline: Deadline, shown: bool = True, kept: bool = False, ticket: Ticket | None = None,
+    ) -> list[Completion]:  # fmt: skip
+        """An answer's alternatives as shown (`shown_alternatives`), kept in the typeahead cache (unless
+        `kept` there already); the status carries its latency when it is the answer the user waited for
+        (`shown`), not one decoded on after it."""
         settings = query.settings
-        texts = shown_texts(result, ticket, self.handles_updates)
-        if texts and settings.typeahead and not kept:
-            self.typeahead.store(query.document.uri, Entry(query.context, settings.prefix_chars, settings.suffix_chars, tuple(texts)))
+        alternatives = shown_alternatives(result, ticket, self.handles_updates)
+        if alternatives and settings.typeahead and not kept:
+            entry = Entry(query.context, settings.prefix_chars, settings.suffix_chars, tuple(alternatives))
+            self.typeahead.store(query.document.uri, entry)
         if shown:
             self.report.answered(result.model, deadline.elapsed_ms(), result.timing_ms)
-        return texts
+        return alternatives
 
     async def _decode_on(self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, deadline: Deadline) -> None:
         """After an early answer: the interim answers that grew the alternatives, at most one
@@ -462,15 +468,15 @@ def start_job(report: StatusReport, query: Query, work: Any, awaited: bool = Fal
     return job
 
 
-def shown_texts(result: CompletionResult, ticket: Ticket | None, handles_updates: bool) -> list[str]:
-    """An answer's distinct texts for a client that re-asks on updates (else its whole texts,
-    client_kind.py); after an early answer (`ticket.shown`) the one continuing what the client
-    shows stays first (`keep_shown`), and becomes what it shows."""
+def shown_alternatives(result: CompletionResult, ticket: Ticket | None, handles_updates: bool) -> list[Completion]:
+    """An answer's alternatives with distinct texts for a client that re-asks on updates (else with
+    their whole texts, client_kind.py); after an early answer (`ticket.shown`) the one continuing what
+    the client shows stays first (`keep_shown`), and becomes what it shows."""
     completions = keep_shown(result.completions, ticket.shown if ticket else None)
-    texts = distinct_texts(c.text for c in completions) if handles_updates else whole_texts(completions)
-    if ticket is not None and ticket.shown is not None and texts:
-        ticket.shown = texts[0]
-    return texts
+    alternatives = distinct_texts(completions) if handles_updates else whole_alternatives(completions)
+    if ticket is not None and ticket.shown is not None and alternatives:
+        ticket.shown = alternatives[0].text
+    return alternatives
 
 
 def keep_shown(completions: list[Completion], shown: str | None) -> list[Completion]:
@@ -488,15 +494,15 @@ def keep_shown(completions: list[Completion], shown: str | None) -> list[Complet
     return completions
 
 
-def distinct_texts(texts: Iterable[str]) -> list[str]:
-    """The non-empty texts, in order, each once (trailing blanks do not make another alternative:
-    an editor shows both alike)."""
+def distinct_texts(completions: Iterable[Completion]) -> list[Completion]:
+    """The alternatives with non-empty texts, in order, each text once (trailing blanks do not make
+    another alternative: an editor shows both alike)."""
     seen: set[str] = set()
-    kept: list[str] = []
-    for text in texts:
-        if text and text.rstrip() not in seen:
-            seen.add(text.rstrip())
-            kept.append(text)
+    kept: list[Completion] = []
+    for completion in completions:
+        if completion.text and completion.text.rstrip() not in seen:
+            seen.add(completion.text.rstrip())
+            kept.append(completion)
     return kept
 
 

@@ -1,4 +1,4 @@
-"""A request's texts as LSP items: inline completion items and, for clients without inline
+"""A request's alternatives (the engine's `Completion`s) as LSP items: inline completion items and, for clients without inline
 completion, completion items; each item's range also covers what it writes again right of the
 cursor (edits.py), and carries the `kspec.accepted` command (acceptance.py)."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from lsprotocol import types as lsp
 
+from kspec.engine.api import Completion
 from kspec.lsp_server.acceptance import item_command
 from kspec.lsp_server.completion_flow import Query
 from kspec.lsp_server.documents import units_from_column
@@ -22,15 +23,15 @@ def edit_range(query: Query, text: str, encoding: str) -> lsp.Range:
     )
 
 
-def inline_items(query: Query, texts: list[str], encoding: str) -> list[lsp.InlineCompletionItem]:
+def inline_items(query: Query, alternatives: list[Completion], encoding: str) -> list[lsp.InlineCompletionItem]:
     language = query.document.language_id
     return [
         lsp.InlineCompletionItem(insert_text=text, range=edit_range(query, text, encoding), command=item_command(rank, language, text))
-        for rank, text in enumerate(texts)
+        for rank, text in enumerate(alternative.text for alternative in alternatives)
     ]
 
 
-def completion_items(query: Query, texts: list[str], encoding: str, markdown: bool) -> list[lsp.CompletionItem]:
+def completion_items(query: Query, alternatives: list[Completion], encoding: str, markdown: bool) -> list[lsp.CompletionItem]:
     """The fallback's items: a short label, the whole text as documentation (Markdown where the client renders it)."""
     language = query.document.language_id
     return [
@@ -46,7 +47,7 @@ def completion_items(query: Query, texts: list[str], encoding: str, markdown: bo
             text_edit=lsp.TextEdit(range=edit_range(query, text, encoding), new_text=text),
             command=item_command(index, language, text),
         )
-        for index, text in enumerate(texts)
+        for index, text in enumerate(alternative.text for alternative in alternatives)
     ]
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from lsprotocol import types as lsp
 
+from kspec.engine.api import Completion
 from kspec.lsp_server.acceptance import item_command
 from kspec.lsp_server.documents import Cursor, Document, line_body, units_from_column
 from kspec.lsp_server.edits import replaced_chars
@@ -31,11 +32,11 @@ class SelectedItem:
     end: int
     body: str  # that line's body in the real document
 
-    def items(self, query: Query, texts: list[str], encoding: str) -> list[lsp.InlineCompletionItem]:
+    def items(self, query: Query, alternatives: list[Completion], encoding: str) -> list[lsp.InlineCompletionItem]:
         """Each alternative as the item's text then the model's continuation, over the item's range."""
         language = query.document.language_id
         items = []
-        for rank, text in enumerate(texts):
+        for rank, text in enumerate(alternative.text for alternative in alternatives):
             end = self.end + replaced_chars(text, query.context.line_suffix)
             edit = lsp.Range(
                 start=lsp.Position(line=self.line, character=units_from_column(self.body, self.start, encoding)),

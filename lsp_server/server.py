@@ -276,8 +276,8 @@ class Session:
         query = self._query(uri, params.position, chosen)
         if query is None:
             return lsp.InlineCompletionList(items=[])
-        texts = await self.flow.suggest(query, debounce=automatic)
-        items = inline_items(query, texts, self.encoding) if chosen is None else chosen.items(query, texts, self.encoding)
+        alternatives = await self.flow.suggest(query, debounce=automatic)
+        items = inline_items(query, alternatives, self.encoding) if chosen is None else chosen.items(query, alternatives, self.encoding)
         if items:
             self.acceptance.shown(query.document.language_id, len(items))
         return lsp.InlineCompletionList(items=items)
@@ -286,8 +286,8 @@ class Session:
         query = self._query(params.text_document.uri, params.position)
         if query is None:
             return lsp.CompletionList(is_incomplete=True, items=[])
-        texts = await self.flow.suggest(query, debounce=True)
-        items = completion_items(query, texts, self.encoding, renders_markdown(self.server.client_capabilities))
+        alternatives = await self.flow.suggest(query, debounce=True)
+        items = completion_items(query, alternatives, self.encoding, renders_markdown(self.server.client_capabilities))
         if items:
             self.acceptance.shown(query.document.language_id, len(items))
         return lsp.CompletionList(is_incomplete=True, items=items)

@@ -1,12 +1,12 @@
 """Typeahead: the user types the start of a suggestion already shown -> serve the rest.
 
 An entry remembers where the engine answered (cursor offset, document length, the
-prefix and suffix it saw) and its alternatives. A later request at offset `o + i` in a
+prefix and suffix it saw) and its alternatives (the engine's `Completion`s, as shown). A later request at offset `o + i` in a
 document of length `n + i + j` is a hit for an alternative `c` when the prefix is the
 old prefix plus `c[:i]` (the user typed the first i characters of `c`) and the suffix is
 j characters plus the old suffix, where those j characters are closers the editor
 auto-inserted (the `)` after a typed `(`) that the rest of `c` writes again, in order.
-The answer is `c[i:]` for every alternative that matches, with no engine call (its
+The answer is `c[i:]` for every alternative that matches (the alternative with that text), with no engine call (its
 range then replaces those closers, see edits.py). Backspacing inside a suggestion is a
 hit too (smaller i).
 """
@@ -14,8 +14,9 @@ hit too (smaller i).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from kspec.engine.api import Completion
 from kspec.engine.syntax.rank import dedupe_key
 from kspec.lsp_server.context import EditorContext
 from kspec.lsp_server.edits import CLOSERS
@@ -26,12 +27,12 @@ class Entry:
     context: EditorContext
     prefix_chars: int
     suffix_chars: int
-    texts: tuple[str, ...]  # the alternatives, best first
+    alternatives: tuple[Completion, ...]  # best first
 
 
 @dataclass(frozen=True)
 class Hit:
-    texts: tuple[str, ...]  # what is left of each matching alternative, best first
+    alternatives: tuple[Completion, ...]  # each matching alternative with what is left of its text, best first
     typed: int  # characters typed since the engine answered
 
 
@@ -81,7 +82,7 @@ class TypeaheadCache:
         self._entries: OrderedDict[str, list[Entry]] = OrderedDict()
 
     def store(self, uri: str, entry: Entry) -> None:
-        if not entry.texts:
+        if not entry.alternatives:
             return
         # A newer answer at the same place (an interim answer grown, the final one) replaces the older.
         entries = [old for old in self._entries.pop(uri, []) if old.context != entry.context]
@@ -98,18 +99,18 @@ class TypeaheadCache:
             found = typed_since(entry.context, context, prefix_chars, suffix_chars)  # once per entry, not per alternative
             if found is None:
                 continue
-            texts: list[str] = []
+            left: list[Completion] = []
             keys: set[str] = set()
-            for text in entry.texts:
-                rest = _rest(text, *found)
+            for alternative in entry.alternatives:
+                rest = _rest(alternative.text, *found)
                 # Distinct as the engine's deduplication sees text: `x = 1` and `x= 1` both
                 # leave `= 1` once `x` is typed.
                 if rest is not None and dedupe_key(rest) not in keys:
                     keys.add(dedupe_key(rest))
-                    texts.append(rest)
-            if texts:
+                    left.append(replace(alternative, text=rest))
+            if left:
                 self._entries.move_to_end(uri)
-                return Hit(tuple(texts), context.offset - entry.context.offset)
+                return Hit(tuple(left), context.offset - entry.context.offset)
         return None
 
     def forget(self, uri: str) -> None:

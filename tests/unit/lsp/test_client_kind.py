@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kspec.engine.api import Completion
-from kspec.lsp_server.client_kind import handles_updates, whole_text, whole_texts
+from kspec.lsp_server.client_kind import handles_updates, whole_alternatives, whole_text
 
 
 def _c(text: str, reason: str) -> Completion:
@@ -21,9 +21,12 @@ def test_a_cut_short_alternative_keeps_only_its_complete_lines() -> None:
     assert whole_text(_c("x = 1\n    y", "cancelled")) == "x = 1"
 
 
-def test_whole_texts_drops_empty_and_repeated_ones_in_rank_order() -> None:
+def test_whole_alternatives_drop_empty_and_repeated_ones_in_rank_order() -> None:
     completions = [_c("a = 1\n    b", "deadline"), _c("Optional", "deadline"), _c("a = 1", "stop"), _c("c = 2", "eos")]
-    assert whole_texts(completions) == ["a = 1", "c = 2"]
+    kept = whole_alternatives(completions)
+    assert [c.text for c in kept] == ["a = 1", "c = 2"]
+    assert [c.finish_reason for c in kept] == ["deadline", "eos"]  # the first cut back to its whole line, the other as it came
+    assert kept[1] is completions[3]
 
 
 def test_only_an_explicit_declaration_asks_for_early_answers() -> None:

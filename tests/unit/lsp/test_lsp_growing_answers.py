@@ -48,7 +48,8 @@ def test_cut_back_or_gone_the_ranking_stands_or_the_shorter_stays() -> None:
 
 
 def test_distinct_texts_drop_empties_and_trailing_blank_twins() -> None:
-    assert distinct_texts(["x", "x ", "", " x", "y\n"]) == ["x", " x", "y\n"]
+    alternatives = ranked(("x", -1.0), ("x ", -1.1), ("", -1.2), (" x", -1.3), ("y\n", -1.4))
+    assert distinct_texts(alternatives) == [alternatives[0], alternatives[3], alternatives[4]]
 
 
 class GrowingEngine:
@@ -94,7 +95,7 @@ async def _grow(early: list[Completion], final: list[Completion]) -> tuple[list[
         await asyncio.sleep(0.01)
     hit = typeahead.lookup(URI, query.context, settings.prefix_chars, settings.suffix_chars)
     assert hit is not None
-    return shown, list(hit.texts), statuses, notes
+    return texts(shown), texts(list(hit.alternatives)), statuses, notes
 
 
 @pytest.mark.asyncio

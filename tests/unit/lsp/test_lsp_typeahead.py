@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from kspec.engine.api import Completion
 from kspec.lsp_server.context import Budgets, EditorContext, editor_context
 from kspec.lsp_server.documents import Cursor, Document
-from kspec.lsp_server.typeahead import Entry, TypeaheadCache, typed_since
+from kspec.lsp_server.typeahead import Entry, Hit, TypeaheadCache, typed_since
 
 BUDGETS = Budgets(prefix_chars=16, suffix_chars=8)
 
@@ -16,14 +17,24 @@ def context_at(text: str, offset: int) -> EditorContext:
     return editor_context(document, Cursor(line, column), BUDGETS)
 
 
+def shown(*texts: str) -> tuple[Completion, ...]:
+    """An answer's alternatives, best first (scores falling)."""
+    return tuple(Completion(text, score=-rank) for rank, text in enumerate(texts))
+
+
 def cache_with(text: str, offset: int, alternatives: tuple[str, ...]) -> TypeaheadCache:
     cache = TypeaheadCache()
-    cache.store("file:///t", Entry(context_at(text, offset), BUDGETS.prefix_chars, BUDGETS.suffix_chars, alternatives))
+    cache.store("file:///t", Entry(context_at(text, offset), BUDGETS.prefix_chars, BUDGETS.suffix_chars, shown(*alternatives)))
     return cache
 
 
 def lookup(cache: TypeaheadCache, text: str, offset: int):
     return cache.lookup("file:///t", context_at(text, offset), BUDGETS.prefix_chars, BUDGETS.suffix_chars)
+
+
+def left(hit: Hit | None) -> tuple[str, ...] | None:
+    """What is left of each matching alternative's text (None: a miss)."""
+    return None if hit is None else tuple(alternative.text for alternative in hit.alternatives)
 
 
 def test_typing_a_suggestion_serves_every_matching_alternative() -> None:
@@ -32,17 +43,18 @@ def test_typing_a_suggestion_serves_every_matching_alternative() -> None:
     cache = cache_with(before, cursor, ("compute(x)", "compare(y)", "total"))
     typed = before[:cursor] + "com" + before[cursor:]
     hit = lookup(cache, typed, cursor + 3)
-    assert hit is not None and hit.texts == ("pute(x)", "pare(y)") and hit.typed == 3
-    assert lookup(cache, before, cursor).texts == ("compute(x)", "compare(y)", "total")  # same place again
+    assert hit is not None and left(hit) == ("pute(x)", "pare(y)") and hit.typed == 3
+    assert [alternative.score for alternative in hit.alternatives] == [0, -1]  # the alternatives, their rest of text
+    assert left(lookup(cache, before, cursor)) == ("compute(x)", "compare(y)", "total")  # same place again
     backspaced = before[:cursor] + "co" + before[cursor:]
-    assert lookup(cache, backspaced, cursor + 2).texts == ("mpute(x)", "mpare(y)")
+    assert left(lookup(cache, backspaced, cursor + 2)) == ("mpute(x)", "mpare(y)")
 
 
 def test_a_long_prefix_is_compared_through_the_budget_window() -> None:
     before = "x" * 100 + "\nvalue = "
     cache = cache_with(before, len(before), ("compute()",))
     typed = before + "comp"
-    assert lookup(cache, typed, len(typed)).texts == ("ute()",)
+    assert left(lookup(cache, typed, len(typed))) == ("ute()",)
 
 
 def test_auto_closed_bracket_right_of_the_cursor_still_matches() -> None:
@@ -50,7 +62,7 @@ def test_auto_closed_bracket_right_of_the_cursor_still_matches() -> None:
     cache = cache_with(before, 4, ("(a, b)",))
     # The user types "(" and the editor inserts ")" after the cursor.
     hit = lookup(cache, "call()", 5)
-    assert hit is not None and hit.texts == ("a, b)",)
+    assert left(hit) == ("a, b)",)
 
 
 def test_misses() -> None:
@@ -68,14 +80,14 @@ def test_bounded_and_forgettable() -> None:
     cache = TypeaheadCache(per_document=2, documents=2)
     for uri in ("a", "b", "c"):
         for offset, text in ((1, "x"), (2, "y"), (3, "z")):  # three places
-            cache.store(uri, Entry(context_at("abc", offset), 16, 8, (text,)))
+            cache.store(uri, Entry(context_at("abc", offset), 16, 8, shown(text)))
     context = context_at("abc", 3)
     assert len(cache) == 4  # two documents, two entries each
     assert cache.lookup("a", context, 16, 8) is None  # evicted
-    assert cache.lookup("c", context, 16, 8).texts == ("z",)  # newest first
+    assert left(cache.lookup("c", context, 16, 8)) == ("z",)  # newest first
     cache.forget("c")
     assert cache.lookup("c", context, 16, 8) is None
-    cache.store("d", Entry(context, 16, 8, ()))  # empty answers are not stored
+    cache.store("d", Entry(context, 16, 8, shown()))  # empty answers are not stored
     assert cache.lookup("d", context, 16, 8) is None
 
 
@@ -90,17 +102,17 @@ def test_what_is_left_is_distinct_as_deduplication_sees_text() -> None:
     cursor = before.index("result ") + 7
     cache = cache_with(before, cursor, ("x = 1", "x= 1", "y = 2"))  # distinct keys: `x = 1`, `x= 1`
     typed = before[:cursor] + "x" + before[cursor:]
-    assert lookup(cache, typed, cursor + 1).texts == (" = 1",)
+    assert left(lookup(cache, typed, cursor + 1)) == (" = 1",)
 
 
 def test_a_newer_answer_at_the_same_place_replaces_the_older() -> None:
     """Interim answers grow while the engine decodes on: the newest serves the keystrokes."""
     before = "result = \n"
     cache = cache_with(before, 9, ("com",))
-    cache.store("file:///t", Entry(context_at(before, 9), BUDGETS.prefix_chars, BUDGETS.suffix_chars, ("compute(x)",)))
+    cache.store("file:///t", Entry(context_at(before, 9), BUDGETS.prefix_chars, BUDGETS.suffix_chars, shown("compute(x)")))
     assert len(cache) == 1
     typed = "result = comp\n"
-    assert lookup(cache, typed, 13).texts == ("ute(x)",)  # past the end of the older, shorter answer
+    assert left(lookup(cache, typed, 13)) == ("ute(x)",)  # past the end of the older, shorter answer
 
 
 def test_typed_since_tells_what_was_typed_at_the_cursor() -> None:
