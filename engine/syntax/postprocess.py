@@ -20,7 +20,7 @@ from kspec.engine.syntax.degenerate import degeneration
 from kspec.engine.syntax import jsnames
 from kspec.engine.syntax.pynames import module_names
 from kspec.engine.syntax.rank import (
-    RankConfig, Ranked, Signals, dedupe_key, distinct, first_line_key, normalized_logprob, order, score,
+    RankConfig, Ranked, Signals, best_first, dedupe_key, first_line_key, normalized_logprob, score,
 )
 from kspec.engine.syntax.trim import END, Cut, before_open_call, drop_truncated_line, find_cut, finalize, under_block_opener
 from kspec.engine.syntax.memo import request_memo
@@ -191,15 +191,12 @@ def rank_alternatives(
     request = analysis(prefix, suffix, normalize_language(language))
     writing_at_end = not request.suffix.strip()
     groups: dict[str, list[Ranked]] = {}  # dedupe key -> the trimmed alternatives with that text, not scored yet
-    partial: set[int] = set()  # candidates shown as the name of a call they left open (Trimmed.name_only)
     first_lines: dict[str, int] = {}  # first-line key -> trimmed alternatives that start with it
     for index, candidate in enumerate(candidates):
         trimmed = trim_and_check(request, candidate, config)
         if trimmed is None:
             continue
         completion, result, name_only = trimmed
-        if name_only:
-            partial.add(index)
         unknown = members.unknown(completion.text) if members is not None else None
         if unknown is not None:  # after `nodes.`, a name the module does not have
             result = replace(result, undefined_names=(*result.undefined_names, unknown))
@@ -213,7 +210,7 @@ def rank_alternatives(
             continue  # broken, or leaves the hole at the cursor unfilled
         if config.drop_wrong_binding and result.binds_the_wrong_name:
             continue
-        groups.setdefault(dedupe_key(completion.text), []).append(Ranked(completion, result, 1, index))
+        groups.setdefault(dedupe_key(completion.text), []).append(Ranked(completion, result, 1, index, partial=name_only))
 
     scored: list[Ranked] = []
     for group in groups.values():
@@ -234,15 +231,14 @@ def rank_alternatives(
         # Nor are those whose brackets reach past the window's end, where it cannot be seen
         # whether the file stays whole, next to one the window vouches for.
         scored = [item for item in scored if not item.check.beyond_window]
-    whole = [item for item in scored if item.source_index not in partial]
-    return distinct(order(whole) + order([item for item in scored if item.source_index in partial]))
+    return best_first(scored)
 
 
 def _raw(candidates: list[Completion]) -> list[Ranked]:
     """Untrimmed texts by length-normalised log-probability, one per `dedupe_key`: branches
     that began with different tokens can still detokenize to the same text."""
     items = [Ranked(replace(c, score=normalized_logprob(c.logprob, c.n_tokens)), CheckResult(), 1, i) for i, c in enumerate(candidates)]
-    return distinct(order(items))
+    return best_first(items)
 
 
 def postprocess(

@@ -113,17 +113,14 @@ class Ranked:
     check: CheckResult
     agreeing: int  # alternatives that trimmed to the same text (this one included)
     source_index: int  # the alternative it came from, in the engine's list (ties keep this order)
+    partial: bool = False  # a partial answer (the name of a call it opened, postprocess.Trimmed.name_only): after the whole ones
 
 
-def order(items: list[Ranked]) -> list[Ranked]:
-    """Best first; equal scores keep the engine's order."""
-    return sorted(items, key=lambda item: (-item.completion.score, item.source_index))
-
-
-def distinct(items: list[Ranked]) -> list[Ranked]:
-    """The first of each `dedupe_key` (in the given order), with the agreeing counts of those dropped added."""
+def best_first(items: list[Ranked]) -> list[Ranked]:
+    """Whole answers before partial ones, each best first (equal scores keep the engine's order),
+    one per `dedupe_key`: the first, with the agreeing counts of those dropped added."""
     kept: dict[str, Ranked] = {}
-    for item in items:
+    for item in sorted(items, key=lambda item: (item.partial, -item.completion.score, item.source_index)):
         key = dedupe_key(item.completion.text)
         first = kept.get(key)
         kept[key] = item if first is None else replace(first, agreeing=first.agreeing + item.agreeing)
