@@ -31,7 +31,7 @@ import torch
 from kspec.engine.config import CPU_INT4, CPU_KERNELS, CPU_KV, CPU_WEIGHTS, check_choice
 from kspec.engine.models.cpu_profile import INT4_KERNELS, INT4_MAX_ROWS, Q5Q8_ISAS, Q8Q8_ISAS, CpuFacts, dense_pays, profile_for
 from kspec.engine.models.quantized import (
-    CpuLinear, Int4Embedding, Q4Codes, Q8HeadEmbedding, Q8Q8Term, TiledTerm, fused_linear, int4_kernel_available, weight_terms,
+    CpuLinear, Int4Embedding, Q4Codes, Q8HeadEmbedding, Q8Q8Term, TiledTerm, fused_linear, int4_kernel_available, packed_terms, weight_terms,
 )
 from kspec.engine.models.kernel_choice import (
     MEMORY_HEADROOM, TRIAL_METHOD, Candidates, ChoiceCache, KernelChoice, available_bytes, decide, dense_bytes, dense_name, measure, trial_layer,
@@ -221,7 +221,7 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     head_terms_kept = model.lm_head.terms
     if model.args.tie_embeddings and not float_table_needed and len(head_terms_kept) == 1 and isinstance(head_terms_kept[0], Q8Q8Term):
         model.model.embed_tokens = Q8HeadEmbedding(head_terms_kept[0], model.dtype)  # the head's codes: no table of its own
-    elif not float_table_needed and not float_weights_kept and (embed_terms := weight_terms(codes, embed_name)):
+    elif not float_table_needed and not float_weights_kept and (embed_terms := packed_terms(codes, embed_name)):
         model.model.embed_tokens = Int4Embedding(embed_terms, model.dtype)  # the table's codes read only when kept
     model.native_steps = NativeSteps.for_model(model, lambda: cpu_layers.load(cache_root())) if path.native_steps else None
     model.prompt_kv_dtype = path.resolved_prompt_kv(model.native_steps)

@@ -111,15 +111,43 @@ def unpack_nibbles(nibbles: Tensor) -> Tensor:
 TERM_SEPARATOR = "#"  # "<weight>#hi" / "<weight>#lo": a weight stored as two 4-bit terms (8-bit codes)
 
 
+def term_names(codes: Mapping[str, Q4Codes], name: str) -> list[str] | None:
+    """The names of the 4-bit terms whose sum is weight `name` (one for the 4-bit form, two for
+    the 8-bit one: gguf_blocks.py), else None."""
+    names = [name] if name in codes else [f"{name}{TERM_SEPARATOR}{part}" for part in ("hi", "lo")]
+    return names if all(part in codes for part in names) else None
+
+
 def weight_terms(codes: Mapping[str, Q4Codes], name: str) -> list[Q4Codes] | None:
-    """The 4-bit terms whose sum is weight `name` (one for the 4-bit form, two for the 8-bit one:
-    gguf_blocks.py), else None."""
-    if name in codes:
-        return [codes[name]]
-    pair = [f"{name}{TERM_SEPARATOR}hi", f"{name}{TERM_SEPARATOR}lo"]
-    if all(part in codes for part in pair):
-        return [codes[part] for part in pair]
-    return None
+    """The 4-bit terms whose sum is weight `name`, else None."""
+    names = term_names(codes, name)
+    return None if names is None else [codes[part] for part in names]
+
+
+@dataclass(frozen=True)
+class PackedCodes:
+    """One 4-bit matrix as a `save_q4` file stores it: codes two a byte [N, K/2] uint8 (low
+    nibble first), scale and zero [N, K/32]."""
+
+    codes: Tensor
+    scale: Tensor
+    zero: Tensor
+
+    @classmethod
+    def of(cls, q4: Q4Codes) -> "PackedCodes":
+        return cls(pack_nibbles(q4.codes), q4.scale.contiguous(), q4.zero.contiguous())
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.codes.shape[0], 2 * self.codes.shape[1])
+
+
+def packed_terms(codes: Mapping[str, Q4Codes], name: str) -> list[PackedCodes] | None:
+    """`weight_terms` as stored: mapped from a `Q4File` (nothing read), packed otherwise."""
+    names = term_names(codes, name)
+    if names is None:
+        return None
+    return [codes.packed(part) if isinstance(codes, Q4File) else PackedCodes.of(codes[part]) for part in names]
 
 
 Q4_FILE = "q4.safetensors"  # next to a converted GGUF's model.safetensors: its 4-bit weights as stored
@@ -128,7 +156,8 @@ Q4_FORMAT = "kspec-q4-v3"  # v2: Q8_0 weights as two terms; v3: every GGUF type 
 
 def q4_tensors(name: str, q4: Q4Codes) -> dict[str, Tensor]:
     """One term as a `save_q4` file stores it: codes two a byte (low nibble first), scale, zero."""
-    return {f"{name}.codes": pack_nibbles(q4.codes), f"{name}.scale": q4.scale.contiguous(), f"{name}.zero": q4.zero.contiguous()}
+    packed = PackedCodes.of(q4)
+    return {f"{name}.codes": packed.codes, f"{name}.scale": packed.scale, f"{name}.zero": packed.zero}
 
 
 def save_q4(codes: Mapping[str, Q4Codes], path: Path) -> None:
@@ -174,6 +203,13 @@ class Q4File(Mapping[str, Q4Codes]):
             raise KeyError(name)
         codes = unpack_nibbles(self._file.get(f"{name}.codes"))  # [N, K/2] -> [N, K]
         return Q4Codes(codes, self._file.get(f"{name}.scale"), self._file.get(f"{name}.zero"))
+
+    def packed(self, name: str) -> "PackedCodes":
+        """A weight as the file stores it, mapped, not read (`TensorFile.mapped`): a table looked
+        up a few rows at a time keeps only those rows' pages resident."""
+        if name not in self._known:
+            raise KeyError(name)
+        return PackedCodes(*(self._file.mapped(f"{name}.{part}") for part in ("codes", "scale", "zero")))
 
     def shape(self, name: str) -> tuple[int, int]:
         """A weight's [N, K], from the file's header: nothing read."""
@@ -525,24 +561,25 @@ class CpuLinear(nn.Module):
 
 
 class Int4Embedding(nn.Module):
-    """An embedding table kept as its 4-bit terms (a Q8_0 table: two), dequantized per looked-up row.
+    """An embedding table kept as its 4-bit terms (a Q8_0 or Q5 table: two), dequantized per
+    looked-up row.
 
     Each term holds its codes two a byte ([V, D/2] uint8, low nibble first) and its group
-    parameters in float32 ([V, D/32] each), so a row comes back as the file's float32 weights
-    exactly: every term's (q - 8) * s + z and their sum are multiples of the block's scale far
-    below 2^24 of them (tests/unit/models/test_fast_path.py checks it). A quarter of the float32
-    table's bytes for Q8_0, an eighth for Q4."""
+    parameters ([V, D/32] each) as the converted file stores them (`PackedCodes`; mapped from the
+    file at load, so only the rows looked up become resident), and a row comes back as the file's
+    float32 weights exactly: every term's (q - 8) * s + z and their sum are multiples of the
+    block's scale far below 2^24 of them (tests/unit/models/test_fast_path.py checks it)."""
 
-    def __init__(self, terms: Sequence[Q4Codes], dtype: torch.dtype = torch.float32):
+    def __init__(self, terms: Sequence[PackedCodes], dtype: torch.dtype = torch.float32):
         super().__init__()
         if not terms or len({t.shape for t in terms}) != 1:
             raise ValueError("an embedding needs one or more 4-bit terms of one shape")
         self.num_embeddings, self.embedding_dim = terms[0].shape
         self.dtype = dtype
         for index, term in enumerate(terms):
-            self.register_buffer(f"codes{index}", pack_nibbles(term.codes))  # [V, D/2]
-            self.register_buffer(f"scale{index}", term.scale.float().contiguous())  # [V, D/32]
-            self.register_buffer(f"zero{index}", term.zero.float().contiguous())  # [V, D/32]
+            self.register_buffer(f"codes{index}", term.codes)  # [V, D/2]
+            self.register_buffer(f"scale{index}", term.scale)  # [V, D/32]
+            self.register_buffer(f"zero{index}", term.zero)  # [V, D/32]
         self.n_terms = len(terms)
 
     def forward(self, tokens: Tensor) -> Tensor:
@@ -552,7 +589,7 @@ class Int4Embedding(nn.Module):
         out: Tensor | None = None
         for index in range(self.n_terms):
             codes = unpack_nibbles(getattr(self, f"codes{index}")[flat]).view(rows, -1, GROUP)  # [M, D/32, 32]
-            scale, zero = getattr(self, f"scale{index}")[flat], getattr(self, f"zero{index}")[flat]  # [M, D/32]
+            scale, zero = getattr(self, f"scale{index}")[flat].float(), getattr(self, f"zero{index}")[flat].float()  # [M, D/32]
             term = (codes.float() - 8) * scale[..., None] + zero[..., None]  # [M, D/32, 32]
             out = term if out is None else out + term
         assert out is not None

@@ -1,4 +1,5 @@
-"""Reading safetensors files one tensor at a time with plain file reads.
+"""Reading safetensors files one tensor at a time with plain file reads (or, for a table read a
+few rows at a time, a map of its pages: `TensorFile.mapped`).
 
 `safetensors.safe_open` memory-maps the file: every page a load touches then sits in the
 resident set next to the tensors copied out of it (a float32 checkpoint peaked at twice its
@@ -11,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import torch
 
 DTYPES = {
@@ -60,3 +62,15 @@ class TensorFile:
         if tensor.nbytes and self._handle.readinto(memoryview(tensor.view(-1).view(torch.uint8).numpy())) != tensor.nbytes:
             raise ValueError(f"tensor {name}: the file ends early")
         return tensor
+
+    def mapped(self, name: str) -> torch.Tensor:
+        """One tensor viewing the file's own pages (a private, copy-on-write map): nothing is read
+        now, and only the pages a caller reads become resident, counted as the file's (the kernel
+        can drop them under pressure). For tables read a few rows at a time (an embedding)."""
+        entry = self._entries[name]
+        dtype = DTYPES[entry["dtype"]]
+        begin, end = entry["data_offsets"]
+        if end == begin:
+            return torch.empty(entry["shape"], dtype=dtype)
+        pages = np.memmap(self.path, dtype=np.uint8, mode="c", offset=self._data_start + begin, shape=(end - begin,))
+        return torch.from_numpy(pages).view(dtype).view(entry["shape"])

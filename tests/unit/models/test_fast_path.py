@@ -39,7 +39,7 @@ from kspec.engine.models.cpu_profile import CpuFacts
 from kspec.engine.models.gguf_blocks import DECODERS
 from kspec.engine.models.gguf_blocks import q8_0 as gguf_q8_0
 from kspec.engine.models.quantized import (
-    GROUP, TERM_SEPARATOR, CpuLinear, Int4Embedding, Q4Codes, Q8HeadEmbedding, Q8Q8Term, int4_kernel_available, load_q4,
+    GROUP, TERM_SEPARATOR, CpuLinear, Int4Embedding, PackedCodes, Q4Codes, Q8HeadEmbedding, Q8Q8Term, int4_kernel_available, load_q4,
     save_q4, weight_terms,
 )
 from kspec.engine.models.transformer import Transformer
@@ -106,11 +106,11 @@ def test_int4_embedding_rows_are_the_float32_table() -> None:
     tokens = torch.tensor([[3, 49, 0], [7, 7, 21]])  # [B, T]
     for terms in (q8, q4):
         table = sum(t.dequantize() for t in terms)  # [V, D] float32
-        got = Int4Embedding(terms)(tokens)  # [B, T, D]
+        got = Int4Embedding([PackedCodes.of(t) for t in terms])(tokens)  # [B, T, D]
         assert got.shape == (2, 3, 64) and got.dtype == torch.float32
         torch.testing.assert_close(got, table[tokens], atol=0, rtol=0)
     with pytest.raises(ValueError, match="one shape"):
-        Int4Embedding([q8[0], q4[0].permute_rows(torch.arange(49))])
+        Int4Embedding([PackedCodes.of(q8[0]), PackedCodes.of(q4[0].permute_rows(torch.arange(49)))])
 
 
 def test_cpu_weights_setting_chooses_the_dense_copy(monkeypatch) -> None:
