@@ -4,7 +4,6 @@ does not force the model to continue from a token boundary it never saw in train
 
 from __future__ import annotations
 
-import bisect
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -48,12 +47,9 @@ class HealingBias:
         self._cache: dict[str, Tensor] = {}
 
     def allowed_ids(self, remaining: str) -> list[int]:
-        texts, ids, by_text = self._index
-        low = bisect.bisect_left(texts, remaining)
-        high = bisect.bisect_left(texts, remaining + "\U0010ffff")
-        allowed = list(ids[low:high])
+        allowed = self._index.starting_with(remaining)
         for end in range(1, len(remaining)):
-            allowed.extend(by_text.get(remaining[:end], ()))
+            allowed.extend(self._index.exactly(remaining[:end]))
         return [i for i in allowed if i < self.vocab_size]
 
     def __call__(self, remaining: str) -> Tensor:

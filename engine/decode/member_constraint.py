@@ -13,7 +13,6 @@ branch regenerating healed text is: the bias holds for position 0 of its row onl
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Collection
 
 import torch
@@ -59,19 +58,18 @@ class MemberConstraint:
         """Token ids whose text, after `lead` (healed text still to regenerate) or a start of it, is
         a start of a rest (the name goes on), or a rest followed by a character that cannot go on a
         name (`cat(`: the name ends there)."""
-        texts, ids, by_text = self.tokenizer.token_text_index()
+        index = self.tokenizer.token_text_index()
         allowed: set[int] = set()
         for end in range(1, len(lead) + 1):
-            allowed.update(by_text.get(lead[:end], ()))
+            allowed.update(index.exactly(lead[:end]))
         for rest in rests:
             for end in range(1, len(rest) + 1):
-                allowed.update(by_text.get(lead + rest[:end], ()))
+                allowed.update(index.exactly(lead + rest[:end]))
             whole = lead + rest
             if not whole:
                 allowed.update(self.tokenizer.name_end_ids())
                 continue
-            low, high = bisect.bisect_left(texts, whole), bisect.bisect_left(texts, whole + "\U0010ffff")
-            allowed.update(ids[at] for at in range(low, high) if len(texts[at]) > len(whole) and not goes_on_name(texts[at][len(whole)]))
+            allowed.update(i for i, text in index.continuing(whole) if not goes_on_name(text[len(whole)]))
         return {i for i in allowed if i < self.vocab_size}
 
     def constrain(self, logits: Tensor, branches: list[Branch], rows: Collection[int] | None = None) -> Tensor:

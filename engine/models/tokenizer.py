@@ -3,7 +3,10 @@ incremental detokenization that never splits a multi-byte character."""
 
 from __future__ import annotations
 
+import bisect
 import json
+import sys
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +38,40 @@ STOP_TOKEN_SPELLINGS = (
 )  # fmt: skip
 
 
+class TokenTextIndex:
+    """The token texts sorted, for prefix queries without a scan of the vocabulary: the tokens
+    whose text starts with (or is) a string are one contiguous run, found by bisection. Holds the
+    sorted texts (the tokenizer's own strings) and their ids as a compact array: ~2.5 MB for a
+    152k vocabulary, where a dict of id lists by text took ~30 MB."""
+
+    def __init__(self, texts: list[str]):
+        order = sorted((text, i) for i, text in enumerate(texts) if text)
+        self.texts = [text for text, _ in order]
+        self.ids = array("l", [i for _, i in order])
+
+    def _starts(self, text: str) -> tuple[int, int]:
+        """[low, high) of the texts that start with `text`: from `text` to the first string after
+        every such text (its last character that can grow, grown by one)."""
+        grown = text.rstrip(chr(sys.maxunicode))
+        high = bisect.bisect_left(self.texts, grown[:-1] + chr(ord(grown[-1]) + 1)) if grown else len(self.texts)
+        return bisect.bisect_left(self.texts, text), high
+
+    def starting_with(self, text: str) -> list[int]:
+        """The ids of the tokens whose text starts with `text` (itself included)."""
+        low, high = self._starts(text)
+        return list(self.ids[low:high])
+
+    def exactly(self, text: str) -> list[int]:
+        """The ids of the tokens whose text is `text`."""
+        low, high = bisect.bisect_left(self.texts, text), bisect.bisect_right(self.texts, text)
+        return list(self.ids[low:high])
+
+    def continuing(self, text: str) -> list[tuple[int, str]]:
+        """(id, token text) of the tokens whose text starts with `text` and is longer."""
+        low, high = self._starts(text)
+        return [(self.ids[at], self.texts[at]) for at in range(low, high) if len(self.texts[at]) > len(text)]
+
+
 @dataclass(frozen=True)
 class FimTokens:
     prefix: int
@@ -52,7 +89,7 @@ class Tokenizer:
             stops |= {self.fim.prefix, self.fim.suffix, self.fim.middle}
         self.stop_ids: frozenset[int] = frozenset(stops | set(eos_ids))
         self._token_texts: list[str] | None = None
-        self._text_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None
+        self._text_index: TokenTextIndex | None = None
         self._word_starts: list[int] | None = None
         self._name_ends: list[int] | None = None
         self._blanks: frozenset[int] | None = None
@@ -127,15 +164,10 @@ class Tokenizer:
             self._name_ends = [i for i, text in enumerate(self.token_texts()) if text and not goes_on_name(text[0])]
         return self._name_ends
 
-    def token_text_index(self) -> tuple[list[str], list[int], dict[str, list[int]]]:
-        """(token texts sorted, their ids in that order, ids by text) for prefix queries (computed once)."""
+    def token_text_index(self) -> TokenTextIndex:
+        """The token texts sorted for prefix queries (computed once)."""
         if self._text_index is None:
-            texts = self.token_texts()
-            order = sorted((text, i) for i, text in enumerate(texts) if text)
-            by_text: dict[str, list[int]] = {}
-            for text, i in order:
-                by_text.setdefault(text, []).append(i)
-            self._text_index = ([t for t, _ in order], [i for _, i in order], by_text)
+            self._text_index = TokenTextIndex(self.token_texts())
         return self._text_index
 
     def vocabulary(self) -> dict[str, int]:
