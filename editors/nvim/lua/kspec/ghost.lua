@@ -8,10 +8,20 @@
 -- When the server says it has longer alternatives for the buffer as it is
 -- ($/kspec/suggestionsUpdated, see init.lua), refresh() asks again without hiding what is
 -- shown; the answer replaces it, keeping the alternative the user was looking at.
+-- Cycling while the server still decodes for the buffer (an early answer is shown) joins
+-- that decoding: the step waits for the final alternatives, shows them, then steps, so
+-- next / prev go over the final k, never over interim ones that are about to change.
 local M = {}
 
 local api = vim.api
 local uv = vim.uv or vim.loop
+local status = require('kspec.status')
+
+--- After the status says a document no longer decodes, how long its final
+--- $/kspec/suggestionsUpdated may still take to come (the server tells the status first).
+M.GRACE_MS = 100
+--- How long a join waits at most when settings.deadlineMs is not set (the server's default).
+M.JOIN_TIMEOUT_MS = 3000
 
 M.namespace = api.nvim_create_namespace('kspec.ghost')
 
@@ -26,6 +36,7 @@ local TRIGGER_INVOKED, TRIGGER_AUTOMATIC = 1, 2 -- LSP 3.18 InlineCompletionTrig
 ---   items = { { text, insert, row, scol, ecol } } | nil,  -- text: what follows the anchor
 ---   index, typed,                         -- current item; characters typed since the anchor
 ---   version,                              -- LSP document version of the request the items answer
+---   join = { delta, timer, final } | nil,  -- next / prev pressed while the server decodes
 --- }
 local buffers = {}
 
@@ -86,6 +97,21 @@ local function hide(bufnr)
   end
 end
 
+local function close_timer(timer)
+  if timer and not timer:is_closing() then
+    timer:stop()
+    timer:close()
+  end
+end
+
+--- Forget a join (its steps are dropped).
+local function drop_join(st)
+  if st.join then
+    close_timer(st.join.timer)
+    st.join = nil
+  end
+end
+
 local function cancel_pending(st)
   if st.timer then
     st.timer:stop()
@@ -105,6 +131,7 @@ function M.clear(bufnr)
   end
   st.seq = st.seq + 1 -- late answers are dropped
   cancel_pending(st)
+  drop_join(st)
   st.items, st.index, st.typed, st.anchor = nil, nil, '', nil
   hide(bufnr)
 end
@@ -196,8 +223,9 @@ local function render(bufnr)
     priority = 200,
   })
   if st.opts.ghost.show_count then
+    -- "…": next / prev wait for the final alternatives (a join)
     api.nvim_buf_set_extmark(bufnr, M.namespace, row, 0, {
-      virt_text = { { (' (%d/%d)'):format(st.index, #st.items), 'KspecGhostCount' } },
+      virt_text = { { (' (%d/%d%s)'):format(st.index, #st.items, st.join and ' …' or ''), 'KspecGhostCount' } },
       virt_text_pos = 'eol',
       hl_mode = 'combine',
       priority = 200,
@@ -278,6 +306,7 @@ local function send(bufnr, seq, trigger)
     st.pending = nil
     if err then
       vim.lsp.log.warn('kspec: inlineCompletion failed', err)
+      M._settle_join(bufnr)
       return
     end
     if not in_insert() or api.nvim_get_current_buf() ~= bufnr or api.nvim_buf_get_changedtick(bufnr) ~= st.tick or pum_visible() then
@@ -289,11 +318,13 @@ local function send(bufnr, seq, trigger)
     end
     local items = to_items(bufnr, result, client.offset_encoding, st.anchor)
     if #items == 0 then
+      M._settle_join(bufnr)
       return -- (a refresh that brings nothing keeps what is shown)
     end
-    -- after a refresh, stay on the alternative that was shown: its longer version
+    -- after a refresh, stay on the alternative that was shown: its longer version (a join
+    -- starts from the first of the final alternatives, as VS Code's does, then steps)
     local index, shown = 1, current_item(st)
-    if shown then
+    if shown and not (st.join and st.join.final) then
       for i, item in ipairs(items) do
         if item.text:sub(1, #shown.text) == shown.text then
           index = i
@@ -303,6 +334,7 @@ local function send(bufnr, seq, trigger)
     end
     st.items, st.index, st.typed, st.version = items, index, '', version
     render(bufnr)
+    M._settle_join(bufnr)
   end, bufnr)
   if ok and id then
     st.pending = { client = client, id = id }
@@ -531,7 +563,82 @@ function M.accept_line(bufnr)
   return accept_part(bufnr, 'line')
 end
 
+local function step(bufnr, st, delta)
+  st.index = (st.index - 1 + delta) % #st.items + 1
+  render(bufnr)
+end
+
+--- Does the server say it still decodes for this buffer (an early answer was given)?
+local function decoding(bufnr, st)
+  return status.is_decoding(st.client_id, vim.uri_from_bufnr(bufnr))
+end
+
+--- The join's wait is over: with the final alternatives shown (`final`: the answer asked
+--- for them has come), or given up (the deadline): take its steps from what is shown.
+local function apply_join(bufnr)
+  local st = buffers[bufnr]
+  local join = st and st.join
+  if not join then
+    return
+  end
+  drop_join(st)
+  if current(bufnr, st) then
+    step(bufnr, st, join.delta)
+  elseif current_item(st) then
+    render(bufnr) -- the counter loses its "…"
+  end
+end
+
+--- Called when an answer to this buffer's request was handled: a join whose decoding is
+--- over (join.final) takes its steps now, over the alternatives that answer brought.
+function M._settle_join(bufnr)
+  local st = buffers[bufnr]
+  if st and st.join and st.join.final then
+    apply_join(bufnr)
+  end
+end
+
+--- The server's decoding for this buffer is over: a join asks for the final alternatives
+--- (answered from the server's cache), shows them, then steps. true when a join was waiting.
+function M.finish_join(bufnr, ask)
+  local st = buffers[bufnr]
+  if not st or not st.join then
+    return false
+  end
+  st.join.final = true
+  if not (ask and M.refresh(bufnr)) then
+    apply_join(bufnr)
+  end
+  return true
+end
+
+--- Is a join waiting in this buffer?
+function M.joining(bufnr)
+  local st = buffers[bufnr or api.nvim_get_current_buf()]
+  return st ~= nil and st.join ~= nil
+end
+
+--- A status arrived: a join whose document the server no longer decodes ends after
+--- M.GRACE_MS unless the final $/kspec/suggestionsUpdated ended it first.
+function M.on_status()
+  for bufnr, st in pairs(buffers) do
+    local join = st.join
+    if join and not join.final and not decoding(bufnr, st) and not join.grace then
+      join.grace = true
+      vim.defer_fn(function()
+        if st.join == join and not join.final and not decoding(bufnr, st) then
+          M.finish_join(bufnr, true)
+        elseif st.join == join then
+          join.grace = nil
+        end
+      end, M.GRACE_MS)
+    end
+  end
+end
+
 --- Show the next (delta = 1) or previous (-1) alternative; with nothing shown, ask now.
+--- While the server still decodes for the buffer, the step joins that decoding: it is
+--- taken over the final alternatives once they are shown (a deadline bounds the wait).
 function M.cycle(delta, bufnr)
   bufnr = bufnr or api.nvim_get_current_buf()
   local st = buffers[bufnr]
@@ -544,8 +651,23 @@ function M.cycle(delta, bufnr)
     end
     return false
   end
-  st.index = (st.index - 1 + delta) % #st.items + 1
-  render(bufnr)
+  if st.join then
+    st.join.delta = st.join.delta + delta
+    return true
+  end
+  if decoding(bufnr, st) then
+    local join = { delta = delta, timer = uv.new_timer() }
+    st.join = join
+    local wait = tonumber(st.opts.settings and st.opts.settings.deadlineMs) or M.JOIN_TIMEOUT_MS
+    join.timer:start(wait, 0, vim.schedule_wrap(function()
+      if st.join == join then
+        apply_join(bufnr)
+      end
+    end))
+    render(bufnr)
+    return true
+  end
+  step(bufnr, st, delta)
   return true
 end
 
@@ -679,6 +801,7 @@ function M._debug(bufnr)
     typed = st.typed,
     count = st.items and #st.items or 0,
     refreshes = st.refreshes or 0, -- requests asked again by refresh()
+    joining = st.join ~= nil, -- next / prev wait for the final alternatives
   }
 end
 

@@ -88,11 +88,14 @@ function M.check()
       if s.enginePid then
         line = line .. (', engine daemon pid %d'):format(s.enginePid)
       end
-      if s.activity == 'busy' then
+      if s.decoding and #s.decoding > 0 then
+        line = line .. ', decoding for ' .. table.concat(s.decoding, ', ')
+      elseif s.activity == 'busy' then
         line = line .. ', a request is with the engine'
       elseif s.activity == 'timedOut' then
         line = line .. ', the last request timed out (deadlineMs)'
       end
+      line = line .. status.alternatives_note(s)
       if s.state == 'error' then
         health.error(line, { 'See :KspecLog', 'Restart with :KspecRestart' })
       elseif s.state == 'loading' then

@@ -168,9 +168,10 @@ local function capabilities()
   }
 end
 
---- Sent by the server when a request's background decoding finished and stored longer
---- alternatives in its typeahead cache for { uri, version } (the short first answer was
---- already returned): asking again now is answered from that cache at once.
+--- Sent by the server when a request's background decoding stored longer alternatives in
+--- its typeahead cache for { uri, version } (the short first answer was already returned):
+--- asking again now is answered from that cache at once. `final`: the decoding is over
+--- (interim ones come while it goes on, at most every 300 ms).
 M.SUGGESTIONS_UPDATED = '$/kspec/suggestionsUpdated'
 
 --- vim.lsp.inline_completion has no "request now": its automatic request runs on
@@ -181,9 +182,11 @@ end
 
 --- Handler of M.SUGGESTIONS_UPDATED: if that document is the current buffer, attached to
 --- that client, in insert mode and enabled, and still at that version (with ghost text
---- also: or showing that request's answer, typed into since), ask again.
---- Returns (for tests) whether a new request was started: nil when the check is deferred
---- (called in a fast event), else true / false.
+--- also: or showing that request's answer, typed into since), ask again. Every one does,
+--- interim or final, also after next / prev. A final one ends the document's decoding:
+--- next / prev pressed meanwhile (a join, ghost.lua) step over the answer asked for now.
+--- Returns (for tests) whether a new request was started (or a join ended): nil when the
+--- check is deferred (called in a fast event), else true / false.
 function M.on_suggestions_updated(_, params, ctx)
   if type(params) ~= 'table' or type(params.uri) ~= 'string' or type(params.version) ~= 'number' then
     return false
@@ -193,6 +196,10 @@ function M.on_suggestions_updated(_, params, ctx)
       M.on_suggestions_updated(nil, params, ctx)
     end)
     return nil
+  end
+  local final = params.final == true
+  if final and ctx and ctx.client_id then
+    status.finished(ctx.client_id, params.uri)
   end
   local bufnr = api.nvim_get_current_buf()
   if not is_enabled() or vim.uri_from_bufnr(bufnr) ~= params.uri or not api.nvim_get_mode().mode:find('^i') then
@@ -204,7 +211,11 @@ function M.on_suggestions_updated(_, params, ctx)
   local same_version = vim.lsp.util.buf_versions[bufnr] == params.version
   if M.display() == 'plugin' then
     -- typed into the suggestion since: the server's typeahead cache answers for the text now
-    return (same_version or ghost.shows_answer_of(bufnr, params.version)) and ghost.refresh(bufnr)
+    local ours = same_version or ghost.shows_answer_of(bufnr, params.version)
+    if final and ghost.joining(bufnr) then
+      return ghost.finish_join(bufnr, ours) -- asks for the final alternatives, then steps
+    end
+    return ours and ghost.refresh(bufnr)
   end
   if not same_version then
     return false -- typed on since: that answer is not for this text
@@ -218,6 +229,9 @@ function M.on_status(err, params, ctx)
   local before = ctx and status.by_client[ctx.client_id]
   status.handler(err, params, ctx)
   local after = ctx and status.by_client[ctx.client_id]
+  if after and after ~= before then
+    vim.schedule(ghost.on_status) -- a join whose document no longer decodes ends
+  end
   if before and before.state ~= 'ready' and after and after.state == 'ready' then
     vim.schedule(function()
       M.ask_when_ready(ctx.client_id)
@@ -455,6 +469,7 @@ local function define_commands()
     if s and s.message ~= '' then
       line = line .. ': ' .. s.message
     end
+    line = line .. status.alternatives_note(s)
     vim.notify(line ~= '' and line or 'kspec: no server running')
   end, { desc = 'kspec: show the engine status' })
   api.nvim_create_user_command('KspecLog', function()

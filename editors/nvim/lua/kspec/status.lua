@@ -4,7 +4,7 @@ local M = {}
 
 M.METHOD = '$/kspec/status'
 
---- client_id -> { state, message, progress, lastLatencyMs }
+--- client_id -> { state, message, progress, lastLatencyMs, activity, decoding, alternatives, ... }
 M.by_client = {}
 M.notify_errors = false
 local last_notified = {}
@@ -27,6 +27,19 @@ function M.parse(params)
   if activity ~= 'busy' and activity ~= 'timedOut' then
     activity = nil -- 'idle', absent or unknown
   end
+  local decoding = {}
+  if type(params.decoding) == 'table' then
+    for _, uri in ipairs(params.decoding) do
+      if type(uri) == 'string' and uri ~= '' then
+        decoding[#decoding + 1] = uri
+      end
+    end
+  end
+  local alternatives = nil
+  local alt = params.alternatives
+  if type(alt) == 'table' and num(alt.count) and num(alt.k) then
+    alternatives = { count = math.floor(alt.count), k = math.floor(alt.k) }
+  end
   return {
     state = state,
     message = type(params.message) == 'string' and params.message or '',
@@ -37,6 +50,8 @@ function M.parse(params)
     serverPid = num(params.serverPid),
     enginePid = num(params.enginePid),
     logFile = type(params.logFile) == 'string' and params.logFile ~= '' and params.logFile or nil, -- the engine daemon's log
+    decoding = decoding, -- the documents (URIs) whose engine work runs now: busy while any does
+    alternatives = alternatives, -- the last final answer: { count (distinct), k (asked for) }
   }
 end
 
@@ -72,6 +87,33 @@ function M.handler(_, params, ctx)
   vim.schedule(redraw)
 end
 
+--- Does the server (client `client_id`) say it decodes for document `uri` now? A final
+--- `$/kspec/suggestionsUpdated` for it (finished) says it is done until the next status.
+function M.is_decoding(client_id, uri)
+  local s = M.by_client[client_id]
+  return s ~= nil and s.decoding ~= nil and vim.tbl_contains(s.decoding, uri)
+end
+
+--- A final `$/kspec/suggestionsUpdated` for `uri`: its alternatives are final now.
+function M.finished(client_id, uri)
+  local s = M.by_client[client_id]
+  if s and s.decoding then
+    s.decoding = vim.tbl_filter(function(u)
+      return u ~= uri
+    end, s.decoding)
+  end
+end
+
+--- "; last answer: 2 distinct alternatives of k = 3" when the last final answer had fewer
+--- distinct alternatives than k (the others were the same text), else ''.
+function M.alternatives_note(s)
+  local alt = s and s.alternatives
+  if not alt or alt.count >= alt.k then
+    return ''
+  end
+  return ('; last answer: %d distinct alternative%s of k = %d (the others were the same text)'):format(alt.count, alt.count == 1 and '' or 's', alt.k)
+end
+
 function M.forget(client_id)
   M.by_client[client_id] = nil
   last_notified[client_id] = nil
@@ -93,7 +135,8 @@ local function ms(v)
 end
 
 --- One short string for a statusline: "kspec 42%" (loading), "kspec 85ms" (ready: the last
---- answer's latency), "kspec busy" (a request is with the engine), "kspec timed out" (the
+--- answer's latency), "kspec busy" (a request is with the engine, or the engine still decodes
+--- for a document after an early answer: idle only when nothing does), "kspec timed out" (the
 --- last request got nothing by its deadline), "kspec error", "kspec off".
 --- @param enabled boolean|nil
 function M.text(s, enabled)
@@ -112,7 +155,7 @@ function M.text(s, enabled)
     end
     return 'kspec …'
   end
-  if s.activity == 'busy' then
+  if s.activity == 'busy' or (s.decoding ~= nil and #s.decoding > 0) then
     return 'kspec busy'
   elseif s.activity == 'timedOut' then
     return 'kspec timed out'
