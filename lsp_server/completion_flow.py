@@ -317,9 +317,7 @@ class CompletionFlow:
             self.report.awaiting(query.document.uri, False)
             self.report.set_activity(outcome)
 
-    def _answered(
-        self, query: Query, request: CompletionRequest, job: asyncio.Future, deadline: Deadline, shown: bool = True, ticket: Ticket | None = None,
-    ) -> list[Completion]:  # fmt: skip
+    def _answered(self, query: Query, request: CompletionRequest, job: asyncio.Future, deadline: Deadline, shown: bool = True, ticket: Ticket | None = None) -> list[Completion]:
         """The final answer's alternatives (also in the typeahead cache; the status says how many of k)."""
         try:
             result = job.result()
@@ -331,17 +329,14 @@ class CompletionFlow:
         self.report.final_alternatives(len(alternatives), request.k)
         return alternatives
 
-    def _store(
-        self, query: Query, result: CompletionResult, deadline: Deadline, shown: bool = True, kept: bool = False, ticket: Ticket | None = None,
-    ) -> list[Completion]:  # fmt: skip
+    def _store(self, query: Query, result: CompletionResult, deadline: Deadline, shown: bool = True, kept: bool = False, ticket: Ticket | None = None) -> list[Completion]:
         """An answer's alternatives as shown (`shown_alternatives`), kept in the typeahead cache (unless
         `kept` there already); the status carries its latency when it is the answer the user waited for
         (`shown`), not one decoded on after it."""
         settings = query.settings
         alternatives = shown_alternatives(result, ticket, self.handles_updates)
         if alternatives and settings.typeahead and not kept:
-            entry = Entry(query.context, settings.prefix_chars, settings.suffix_chars, tuple(alternatives))
-            self.typeahead.store(query.document.uri, entry)
+            self.typeahead.store(query.document.uri, Entry(query.context, settings.prefix_chars, settings.suffix_chars, tuple(alternatives)))
         if shown:
             self.report.answered(result.model, deadline.elapsed_ms(), result.timing_ms)
         return alternatives
