@@ -48,7 +48,7 @@ def add_lsp_parser(commands: argparse._SubParsersAction) -> None:
     lsp.add_argument("--tcp", type=_address, default=None, metavar="[HOST:]PORT", help="serve one client over TCP instead (debugging; loopback by default; the client must send the token as initializationOptions.lspToken)")
     lsp.add_argument("--token-file", type=Path, default=None, help="with --tcp: the token the client must show (default: write a new one in the runtime dir and print where)")
     lsp.add_argument("--token-deadline", type=float, default=None, metavar="SECONDS", help="with --tcp: a connection must show the token this soon or is closed (default 5); other connections never block the client")
-    from kspec.lsp_server.settings import PLACEMENTS
+    from kspec.lsp_server.placements import PLACEMENTS
 
     lsp.add_argument("--engine", choices=PLACEMENTS, default=None, help="where the model runs (default: the 'engine' setting, i.e. the shared daemon)")
     lsp.add_argument("--engine-url", default=None, metavar="URL", help="a network engine: tcp://HOST:PORT or tls://HOST:PORT (`kspec engine --listen`), or http(s)://HOST:PORT/v1 (OpenAI-compatible); sets --engine remote / openai")

@@ -19,8 +19,8 @@ from lsprotocol import types as lsp
 from kspec.engine.api import MAX_K, MAX_NEW_TOKENS, MODES
 from kspec.engine.config import EngineConfig, options, value_type
 from kspec.engine.syntax.window import MAX_AFTER, MAX_BEFORE
+from kspec.lsp_server.placements import PLACEMENTS
 
-PLACEMENTS = ("daemon", "inprocess", "remote", "openai")  # where completions are computed (the default first)
 SECTION = "kspec"
 
 log = logging.getLogger("kspec.lsp")
