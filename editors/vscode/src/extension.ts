@@ -21,7 +21,7 @@ import { defaultIsExecutable, resolveServerCommand, toExecutable } from './serve
 import { defaultPathContext, KspecSettings, needsRestart, readSettings, shouldComplete, toServerSettings } from './settings';
 import { cycle, DecodingDocuments, SHOW_NEXT_INLINE_SUGGEST, SHOW_PREVIOUS_INLINE_SUGGEST, showAgain } from './decoding';
 import { COMMANDS, parseStatus, SETTINGS_FILTER, STATUS_METHOD, StatusModel } from './status';
-import { declareSuggestionsUpdated, SUGGESTIONS_UPDATED_METHOD, suggestionsUpdatedHandler } from './suggestionsUpdated';
+import { Answers, declareSuggestionsUpdated, hasItems, SUGGESTIONS_UPDATED_METHOD, suggestionsUpdatedHandler } from './suggestionsUpdated';
 
 /** Set while the active editor's document is being decoded for: Alt+] / Alt+[ then join it. */
 const DECODING_CONTEXT_KEY = 'kspec.activeDocumentDecoding';
@@ -31,6 +31,8 @@ class KspecExtension implements vscode.Disposable {
 	private settings: KspecSettings;
 	private readonly status = new StatusModel();
 	private readonly decoding = new DecodingDocuments();
+	/** The last inline completion answer per document: `$/kspec/suggestionsUpdated` asks again by it. */
+	private readonly answers = new Answers();
 	private decodingKey = false;
 	private readonly item: vscode.StatusBarItem;
 	private readonly log: vscode.LogOutputChannel;
@@ -58,6 +60,7 @@ class KspecExtension implements vscode.Disposable {
 			vscode.commands.registerCommand(COMMANDS.showPrevious, () => cycle(this.cycleDeps(), SHOW_PREVIOUS_INLINE_SUGGEST)),
 			vscode.workspace.onDidChangeConfiguration((e) => this.onConfigurationChanged(e)),
 			vscode.window.onDidChangeActiveTextEditor(() => this.updateDecodingKey()),
+			vscode.workspace.onDidCloseTextDocument((document) => this.answers.forget(document.uri.toString())),
 			this.log.onDidChangeLogLevel(() => this.checkTrace()),
 		);
 		this.checkTrace();
@@ -155,8 +158,17 @@ class KspecExtension implements vscode.Disposable {
 			revealOutputChannelOn: RevealOutputChannelOn.Never,
 			initializationOptions: () => toServerSettings(this.settings),
 			middleware: {
-				provideInlineCompletionItems: (document, position, context, token, next) =>
-					shouldComplete(this.settings, document.languageId) ? next(document, position, context, token) : undefined,
+				provideInlineCompletionItems: async (document, position, context, token, next) => {
+					if (!shouldComplete(this.settings, document.languageId)) {
+						return undefined;
+					}
+					const version = document.version;
+					const result = await next(document, position, context, token);
+					if (!token.isCancellationRequested) {
+						this.answers.answered(document.uri.toString(), version, hasItems(result));
+					}
+					return result;
+				},
 				// The completion list is the fallback for editors without inline completion;
 				// VS Code has it, and the same text in the suggest widget would be noise.
 				provideCompletionItem: () => undefined,
@@ -222,6 +234,7 @@ class KspecExtension implements vscode.Disposable {
 			trigger: () => void showAgain((command) => vscode.commands.executeCommand(command)),
 			warn: (message) => this.log.warn(message),
 			decoding: this.decoding,
+			answers: this.answers,
 		}));
 		client.onDidChangeState((e) => {
 			if (e.newState === State.Running) {

@@ -5,6 +5,12 @@
 // is told to hide what it shows and ask again (a trigger alone, at the place and version of
 // what it shows, is answered from what it holds: the ghost would not change). Every
 // notification does so, also after Alt+]. `final` says that the decoding is over.
+// The user may have typed into the suggestion since: VS Code asked at each key and the cache
+// answered for the text as typed (the server keeps decoding a request only while every later
+// request for the document is answered so; any other supersedes it). The notification still
+// names the request's version; asking again is then answered from the cache for the text now,
+// as in the Neovim plugin (seen in code-server: typing "it" into "item in self.items", the
+// ghost stayed at the early answer, the two lines decoded after it came only with a key).
 // No `vscode` import: extension.ts supplies the active editor and runs the commands.
 
 import { DecodingDocuments } from './decoding';
@@ -55,16 +61,52 @@ export interface ActiveDocument {
 	selectionEmpty: boolean;
 }
 
-/** Ask again only for the document being edited, still at that version, with a cursor (not a
- * selection), and completions on for its language. */
-export function shouldRetrigger(params: SuggestionsUpdatedParams, active: ActiveDocument | undefined, settings: ServerSettings): boolean {
-	return (
-		active !== undefined &&
-		active.uri === params.uri &&
-		active.version === params.version &&
-		active.selectionEmpty &&
-		shouldComplete(settings, active.languageId)
-	);
+/** The last inline completion answer VS Code got for each document (the provider middleware
+ * records it): the document version it was asked at, and whether it had items. */
+export interface Answer {
+	version: number;
+	items: boolean;
+}
+
+export class Answers {
+	private readonly last = new Map<string, Answer>();
+
+	/** An answer came (not cancelled) for `uri` asked at `version`. */
+	answered(uri: string, version: number, items: boolean): void {
+		const before = this.last.get(uri);
+		if (before === undefined || before.version <= version) {
+			this.last.set(uri, { version, items });
+		}
+	}
+
+	get(uri: string): Answer | undefined {
+		return this.last.get(uri);
+	}
+
+	forget(uri: string): void {
+		this.last.delete(uri);
+	}
+}
+
+/** Whether an inline completion result (a list, an array of items, or nothing) has items. */
+export function hasItems(result: unknown): boolean {
+	if (Array.isArray(result)) {
+		return result.length > 0;
+	}
+	const items = (result as { items?: unknown } | null | undefined)?.items;
+	return Array.isArray(items) && items.length > 0;
+}
+
+/** Ask again only for the document being edited, with a cursor (not a selection), and
+ * completions on for its language; at the notification's version, or at a later one when the
+ * answer VS Code holds was asked at the text as it is now and had items (typed into the
+ * suggestion since: the server's cache answers for the text as typed). */
+export function shouldRetrigger(params: SuggestionsUpdatedParams, active: ActiveDocument | undefined, settings: ServerSettings, last?: Answer): boolean {
+	if (active === undefined || active.uri !== params.uri || !active.selectionEmpty || !shouldComplete(settings, active.languageId)) {
+		return false;
+	}
+	const typedInto = params.version < active.version && last !== undefined && last.version === active.version && last.items;
+	return active.version === params.version || typedInto;
 }
 
 export interface SuggestionsUpdatedDeps {
@@ -75,6 +117,8 @@ export interface SuggestionsUpdatedDeps {
 	warn(message: string): void;
 	/** The documents still decoding; a final notification ends one (and the waits on it). */
 	decoding?: DecodingDocuments;
+	/** The last answers VS Code got, per document (asked again after typing into the suggestion). */
+	answers?: Answers;
 }
 
 /** The notification handler extension.ts registers on its LanguageClient. */
@@ -90,7 +134,7 @@ export function suggestionsUpdatedHandler(deps: SuggestionsUpdatedDeps): (raw: u
 		if (params.final === true) {
 			deps.decoding?.finished(params.uri);
 		}
-		if (!joined && shouldRetrigger(params, deps.activeDocument(), deps.settings())) {
+		if (!joined && shouldRetrigger(params, deps.activeDocument(), deps.settings(), deps.answers?.get(params.uri))) {
 			deps.trigger();
 		}
 	};

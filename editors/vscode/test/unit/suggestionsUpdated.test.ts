@@ -3,7 +3,9 @@ import { describe, it } from 'node:test';
 import { DEFAULTS } from '../../src/settings';
 import {
 	ActiveDocument,
+	Answers,
 	declareSuggestionsUpdated,
+	hasItems,
 	parseSuggestionsUpdated,
 	shouldRetrigger,
 	suggestionsUpdatedHandler,
@@ -83,5 +85,64 @@ describe('declareSuggestionsUpdated', () => {
 		const bare: { experimental?: unknown } = {};
 		declareSuggestionsUpdated.fillClientCapabilities(bare);
 		assert.deepEqual(bare.experimental, { kspec: { suggestionsUpdated: true } });
+	});
+});
+
+describe('typed into the suggestion since the request', () => {
+	// the request was at version 7; the user typed two characters of the ghost (versions 8, 9),
+	// each answered from the server's typeahead cache
+	const params = { uri: URI, version: 7, final: true };
+	it('asks again when the answer VS Code holds was asked at the text now and had items', () => {
+		assert.equal(shouldRetrigger(params, editing({ version: 9 }), DEFAULTS, { version: 9, items: true }), true);
+	});
+	it('not when that answer is older than the text (typed on: a request of its own), empty, or unknown', () => {
+		assert.equal(shouldRetrigger(params, editing({ version: 9 }), DEFAULTS, { version: 8, items: true }), false);
+		assert.equal(shouldRetrigger(params, editing({ version: 9 }), DEFAULTS, { version: 9, items: false }), false);
+		assert.equal(shouldRetrigger(params, editing({ version: 9 }), DEFAULTS, undefined), false);
+	});
+	it('never for a document newer than the notification in another editor, with a selection, or off', () => {
+		const last = { version: 9, items: true };
+		assert.equal(shouldRetrigger(params, editing({ version: 9, uri: 'file:///proj/other.py' }), DEFAULTS, last), false);
+		assert.equal(shouldRetrigger(params, editing({ version: 9, selectionEmpty: false }), DEFAULTS, last), false);
+		assert.equal(shouldRetrigger(params, editing({ version: 9 }), { ...DEFAULTS, enabled: false }, last), false);
+		assert.equal(shouldRetrigger({ uri: URI, version: 10 }, editing({ version: 9 }), DEFAULTS, last), false);
+	});
+	it('the handler reads the answers it is given', () => {
+		const answers = new Answers();
+		let triggers = 0;
+		const handler = suggestionsUpdatedHandler({
+			activeDocument: () => editing({ version: 9 }),
+			settings: () => DEFAULTS,
+			trigger: () => { triggers += 1; },
+			warn: () => undefined,
+			answers,
+		});
+		handler(params);
+		assert.equal(triggers, 0); // no answer at version 9 yet
+		answers.answered(URI, 9, true);
+		handler(params);
+		assert.equal(triggers, 1);
+	});
+});
+
+describe('Answers', () => {
+	it('keeps the newest version per document, forgets a closed one', () => {
+		const answers = new Answers();
+		answers.answered(URI, 8, true);
+		answers.answered(URI, 9, false);
+		answers.answered(URI, 8, true); // a late answer to an older request
+		assert.deepEqual(answers.get(URI), { version: 9, items: false });
+		answers.answered(URI, 9, true); // asked again at the same version
+		assert.deepEqual(answers.get(URI), { version: 9, items: true });
+		answers.forget(URI);
+		assert.equal(answers.get(URI), undefined);
+	});
+	it('hasItems reads a list, an array or nothing', () => {
+		assert.equal(hasItems({ items: [{ insertText: 'x' }] }), true);
+		assert.equal(hasItems({ items: [] }), false);
+		assert.equal(hasItems([{ insertText: 'x' }]), true);
+		assert.equal(hasItems([]), false);
+		assert.equal(hasItems(null), false);
+		assert.equal(hasItems(undefined), false);
 	});
 });
