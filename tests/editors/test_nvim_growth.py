@@ -8,7 +8,10 @@ early (at the end of the prefill) and decoding on:
    taken over the final alternatives, not the interim ones), and then every one of the final
    answer's distinct alternatives can be cycled to, none twice;
 3. the status tells the truth: busy while the server decodes for any document, idle only when
-   nothing does.
+   nothing does;
+4. (VS Code's suggest widget) Neovim's popup menu puts the item it selects into the line, and
+   the ghost, hidden while the menu is open, continues the item once it is taken
+   (editors/nvim/doc: why no `selectedCompletionInfo` is sent).
 
 The plugin's handlers are wrapped (inside Neovim) to record each notification as it arrives;
 every wait polls with a deadline."""
@@ -191,3 +194,22 @@ def test_the_statusline_is_busy_while_the_server_decodes_and_idle_only_when_noth
     assert nvim.lua(text, {**told, "decoding": ["file:///elsewhere/other.py"]}) == "kspec busy"
     assert nvim.lua(text, {**told, "decoding": []}) == "kspec 12ms"
     assert current["state"] == "ready"
+
+
+def test_an_item_taken_from_the_completion_menu_is_continued_by_the_next_ghost(nvim: Nvim):
+    """Neovim's popup menu inserts the item it selects (Ctrl-N); the ghost is hidden while the
+    menu is open (its keys are the menu's). Once the item is taken (Ctrl-Y) the ghost comes
+    back without another keystroke, for the line with the item in it."""
+    new_comment(nvim, "# menu ")
+    nvim.wait_for("a ghost", f"{GHOST}.shown()", 120, diagnose=lambda: diagnose(nvim))
+    nvim.input("<C-n>")
+    nvim.wait_for("the popup menu, the ghost hidden", f"vim.fn.pumvisible() == 1 and #{MARKS} == 0", 10)
+    nvim.input("<C-y>")
+    nvim.wait_for("the menu closed", "vim.fn.pumvisible() == 0", 10)
+    line = nvim.lua("return vim.api.nvim_get_current_line()")
+    assert line != "# menu " and line.startswith("# menu ")  # the item is in the line
+    shown = nvim.wait_for("a ghost for the line with the item", f"{GHOST}.shown() ~= nil and #{MARKS} > 0 and {GHOST}.shown()", 60, diagnose=lambda: diagnose(nvim))
+    # asked at the end of the item: the ghost continues the text the menu put there
+    assert nvim.lua(f"return {GHOST}._debug().anchor") == {"row": 0, "col": len(line.encode())}
+    assert shown["text"] and marks(nvim)[0] == shown["text"].split("\n")[0]
+    assert nvim.lua("return vim.api.nvim_get_current_line()") == line
