@@ -105,6 +105,10 @@ class CompletionRequest:
     max_tokens: int = 48
     mode: str = "diverse"  # "diverse": k most likely distinct first tokens, then greedy; "sample": k samples
     temperature: float = 0.0  # used by mode "sample" (0 there means DEFAULT_SAMPLE_TEMPERATURE)
+    # mode "diverse", k > 1: > 0 keeps branch 0 greedy (the top suggestion as without it) and samples
+    # the other k - 1 at this temperature (`top_p` applies), decoded together with it; 0: the k - 1
+    # split from the greedy one at distinct first tokens or where it hesitates (engine/decode/forks.py)
+    others_temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
     deadline_ms: float = 5000.0  # wall-clock budget; the engine returns what is complete by then

@@ -86,6 +86,8 @@ def validate_request(request: CompletionRequest) -> None:
         _check_text("stop", stop)
     if request.mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, got {request.mode!r}")
+    if not 0.0 <= request.others_temperature <= 10.0:
+        raise InputError(f"others_temperature must be in [0, 10], got {request.others_temperature}")
     try:
         sampling_params(request)
     except ValueError as exc:
@@ -101,7 +103,14 @@ def _check_text(name: str, text: str) -> None:
         raise InputError(f"{name} is not valid Unicode text: a lone surrogate at character {exc.start}") from None
 
 
+def others_sampled(request: CompletionRequest) -> bool:
+    """Mode "diverse" with `others_temperature`: branch 0 greedy, the other k - 1 sampled."""
+    return request.mode == "diverse" and request.others_temperature > 0 and request.k > 1
+
+
 def sampling_params(request: CompletionRequest) -> SamplingParams:
+    if others_sampled(request):
+        return SamplingParams(request.others_temperature, request.top_p, request.seed, greedy_branches=1)
     top_p = 1.0 if request.mode == "diverse" else request.top_p  # diverse: greedy after the distinct first tokens
     return SamplingParams(request.sampling_temperature, top_p, request.seed)
 
@@ -146,7 +155,7 @@ def steering_starts(
         starts, steering = [], binding
     tokens = [forced_tokens(parts.target.tokenizer, healed_text, start) for start in starts]
     kept = [ids for ids in tokens if ids is not None]
-    if members is None and config.steer_past_indent and request.mode == "diverse" and healing is not None:
+    if members is None and config.steer_past_indent and request.mode == "diverse" and not others_sampled(request) and healing is not None:
         tokenizer = parts.target.tokenizer
         first = next_log_probs([])  # [V]
         if healed_text:
@@ -220,7 +229,7 @@ def prepare(
         choose_drafter(parts, params),
         SpeculationConfig(gamma=parts.config.gamma, gamma_max=max(8, parts.config.gamma), cost_aware=parts.config.draft_only_when_paying),
         cancel,
-        diverse=request.mode == "diverse",
+        diverse=request.mode == "diverse" and not others_sampled(request),
         prefill=prefill,
         unit_done=unit_done,
         healing=bias,

@@ -174,11 +174,14 @@ def read_round(accepted: Tensor, taken: Tensor, log_probs: Tensor) -> RoundAccep
 
 def accept_drafts(
     drafts: Sequence[Sequence[int]], qs: Sequence[Tensor | None], logits: Tensor, log_probs: Tensor,
-    params: SamplingParams, generator: torch.Generator,
+    params: SamplingParams, generator: torch.Generator, greedy_rows: Sequence[bool] = (),
 ) -> RoundAcceptance:
     """Every live row's acceptance under `params`' rule, as tensor ops on the logits' device and one
     read. drafts: each row's draft tokens; qs: the drafter's distribution [n, V] of each row's
-    draft (None: a deterministic draft); logits / log_probs [k', T, V]: the target's, T >= 1 + n."""
+    draft (None: a deterministic draft); logits / log_probs [k', T, V]: the target's, T >= 1 + n.
+    greedy_rows (a sampling run): the rows that follow the greedy rule instead (a run's greedy
+    branches, `SamplingParams.greedy_branches`); the sampling rule still draws every row's
+    uniforms, so the other rows' draws do not depend on which rows are greedy."""
     width = max((len(draft) for draft in drafts), default=0)
     tokens, lengths = pack_drafts(drafts, width, logits.device)  # [k', W], [k']
     if params.greedy:
@@ -193,4 +196,9 @@ def accept_drafts(
             ])  # [k', W, V]; zero rows: deterministic drafts
         p = probabilities(logits[:, : width + 1], params)  # [k', W+1, V]
         accepted, taken = accept_sampling_rows(tokens, lengths, q, p, generator)
+        if any(greedy_rows):
+            rows = to_device(list(greedy_rows), torch.bool, logits.device)  # [k']
+            greedy_accepted, greedy_taken = accept_greedy_rows(tokens, lengths, logits[:, : width + 1])
+            accepted = torch.where(rows, greedy_accepted, accepted)
+            taken = torch.where(rows[:, None], greedy_taken, taken)
     return read_round(accepted, taken, log_probs[:, : width + 1])

@@ -13,16 +13,26 @@ class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     seed: int = 0
+    # with temperature > 0: this many leading branches (branch 0 first) are decoded greedily, the
+    # others sampled; so the top suggestion stays the model's likeliest line while the others vary
+    greedy_branches: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature <= 10.0:
             raise ValueError(f"temperature must be in [0, 10], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.greedy_branches < 0:
+            raise ValueError(f"greedy_branches must be >= 0, got {self.greedy_branches}")
 
     @property
     def greedy(self) -> bool:
+        """Every branch greedy."""
         return self.temperature == 0.0
+
+    def greedy_branch(self, index: int) -> bool:
+        """Whether branch `index` takes the argmax (the run greedy, or one of its leading greedy branches)."""
+        return self.greedy or index < self.greedy_branches
 
 
 def probabilities(logits: Tensor, params: SamplingParams) -> Tensor:
@@ -39,12 +49,16 @@ def probabilities(logits: Tensor, params: SamplingParams) -> Tensor:
 
 
 def choose_tokens(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """logits [B, V] -> (tokens [B], model log-probabilities of those tokens at temperature 1 [B])."""
+    """logits [B, V] -> (tokens [B], model log-probabilities of those tokens at temperature 1 [B]).
+    Rows < params.greedy_branches take the argmax (every row draws, so the generator moves alike)."""
     logits = logits.float()
     if params.greedy:
         tokens = logits.argmax(dim=-1)
     else:
         tokens = torch.multinomial(probabilities(logits, params), 1, generator=generator).squeeze(-1)
+        if params.greedy_branches:
+            rows = torch.arange(logits.shape[0], device=logits.device) < params.greedy_branches  # [B]
+            tokens = torch.where(rows, logits.argmax(dim=-1), tokens)
     logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
     return tokens, logprobs
 

@@ -5,8 +5,9 @@ Each round:
   2. the target scores all live branches' [last token, drafts...] in ONE forward pass on
      the shared-prefix cache (bifurcated attention);
   3. each branch accepts its own number of drafts (greedy: the longest run that matches
-     the target's argmax; sampling: exact speculative sampling), then takes one token of
-     the target's own (the correction or the bonus token);
+     the target's argmax; sampling: exact speculative sampling; a sampling run's leading
+     greedy branches, `SamplingParams.greedy_branches`: the greedy rule), then takes one
+     token of the target's own (the correction or the bonus token);
   4. each branch keeps the KV of what it accepted (ragged advance: the rejected drafts'
      entries are simply not counted), finished branches leave the batch, the deadline
      and the cancel token are checked.
@@ -18,7 +19,7 @@ their verification on this machine (see `DraftPayoff`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import torch
@@ -332,7 +333,8 @@ class SpeculativeRun:
             logits[:, 0] = constrain(logits[:, 0])
             log_probs = torch.log_softmax(logits, dim=-1)  # [k', T, V]
             # every row on the device, one transfer
-            taken = accept_drafts([d.tokens for d in drafts], [d.q for d in drafts], logits, log_probs, self.params, self.generator)
+            greedy_rows = [self.params.greedy_branch(index) for index in self.live]  # a sampling run's greedy branches
+            taken = accept_drafts([d.tokens for d in drafts], [d.q for d in drafts], logits, log_probs, self.params, self.generator, greedy_rows)
         self.forks.keep_own_logprobs(taken.logprobs)
         forced_rows = self.forced.verifying
         restarted: set[int] = set()
@@ -373,7 +375,7 @@ class SpeculativeRun:
             verified = self.forced.score(
                 self.live[row], hidden[row], self.model.logits,
                 lambda first, branch=branch: self.tracker.constrain(first, [branch], self.healing),
-                self.params, self.generator, self._name_end,
+                self._params_of(self.live[row]), self.generator, self._name_end,
             )  # fmt: skip
             tokens[row], logprobs[row] = verified.tokens, verified.logprobs
             accepted[row] = 0 if verified.undone else len(verified.tokens) - 1
@@ -381,6 +383,12 @@ class SpeculativeRun:
                 restarted.add(row)
         self.forced.verifying = set()
         return RoundAcceptance(accepted, tokens, logprobs), restarted
+
+    def _params_of(self, index: int) -> SamplingParams:
+        """Branch `index`'s own rule, for a choice made for it alone: greedy, or the run's sampling."""
+        if self.params.greedy_branch(index):
+            return SamplingParams(0.0, seed=self.params.seed)
+        return replace(self.params, greedy_branches=0)
 
     def _split_ended_waiting(self) -> None:
         """A waiting branch that ended on the greedy path, or wrote its first line on it, goes back to
