@@ -462,6 +462,11 @@ def _summary(pauses: list[dict], checks: list[dict]) -> dict[str, object]:
         "k": K,
         "k_cyclable_share": _share(sum(p["distinct_cycled"] >= K for p in finals), len(finals)),
         "distinct_cycled": [p["distinct_cycled"] for p in finals],
+        # what the server's last final answer had (its status item says when fewer than k): where
+        # VS Code cycles as many, fewer than k is the engine's doing (branches that agreed), not the editor's
+        "server_distinct": [p["server_distinct"] for p in finals],
+        "cycled_all_server_gave_share": _share(sum(p["distinct_cycled"] >= p["server_distinct"] for p in finals if not p.get("typed_into")),
+                                               len([p for p in finals if not p.get("typed_into")])),
         "busy_seen_share": _share(sum(p["busy_seen"] for p in ghosted), len(ghosted)),
     }
     summary["goals"] = GOALS
