@@ -379,8 +379,15 @@ def _pause(page, folder: Path, number: int, place: Place) -> dict[str, object]:
 
 
 def _agrees(typed: str, label: str, ghost: str) -> bool:
-    """The ghost extends the widget's item: the word typed so far, then the ghost, starts with its label."""
+    """The ghost extends the widget's item: the word typed so far, then the ghost, starts with its
+    label (VS Code's rule: it shows no ghost that does not)."""
     return bool(ghost) and (WORD_END.search(typed).group(0) + ghost).startswith(label)
+
+
+def _whole_item(typed: str, label: str, ghost: str) -> bool:
+    """...and keeps the item a whole name: `y` then ` * point.x`, not `ym - point.x` (another name)."""
+    after = (WORD_END.search(typed).group(0) + ghost)[len(label):]
+    return _agrees(typed, label, ghost) and not (after[:1].isalnum() or after[:1] == "_")
 
 
 def _widget_pause(page, folder: Path, number: int, place: Place) -> list[dict[str, object]]:
@@ -411,6 +418,7 @@ def _widget_pause(page, folder: Path, number: int, place: Place) -> list[dict[st
         # VS Code shows ghost text only after the typed text (whatever the server answers)
         record["renderable"] = seen["label"] is not None and seen["label"].startswith(WORD_END.search(place.typed).group(0))
         record["agrees"] = seen["label"] is not None and _agrees(place.typed, seen["label"], seen["ghost"])
+        record["whole_item"] = seen["label"] is not None and _whole_item(place.typed, seen["label"], seen["ghost"])
         page.screenshot(path=str(OUT / f"w{number}-{step}.png"))
         checks.append(record)
         if step == 0:
@@ -459,6 +467,8 @@ def _summary(pauses: list[dict], checks: list[dict]) -> dict[str, object]:
         "widget_checks": len(widget),
         "widget_ghost_share": _share(sum(bool(c["ghost"]) for c in widget), len(widget)),
         "widget_agree_share": _share(sum(c["agrees"] for c in widget), len(widget)),
+        # of those, the ghost keeps the selected item a whole name (not `items` for `item`)
+        "widget_whole_item_share": _share(sum(c["whole_item"] for c in widget), len(widget)),
         "k": K,
         "k_cyclable_share": _share(sum(p["distinct_cycled"] >= K for p in finals), len(finals)),
         "distinct_cycled": [p["distinct_cycled"] for p in finals],
