@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from lsprotocol import types as lsp
 
 from kspec.engine.api import Completion
+from kspec.engine.identifiers import goes_on_name
 from kspec.lsp_server.acceptance import item_command
 from kspec.lsp_server.documents import Cursor, Document, line_body, units_from_column
 from kspec.lsp_server.edits import replaced_chars
@@ -33,10 +34,15 @@ class SelectedItem:
     body: str  # that line's body in the real document
 
     def items(self, query: Query, alternatives: list[Completion], encoding: str) -> list[lsp.InlineCompletionItem]:
-        """Each alternative as the item's text then the model's continuation, over the item's range."""
+        """Each alternative as the item's text then the model's continuation, over the item's range;
+        none that runs a name the item completes on into another (`y` selected, `ym...` written:
+        the model heals the item's last token and its branches differ in how they go on)."""
         language = query.document.language_id
+        texts = [alternative.text for alternative in alternatives]
+        if self.text and goes_on_name(self.text[-1]):
+            texts = [text for text in texts if not (text and goes_on_name(text[0]))]
         items = []
-        for rank, text in enumerate(alternative.text for alternative in alternatives):
+        for rank, text in enumerate(texts):
             end = self.end + replaced_chars(text, query.context.line_suffix)
             edit = lsp.Range(
                 start=lsp.Position(line=self.line, character=units_from_column(self.body, self.start, encoding)),

@@ -13,12 +13,8 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 
 from kspec.engine.errors import ModelLoadError
+from kspec.engine.identifiers import goes_on_name
 
-
-def goes_on_name(char: str) -> bool:
-    """`char` can go on an identifier (a letter, digit, `_` or `$`); "" (an empty token's text)
-    counts as going on too, so that such a token never ends a name."""
-    return char.isalnum() or char in "_$"
 
 REPLACEMENT_CHAR = "\ufffd"
 

@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.asyncio]
 # the more specific ends first: the scripted engine answers for the first end the prompt holds
 SCRIPT = {
     "dy = point.x": [" - origin.x", " * 2"],
+    "dy = point.y": ["ms", " - origin.y"],  # healed: the model's branches go on from `y` into other names
     "dy = point.": ["y - origin.y", "x"],
     "total = sum(values": ["[1:])\n"],
     "total = sum(val": ["ues)\n"],
@@ -60,6 +61,9 @@ async def test_alternatives_continue_the_selected_item(scripted: ScriptedEngine)
         items = await ask(editor, with_selected(editor, uri, 1, 11, lsp.Range(at, at), "x"))
         assert [item.insert_text for item in items] == ["x - origin.x", "x * 2"]
         assert all(item.range == lsp.Range(at, at) for item in items)
+        # `.y` selected: `yms` would write another name than the item's, so only `y - origin.y` shows
+        items = await ask(editor, with_selected(editor, uri, 1, 11, lsp.Range(at, at), "y"))
+        assert [item.insert_text for item in items] == ["y - origin.y"]
 
 
 async def test_the_selected_item_replaces_the_word_typed(scripted: ScriptedEngine) -> None:
