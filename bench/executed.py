@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from kspec.bench.quality import HUMANEVAL_FILES, MBXP_FILES, cut_line_hole
+from kspec.bench.quality import HUMANEVAL_FILES, MBXP_FILES, cut_line_hole, request_options
 from kspec.bench.sandbox import Sandbox, SandboxLimits, find_runtime
 from kspec.bench.stats import percentile, rounded
 from kspec.engine.api import CompletionRequest, CompletionResult
@@ -82,6 +82,10 @@ class ExecutedBenchConfig:
     seed: int = 0
     warm_prompt: bool = False  # prefill each prompt first, untimed (the previous keystroke's)
     limits: SandboxLimits = field(default_factory=SandboxLimits)
+    # the requests' branch choice (CompletionRequest): None keeps the request's default
+    others_temperature: float | None = None
+    top_p: float = 1.0
+    request_seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("humaneval_single", "humaneval_multi", "mbxp_per_language"):
@@ -278,10 +282,10 @@ def _load_average() -> float | None:
         return None
 
 
-def _request(task: ExecTask, k: int, max_tokens: int, deadline_ms: float) -> CompletionRequest:
+def _request(task: ExecTask, k: int, max_tokens: int, deadline_ms: float, config: ExecutedBenchConfig | None = None) -> CompletionRequest:
     return CompletionRequest(
         prefix=task.prefix, suffix=task.suffix, language=task.language, k=k, max_tokens=max_tokens,
-        deadline_ms=deadline_ms, request_id=task.id,
+        deadline_ms=deadline_ms, request_id=task.id, **(request_options(config) if config is not None else {}),
     )  # fmt: skip
 
 
@@ -315,7 +319,7 @@ def run_executed_bench(
                 if config.warm_prompt:
                     engine.complete(_request(task, 1, 1, WARMUP_DEADLINE_MS))
                 began = time.perf_counter()
-                result = engine.complete(_request(task, k, config.max_tokens, budget * 1000))
+                result = engine.complete(_request(task, k, config.max_tokens, budget * 1000, config))
                 latency = (time.perf_counter() - began) * 1000
                 texts = [c.text for c in result.completions]
                 outcome = Outcome(tuple(executor.passes(task, t) for t in texts), latency)
@@ -361,6 +365,7 @@ def _report(
             "tasks": len(valid),
             "sample": sample,
             "seed": config.seed,
+            "request": request_options(config),
             "full": config.full,
             "ks": list(config.ks),
             "budgets_s": list(config.budgets_s),

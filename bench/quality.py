@@ -129,6 +129,10 @@ class QualityBenchConfig:
     windowed: bool = True  # also complete every hole from a window of its file
     window_before: int = MAX_BEFORE  # at most this many characters before the cursor (as the language server)
     window_after: int = MAX_AFTER
+    # the requests' branch choice (CompletionRequest): None keeps the request's default
+    others_temperature: float | None = None
+    top_p: float = 1.0
+    request_seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("humaneval_single", "humaneval_multi", "mbxp_per_language", "stdlib"):
@@ -162,6 +166,15 @@ class Window:
     suffix: str
     starts_in: str  # where the window's first character is: code, line-start, string, comment, bracket
     ends_in: str  # the same for the character after its last one ("end": the file's end)
+
+
+def request_options(config: Any) -> dict[str, Any]:
+    """A bench config's branch choice (`others_temperature`, `top_p`, `request_seed`) as
+    CompletionRequest fields; an `others_temperature` of None leaves the request's default."""
+    options: dict[str, Any] = {"top_p": config.top_p, "seed": config.request_seed}
+    if config.others_temperature is not None:
+        options["others_temperature"] = config.others_temperature
+    return options
 
 
 # ------------------------------------------------------------------------------ cutting holes
@@ -606,6 +619,7 @@ def run_quality_bench(
             request = CompletionRequest(
                 prefix=window.prefix, suffix=window.suffix, language=hole.language, k=config.k,
                 max_tokens=config.max_tokens, deadline_ms=config.deadline_ms, raw=True, request_id=hole.id,
+                **request_options(config),
             )
             started = time.perf_counter()
             result = engine.complete(request)
@@ -654,6 +668,7 @@ def _report(
         "k": config.k,
         "max_tokens": config.max_tokens,
         "seed": config.seed,
+        "request": request_options(config),
         "cases": len(holes) - len(skipped),
         "sample": sample,
         "skipped_reference_does_not_parse": skipped,

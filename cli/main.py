@@ -128,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
         "JavaScript holes, each k of --ks (default 1,4,8) at each time budget of --budgets, every alternative run against "
         "the task's tests in a sandbox; reports pass@first, pass@all and latency (docs/measurements/executed-quality.md)",
     )  # fmt: skip
+    bench.add_argument(
+        "--others-temperature", type=float, default=None,
+        help="quality (holes and --execute): ask with this CompletionRequest.others_temperature: > 0 keeps branch 0 greedy "
+        "and samples the other k - 1 at this temperature (seeded: --seed); 0: the diverse split (default: the request's default)",
+    )  # fmt: skip
+    bench.add_argument("--top-p", type=float, default=None, help="quality (holes and --execute): the requests' top_p (default: the request's default)")
+    bench.add_argument("--seed", type=int, default=None, help="quality (holes and --execute): the requests' sampling seed (default 0)")
     bench.add_argument("--budgets", default=None, help="quality --execute: comma-separated time budgets per request in seconds (default 0.25,0.5,1,2)")
     bench.add_argument("--tasks", type=int, default=None, help="quality --execute: tasks per source (default 8 per HumanEval file, 4 per MBXP language; seeded)")
     bench.add_argument("--full", action="store_true", help="quality --execute: every task of every source (thousands: hours on a CPU)")
@@ -331,6 +338,12 @@ def _floats(text: str | None, default: list[float]) -> list[float]:
         raise UsageError(f"expected comma-separated numbers, got {text!r}") from exc
 
 
+def _request_options(args: argparse.Namespace) -> dict:
+    """The quality benches' request options given on the command line (--others-temperature, --top-p, --seed)."""
+    given = {"others_temperature": args.others_temperature, "top_p": args.top_p, "request_seed": args.seed}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def _bench_executed(config, args: argparse.Namespace) -> dict:
     from kspec.bench.executed import DEFAULT_BUDGETS_S, DEFAULT_KS, ExecutedBenchConfig, plot_executed, run_executed_bench
     from kspec.engine.completion import CompletionEngine
@@ -339,7 +352,7 @@ def _bench_executed(config, args: argparse.Namespace) -> dict:
     try:
         executed = ExecutedBenchConfig(
             ks=tuple(_ints(args.ks, list(DEFAULT_KS))), budgets_s=tuple(_floats(args.budgets, list(DEFAULT_BUDGETS_S))),
-            max_tokens=args.max_tokens or 128, full=args.full, warm_prompt=args.warm_prompt, **counts,
+            max_tokens=args.max_tokens or 128, full=args.full, warm_prompt=args.warm_prompt, **counts, **_request_options(args),
         )  # fmt: skip
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -393,7 +406,10 @@ def _bench_quality(config, args: argparse.Namespace) -> dict:
             raise UsageError("--execute does not replay: run it again")
         return _bench_executed(config, args)
 
-    quality = QualityBenchConfig(k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 48)
+    try:
+        quality = QualityBenchConfig(k=_ints(args.ks, [4])[0], max_tokens=args.max_tokens or 48, **_request_options(args))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
     if args.replay is not None:
         try:
             cases = json.loads(args.replay.read_text(encoding="utf-8"))["cases"]

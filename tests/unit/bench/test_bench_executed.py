@@ -3,6 +3,7 @@ the run loop (a scripted engine: which requests it gets), and one small run on t
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,18 @@ def test_kspec_beside_the_peer_per_budget() -> None:
     assert both["goals"]["pass_at_first_k4_not_below_peer_at_1s"]["met"] is True
     assert both["goals"]["pass_at_first_k1_not_below_peer_at_1s"]["met"] is False
     assert both["versus_peer"]["0.5"] == {"peer_pass_at_1": 0.2, "peer_empty_rate": 0.0, "peer_latency_ms": {}, "k4": {"pass_at_first": 0.3, "pass_at_all": 0.5, "empty_rate": 0.0}}
+
+
+@needs_data
+def test_the_branch_choice_reaches_every_timed_request(sandbox: Sandbox) -> None:
+    """--others-temperature / --top-p / --seed: the same tasks asked with another branch choice."""
+    config = dataclasses.replace(TINY, budgets_s=(4.0,), others_temperature=0.7, top_p=0.9, request_seed=3)
+    tasks, _ = load_tasks(DATA, config)
+    engine = ScriptedEngine({t.id: t.reference for t in tasks})
+    report = run_executed_bench(engine, DATA, config, sandbox=sandbox)
+    timed = engine.requests[1:]
+    assert timed and {(r.others_temperature, r.top_p, r.seed) for r in timed} == {(0.7, 0.9, 3)}
+    assert report["meta"]["request"] == {"others_temperature": 0.7, "top_p": 0.9, "seed": 3}
+    engine = ScriptedEngine({t.id: t.reference for t in tasks})
+    run_executed_bench(engine, DATA, TINY, sandbox=sandbox)
+    assert {r.others_temperature for r in engine.requests[1:]} == {CompletionRequest("").others_temperature}  # the default
