@@ -8,8 +8,13 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from code_server import E2ETools
+
 
 def venv_bin() -> Path:
     return Path(sys.prefix) / ("Scripts" if os.name == "nt" else "bin")
@@ -39,3 +44,14 @@ def built() -> Path:
     if NPM is None:
         pytest.skip(NO_NPM)
     return build()
+
+
+@pytest.fixture(scope="session")
+def tools() -> "E2ETools":
+    """code-server, Chromium and Playwright (scripts/setup-vscode-e2e.sh installs them)."""
+    from code_server import E2ETools
+
+    found = E2ETools.find()
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found

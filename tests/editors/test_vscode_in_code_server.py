@@ -11,7 +11,6 @@ import statistics
 import time
 from pathlib import Path
 
-import pytest
 from code_server import CHROMIUM_ARGS, E2ETools, keep_figures, open_at, user_settings
 from vscode_build import package
 
@@ -34,14 +33,6 @@ PAUSE_GOAL_S = 1.0  # the issue's goal: ghost text within 1 s of a pause, after 
 PAUSE_BOUND_S = 2.0  # what fails the test: twice the goal, as a 2-core machine under other load has measured
 LINE, COLUMN = 16, 5  # examples/demo.py: the body of primes_below
 REAL_MODEL_KEY = "real_model"  # figures.json's part from test_vscode_real_model.py, kept
-
-
-@pytest.fixture(scope="module")
-def tools() -> E2ETools:
-    found = E2ETools.find()
-    if isinstance(found, str):
-        pytest.skip(found)
-    return found
 
 
 def _ghost(page) -> str:

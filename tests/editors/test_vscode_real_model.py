@@ -194,14 +194,6 @@ def _place(folder: Path, place: Place) -> tuple[int, int]:
 
 
 @pytest.fixture(scope="module")
-def tools() -> E2ETools:
-    found = E2ETools.find()
-    if isinstance(found, str):
-        pytest.skip(found)
-    return found
-
-
-@pytest.fixture(scope="module")
 def real_model() -> Path:
     from kspec.engine.models.catalog import installed_path, known_model
     from kspec.engine.models.resolve import cache_root
