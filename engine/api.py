@@ -87,6 +87,13 @@ class ModuleMembers:
         return tuple(modules)
 
 
+def goes_on_name(char: str) -> bool:
+    """`char` can go on an identifier (a letter, digit, `_` or `$`); "" (an empty token's text)
+    counts as going on too, so that such a token never ends a name. One rule for both sides of
+    the contract: the engine's decoding constraints and the language server's items."""
+    return char.isalnum() or char in "_$"
+
+
 def mode_for_temperature(temperature: float) -> str:
     """The mode of an API's sampling temperature (the inverse of CompletionRequest.sampling_temperature):
     0 asks for the k most likely distinct continuations, anything else for k samples."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 
 from kspec.engine.errors import ModelLoadError
-from kspec.engine.identifiers import goes_on_name
+from kspec.engine.api import goes_on_name
 
 
 REPLACEMENT_CHAR = "\ufffd"
