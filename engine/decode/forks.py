@@ -27,9 +27,10 @@ from typing import Callable, Collection
 import torch
 from torch import Tensor
 
+from kspec.engine.api import goes_on_name
 from kspec.engine.decode.branches import Branch
 from kspec.engine.decode.sampling import distinct_first_tokens
-from kspec.engine.models.tokenizer import Tokenizer, goes_on_name
+from kspec.engine.models.tokenizer import Tokenizer
 
 
 def plausible_first_tokens(logits: Tensor, k: int, banned: frozenset[int], min_ratio: float) -> tuple[Tensor, Tensor, int]:

@@ -18,9 +18,9 @@ from collections.abc import Collection
 import torch
 from torch import Tensor
 
-from kspec.engine.api import ModuleMembers
+from kspec.engine.api import ModuleMembers, goes_on_name
 from kspec.engine.decode.branches import Branch
-from kspec.engine.models.tokenizer import Tokenizer, goes_on_name
+from kspec.engine.models.tokenizer import Tokenizer
 from kspec.engine.syntax.members import member_names
 
 TAIL_CHARS = 256  # of the text before the cursor: enough to hold `qualifier.` before a branch's text

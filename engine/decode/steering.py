@@ -27,9 +27,10 @@ from typing import Callable, Collection, Sequence
 import torch
 from torch import Tensor
 
+from kspec.engine.api import goes_on_name
 from kspec.engine.config import SteeringConfig
 from kspec.engine.decode.sampling import SamplingParams, choose_tokens
-from kspec.engine.models.tokenizer import Tokenizer, goes_on_name
+from kspec.engine.models.tokenizer import Tokenizer
 
 MAX_FORCED_TOKENS = 12  # a start longer than this is not a start
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from kspec.engine.errors import ModelLoadError
 from kspec.engine.api import goes_on_name
+from kspec.engine.errors import ModelLoadError
 
 
 REPLACEMENT_CHAR = "\ufffd"
