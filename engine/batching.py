@@ -30,7 +30,7 @@ from typing import Protocol
 import torch
 
 from kspec.engine.api import CancelToken, CompletionRequest, Done, EarlyAnswer, admitted
-from kspec.engine.busy_cores import CoreGovernor
+from kspec.engine.busy_cores import CoreGovernor, RoundShape
 from kspec.engine.cache.kv import BranchCacheGroup
 from kspec.engine.decode.speculative import SpeculativeRun, pad_rows
 from kspec.engine.errors import KspecError
@@ -78,6 +78,7 @@ class _Round:
     decode: list[_Member] = field(default_factory=list)  # in this round's verification pass
     rows: list[list[list[int]]] = field(default_factory=list)  # each decode member's token rows
     verify_ms: float = 0.0  # the shared verification pass, once run
+    tokens: int = 0  # the tokens it fed (padding aside)
 
 
 class ContinuousBatcher:
@@ -121,8 +122,9 @@ class ContinuousBatcher:
     def run_round(self) -> None:
         with self.engine.lock:
             plan = self._schedule()
-            with self.cores.round(decode_only=not plan.prefill) if self.cores is not None else nullcontext():
+            with self.cores.round(decode_only=not plan.prefill) if self.cores is not None else nullcontext(RoundShape()) as shape:
                 hidden = self._run(plan)
+                shape.tokens = plan.tokens
             self._update(plan, hidden)
 
     # -- schedule: who joins, who prefills a chunk, who decodes, who leaves ------------
@@ -171,6 +173,7 @@ class ContinuousBatcher:
         try:
             with torch.inference_mode():
                 rows = [row for request_rows in plan.rows for row in request_rows]
+                plan.tokens = sum(len(row) for row in rows)
                 inputs = pad_rows(rows, model.device)  # [B, T]
                 caches = [self._run_of(m).cache for m in plan.decode]
                 # one request: its own cache, which the CPU fast path's C++ layer loop serves

@@ -4,9 +4,14 @@ ends at a barrier), and a keystroke's prefill took 1.7-3.7 s instead of ~50 ms. 
 notices it by its own decode rounds, slower than the machine's fitted round, tries one thread
 fewer, and keeps it only where its rounds are faster; now and then it tries the core again.
 
-Only decode rounds are compared (their cost is the weights read once, nearly the same from round
-to round); a prefill chunk's rounds run with whatever count the decode rounds chose. A user's
-`--threads` pins the count: then nothing here runs.
+Only decode rounds are compared (their cost is mostly the weights read once), and only with rounds
+of their own size: a round that verifies k rows of drafts computes several times the tokens of one
+without, and a median of a mix is no measure of the threads. Rounds are classed by the tokens they
+feed (`size_class`); a class is slow against the fastest median it had on every core (or, before it
+has one, the fitted round: for the classes up to one token a row, which cost no more than the
+fitted average), and a trial count is kept only where the same class is faster. A
+prefill chunk's rounds run with whatever count the decode rounds chose. A user's `--threads` pins
+the count: then nothing here runs.
 """
 
 from __future__ import annotations
@@ -17,70 +22,101 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-ROUNDS_PER_VERDICT = 6  # decode rounds timed before a thread count is judged (their median)
-SLOW_FACTOR = 1.5  # rounds this much slower than the fitted round mean a core is taken
+ROUNDS_PER_VERDICT = 6  # decode rounds of one size class timed before a thread count is judged (their median)
+SLOW_FACTOR = 1.5  # rounds this much slower than that class's pace mean a core is taken
 RETRY_S = 15.0  # on fewer threads, try one more again after this long (the other process may be gone)
+TRIAL_ROUNDS = 4 * ROUNDS_PER_VERDICT  # a trial that met no round of the class it is compared on by then goes back
+
+
+def size_class(tokens: int) -> int:
+    """The class of a round that feeds `tokens` tokens: 1, 2, 3-4, 5-8, ... (0, 1, 2, 3, ...)."""
+    return max(0, tokens - 1).bit_length()
+
+
+@dataclass
+class RoundShape:
+    """What a timed round fed: set by the caller inside `CoreGovernor.round`."""
+
+    tokens: int = 0
 
 
 @dataclass
 class _Trial:
     threads: int  # being tried
-    against: float  # the median round (ms) of the count it may replace
+    size: int  # the size class it is compared on
+    against: float  # that class's median round (ms) at the count it may replace
     previous: int
+    rounds: int = 0  # decode rounds it has run
 
 
 class CoreGovernor:
     """Chooses the thread count from the engine's own decode rounds (see the module's text).
     `round()` wraps each round on the thread that runs them (PyTorch's thread count is that
-    thread's setting)."""
+    thread's setting) and yields a `RoundShape` for the caller to fill in. fitted_round: the
+    machine's fitted round (ms) and its rows (one token each), None before the fit."""
 
     def __init__(
         self,
         threads: int,
-        fitted_round_ms: Callable[[], float | None],
+        fitted_round: Callable[[], tuple[float, int] | None],
         set_threads: Callable[[int], None],
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.full = self.threads = threads
-        self._fitted, self._set, self._clock = fitted_round_ms, set_threads, clock
-        self._times: list[float] = []  # ms of the decode rounds at the current count
+        self._fitted, self._set, self._clock = fitted_round, set_threads, clock
+        self._times: dict[int, list[float]] = {}  # size class -> ms of its decode rounds at the current count
+        self._pace: dict[int, float] = {}  # size class -> its fastest median on every core
         self._trial: _Trial | None = None
         self._since = clock()  # when the current count was settled
         self._calm_until = 0.0  # no trial before this (a trial just failed)
         self.changes: list[tuple[int, str]] = []  # (threads, why), newest last: for the status and tests
 
     @contextmanager
-    def round(self, decode_only: bool) -> Iterator[None]:
-        started = self._clock()
-        yield
-        if decode_only:
-            self._times.append((self._clock() - started) * 1000)
-            if len(self._times) >= ROUNDS_PER_VERDICT:
-                self._judge(statistics.median(self._times))
+    def round(self, decode_only: bool) -> Iterator[RoundShape]:
+        started, shape = self._clock(), RoundShape()
+        yield shape
+        if not decode_only or shape.tokens <= 0:
+            return
+        size = size_class(shape.tokens)
+        times = self._times.setdefault(size, [])
+        times.append((self._clock() - started) * 1000)
+        if self._trial is not None:
+            self._trial.rounds += 1
+        if len(times) >= ROUNDS_PER_VERDICT:
+            self._times[size] = []
+            self._judge(size, statistics.median(times))
+        if self._trial is not None and self._trial.rounds >= TRIAL_ROUNDS:
+            self._end_trial(self._trial, False, f"{self._trial.threads} threads: no rounds like those it is compared on")
 
-    def _judge(self, median_ms: float) -> None:
-        self._times = []
+    def _judge(self, size: int, median_ms: float) -> None:
         trial, now = self._trial, self._clock()
         if trial is not None:
-            self._trial = None
-            kept = median_ms < trial.against
-            if not kept:
-                self._calm_until = now + RETRY_S
-            self._settle(trial.threads if kept else trial.previous,
-                         f"{trial.threads} threads {median_ms:.1f} ms a round vs {trial.against:.1f}: " + ("kept" if kept else "back"))  # fmt: skip
+            if size == trial.size:
+                why = f"{trial.threads} threads {median_ms:.1f} ms a round vs {trial.against:.1f}"
+                self._end_trial(trial, median_ms < trial.against, why)
             return
         fitted = self._fitted()
+        pace = self._pace.get(size, fitted[0] if fitted is not None and size <= size_class(fitted[1]) else None)
+        if self.threads == self.full:
+            self._pace[size] = min(median_ms, self._pace.get(size, median_ms))
         if now < self._calm_until:
             return
-        if self.threads > 1 and fitted is not None and median_ms > SLOW_FACTOR * fitted:
-            self._try(self.threads - 1, median_ms)
+        if self.threads > 1 and pace is not None and median_ms > SLOW_FACTOR * pace:
+            self._try(self.threads - 1, size, median_ms)
         elif self.threads < self.full and now - self._since >= RETRY_S:
-            self._try(self.threads + 1, median_ms)
+            self._try(self.threads + 1, size, median_ms)
 
-    def _try(self, threads: int, against: float) -> None:
-        self._trial = _Trial(threads, against, self.threads)
+    def _try(self, threads: int, size: int, against: float) -> None:
+        self._trial = _Trial(threads, size, against, self.threads)
+        self._times = {}
         self.threads = threads
         self._set(threads)
+
+    def _end_trial(self, trial: _Trial, kept: bool, why: str) -> None:
+        self._trial, self._times = None, {}
+        if not kept:
+            self._calm_until = self._clock() + RETRY_S
+        self._settle(trial.threads if kept else trial.previous, why + (": kept" if kept else ": back"))
 
     def _settle(self, threads: int, why: str) -> None:
         if threads != self.threads:

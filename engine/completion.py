@@ -68,7 +68,7 @@ class CompletionEngine:
         self.defaults: MachineDefaults | None = None  # set by fit_to_machine()
         # the thread count follows the free cores, unless the user pinned it (or on a GPU)
         self.cores = None if config.threads or config.device != "cpu" else CoreGovernor(
-            torch.get_num_threads(), lambda: self.defaults.round_ms if self.defaults is not None else None, torch.set_num_threads
+            torch.get_num_threads(), lambda: (self.defaults.round_ms, self.defaults.k) if self.defaults is not None else None, torch.set_num_threads
         )
 
     @classmethod

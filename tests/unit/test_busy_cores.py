@@ -1,25 +1,31 @@
 """The thread count follows the free cores (engine/busy_cores.py), on a fake clock: rounds
 slower than the fitted one try a thread fewer, kept only where faster; later the core is tried
-again; prefill rounds are not judged."""
+again; prefill rounds are not judged; rounds of another size are not compared with each other."""
 
 from __future__ import annotations
 
-from kspec.engine.busy_cores import RETRY_S, ROUNDS_PER_VERDICT, CoreGovernor
+from kspec.engine.busy_cores import RETRY_S, ROUNDS_PER_VERDICT, TRIAL_ROUNDS, CoreGovernor, size_class
 
 FITTED_MS = 10.0
 
 
+SMALL, LARGE = 4, 20  # tokens a round feeds: k = 4 rows of one token; the same with 4 drafts each
+
+
 class Machine:
-    """A fake clock and the round time each thread count gets."""
+    """A fake clock and the round time each thread count gets, for rounds of SMALL tokens (and of
+    LARGE ones, where given)."""
 
-    def __init__(self, round_ms: dict[int, float]):
-        self.now, self.round_ms, self.set_to = 0.0, round_ms, []
-        self.governor = CoreGovernor(2, lambda: FITTED_MS, self.set_to.append, clock=lambda: self.now)
+    def __init__(self, round_ms: dict[int, float], large_ms: dict[int, float] | None = None):
+        self.now, self.round_ms, self.large_ms, self.set_to = 0.0, round_ms, large_ms or {}, []
+        self.governor = CoreGovernor(2, lambda: (FITTED_MS, SMALL), self.set_to.append, clock=lambda: self.now)
 
-    def rounds(self, count: int, decode_only: bool = True) -> None:
+    def rounds(self, count: int, decode_only: bool = True, tokens: int = SMALL) -> None:
         for _ in range(count):
-            with self.governor.round(decode_only):
-                self.now += self.round_ms[self.governor.threads] / 1000
+            with self.governor.round(decode_only) as shape:
+                times = self.large_ms if tokens == LARGE else self.round_ms
+                self.now += times[self.governor.threads] / 1000
+                shape.tokens = tokens
 
 
 def test_rounds_as_fast_as_fitted_keep_every_thread():
@@ -40,13 +46,14 @@ def test_a_taken_core_is_left_to_the_other_process_while_that_is_faster():
     assert machine.governor.threads == 2 and machine.set_to == [1, 2]  # tried again and kept
 
 
-def test_a_slower_trial_goes_back_and_waits_before_trying_again():
+def test_a_slower_trial_goes_back_and_its_rounds_become_the_pace():
     machine = Machine({2: 30.0, 1: 45.0})  # slow for another reason: fewer threads do not help
     machine.rounds(2 * ROUNDS_PER_VERDICT)
     assert machine.governor.threads == 2 and machine.set_to == [1, 2]
-    machine.rounds(5 * ROUNDS_PER_VERDICT)  # 30 ms x 30 rounds: well within RETRY_S
-    assert machine.set_to == [1, 2]
     machine.now += RETRY_S
+    machine.rounds(5 * ROUNDS_PER_VERDICT)  # 30 ms is this machine's pace for such rounds: no trial
+    assert machine.set_to == [1, 2]
+    machine.round_ms[2] = 60.0  # now another process takes a core
     machine.rounds(ROUNDS_PER_VERDICT)
     assert machine.set_to == [1, 2, 1]
 
@@ -55,3 +62,32 @@ def test_prefill_rounds_are_not_judged():
     machine = Machine({2: 60.0, 1: 18.0})
     machine.rounds(10 * ROUNDS_PER_VERDICT, decode_only=False)
     assert machine.set_to == []
+
+
+def test_rounds_of_another_size_are_not_taken_for_a_taken_core():
+    """Rounds that verify drafts take longer on a quiet machine too: a class larger than the fitted
+    round's is not compared with it, but with its own pace; a trial is compared with rounds of its
+    own size only (not with the small rounds that happen to run meanwhile, which would make a mix
+    look faster)."""
+    machine = Machine({2: 9.0, 1: 16.0}, large_ms={2: 30.0, 1: 50.0})
+    assert size_class(SMALL) < size_class(LARGE)
+    for _ in range(5):
+        machine.rounds(ROUNDS_PER_VERDICT, tokens=LARGE)  # 30 ms > 1.5 x 10, but no reference: its own pace
+        machine.rounds(ROUNDS_PER_VERDICT)
+    assert machine.set_to == []
+    machine.large_ms[2] = 60.0  # another process takes a core: a trial of 1 thread
+    machine.rounds(ROUNDS_PER_VERDICT, tokens=LARGE)
+    assert machine.set_to == [1]
+    machine.rounds(2 * ROUNDS_PER_VERDICT)  # small rounds at 16 ms (slower than 9): not what it is compared on
+    assert machine.governor.threads == 1
+    machine.rounds(ROUNDS_PER_VERDICT, tokens=LARGE)  # 50 ms vs 60: kept
+    assert machine.governor.threads == 1 and machine.governor.changes[-1][1].endswith("kept")
+
+
+def test_a_trial_that_meets_no_round_of_its_class_goes_back():
+    machine = Machine({2: 9.0, 1: 16.0}, large_ms={2: 30.0, 1: 50.0})
+    machine.rounds(ROUNDS_PER_VERDICT, tokens=LARGE)  # its pace: 30 ms
+    machine.large_ms[2] = 60.0
+    machine.rounds(ROUNDS_PER_VERDICT, tokens=LARGE)  # a trial
+    machine.rounds(TRIAL_ROUNDS)
+    assert machine.governor.threads == 2 and machine.set_to == [1, 2]
