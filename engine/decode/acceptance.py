@@ -76,15 +76,18 @@ def accept_greedy_rows(drafts: Tensor, lengths: Tensor, logits: Tensor) -> tuple
 
 
 def accept_greedy_by_position(
-    drafts: Sequence[Sequence[int]], hidden: Tensor, head: Callable[[Tensor], Tensor], first: Callable[[Tensor], Tensor]
+    drafts: Sequence[Sequence[int]], hidden: Tensor, head: Callable[[Tensor], Tensor], first: Callable[[Tensor], Tensor],
+    later: Callable[[int, list[int], Tensor], Tensor] | None = None,
 ) -> RoundAcceptance:
     """Greedy acceptance with the head computed only where it decides something: position 0 of
     every row, then position j + 1 of the rows whose drafts 0..j all equalled the target's argmax
     (a row leaves at its first rejection, or after its last draft with the bonus token). A
     verification of k x (γ + 1) rows where few drafts are accepted takes the head for about k.
     hidden [k, T, dim] the target's final hidden states; head: [n, dim] -> logits [n, V];
-    first: position 0's logits of every row [k, V] -> the same, constrained (token healing).
-    The tokens of accept_greedy_rows over the whole logits (argmax keeps the first maximum)."""
+    first: position 0's logits of every row [k, V] -> the same, constrained (token healing);
+    later (optional): (position j > 0, the rows still accepting, their logits there [n, V]) -> the
+    same, constrained (a branch waiting to split, engine/decode/forks.py).
+    Unconstrained, the tokens of accept_greedy_rows over the whole logits (argmax keeps the first maximum)."""
     k = len(drafts)
     rows = list(range(k))  # the rows whose drafts matched so far
     accepted = [0] * k
@@ -94,6 +97,8 @@ def accept_greedy_by_position(
         logits = head(hidden[rows, position])  # [n, V]
         if position == 0:
             logits = first(logits)
+        elif later is not None:
+            logits = later(position, rows, logits)
         choices = logits.argmax(dim=-1)  # [n]
         chosen = torch.log_softmax(logits, dim=-1).gather(-1, choices[:, None]).squeeze(-1)  # [n]
         read = torch.stack([choices.double(), chosen.double()]).tolist()  # this position's one read; ids < 2^53

@@ -7,22 +7,26 @@ plausible start branches of their own: a token whose probability is at least `mi
 likeliest one's. The other branches start like the likeliest one and wait (`LaterForks`): at the
 first position of that greedy path where the model finds other tokens plausible, the waiting
 branches take them, the likeliest alternative first, one branch each; branches left over wait
-for the next such position. A waiting branch that reaches the greedy path's end, or the end of its
-first line, without one goes back to the most likely split its path offered (its KV rolled back to that position) and decodes
-from there; only where the path offered none does it end as a copy of the greedy branch, which
-deduplication merges: fewer alternatives only where the model sees no other.
+for the next such position. Once the greedy path has written its first line (or ended), each
+branch still waiting takes the most likely split the path offered up to there; only where it
+offered none does a branch end as a copy of the greedy branch, which deduplication merges: fewer
+alternatives only where the model sees no other.
 
-A waiting branch decodes one token a round (no drafts): the decision is made on the target's
-logits at position 0 of its row, where `SpeculativeRun.accept` applies its constraints. The
-forced token keeps its own log-probability (the ranking reads it), not the constraint's.
+The greedy branch (the lead) decides for them all: its row verifies drafts like any other, and
+the splits are read from its logits at every position it verified (`observe`), settled once the
+round's tokens are committed (`plan`). A waiting branch does not repeat the lead's path: its row
+meanwhile decodes from the best split seen so far that no other waiting branch holds (tentative,
+a copy of the lead's KV up to there), so when that split is the one it takes at the end of the
+line, its text is already written. A better split seen later, or a plausible one, moves it there
+(`SpeculativeRun` rebases the branch: tokens and KV copied from the lead up to the split).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
-from typing import Callable, Collection
+from dataclasses import dataclass, field, replace
+from typing import Callable, Collection, Sequence
 
 import torch
 from torch import Tensor
@@ -75,6 +79,7 @@ class Split:
     token: int
     logprob: float
     ratio: float  # log(p(token) / p(greedy token)) <= 0
+    after_line: bool = False  # the path's text holds a whole line already
 
     @property
     def position(self) -> int:
@@ -83,19 +88,20 @@ class Split:
 
 @dataclass
 class LaterForks:
-    """The branches still waiting to split from the greedy path, the splits seen on it, and the
-    forced tokens of this round. A waiting branch splits at once where an alternative is at least
-    `min_ratio` as likely as the greedy token; one that reaches its end without such a place goes
-    back to the best split its path offered (`take_split`: at least LOOKBACK_MIN_RATIO as likely,
-    not taken by another branch) and decodes from there."""
+    """The branches still waiting to split from the lead's (greedy) path, the splits seen on it, and
+    what each waiting branch explores meanwhile (see the module's text)."""
 
     min_ratio: float
     banned: frozenset[int]  # never an alternative: stop tokens and whitespace
     word_starts: frozenset[int] = frozenset()  # tokens that begin with an identifier character
-    waiting: set[int] = field(default_factory=set)  # branch indices
-    taken_logprobs: dict[int, float] = field(default_factory=dict)  # row -> the forced token's own log-probability (this round)
+    waiting: set[int] = field(default_factory=set)  # branch indices without a split of their own yet
+    texts: Sequence[str] = ()  # every token's text: the lead's text at a drafted position
+    lead: int = 0  # the greedy branch, whose path the waiting ones split from
+    tentative: dict[int, Split] = field(default_factory=dict)  # waiting branch -> the split its row explores meanwhile
+    lined: bool = False  # the lead's first line is written: a split seen now is taken at once
     forked: int = 0  # branches that split after their first token
-    seen: list[Split] = field(default_factory=list)  # splits the waiting branches' paths offered, not taken
+    seen: list[Split] = field(default_factory=list)  # splits the lead's path offered, not taken
+    _observed: list[Split] = field(default_factory=list)  # this round's alternatives on the lead's row, not settled yet
     _taken: set[tuple[int, int]] = field(default_factory=set)  # (position, token) of splits branches took
     _banned_mask: Tensor | None = None  # [V]: `banned` as a mask, built on first use
 
@@ -106,7 +112,8 @@ class LaterForks:
         token, or whitespace (a formatting variant of the greedy text)."""
         if not candidates:
             return cls(min_ratio, tokenizer.stop_ids)
-        return cls(min_ratio, tokenizer.stop_ids | tokenizer.blank_ids(), tokenizer.word_start_set(), candidates - set(forced))
+        banned = tokenizer.stop_ids | tokenizer.blank_ids()
+        return cls(min_ratio, banned, tokenizer.word_start_set(), candidates - set(forced), tokenizer.token_texts())
 
     def offer_first(self, first_logits: Tensor, started: list[int], begins_a_word: Callable[[int], bool]) -> None:
         """The first tokens that did not start a branch (first_logits [V], `started`: those that did)
@@ -119,35 +126,72 @@ class LaterForks:
             wanted = 4 * (len(self.waiting) + len(started))  # room for the ones `begins_a_word` turns down
             self.seen += [s for s in self._alternatives((), logprobs, wanted, floor=float("-inf")) if begins_a_word(s.token)]
 
-    def rows(self, live: list[int], branches: list[Branch]) -> set[int]:
-        """The rows (of `live`, the branch of each row) that wait and are free to split now."""
-        return {row for row, index in enumerate(live) if index in self.waiting and not branches[index].heal_remaining}
+    def text_at(self, lead: Branch, drafted: Sequence[int]) -> str:
+        """The lead's text with `drafted` tokens after it (each token's own text)."""
+        return lead.text + "".join(self.texts[token] for token in drafted)
 
-    def constrain(self, first: Tensor, live: list[int], branches: list[Branch]) -> Tensor:
-        """first [k', V]: position 0's logits of the live rows -> the same with each waiting row that
-        splits here made to take its alternative (it becomes the row's argmax)."""
-        self.taken_logprobs = {}
-        rows = sorted(self.rows(live, branches))
-        if not rows:
-            return first
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for row in rows:  # rows on the same path see the same logits and share its alternatives
-            groups.setdefault(tuple(branches[live[row]].token_ids), []).append(row)
-        first = first.clone()
-        for path, members in groups.items():
-            logprobs = torch.log_softmax(first[members[0]].float(), dim=-1)  # [V]
-            text = branches[live[members[0]]].text
-            first_word = not text.strip()  # its alternatives, however unlikely, are the last resort
-            splits = self._alternatives(path, logprobs, len(members), floor=float("-inf") if first_word else LOOKBACK_FLOOR)
-            if text and goes_on_name(text[-1]):  # inside a name another token is a misspelling of it, not an alternative
-                splits = [split for split in splits if split.token not in self.word_starts]
-            now = [split for split in splits if split.ratio >= math.log(self.min_ratio)]
-            self.seen += [split for split in splits if split not in now]
-            for row, split in zip(members, now):
-                first[row, split.token] = first[row].max() + 1.0
-                self.taken_logprobs[row] = split.logprob
-                self._take(live[row], split)
-        return first
+    def observe(self, logits: Tensor, path: tuple[int, ...], text: str) -> None:
+        """The lead's logits [V] at one position it verified, after `path` (its tokens there, whose
+        text is `text`): the alternatives there, settled by `plan`."""
+        if not self.waiting:
+            return
+        logprobs = torch.log_softmax(logits.float(), dim=-1)  # [V]
+        first_word = not text.strip()  # its alternatives, however unlikely, are the last resort
+        splits = self._alternatives(path, logprobs, len(self.waiting), floor=float("-inf") if first_word else LOOKBACK_FLOOR)
+        if text and goes_on_name(text[-1]):  # inside a name another token is a misspelling of it, not an alternative
+            splits = [split for split in splits if split.token not in self.word_starts]
+        after_line = wrote_a_line(text)
+        self._observed += [replace(split, after_line=after_line) for split in splits]
+
+    def plan(self, lead: Branch) -> dict[int, Split | None]:
+        """After the round's tokens were committed: the round's alternatives on the path the lead
+        took are settled (a plausible one is taken at once by a waiting branch, lowest index first;
+        the others are remembered); the waiting branches hold the best splits left on the first
+        line, one each (a branch keeps the one it holds while it stays among them), and once the
+        lead wrote its first line those are theirs. A branch left with none waits on: the first
+        split seen later is its own; at the lead's end it is a copy of the lead. -> branch -> where
+        its row must move: a split (its tokens and KV the lead's up to it, then its token), or None
+        (a copy of the lead); branches not named stay."""
+        tokens, moves = lead.token_ids, {}
+        for split in sorted(self._observed, key=lambda split: split.position):  # likeliest first within a position
+            if len(tokens) <= split.position or tuple(tokens[: split.position]) != split.path:
+                continue  # the lead did not take that path (it ended before)
+            if split.ratio >= math.log(self.min_ratio) and self.waiting:
+                index = min(self.waiting)
+                self._take(index, split)
+                if self.tentative.pop(index, None) != split:
+                    moves[index] = split
+            else:
+                self.seen.append(split)
+        self._observed = []
+        ranked = [s for s in self._ranked(tokens) if self.lined or not s.after_line]
+        if self.lined:  # past the first line: the first place that offers a split, as one-token rounds would meet it
+            ranked.sort(key=lambda split: split.position)
+        ranked = ranked[: len(self.waiting)]
+        free = [split for split in ranked if split not in self.tentative.values()]
+        for index in sorted(self.waiting):
+            held = self.tentative.get(index)
+            if held is not None and held in ranked:
+                continue
+            if free:
+                self.tentative[index] = moves[index] = free.pop(0)
+            elif held is not None:
+                del self.tentative[index]
+                moves[index] = None
+        if self.lined or lead.done or wrote_a_line(lead.text):  # what they hold now is theirs
+            for index, split in sorted(self.tentative.items()):
+                self._take(index, split)
+            self.tentative, self.lined = {}, True
+        if lead.done:  # the others: copies of it
+            moves.update({index: None for index in self.waiting})
+            self.waiting = set()
+        return moves
+
+    def _ranked(self, tokens: list[int]) -> list[Split]:
+        """The splits seen on the lead's path (`tokens`) that no branch took, the one to take first
+        first: at least LOOKBACK_MIN_RATIO as likely as the greedy token, the likeliest, the earliest."""
+        fits = [s for s in self.seen if tuple(tokens[: s.position]) == s.path and (s.position, s.token) not in self._taken]
+        return sorted(fits, key=lambda s: (s.ratio >= LOOKBACK_FLOOR, round(s.ratio, RATIO_DIGITS), -s.position, -s.token), reverse=True)
 
     def _alternatives(self, path: tuple[int, ...], logprobs: Tensor, wanted: int, floor: float = LOOKBACK_FLOOR) -> list[Split]:
         """Up to `wanted` tokens other than the likeliest, likeliest first, each at least exp(floor)
@@ -175,22 +219,3 @@ class LaterForks:
         self.waiting.discard(index)
         self._taken.add((split.position, split.token))
         self.forked += 1
-
-    def take_split(self, index: int, tokens: list[int], longest: int) -> Split | None:
-        """For waiting branch `index` that ended on the greedy path (`tokens`): the likeliest plausible
-        split its path offered at a position <= `longest` that no branch took (else the likeliest
-        first token left), now taken; None if there is none."""
-        if index not in self.waiting:
-            return None
-        fits = [s for s in self.seen if s.position <= longest and tuple(tokens[: s.position]) == s.path and (s.position, s.token) not in self._taken]
-        if not fits:
-            return None
-        split = max(fits, key=lambda s: (s.ratio >= LOOKBACK_FLOOR, round(s.ratio, RATIO_DIGITS), -s.position, -s.token))
-        self._take(index, split)
-        return split
-
-    def keep_own_logprobs(self, logprobs: list[list[float]]) -> None:
-        """Round's log-probabilities per row: a forced token's is the model's own, not the constraint's."""
-        for row, value in self.taken_logprobs.items():
-            logprobs[row][0] = value
-        self.taken_logprobs = {}

@@ -37,7 +37,7 @@ from kspec.engine.decode.sampling import SamplingParams, first_tokens
 from kspec.engine.config import SteeringConfig
 from kspec.engine.decode.member_constraint import MemberConstraint
 from kspec.engine.decode.steering import ForcedStarts, NameEndBias
-from kspec.engine.decode.forks import LaterForks, begins_a_word, plausible_first_tokens, wrote_a_line
+from kspec.engine.decode.forks import LaterForks, Split, begins_a_word, plausible_first_tokens
 from kspec.kernels.transfer import to_device
 
 UnitDone = Callable[[str], bool]  # early-stop hook: this branch's text has completed its unit
@@ -256,6 +256,9 @@ class SpeculativeRun:
             _commit(tracker, branch, detok, token, logprob, unit_done)
         drafter.begin(tracker.prompt_ids, k, limits.max_new_tokens)
         self.live = list(range(k))  # branch index of each cache row
+        with torch.inference_mode():  # the waiting branches explore the first tokens left meanwhile
+            for index, split in self.forks.plan(self.branches[self.forks.lead]).items() if self.forks.waiting else ():
+                self._move(index, self.forks.lead, split)
         self.gamma = config.gamma
         self.payoff = (payoff or DraftPayoff()) if config.cost_aware and params.greedy else None
         self._drafting = True
@@ -270,8 +273,9 @@ class SpeculativeRun:
         return all(self.branches[index].done for index in self.live) or interrupted(self.branches, self.tracker.limits, self.cancel)
 
     def _drop_finished_rows(self) -> None:
-        """Finished branches stop costing work: their cache and drafter rows go."""
-        still = [row for row, index in enumerate(self.live) if not self.branches[index].done]
+        """Finished branches stop costing work: their cache and drafter rows go (but for a branch still
+        waiting to split, which the lead may move elsewhere: engine/decode/forks.py)."""
+        still = [row for row, index in enumerate(self.live) if not self.branches[index].done or index in self.forks.waiting]
         if len(still) < len(self.live):
             self.cache.keep(still)
             self.drafter.keep(still)
@@ -301,9 +305,9 @@ class SpeculativeRun:
                 draft.q = draft.q[:room] if draft.q is not None else None
         for row, rest in self.forced.drafts(self.live).items():
             drafts[row] = Draft(rest)  # verified in this pass, accepted whatever the target's argmax (see `_verify_forced`)
-        for row in self.forks.rows(self.live, self.branches):
-            if row not in self.forced.verifying:
-                drafts[row] = Draft([])  # a branch waiting to split decides at position 0 of its row
+        for row, index in enumerate(self.live):  # waiting to split with no split to explore: a copy of the lead
+            if self.branches[index].done or index in self.forks.waiting and index not in self.forks.tentative:
+                drafts[row] = Draft([])  # done (`_drop_finished_rows`): its row keeps nothing (`accept`)
         self._name_rows = set()
         if self.names is not None:  # inside `module.name`: one token at a time, each kept to the module's names
             self._name_rows = {row for row, b in enumerate(live_branches) if row not in self.forced.verifying and self.names.bias(b) is not None}
@@ -320,14 +324,29 @@ class SpeculativeRun:
         verified_at = time.perf_counter()
         live_branches, drafts = self.live_branches, self._drafts
 
+        lead_row = self.live.index(self.forks.lead) if self.forks.waiting and self.forks.lead in self.live else None
+        lead = self.branches[self.forks.lead]
+        watch = lead_row is not None and not lead.heal_remaining  # the lead's positions show where the waiting branches split
+
+        def observe(step: int, logits: Tensor) -> None:  # the lead's logits [V] at position `step` of its row
+            drafted = drafts[lead_row].tokens[:step]
+            self.forks.observe(logits, (*lead.token_ids, *drafted), self.forks.text_at(lead, drafted))
+
         def constrain(first: Tensor) -> Tensor:  # [k', V] -> [k', V]
             first = self.tracker.constrain(first, live_branches, self.healing)
             if self._name_rows and self.names is not None:
                 first = self.names.constrain(first, live_branches, self._name_rows)
-            return self.forks.constrain(first, self.live, self.branches)
+            if watch:
+                observe(0, first[lead_row])
+            return first
+
+        def later(step: int, rows: list[int], logits: Tensor) -> Tensor:  # position `step` of `rows`: [n, V]
+            if lead_row in rows:
+                observe(step, logits[rows.index(lead_row)])
+            return logits
 
         if self.params.greedy and hidden.device.type == "cpu":  # the head only where it decides
-            taken = accept_greedy_by_position([d.tokens for d in drafts], hidden, self.model.logits, constrain)
+            taken = accept_greedy_by_position([d.tokens for d in drafts], hidden, self.model.logits, constrain, later if watch else None)
         else:
             logits = self.model.logits(hidden)  # [k', T, V]
             logits[:, 0] = constrain(logits[:, 0])
@@ -335,12 +354,15 @@ class SpeculativeRun:
             # every row on the device, one transfer
             greedy_rows = [self.params.greedy_branch(index) for index in self.live]  # a sampling run's greedy branches
             taken = accept_drafts([d.tokens for d in drafts], [d.q for d in drafts], logits, log_probs, self.params, self.generator, greedy_rows)
-        self.forks.keep_own_logprobs(taken.logprobs)
+            if watch:
+                for step in range(1, 1 + taken.accepted[lead_row]):
+                    observe(step, logits[lead_row, step])
         forced_rows = self.forced.verifying
         restarted: set[int] = set()
         if forced_rows:
             taken, restarted = self._verify_forced(taken, hidden, live_branches)
         head_ms = (time.perf_counter() - verified_at) * 1000  # the head and the acceptance
+        row_done = [branch.done for branch in live_branches]  # before this round: their rows keep nothing
         for row, branch in enumerate(live_branches):
             if row in restarted:
                 branch = self._restart(row)
@@ -349,9 +371,12 @@ class SpeculativeRun:
                 if branch.done:
                     break
                 _commit(self.tracker, branch, detok, token, logprob, self.unit_done)
-        # the previous last token and the accepted drafts (a restarted branch keeps nothing)
-        self.cache.advance([0 if row in restarted else 1 + accepted for row, accepted in enumerate(taken.accepted)])
-        self._split_ended_waiting()
+        # the previous last token and the accepted drafts (a restarted branch, or one already done, keeps nothing)
+        kept = [0 if row in restarted or row_done[row] else 1 + n for row, n in enumerate(taken.accepted)]
+        self.cache.advance(kept)
+        if lead_row is not None:
+            for index, split in self.forks.plan(lead).items():
+                self._move(index, lead_row, split)
         free = [row for row in range(len(drafts)) if row not in forced_rows]  # a forced start is no draft
         drafted, accepted = [len(drafts[row].tokens) for row in free], [taken.accepted[row] for row in free]
         draft_ms = (self._drafted_at - self._round_started) * 1000
@@ -390,24 +415,22 @@ class SpeculativeRun:
             return SamplingParams(0.0, seed=self.params.seed)
         return replace(self.params, greedy_branches=0)
 
-    def _split_ended_waiting(self) -> None:
-        """A waiting branch that ended on the greedy path, or wrote its first line on it, goes back to
-        the best split its path offered (engine/decode/forks.py): its tokens and KV rolled back to
-        that position, the split's token taken there, and it decodes on from it. The alternatives
-        so differ in their first line, the part an editor shows first."""
-        for row, index in enumerate(self.live):
-            branch = self.branches[index]
-            if index not in self.forks.waiting or not (branch.done or wrote_a_line(branch.text)):
-                continue
-            split = self.forks.take_split(index, branch.token_ids, self.cache.lengths[row])
-            if split is None:
-                continue
-            fresh, detok = self.tracker.fresh()
-            for token, logprob in zip(branch.token_ids[: split.position], branch.logprobs[: split.position]):
-                self.tracker.push(fresh, detok, token, logprob)
+    def _move(self, index: int, lead_row: int, split: Split | None) -> None:
+        """Branch `index` made the lead's path up to `split`, then the split's token (None: the lead's
+        whole path, a copy): its tokens, and its KV copied from the lead's row, from which it decodes
+        on (engine/decode/forks.py)."""
+        lead, row = self.branches[self.forks.lead], self.live.index(index)
+        upto = split.position if split is not None else len(lead.token_ids)
+        fresh, detok = self.tracker.fresh()
+        for token, logprob in zip(lead.token_ids[:upto], lead.logprobs[:upto]):
+            self.tracker.push(fresh, detok, token, logprob)
+        if split is not None:
             _commit(self.tracker, fresh, detok, split.token, split.logprob, self.unit_done)
-            self.branches[index], self.detoks[index] = fresh, detok
-            self.cache.truncate(row, split.position)
+        elif lead.done:
+            fresh.finish_reason = fresh.finish_reason or lead.finish_reason
+        self.branches[index], self.detoks[index] = fresh, detok
+        self.cache.fork(lead_row, row)
+        self.cache.truncate(row, min(self.cache.lengths[row], len(fresh.token_ids) - 1))
 
     def _restart(self, row: int) -> Branch:
         """Row `row`'s branch from scratch (its forced start undone): the tokens it takes next start it."""

@@ -28,22 +28,26 @@ def test_only_plausible_first_tokens_start_branches_of_their_own() -> None:
 
 
 def test_waiting_branches_take_the_alternatives_of_the_first_hesitation_in_order() -> None:
+    """The lead's positions decide: a plausible alternative is taken at once (lowest waiting
+    branch first), a less likely one is held tentatively, and at the end of the lead's first line
+    what a branch holds is its own; a branch with nothing to hold stays a copy of the lead."""
     forks = LaterForks(0.1, frozenset({9}), frozenset(), waiting={1, 2, 3})
-    branches = [Branch(token_ids=[3]) for _ in range(4)]
-    live = [0, 1, 2, 3]
-    sure = torch.stack([_logits({4: 0.95})] * 4)  # [4, V]: no hesitation
-    assert torch.equal(forks.constrain(sure, live, branches), sure) and forks.waiting == {1, 2, 3}
-    for branch in branches:
-        branch.token_ids.append(4)
-    torn = torch.stack([_logits({6: 0.5, 2: 0.3, 9: 0.15, 8: 0.04})] * 4)  # [4, V]: 2 plausible, 9 banned, 8 too unlikely
-    constrained = forks.constrain(torn, live, branches)
-    assert constrained.argmax(dim=-1).tolist() == [6, 2, 6, 6]  # the greedy row is left alone; one alternative, one branch
-    assert forks.waiting == {2, 3} and forks.forked == 1
-    logprobs = [[-0.1], [-0.2], [-0.3], [-0.4]]
-    forks.keep_own_logprobs(logprobs)
-    assert math.isclose(logprobs[1][0], math.log(0.3), rel_tol=1e-4) and logprobs[2] == [-0.3]  # the model's own
-    branches[2].heal_remaining = "x"  # still regenerating healed text: not free to split
-    assert forks.rows(live, branches) == {3}
+    forks.observe(_logits({4: 0.95}), (3,), "x")  # no hesitation
+    assert forks.plan(Branch(token_ids=[3, 4], text="xy")) == {} and forks.waiting == {1, 2, 3}
+    torn = _logits({6: 0.5, 2: 0.3, 9: 0.15, 8: 0.04})  # [V]: 2 plausible, 9 banned, 8 too unlikely for now
+    forks.observe(torn, (3, 4), "xy")
+    forks.observe(torn, (3, 4, 6, 1), "xy z")  # a position the lead did not reach (it ended before): nothing
+    moves = forks.plan(Branch(token_ids=[3, 4, 6], text="xy z"))
+    assert {index: (split.position, split.token) for index, split in moves.items()} == {1: (2, 2), 2: (2, 8)}
+    assert math.isclose(moves[1].logprob, math.log(0.3), rel_tol=1e-4)  # the model's own
+    assert forks.waiting == {2, 3} and forks.forked == 1 and forks.tentative == {2: moves[2]}
+    assert forks.plan(Branch(token_ids=[3, 4, 6, 5], text="xy z\n")) == {}  # the first line is written: 2 keeps its split
+    assert forks.waiting == {3} and forks.forked == 2 and forks.tentative == {}
+    forks.observe(_logits({7: 0.9, 1: 0.05}), (3, 4, 6, 5), "xy z\n")  # after the first line: the first split seen is 3's
+    moves = forks.plan(Branch(token_ids=[3, 4, 6, 5, 7], text="xy z\nw"))
+    assert {index: (split.position, split.token) for index, split in moves.items()} == {3: (4, 1)} and forks.waiting == set()
+    waiting_at_the_end = LaterForks(0.1, frozenset(), frozenset(), waiting={1})  # no split anywhere: a copy of the lead
+    assert waiting_at_the_end.plan(Branch(token_ids=[3], text="x", finish_reason="stop")) == {1: None}
 
 
 @pytest.mark.parametrize("drafter", ["none", "lookup"])
@@ -88,3 +92,34 @@ def test_a_last_resort_first_word_is_a_new_word_not_another_spelling_of_the_type
     assert not begins("return", "ret") and not begins("rets", "ret")  # the name runs on
     assert begins(" return", " ")  # a new word after a space
     assert not begins("  ", " ")  # only whitespace
+
+
+@pytest.mark.parametrize("fork_ratio", [0.99, 0.3, 0.05])
+def test_the_same_splits_whether_the_lead_verifies_drafts_or_one_token_a_round(default_engine, fork_ratio: float) -> None:
+    """The splits are read at every position the lead's row verifies, and the waiting branches
+    explore their best splits meanwhile: the same k texts as when every row decodes one token a
+    round (no drafts), in about the rounds of the greedy branch alone (when the waiting branches
+    walked the lead's path one token a round, 10 where it takes 4, at 0.99). Splits taken at once
+    (ratios 0.3, 0.05) and at the end of the first line (0.99) both count. The drafter is the
+    target itself (it drafts each row's own greedy path)."""
+    from kspec.bench.baselines import decode_speculative
+    from kspec.engine.decode.branches import BranchTracker, DecodeLimits
+    from kspec.engine.decode.drafters import ModelDrafter, NoDrafter
+    from kspec.engine.decode.sampling import SamplingParams
+    from kspec.engine.decode.speculative import SpeculationConfig
+    from kspec.engine.decode.stopping import StopRule
+
+    model, tokenizer = default_engine.target.model, default_engine.target.tokenizer
+    prompt = tokenizer.encode("def mean(values):\n    total = 0\n    for value in values:\n        total += value\n")
+    new = 24
+
+    def tracker() -> BranchTracker:
+        return BranchTracker(tokenizer, StopRule(), DecodeLimits(new, ignore_eos=True), prompt)
+
+    def run(k: int, drafter):
+        return decode_speculative(model, tracker(), k, SamplingParams(), drafter, SpeculationConfig(cost_aware=False), diverse=True, fork_ratio=fork_ratio)
+
+    plain, drafted, alone = run(4, NoDrafter()), run(4, ModelDrafter(model, SamplingParams())), run(1, ModelDrafter(model, SamplingParams()))
+    assert sorted(b.token_ids for b in drafted.branches) == sorted(b.token_ids for b in plain.branches)
+    assert drafted.branches[0].token_ids == alone.branches[0].token_ids and len({tuple(b.token_ids) for b in drafted.branches}) == 4
+    assert drafted.stats.rounds <= alone.stats.rounds + 1 < plain.stats.rounds, (drafted.stats.rounds, alone.stats.rounds, plain.stats.rounds)
