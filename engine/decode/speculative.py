@@ -31,6 +31,7 @@ from kspec.engine.decode.drafters import GAMMA_LIMIT, Draft, Drafter
 from kspec.engine.decode.branches import Branch, BranchTracker, DecodeOutput, interrupted
 from kspec.engine.decode.healing import HealingBias
 from kspec.engine.cache.kv import BranchKVCache
+from kspec.engine.models.tokenizer import Tokenizer
 from kspec.engine.models.transformer import Transformer
 from kspec.engine.cache.prefix_cache import Prefill, prefill_uncached
 from kspec.engine.decode.sampling import SamplingParams, first_tokens
@@ -241,7 +242,7 @@ class SpeculativeRun:
             first_logits = tracker.constrain(prefill.last_logits[None].expand(k, -1), self.branches, self.healing)  # [k, V]
             if names is not None:
                 first_logits = names.constrain(first_logits, self.branches)
-            tokens, logprobs, plausible = _first_tokens(first_logits, params, self.generator, diverse, fork_ratio, tracker.tokenizer.stop_ids)
+            tokens, logprobs, plausible = _first_tokens(first_logits, params, self.generator, diverse, fork_ratio, tracker.tokenizer)
             starts = [start for start in forced if len(start) < limits.max_new_tokens]
             self.forced = ForcedStarts(steering)
             if starts and steering.branches:
@@ -446,16 +447,16 @@ class SpeculativeRun:
 
 
 def _first_tokens(
-    first_logits: Tensor, params: SamplingParams, generator: torch.Generator, diverse: bool, fork_ratio: float, stops: frozenset[int]
+    first_logits: Tensor, params: SamplingParams, generator: torch.Generator, diverse: bool, fork_ratio: float, tokenizer: Tokenizer
 ) -> tuple[list[int], list[float], int]:
     """first_logits [k, V] -> the k branches' first tokens, their log-probabilities, and how many
     of them are distinct plausible starts (diverse runs with a fork_ratio: the others start as the
     best one and split later, engine/decode/forks.py; otherwise all k)."""
     k = first_logits.shape[0]
     if diverse and fork_ratio > 0:
-        tokens, logprobs, plausible = plausible_first_tokens(first_logits[0], k, stops, fork_ratio)  # [k], [k]
+        tokens, logprobs, plausible = plausible_first_tokens(first_logits[0], k, tokenizer.stop_ids, fork_ratio, tokenizer.token_texts())  # [k], [k]
     else:
-        tokens, logprobs = first_tokens(first_logits, params, generator, diverse, stops)  # [k], [k]
+        tokens, logprobs = first_tokens(first_logits, params, generator, diverse, tokenizer.stop_ids)  # [k], [k]
         plausible = k
     return tokens.tolist(), logprobs.tolist(), plausible
 

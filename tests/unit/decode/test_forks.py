@@ -27,6 +27,19 @@ def test_only_plausible_first_tokens_start_branches_of_their_own() -> None:
     assert plausible == 4 and tokens.tolist()[:3] == [3, 5, 7] and len(set(tokens.tolist())) == 4
 
 
+def test_another_spacing_of_the_same_code_is_no_alternative() -> None:
+    """` []\n` after ` []\n\n`, `)\n` for `)\n\n`: the same code once trimmed, so neither a first
+    token of its own nor a split (they made k branches that deduplication merged into one)."""
+    texts = ["a", " []\n\n", " []\n", ")\n\n", ")\n", " [x", ")", "b", "c", "d"]
+    logits = _logits({1: 0.5, 2: 0.3, 5: 0.1})
+    tokens, _, plausible = plausible_first_tokens(logits, 4, frozenset(), 0.1, texts)
+    assert plausible == 2 and tokens.tolist()[:2] == [1, 5]  # 2 is 1 in other spacing
+    forks = LaterForks(0.1, frozenset(), frozenset(), waiting={1}, texts=texts)
+    forks.observe(_logits({3: 0.6, 4: 0.2, 6: 0.1, 7: 0.05}), (0,), "a")
+    moves = forks.plan(Branch(token_ids=[0, 3], text="a)"))
+    assert [split.token for split in moves.values()] == [7]  # the likeliest alternative but 4 (spacing) and 6 (the same `)`)
+
+
 def test_waiting_branches_take_the_alternatives_of_the_first_hesitation_in_order() -> None:
     """The lead's positions decide: a plausible alternative is taken at once (lowest waiting
     branch first), a less likely one is held tentatively, and at the end of the lead's first line
