@@ -1,7 +1,7 @@
 """The session's side of the context gatherer (crossfile/): its workspace folders (from
 `initialize`), the places the user edits and visits, and, for a query, the other files' pieces
 of the cursor's workspace folder under the budget the settings and the engine's machine fit
-allow. What went in last is told in `$/kspec/status` (`context`: files, characters and the
+allow. What went in last is told in `$/kspec/status` (`context`: the document asked for, files, characters and the
 tokens the engine used)."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class SessionContext:
     def __init__(self) -> None:
         self.folders: tuple[Path, ...] = ()
         self.gatherer = ContextGatherer()
-        self.last: dict[str, Any] = {"files": [], "chars": 0, "modules": []}  # the last query's (the engine's answer adds `tokens`)
+        self.last: dict[str, Any] = {"files": [], "chars": 0, "modules": [], "document": None}  # the last query's (the engine's answer adds `tokens`)
 
     def set_folders(self, params: lsp.InitializeParams) -> None:
         self.folders = workspace_folders(params)
@@ -58,9 +58,9 @@ class SessionContext:
         self.note(document.uri, line)  # a visited place: its chunk weighs more once the user is in another file
         folder = folder_for(current.path.resolve() if current.path else None, self.folders)
         if folder is None or not on:
-            self.last = {"files": [], "chars": 0, "modules": []}
+            self.last = {"files": [], "chars": 0, "modules": [], "document": document.uri}
             return Gathered()
         workspace = WorkspaceFiles(folder, [_source(d) for d in documents.all()], self.folders)
         gathered = self.gatherer.gather(current, line, workspace, config.budget_chars(prompt_tokens))
-        self.last = {"files": list(gathered.files), "chars": gathered.chars, "modules": [m.qualifier for m in gathered.members]}
+        self.last = {"files": list(gathered.files), "chars": gathered.chars, "modules": [m.qualifier for m in gathered.members], "document": document.uri}
         return gathered

@@ -34,11 +34,15 @@ def workspace(root: Path, tag: str) -> dict[str, str]:
 
 
 async def context_after(editor: Editor, uri: str) -> dict[str, Any]:
-    """The `context` of the status told after an inline request at main.py's cursor."""
+    """The `context` of the status told after an inline request at main.py's cursor (a late status
+    of a request for another document, which a loaded machine may send after this one began, is not it)."""
     seen = len(editor.statuses)
     await editor.inline(uri, *CURSOR)
-    status = await editor.wait_status(lambda s: s.get("state") == "ready" and s.get("activity") == "idle" and s.get("context") is not None, after=seen)
-    return status["context"]
+
+    def told(status: dict[str, Any]) -> bool:
+        return status.get("state") == "ready" and status.get("activity") == "idle" and (status.get("context") or {}).get("document") == uri
+
+    return (await editor.wait_status(told, after=seen))["context"]
 
 
 def open_all(editor: Editor, uris: dict[str, str], folder: Path) -> None:
