@@ -31,7 +31,7 @@ from kspec.engine.decode.drafters import GAMMA_LIMIT, Draft, Drafter
 from kspec.engine.decode.branches import Branch, BranchTracker, DecodeOutput, interrupted
 from kspec.engine.decode.healing import HealingBias
 from kspec.engine.cache.kv import BranchKVCache
-from kspec.engine.models.tokenizer import Tokenizer
+from kspec.engine.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from kspec.engine.models.transformer import Transformer
 from kspec.engine.cache.prefix_cache import Prefill, prefill_uncached
 from kspec.engine.decode.sampling import SamplingParams, first_tokens
@@ -418,20 +418,11 @@ class SpeculativeRun:
 
     def _move(self, index: int, lead_row: int, split: Split | None) -> None:
         """Branch `index` made the lead's path up to `split`, then the split's token (None: the lead's
-        whole path, a copy): its tokens, and its KV copied from the lead's row, from which it decodes
-        on (engine/decode/forks.py)."""
-        lead, row = self.branches[self.forks.lead], self.live.index(index)
-        upto = split.position if split is not None else len(lead.token_ids)
-        fresh, detok = self.tracker.fresh()
-        for token, logprob in zip(lead.token_ids[:upto], lead.logprobs[:upto]):
-            self.tracker.push(fresh, detok, token, logprob)
-        if split is not None:
-            _commit(self.tracker, fresh, detok, split.token, split.logprob, self.unit_done)
-        elif lead.done:
-            fresh.finish_reason = fresh.finish_reason or lead.finish_reason
-        self.branches[index], self.detoks[index] = fresh, detok
+        whole path, a copy), its KV copied from the lead's row; it decodes on from there."""
+        row = self.live.index(index)
+        self.branches[index], self.detoks[index] = _on_lead_path(self.tracker, self.branches[self.forks.lead], split, self.unit_done)
         self.cache.fork(lead_row, row)
-        self.cache.truncate(row, min(self.cache.lengths[row], len(fresh.token_ids) - 1))
+        self.cache.truncate(row, min(self.cache.lengths[row], len(self.branches[index].token_ids) - 1))
 
     def _restart(self, row: int) -> Branch:
         """Row `row`'s branch from scratch (its forced start undone): the tokens it takes next start it."""
@@ -459,6 +450,20 @@ def _first_tokens(
         tokens, logprobs = first_tokens(first_logits, params, generator, diverse, tokenizer.stop_ids)  # [k], [k]
         plausible = k
     return tokens.tolist(), logprobs.tolist(), plausible
+
+
+def _on_lead_path(tracker: BranchTracker, lead: Branch, split: Split | None, unit_done: UnitDone | None) -> tuple[Branch, IncrementalDetokenizer]:
+    """A fresh branch (and its detokenizer) holding the lead's tokens up to `split`, then the split's
+    token (engine/decode/forks.py); None: all the lead's tokens, and its end if it ended."""
+    upto = split.position if split is not None else len(lead.token_ids)
+    fresh, detok = tracker.fresh()
+    for token, logprob in zip(lead.token_ids[:upto], lead.logprobs[:upto]):
+        tracker.push(fresh, detok, token, logprob)
+    if split is not None:
+        _commit(tracker, fresh, detok, split.token, split.logprob, unit_done)
+    elif lead.done:
+        fresh.finish_reason = fresh.finish_reason or lead.finish_reason
+    return fresh, detok
 
 
 def pad_rows(rows: list[list[int]], device: torch.device) -> Tensor:
