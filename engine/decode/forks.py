@@ -35,6 +35,7 @@ from kspec.engine.api import goes_on_name
 from kspec.engine.decode.branches import Branch
 from kspec.engine.decode.sampling import distinct_first_tokens
 from kspec.engine.models.tokenizer import Tokenizer
+from kspec.engine.syntax.rank import dedupe_key
 
 
 def plausible_first_tokens(
@@ -44,12 +45,13 @@ def plausible_first_tokens(
     plausible: `distinct_first_tokens`' leading ones at least `min_ratio` times as likely as the best
     (min_ratio 0: all k, as plain diverse mode); the rows after those repeat the best. With `texts`
     (every token's text), a token that is a likelier one's text in other spacing (` []\n` after
-    ` []\n\n`) is passed over: it writes the same code."""
+    ` []\n\n`; `rank.dedupe_key`, as deduplication compares texts) is passed over: it writes the
+    same suggestion."""
     tokens, logprobs = distinct_first_tokens(logits, min(4 * k, logits.shape[-1]) if texts else k, banned)  # likeliest first
     if texts:
-        spellings: dict[str, int] = {}  # unspaced text -> the first candidate with it
+        spellings: dict[str, int] = {}  # the text as deduplication compares it -> the first candidate with it
         for at, token in enumerate(tokens.tolist()):
-            spellings.setdefault(_unspaced(texts[token]), at)
+            spellings.setdefault(dedupe_key(texts[token]), at)
         rows = sorted(spellings.values())[:k]
         rows += [0] * (k - len(rows))
         tokens, logprobs = tokens[rows], logprobs[rows]  # [k], [k]
@@ -66,11 +68,6 @@ _A_LINE = re.compile(r"\S[^\n]*\n")
 RATIO_DIGITS = 2  # splits are compared at this precision (log-space): a batch's rounding must not reorder near-ties
 LOOKBACK_MIN_RATIO = 0.01  # a split found looking back: its token at least this likely relative to the greedy one
 LOOKBACK_FLOOR = math.log(LOOKBACK_MIN_RATIO)
-
-
-def _unspaced(text: str) -> str:
-    """`text` without its whitespace."""
-    return "".join(text.split())
 
 
 def begins_a_word(text: str, healed: str) -> bool:
@@ -212,7 +209,7 @@ class LaterForks:
     def _alternatives(self, path: tuple[int, ...], logprobs: Tensor, wanted: int, floor: float = LOOKBACK_FLOOR) -> list[Split]:
         """Up to `wanted` tokens other than the likeliest, likeliest first, each at least exp(floor)
         as likely as it, not banned, none taken already, none the greedy token's text in other
-        spacing (`)\n` for `)\n\n`: the same code). logprobs [V]."""
+        spacing (`)\n` for `)\n\n`: the same suggestion to `rank.dedupe_key`). logprobs [V]."""
         if self._banned_mask is None or self._banned_mask.shape != logprobs.shape:
             self._banned_mask = torch.zeros_like(logprobs, dtype=torch.bool)  # [V]
             ids = [i for i in self.banned if i < logprobs.shape[-1]]
@@ -224,11 +221,11 @@ class LaterForks:
         best = float(logprobs[greedy])
         values, indices = allowed.topk(min(wanted + len(self._taken) + 4, allowed.shape[-1]))  # [n]
         ranked = sorted(zip(values.tolist(), indices.tolist()), key=lambda pair: (-round(pair[0] - best, RATIO_DIGITS), pair[1]))
-        out, spelled = [], _unspaced(self.texts[greedy]) if self.texts else None
+        out, spelled = [], dedupe_key(self.texts[greedy]) if self.texts else None
         for value, token in ranked:
             if value - best < floor or len(out) == wanted or value == float("-inf"):
                 break
-            if (len(path), token) not in self._taken and (spelled is None or _unspaced(self.texts[token]) != spelled):
+            if (len(path), token) not in self._taken and (spelled is None or dedupe_key(self.texts[token]) != spelled):
                 out.append(Split(path, token, value, value - best))
         return out
 
