@@ -40,6 +40,7 @@ from kspec.engine.errors import CancelledError, InputError
 from kspec.engine.models.loading import LoadedModel
 from kspec.engine.models.transformer import EarlyExit
 from kspec.engine.prompt import PromptBudget, PromptStarts, build_prompt
+from kspec.engine.syntax.rank import dedupe_key
 from kspec.engine.syntax import UnitPredicate, binding_starts, by_context_affinity, detect_language, hole_needs, member_names, postprocess
 
 
@@ -304,10 +305,9 @@ class ActiveCompletion:
 
     def result(self, interim: bool = False) -> CompletionResult:
         """The ranked alternatives. `interim`: while decoding goes on — each branch as if the
-        deadline were now (its unfinished last line is dropped like a deadline's); when that
-        leaves nothing (no branch has finished a line yet), what the branches wrote so far,
-        untrimmed, deduplicated and ranked as raw answers: a typist sees the words the model
-        has, and the final answer replaces them (`interim_partial` in the timing)."""
+        deadline were now, and beside those, the text so far of each branch still on its first
+        line (`with_first_lines_so_far`): a typist sees the words the model is surest of, and
+        the final answer continues or replaces them (`interim_partial` in the timing)."""
         parts, request, run = self.parts, self.request, self.run
         now = time.perf_counter()
         if run is None:
@@ -320,10 +320,9 @@ class ActiveCompletion:
         ]
         members = member_names(request.prefix, request.members)
         completions = postprocess(request.prefix, request.suffix, self.language, candidates, raw=request.raw, members=members)
-        partial = interim and not completions
-        if partial:
-            written = [replace(c, text=c.text.rstrip()) for c in candidates if c.text.strip()]
-            completions = postprocess(request.prefix, request.suffix, self.language, written, raw=True)
+        partial = False
+        if interim and not request.raw:
+            completions, partial = with_first_lines_so_far(request.prefix, request.suffix, self.language, completions, candidates)
         finished = time.perf_counter()
         timing = {
             "prefill": (self._decode_started - self.started) * 1000,
@@ -343,3 +342,27 @@ class ActiveCompletion:
             "interim_partial": float(partial),
         }
         return CompletionResult(completions, parts.model_name, timing)
+
+
+def with_first_lines_so_far(
+    prefix: str, suffix: str, language: str | None, whole: list[Completion], candidates: list[Completion],
+) -> tuple[list[Completion], bool]:
+    """An interim answer: the alternatives whole so far (`whole`, ranked) and, beside them, what
+    each branch still on its first line (`candidates` not finished: "deadline") has written, raw,
+    all by score, each text once; when neither gives anything, every branch's text so far.
+    -> (the texts to show, whether one of them is a text so far). Without the first lines so far,
+    a short alternative that ended first ("0", "[]") became the ghost while a likelier one was
+    still being written, and the editor, which keeps what it showed, kept it (docs/measurements/
+    zen4-early-ghost.md: on held-out holes the ghost continued into the ranked best in 62 % of
+    answers, 77 % with them)."""
+    writing = [replace(c, text=c.text.rstrip()) for c in candidates if c.finish_reason == "deadline" and "\n" not in c.text.strip()]
+    if not whole and not writing:
+        writing = [replace(c, text=c.text.rstrip()) for c in candidates if c.text.strip()]
+    if not writing:
+        return whole, False
+    so_far = postprocess(prefix, suffix, language, [c for c in writing if c.text], raw=True)
+    merged: dict[str, Completion] = {}
+    for completion in sorted([*whole, *so_far], key=lambda c: -c.score):  # stable: a whole one first on a tie
+        merged.setdefault(dedupe_key(completion.text), completion)
+    shown = list(merged.values())
+    return shown, any(any(c is text for text in so_far) for c in shown)

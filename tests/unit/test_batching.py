@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from kspec.engine.request import RequestState
-from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult
+from kspec.engine.request import RequestState, with_first_lines_so_far
+from kspec.engine.syntax import postprocess
+from kspec.engine.api import CancelToken, Completion, CompletionRequest, CompletionResult
 from kspec.engine.batching import BatchConfig, ContinuousBatcher
 from kspec.engine.errors import InputError
 from kspec.engine.cache.kv import BranchCacheGroup
@@ -355,3 +356,21 @@ def test_the_batcher_charges_the_wait_since_arrival_once(random_engine):
     assert outcomes.by_index[1][1] is None
     left = admitted(_request(2, deadline_ms=60_000.0), time.monotonic() - 5.0).deadline_ms
     assert 54_000 < left <= 55_000
+
+
+def test_an_interim_answer_ranks_a_likelier_first_line_still_being_written_above_a_short_one_that_ended():
+    """Seen in VS Code at `def total(self): return `: the branch writing "0" ended first and became
+    the ghost while the likelier `self.price * self.quantity` was still on its first line; the
+    text so far of a branch still on its first line is ranked beside the whole ones."""
+    prefix, suffix = "class Item:\n    def total(self):\n        return ", "\n"
+    ended = Completion("0", logprob=-1.2, n_tokens=2, finish_reason="stop")
+    writing = Completion("self.price * se", logprob=-0.3, n_tokens=6, finish_reason="deadline")
+    further = Completion("sum(x)\n        # then", logprob=-0.2, n_tokens=7, finish_reason="deadline")  # a whole line already
+    whole = postprocess(prefix, suffix, "python", [ended, writing, further])
+    assert whole[0].text == "0"  # checked as code, the unfinished name `se` reads as an undefined one
+    shown, so_far = with_first_lines_so_far(prefix, suffix, "python", whole, [ended, writing, further])
+    assert shown[0].text == "self.price * se" and shown[0].score == pytest.approx(-0.3 / 6) and so_far
+    assert sorted(c.text for c in shown) == sorted({c.text for c in whole} | {"self.price * se"})  # each text once
+    assert [c.score for c in shown] == sorted((c.score for c in shown), reverse=True)
+    # all ended: nothing so far to add
+    assert with_first_lines_so_far(prefix, suffix, "python", [whole[0]], [ended]) == ([whole[0]], False)
