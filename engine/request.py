@@ -130,7 +130,7 @@ def choose_drafter(parts: EngineParts, params: SamplingParams) -> Drafter:
 
 def steering_starts(
     parts: EngineParts, request: CompletionRequest, language: str | None, healed_text: str,
-    next_log_probs: Callable[[list[int]], Tensor], healing: HealingBias | None = None,
+    next_log_probs: Callable[[list[int]], Tensor], healing: HealingBias | None = None, stops: StopRule | None = None,
 ) -> tuple[list[list[int]], SteeringConfig]:  # fmt: skip
     """The forced starts for some of the request's branches (engine/decode/steering.py), as
     tokens after the healed text, most wanted first, with the rule they follow: after `module.`
@@ -138,8 +138,8 @@ def steering_starts(
     (`next_log_probs(ids)` -> [V]: its log-probabilities after the prompt and `ids`); else starts
     that bind what the code after the cursor needs (engine/syntax/needs.py); else, at a line
     start, the likeliest indentation followed by distinct content (`past_indentation_starts`,
-    with `healing`: the first token's constraint). None when steering is off, k is 1, or the
-    cursor rules are off."""
+    with `healing`: the first token's constraint; not past a line break the cursor's rule,
+    `stops`, ends the text at). None when steering is off, k is 1, or the cursor rules are off."""
     config = parts.config
     binding = SteeringConfig(config.steer_branches, config.steer_min_logprob)
     if request.k < 2 or not request.cursor_rules:
@@ -161,7 +161,8 @@ def steering_starts(
         first = next_log_probs([])  # [V]
         if healed_text:
             first = torch.log_softmax(first + healing(healed_text), dim=-1)
-        indented = past_indentation_starts(first, tokenizer.token_texts(), tokenizer.stop_ids, healed_text, next_log_probs, request.k)
+        one_line = stops is not None and stops.single_line
+        indented = past_indentation_starts(first, tokenizer.token_texts(), tokenizer.stop_ids, healed_text, next_log_probs, request.k, one_line)
         if indented:  # the binding starts first (steering.branches of them), the other branches split after the indentation
             kept = kept[: steering.branches]
             indented = [ids for ids in indented if not any(ids == start[:2] for start in kept)]
@@ -217,7 +218,7 @@ def prepare(
     forced, steering = steering_starts(
         parts, request, language, healed_text,
         lambda more: torch.log_softmax((parts.prefix_cache.prefill(model, ids + more, cancel) if more else prefill).last_logits.float(), -1),
-        bias,
+        bias, stops,
     )  # fmt: skip
     unit_done = None
     if parts.config.early_stop and not request.raw:

@@ -78,7 +78,7 @@ PAST_INDENT_CANDIDATES = 64  # of the tokens after the indentation, the likelies
 
 def past_indentation_starts(
     first_log_probs: Tensor, texts: Sequence[str], stop_ids: Collection[int], healed_text: str,
-    next_log_probs: Callable[[list[int]], Tensor], k: int,
+    next_log_probs: Callable[[list[int]], Tensor], k: int, one_line: bool = False,
 ) -> list[list[int]]:
     """At a line start the k most likely distinct first tokens are mostly indentations (`\n   `,
     `\n       `, `\n      `: after token healing, the newline and the spaces are one token), so
@@ -87,12 +87,16 @@ def past_indentation_starts(
     split after it instead: the starts for branches 1..k-1 are that indentation followed by the
     2nd..k-th likeliest distinct content tokens after it (`next_log_probs([indent])` -> [V]);
     branch 0 writes the likeliest itself. first_log_probs [V]: the first token's, healing applied.
-    [] where this does not apply."""
+    [] where this does not apply, and where that line break is text written after the healed
+    text while the cursor's rule ends the text at a line break (`one_line`): every start would be
+    cut to nothing (seen at `return |` where the model would end the line: k empty alternatives)."""
     top = torch.topk(first_log_probs, min(k, first_log_probs.shape[-1])).indices.tolist()  # [k]
     blank = [token for token in top if not texts[token].strip()]
     indent = top[0]
     text = texts[indent]
     if len(blank) < 2 or text.strip() or text.count("\n") > 1 or not text.startswith(healed_text):
+        return []
+    if one_line and "\n" in text[len(healed_text) :]:
         return []
     after = next_log_probs([indent])  # [V]
     contents: list[int] = []

@@ -19,7 +19,9 @@ from kspec.engine.decode.speculative import SpeculativeRun, pad_rows
 from kspec.engine.decode.steering import (
     MAX_FORCED_TOKENS, ForcedStarts, SteeringConfig, common_start, forced_tokens, past_indentation_starts, ranked_by_model,
 )
-from kspec.engine.decode.stopping import StopRule
+from kspec.engine.decode.healing import HealingBias
+from kspec.engine.decode.stopping import StopRule, rule_for_cursor
+from kspec.engine.request import steering_starts
 
 CODE = "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n"
 START = "    return msg"  # what the random model would never write: forced, then scored
@@ -269,6 +271,29 @@ def test_the_embedded_model_at_a_line_start_writes_k_statements_not_k_indentatio
     steered = default_engine.complete(request)
     words = {re.match(r"\s*(\w*)", c.text).group(1) for c in steered.completions}  # type: ignore[union-attr]
     assert steered.timing_ms["steered"] >= 2 and len(words) >= 2
+
+
+def test_no_starts_past_a_line_break_where_the_cursors_rule_ends_the_text_there(default_engine):
+    """At `return |` the model would end the line (seen with Qwen2.5-Coder at `area(width, height)`
+    in a file with an unfinished `return` above): branches forced past that line break were all cut
+    to nothing by the cursor's one-line rule, four empty alternatives. At a line start they apply."""
+    tokenizer = default_engine.target.tokenizer
+    vocab = default_engine.target.model.args.vocab_size
+    breaks = [tokenizer.encode(text) for text in ("\n", "\n\n")]
+    contents = [tokenizer.encode(text)[0] for text in ("x", "y", "z", "w")]
+    assert all(len(ids) == 1 for ids in breaks)
+
+    def next_log_probs(more: list[int]) -> torch.Tensor:
+        scores = torch.full((vocab,), -50.0)  # [V]: line breaks first, then content after one
+        for rank, token in enumerate(contents if more else [ids[0] for ids in breaks]):
+            scores[token] = -float(rank)
+        return torch.log_softmax(scores, dim=-1)
+
+    healing = HealingBias(tokenizer, vocab, torch.device("cpu"))
+    for prefix, past_the_break in (("def f(a):\n    b = a\n", True), ("def f(a):\n    return ", False)):
+        request = CompletionRequest(prefix=prefix, suffix="\n", language="python", k=4)
+        starts, _ = steering_starts(default_engine, request, "python", "", next_log_probs, healing, rule_for_cursor(prefix, "\n"))
+        assert bool(starts) is past_the_break, (prefix, [tokenizer.decode(ids) for ids in starts])
 
 
 def test_the_embedded_model_fills_a_hole_the_code_below_is_the_body_of_with_headers(default_engine, monkeypatch):
