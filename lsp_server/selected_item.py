@@ -35,15 +35,11 @@ class SelectedItem:
     def items(self, query: Query, alternatives: list[Completion], encoding: str) -> list[lsp.InlineCompletionItem]:
         """Each alternative as the item's text then the model's continuation, over the item's range;
         none that runs a name the item completes on into another (`y` selected, `ym...` written:
-        the model heals the item's last token and its branches differ in how they go on). Where
-        none is left, the item's text alone: the ghost still shows what accepting the item writes
-        (seen in VS Code: `item` selected at `len(self.it|)`, every branch wrote `items`, no ghost)."""
+        the model heals the item's last token and its branches differ in how they go on)."""
         language = query.document.language_id
         texts = [alternative.text for alternative in alternatives]
         if self.text and goes_on_name(self.text[-1]):
             texts = [text for text in texts if not (text and goes_on_name(text[0]))]
-        if not texts and self.text.strip():
-            texts = [""]
         items = []
         for rank, text in enumerate(texts):
             end = self.end + replaced_chars(text, query.context.line_suffix)
