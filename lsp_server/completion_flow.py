@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from kspec.engine.api import Completion, CompletionRequest, CompletionResult, ContextFile, ModuleMembers
@@ -37,7 +37,7 @@ from kspec.lsp_server.edits import CLOSERS
 from kspec.lsp_server.engine_client import EngineClient
 from kspec.lsp_server.settings import Settings
 from kspec.lsp_server.status_report import IDLE, TIMED_OUT, StatusReport
-from kspec.lsp_server.typeahead import Entry, TypeaheadCache, typed_since
+from kspec.lsp_server.typeahead import Entry, Hit, TypeaheadCache, typed_since
 
 log = logging.getLogger("kspec.lsp")
 
@@ -69,6 +69,7 @@ class Stats:
     joined: int = 0  # waited for the next rounds of an older request whose branches they continue
     unattended: int = 0  # engine work that went on after its request was cancelled
     retried: int = 0  # timed-out requests answered when asked again, unattended (client told)
+    refilled: int = 0  # asked for, the typeahead cache had fewer than k for the text typed since: asked the engine for k
     work_on: int = 0  # now: requests whose engine work goes on after their early answer or cancellation
 
 
@@ -197,11 +198,15 @@ class CompletionFlow:
     async def suggest(self, query: Query, debounce: bool) -> list[Completion]:
         """The alternatives to show at `query`, best first."""
         settings, uri = query.settings, query.document.uri
-        if (alternatives := self._cached(query)) is not None:
-            return alternatives
-        if (alternatives := await self._join(query)) is not None:
+        cached = self._cached(query)
+        if cached is not None and not self._asks_for_more(query, cached, explicit=not debounce):
+            return self._served(cached)
+        if cached is None and (alternatives := await self._join(query)) is not None:
             return alternatives
         ticket = self.inflight.begin(uri, query)
+        if cached is not None:  # on screen: the engine's answer keeps it first where it has it (keep_shown)
+            self.stats.refilled += 1
+            ticket.shown = cached.alternatives[0].text
         continuing: asyncio.Future | None = None
         try:
             if debounce and settings.debounce_ms > 0:
@@ -224,18 +229,31 @@ class CompletionFlow:
             self.stats.empty += 1
         return alternatives
 
-    def _cached(self, query: Query) -> list[Completion] | None:
-        """The typeahead cache's answer, if it has one."""
+    def _cached(self, query: Query) -> Hit | None:
+        """The typeahead cache's answer (at most k alternatives), if it has one."""
         settings = query.settings
         if not settings.typeahead:
             return None
         hit = self.typeahead.lookup(query.document.uri, query.context, settings.prefix_chars, settings.suffix_chars)
-        if hit is None:
-            return None
+        return None if hit is None else replace(hit, alternatives=hit.alternatives[: self.choice("k", settings.k)])
+
+    def _served(self, hit: Hit) -> list[Completion]:
         self.stats.typeahead_hits += 1
         self.stats.answered += 1
         self.report.set_activity(IDLE)
-        return list(hit.alternatives[: self.choice("k", settings.k)])
+        return list(hit.alternatives)
+
+    def _asks_for_more(self, query: Query, hit: Hit, explicit: bool) -> bool:
+        """Asked for (Alt+], a trigger by hand, a re-ask) by one of our editors, the cache holds fewer
+        than k alternatives because the user typed into them since the engine answered (`area(w, h)`:
+        `return wi|` left 1 of 3), and nothing decodes for the document: the engine is asked for k at
+        the text as typed (the user's k is what can be cycled). Only a client that re-asks on updates
+        (`handles_updates`) is known to ask Automatic at every keystroke; another may send Invoked (or
+        no context) for every one, and the cache must serve it."""
+        return (
+            explicit and self.handles_updates and hit.typed > 0 and len(hit.alternatives) < self.choice("k", query.settings.k)
+            and self.inflight.get(query.document.uri) is None
+        )  # fmt: skip
 
     async def _join(self, query: Query) -> list[Completion] | None:
         """The user typed what a branch of the request decoding on has begun to write: its next
@@ -248,8 +266,8 @@ class CompletionFlow:
         try:
             while pending.may_still_write(query):
                 await asyncio.wait_for(pending.grew.wait(), deadline.left_s())
-                if (alternatives := self._cached(query)) is not None:
-                    return alternatives
+                if (hit := self._cached(query)) is not None:
+                    return self._served(hit)
         except asyncio.TimeoutError:
             pass
         except asyncio.CancelledError:
@@ -296,14 +314,14 @@ class CompletionFlow:
                 if ticket.unattended is None and not done and not job.done():
                     job.cancel()  # stops the engine at its next round
             if job in done:
-                alternatives = self._answered(query, request, job, deadline)
+                alternatives = self._answered(query, request, job, deadline, ticket=ticket)
                 if not alternatives and _timed_out(job, deadline):
                     self.stats.timeouts += 1
                     outcome = TIMED_OUT
                     return alternatives, self._after_timeout(query, ticket)
                 return alternatives, None
             if early in done:
-                alternatives = self._store(query, early.result(), deadline, kept=True)
+                alternatives = self._store(query, early.result(), deadline, kept=True, ticket=ticket)
                 self.stats.early_answers += 1
                 ticket.shown = alternatives[0].text if alternatives else None
                 return alternatives[: request.k], asyncio.ensure_future(self._decode_on(query, request, ticket, job, deadline))

@@ -95,7 +95,7 @@ async def test_typeahead_serves_the_rest_without_the_engine(editor: Editor) -> N
     typed = text[0]
     editor.edit(uri, (0, 8), (0, 8), typed)
     position = (1, 0) if typed == "\n" else (0, 8 + utf16_len(typed))
-    items = await editor.inline(uri, *position)
+    items = await editor.inline(uri, *position, automatic=True)  # a keystroke: as editors ask
     after = await editor.stats()
     # the rest of the suggestion, or more of it: the engine keeps decoding the branches after an
     # answer into the typeahead cache, so by now the cache may hold a longer version
