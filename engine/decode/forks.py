@@ -114,6 +114,8 @@ class LaterForks:
     lined: bool = False  # the lead's first line is written: a split seen now is taken at once
     forked: int = 0  # branches that split after their first token
     seen: list[Split] = field(default_factory=list)  # splits the lead's path offered, not taken
+    blank_starts: list[Split] = field(default_factory=list)  # whitespace first tokens, likeliest first: where the lead writes nothing
+    stops: frozenset[int] = frozenset()  # the stop tokens among `banned`
     _observed: list[Split] = field(default_factory=list)  # this round's alternatives on the lead's row, not settled yet
     _taken: set[tuple[int, int]] = field(default_factory=set)  # (position, token) of splits branches took
     _banned_mask: Tensor | None = None  # [V]: `banned` as a mask, built on first use
@@ -123,21 +125,34 @@ class LaterForks:
         """The forks of a run whose `candidates` branches start as the best one: they wait to split,
         but those that start `forced` only once their start is undone. Never an alternative: a stop
         token, or whitespace (a formatting variant of the greedy text)."""
+        stops = frozenset(tokenizer.stop_ids)
         if not candidates:
-            return cls(min_ratio, tokenizer.stop_ids)
-        banned = tokenizer.stop_ids | tokenizer.blank_ids()
-        return cls(min_ratio, banned, tokenizer.word_start_set(), candidates - set(forced), tokenizer.token_texts())
+            return cls(min_ratio, stops, stops=stops)
+        banned = stops | tokenizer.blank_ids()
+        return cls(min_ratio, banned, tokenizer.word_start_set(), candidates - set(forced), tokenizer.token_texts(), stops=stops)
 
     def offer_first(self, first_logits: Tensor, started: list[int], begins_a_word: Callable[[int], bool]) -> None:
         """The first tokens that did not start a branch (first_logits [V], `started`: those that did)
         are splits at position 0 for the waiting branches to go back to: the last resort, however
         unlikely, so that k branches still write k texts where the path offered no other split.
-        Only those that `begins_a_word` (not another spelling of text being healed, not whitespace)."""
+        Only those that `begins_a_word` (not another spelling of text being healed, not whitespace);
+        the whitespace ones are kept apart (`blank_starts`), for a lead that writes nothing: at the
+        end of a function the model would end it (`\n\n\n`) where the hole wants its body
+        (`\n` + `    for ...`: HumanEval/48, no suggestion at all)."""
         self._taken |= {(0, token) for token in started}
         if self.waiting:
             logprobs = torch.log_softmax(first_logits.float(), dim=-1)  # [V]
             wanted = 4 * (len(self.waiting) + len(started))  # room for the ones `begins_a_word` turns down
             self.seen += [s for s in self._alternatives((), logprobs, wanted, floor=float("-inf")) if begins_a_word(s.token)]
+            greedy, blanks = int(logprobs.argmax()), sorted(self.banned - self.stops)
+            if blanks:
+                on_blanks = logprobs[torch.tensor(blanks, dtype=torch.long, device=logprobs.device)]  # [B]
+                values, order = on_blanks.topk(min(wanted, len(blanks)))  # [n]
+                self.blank_starts = [
+                    Split((), blanks[at], value, value - float(logprobs[greedy]))
+                    for value, at in zip(values.tolist(), order.tolist())
+                    if blanks[at] != greedy and blanks[at] not in started and value > float("-inf")
+                ]
 
     def text_at(self, lead: Branch, drafted: Sequence[int]) -> str:
         """The lead's text with `drafted` tokens after it (each token's own text)."""
@@ -195,6 +210,10 @@ class LaterForks:
             for index, split in sorted(self.tentative.items()):
                 self._take(index, split)
             self.tentative, self.lined = {}, True
+        if lead.done and not lead.text.strip():  # it wrote nothing: the others start with other whitespace instead
+            for index, split in zip(sorted(self.waiting), self.blank_starts):
+                self._take(index, split)
+                moves[index] = split
         if lead.done:  # the others: copies of it
             moves.update({index: None for index in self.waiting})
             self.waiting = set()

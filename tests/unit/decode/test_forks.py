@@ -63,6 +63,21 @@ def test_waiting_branches_take_the_alternatives_of_the_first_hesitation_in_order
     assert waiting_at_the_end.plan(Branch(token_ids=[3], text="x", finish_reason="stop")) == {1: None}
 
 
+def test_a_lead_that_writes_nothing_sends_the_waiting_branches_to_other_whitespace_starts() -> None:
+    """HumanEval/48 at 0.5B: after a function's docstring the model would end the function (`\n\n\n`)
+    where the hole is its body. No first token began a word, so the waiting branches copied the
+    lead and the answer was empty; now they start with the likeliest other whitespace (`\n` + body)."""
+    texts = ["\n\n\n", "\n    \n", "\n", "\n\n", "x", "y", "<eos>", "a", "b", "c"]
+    first = _logits({0: 0.5, 1: 0.2, 2: 0.1, 6: 0.15})  # [V]: 6 is a stop token, never a start
+    for lead, expected in ((Branch(token_ids=[0], text="", finish_reason="stop"), {1: 1, 2: 2}),
+                           (Branch(token_ids=[4], text="x", finish_reason="stop"), {1: None, 2: None})):  # it wrote something: copies
+        forks = LaterForks(0.1, frozenset({0, 1, 2, 3, 6}), frozenset(), waiting={1, 2}, texts=texts, stops=frozenset({6}))
+        forks.offer_first(first, [0], lambda token: False)
+        moves = forks.plan(lead)
+        assert {index: None if split is None else split.token for index, split in moves.items()} == expected
+        assert forks.waiting == set()
+
+
 @pytest.mark.parametrize("drafter", ["none", "lookup"])
 def test_a_branch_that_goes_back_to_a_split_decodes_on_as_if_it_had_started_there(default_engine, drafter: str) -> None:
     """No first token but the best is plausible at a ratio of 0.99, so three branches wait, reach the
