@@ -199,13 +199,27 @@ class _Scanner:
         while pos >= 0:
             glued = _WORD.match(rest[0]) and pos > 0 and (first_line[pos - 1].isalnum() or first_line[pos - 1] == "_")
             inside_literal = any(t.start < pos < t.end - 1 for t in literals)
-            if not glued and not inside_literal:
+            # `return [|]` + `[a, b] for a in xs]`: the first `]` closes the completion's own `[`
+            closes_own = rest[0] in CLOSERS and self._own_depth(pos) > 0
+            if not glued and not inside_literal and not closes_own:
                 if self.ctx.suffix_line_rest[:1].isspace():  # the suffix brings its own space
                     while pos > 0 and first_line[pos - 1] in " \t":
                         pos -= 1
                 return pos
             pos = first_line.find(rest, pos + 1)
         return None
+
+    def _own_depth(self, pos: int) -> int:
+        """The brackets the completion opened before `pos` and has not closed there."""
+        depth = 0
+        for tok in self.tokens:
+            if tok.start >= pos:
+                break
+            if tok.kind == OPEN:
+                depth += 1
+            elif tok.kind == CLOSE:
+                depth = max(depth - 1, 0)  # one the prefix opened: none of its own
+        return depth
 
     # -- the scan -------------------------------------------------------------------------
 

@@ -45,6 +45,14 @@ def test_cut_where_completion_repeats_the_rest_of_the_cursor_line() -> None:
     assert trim(ctx, " 0 and x < 10:\n        return x\n") == " 0 and x < 10"
 
 
+def test_a_closer_of_the_completions_own_bracket_is_no_repeat_of_the_suffix() -> None:
+    """`return [|]` (the editor closed the bracket): the first `]` of `[a, b] for a in xs]` closes
+    the completion's own `[`; the one that repeats the suffix is the last (seen with Qwen2.5-Coder:
+    `[item.name, item.price` was shown, a syntax error, and dropped)."""
+    assert trimmed("def f(xs):\n    return [", "[a, b] for a in xs]\n", "]\n", "python") == "[a, b] for a in xs"
+    assert trimmed("def f(xs):\n    return [", "a for a in xs]\n", "]\n", "python") == "a for a in xs"
+
+
 def test_repeat_of_a_word_only_counts_at_a_word_boundary() -> None:
     # The suffix rest is "x)": "max)" contains it but not at a boundary, so the bracket rule decides.
     assert trimmed("y = f(", "max)\n", "x)\n", "python") == "max"
