@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from kspec.engine.api import Completion, CompletionRequest, CompletionResult, ContextFile, ModuleMembers
@@ -198,8 +198,8 @@ class CompletionFlow:
     async def suggest(self, query: Query, debounce: bool) -> list[Completion]:
         """The alternatives to show at `query`, best first."""
         settings, uri = query.settings, query.document.uri
-        cached = self._cached(query)
-        if cached is not None and not self._asks_for_more(query, cached, explicit=not debounce):
+        cached, k = self._cached(query), self.choice("k", settings.k)
+        if cached is not None and not asks_for_more(cached, k, not debounce, self.handles_updates, self.inflight.get(uri) is not None):
             return self._served(cached)
         if cached is None and (alternatives := await self._join(query)) is not None:
             return alternatives
@@ -232,28 +232,14 @@ class CompletionFlow:
     def _cached(self, query: Query) -> Hit | None:
         """The typeahead cache's answer (at most k alternatives), if it has one."""
         settings = query.settings
-        if not settings.typeahead:
-            return None
-        hit = self.typeahead.lookup(query.document.uri, query.context, settings.prefix_chars, settings.suffix_chars)
-        return None if hit is None else replace(hit, alternatives=hit.alternatives[: self.choice("k", settings.k)])
+        at = (query.document.uri, query.context, settings.prefix_chars, settings.suffix_chars, self.choice("k", settings.k))
+        return self.typeahead.lookup(*at) if settings.typeahead else None
 
     def _served(self, hit: Hit) -> list[Completion]:
         self.stats.typeahead_hits += 1
         self.stats.answered += 1
         self.report.set_activity(IDLE)
         return list(hit.alternatives)
-
-    def _asks_for_more(self, query: Query, hit: Hit, explicit: bool) -> bool:
-        """Asked for (Alt+], a trigger by hand, a re-ask) by one of our editors, the cache holds fewer
-        than k alternatives because the user typed into them since the engine answered (`area(w, h)`:
-        `return wi|` left 1 of 3), and nothing decodes for the document: the engine is asked for k at
-        the text as typed (the user's k is what can be cycled). Only a client that re-asks on updates
-        (`handles_updates`) is known to ask Automatic at every keystroke; another may send Invoked (or
-        no context) for every one, and the cache must serve it."""
-        return (
-            explicit and self.handles_updates and hit.typed > 0 and len(hit.alternatives) < self.choice("k", query.settings.k)
-            and self.inflight.get(query.document.uri) is None
-        )  # fmt: skip
 
     async def _join(self, query: Query) -> list[Completion] | None:
         """The user typed what a branch of the request decoding on has begun to write: its next
@@ -383,7 +369,7 @@ class CompletionFlow:
                     if (time.perf_counter() - told) * 1000 >= INTERIM_REFRESH_MS and not self.report.closed:
                         told = time.perf_counter()
                         self.stats.interim_updates += 1
-                        self._tell_updated(query, final=False)
+                        self._notify(UPDATED_METHOD, updated(query, final=False))
             finally:
                 if not job.done():
                     job.cancel()
@@ -393,7 +379,7 @@ class CompletionFlow:
                 return
             if self._answered(query, request, job, deadline, shown=False, ticket=ticket) and not self.report.closed:
                 self.stats.continued += 1
-                self._tell_updated(query, final=True)
+                self._notify(UPDATED_METHOD, updated(query, final=True))
 
     def _after_timeout(self, query: Query, ticket: Ticket) -> asyncio.Future | None:
         """Nothing by the deadline: mostly a first request at a file, the engine still reading its prompt,
@@ -414,12 +400,7 @@ class CompletionFlow:
                 job.cancel()
             elif self._answered(query, request, job, deadline, shown=False) and not self.report.closed:
                 self.stats.retried += 1
-                self._tell_updated(query, final=True)
-
-    def _tell_updated(self, query: Query, final: bool) -> None:
-        """Longer alternatives for the document at the request's version are in the typeahead cache;
-        `final`: the engine work for them is over (no more will come for this request)."""
-        self._notify(UPDATED_METHOD, {"uri": query.document.uri, "version": query.version, "final": final})
+                self._notify(UPDATED_METHOD, updated(query, final=True))
 
     async def _unattended(
         self, query: Query, request: CompletionRequest, ticket: Ticket, job: asyncio.Future, early: asyncio.Future, deadline: Deadline,
@@ -442,6 +423,22 @@ class CompletionFlow:
                 self._answered(query, request, job, deadline, shown=False)
             elif early in done:
                 await self._decode_on(query, request, ticket, job, deadline)
+
+
+def asks_for_more(hit: Hit, k: int, explicit: bool, our_editor: bool, decoding: bool) -> bool:
+    """Asked for (Alt+], a trigger by hand, a re-ask) by one of our editors, the cache holds fewer
+    than k alternatives because the user typed into them since the engine answered (`area(w, h)`:
+    `return wi|` left 1 of 3), and nothing decodes for the document: the engine is asked for k at
+    the text as typed (the user's k is what can be cycled). Only a client that re-asks on updates
+    (`our_editor`) is known to ask Automatic at every keystroke; another may send Invoked (or no
+    context) for every one, and the cache must serve it."""
+    return explicit and our_editor and hit.typed > 0 and len(hit.alternatives) < k and not decoding
+
+
+def updated(query: Query, final: bool) -> dict[str, Any]:
+    """UPDATED_METHOD's params: longer alternatives for the document at the request's version are in
+    the typeahead cache; `final`: the engine work for them is over (no more will come for this request)."""
+    return {"uri": query.document.uri, "version": query.version, "final": final}
 
 
 def engine_request(query: Query, choice: Callable[[str, Any], Any], early_answers: bool) -> CompletionRequest:

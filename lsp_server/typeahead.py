@@ -92,7 +92,8 @@ class TypeaheadCache:
         while len(self._entries) > self.documents:
             self._entries.popitem(last=False)
 
-    def lookup(self, uri: str, context: EditorContext, prefix_chars: int, suffix_chars: int) -> Hit | None:
+    def lookup(self, uri: str, context: EditorContext, prefix_chars: int, suffix_chars: int, k: int | None = None) -> Hit | None:
+        """The newest answer that goes on from what was typed since, its alternatives' rests (at most `k`)."""
         for entry in self._entries.get(uri, ()):
             if (entry.prefix_chars, entry.suffix_chars) != (prefix_chars, suffix_chars):
                 continue
@@ -110,7 +111,7 @@ class TypeaheadCache:
                     left.append(replace(alternative, text=rest))
             if left:
                 self._entries.move_to_end(uri)
-                return Hit(tuple(left), context.offset - entry.context.offset)
+                return Hit(tuple(left[:k]), context.offset - entry.context.offset)
         return None
 
     def forget(self, uri: str) -> None:

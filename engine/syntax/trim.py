@@ -105,6 +105,19 @@ def trim(ctx: CursorContext, completion: str, *, truncated: bool = False) -> str
     return finalize(ctx, completion, cut)
 
 
+def own_depth(tokens: list[Tok], pos: int) -> int:
+    """The brackets a completion (`tokens`, lexed) opened before `pos` and has not closed there."""
+    depth = 0
+    for tok in tokens:
+        if tok.start >= pos:
+            break
+        if tok.kind == OPEN:
+            depth += 1
+        elif tok.kind == CLOSE:
+            depth = max(depth - 1, 0)  # one the prefix opened: none of its own
+    return depth
+
+
 class _Scanner:
     def __init__(self, ctx: CursorContext, text: str, tokens: list[Tok], lex_open: bool, final: bool) -> None:
         self.ctx = ctx
@@ -200,7 +213,7 @@ class _Scanner:
             glued = _WORD.match(rest[0]) and pos > 0 and (first_line[pos - 1].isalnum() or first_line[pos - 1] == "_")
             inside_literal = any(t.start < pos < t.end - 1 for t in literals)
             # `return [|]` + `[a, b] for a in xs]`: the first `]` closes the completion's own `[`
-            closes_own = rest[0] in CLOSERS and self._own_depth(pos) > 0
+            closes_own = rest[0] in CLOSERS and own_depth(self.tokens, pos) > 0
             if not glued and not inside_literal and not closes_own:
                 if self.ctx.suffix_line_rest[:1].isspace():  # the suffix brings its own space
                     while pos > 0 and first_line[pos - 1] in " \t":
@@ -208,18 +221,6 @@ class _Scanner:
                 return pos
             pos = first_line.find(rest, pos + 1)
         return None
-
-    def _own_depth(self, pos: int) -> int:
-        """The brackets the completion opened before `pos` and has not closed there."""
-        depth = 0
-        for tok in self.tokens:
-            if tok.start >= pos:
-                break
-            if tok.kind == OPEN:
-                depth += 1
-            elif tok.kind == CLOSE:
-                depth = max(depth - 1, 0)  # one the prefix opened: none of its own
-        return depth
 
     # -- the scan -------------------------------------------------------------------------
 
