@@ -549,7 +549,9 @@ def test_real_model_in_vscode(tools: E2ETools, real_model: Path, built: Path, ks
     ghosted = [p for p in pauses if p["ghost"]]
     assert summary["pause_ghost_share"] >= GHOST_SHARE_BOUND, pauses
     assert all(p["idle_after"].startswith("check") for p in pauses), [p["idle_after"] for p in pauses]
-    assert all(p["busy_seen"] for p in ghosted), [p["statuses"] for p in ghosted]  # busy while it decoded
+    # busy while it decoded: a ghost that grew was decoded during the pause (one the typeahead cache
+    # served whole as the last key was typed, from the warm-up's answer, had no engine work to show)
+    assert all(p["busy_seen"] for p in ghosted if p["grown"]), [p["statuses"] for p in ghosted if p["grown"]]
     grown = [p for p in ghosted if p["grown"]]
     # what grew after the first ghost reaches the screen without a key: all but one of those pauses
     # (a machine that stalls past QUIET_MS), and every one where the user had typed into the ghost
