@@ -356,12 +356,13 @@ def with_first_lines_so_far(
     still being written, and the editor, which keeps what it showed, kept it (docs/measurements/
     zen4-early-ghost.md: on held-out holes the ghost continued into the ranked best in 62 % of
     answers, 77 % with them)."""
-    writing = [replace(c, text=c.text.rstrip()) for c in candidates if c.finish_reason == "deadline" and "\n" not in c.text.strip()]
+    written = [replace(c, text=c.text.rstrip()) for c in candidates if c.text.strip()]
+    writing = [c for c in written if c.finish_reason == "deadline" and "\n" not in c.text.lstrip()]
     if not whole and not writing:
-        writing = [replace(c, text=c.text.rstrip()) for c in candidates if c.text.strip()]
+        writing = written
     if not writing:
         return whole, False
-    so_far = postprocess(prefix, suffix, language, [c for c in writing if c.text], raw=True)
+    so_far = postprocess(prefix, suffix, language, writing, raw=True)
     merged: dict[str, Completion] = {}
     for completion in sorted([*whole, *so_far], key=lambda c: -c.score):  # stable: a whole one first on a tie
         merged.setdefault(dedupe_key(completion.text), completion)
