@@ -40,7 +40,7 @@ from kspec.engine.syntax.languages import new_parser, normalize_language, ts_lan
 from kspec.engine.syntax.pylines import line_errors
 from kspec.engine.syntax.lexer import CLOSE, COMMENT, OPEN, STRING
 from kspec.engine.syntax.window import (
-    Region, closing_tail, construct_end, cursor_indent, find_region, indent_width, repair, scan,
+    Region, closing_tail, construct_end, cursor_indent, cut_word, find_region, indent_width, repair, scan,
 )
 
 
@@ -197,7 +197,7 @@ class Checker:
 
         self.names = pynames.WindowNames(
             self.prefix + self.suffix, self.baseline.root_node, self.cursor, needs_end, region.in_function, above,
-            outside if start > 0 else None,
+            outside if start > 0 else None, cut_word(prefix + suffix) if suffix else None,
         )
         # An expression the window's end cut short on the line after the cursor's is the window's.
         following_cut = self.cut_end and "\n" not in suffix[suffix.find("\n") + 1 :].strip()

@@ -35,6 +35,7 @@ from kspec.engine.syntax.context import CursorContext
 from kspec.engine.syntax.languages import ts_language
 from kspec.engine.syntax.lexer import CLOSE, OPEN, lex
 from kspec.engine.syntax.pynames import NEEDS_LINES
+from kspec.engine.syntax.window import cut_word
 
 LANGUAGES = frozenset({"javascript", "typescript", "tsx"})
 
@@ -167,12 +168,14 @@ class WindowNames:
         """`prefix` / `suffix`: the window as given; `root`: the tree of the text the checks
         parse (the repaired window), with the cursor at byte `cursor` of it; the suffix's reads
         that may be needed are those before byte `needs_end` there (`block_end`); `above`: the
-        words of the file above the window, when the caller has them (`words`)."""
+        words of the file above the window, when the caller has them (`words`). The piece of a
+        word the window's end cut off (`cut_word`) vouches for no name."""
         before = words(prefix) | above
         needs = read_names(language, root, cursor, needs_end) - before - GLOBALS if needs_end > cursor else frozenset()
         if needs:
             needs -= bound_names(language, root, 0, root.end_byte)
-        return cls(language, before | words(suffix), needs)
+        cut = cut_word(prefix + suffix) if suffix else None
+        return cls(language, (before | words(suffix)) - {cut}, needs)
 
     def judge(self, root: tree_sitter.Node, start: int, cursor: int, end: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
         """(names read that nothing vouches for, needed names bound, needed names left unbound)

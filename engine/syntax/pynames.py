@@ -131,10 +131,13 @@ class WindowNames:
     def __init__(
         self, source: bytes, root: tree_sitter.Node, cursor: int, needs_end: int, in_function: bool,
         above: frozenset[str] = frozenset(), outside: Callable[[], tuple[OutsideNames, OutsideNames]] | None = None,
+        cut: str | None = None,
     ) -> None:
         """`source` / `root`: the part of the window the checks parse; `outside`: what the
-        window's text before and after it tells (`checks.checked_span`), worked out when a rule asks."""
+        window's text before and after it tells (`checks.checked_span`), worked out when a rule asks;
+        `cut`: the piece of a word the window's end cut off (`window.cut_word`), which is no name."""
         self.source = source
+        self.cut = cut
         self.in_function = in_function  # the window shows the header of a function around the cursor
         self._above = above  # module-level names of the file above the window (when the caller has it)
         self._outside = outside
@@ -184,7 +187,7 @@ class WindowNames:
         if self._free is None:
             words = code_words(self.source, self.root, 0, len(self.source))
             bound = self.bound | self.outside.bound  # bound anywhere in the window: not from above it
-            self._free = frozenset(((words | self.outside.reads) - bound - pyscope.BUILTIN_NAMES) | self.above)
+            self._free = frozenset(((words | self.outside.reads) - bound - pyscope.BUILTIN_NAMES - {self.cut}) | self.above)
         return self._free
 
 

@@ -75,6 +75,13 @@ def node_text(node: tree_sitter.Node) -> str:
     return (node.text or b"").decode("utf-8", "replace")
 
 
+MODULE = ("module", 0)  # the module's key: its node starts after the file's leading blank lines
+
+
+def _key(scope: tree_sitter.Node) -> tuple[str, int]:
+    return MODULE if scope.type == "module" else (scope.type, scope.start_byte)
+
+
 def scope_key(node: tree_sitter.Node | None) -> tuple[str, int]:
     """(type, start byte) of the innermost scope around `node` (the node itself excluded)."""
     parent = node.parent if node is not None else None
@@ -82,9 +89,9 @@ def scope_key(node: tree_sitter.Node | None) -> tuple[str, int]:
         if parent.type in SCOPE_TYPES:
             # A function's parameters and name belong to it; its decorators and defaults do
             # not, but treating them as inside is harmlessly lenient.
-            return parent.type, parent.start_byte
+            return _key(parent)
         parent = parent.parent
-    return "module", 0
+    return MODULE
 
 
 def scope_chain(node: tree_sitter.Node) -> list[tuple[str, int]]:
@@ -93,10 +100,10 @@ def scope_chain(node: tree_sitter.Node) -> list[tuple[str, int]]:
     parent = node.parent
     while parent is not None:
         if parent.type in SCOPE_TYPES:
-            chain.append((parent.type, parent.start_byte if parent.type != "module" else 0))
+            chain.append(_key(parent))
         parent = parent.parent
     if not chain or chain[-1][0] != "module":
-        chain.append(("module", 0))
+        chain.append(MODULE)
     return chain
 
 
@@ -142,7 +149,7 @@ def collect_bindings(root: tree_sitter.Node, start: int = 0, end: int | None = N
                     found.wildcard = True
                 add(scope_key(node), _import_names(node))
             elif capture == "global":
-                add(("module", 0), [c for c in node.named_children if c.type == "identifier"])
+                add(MODULE, [c for c in node.named_children if c.type == "identifier"])
     return found
 
 

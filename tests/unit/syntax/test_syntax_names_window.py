@@ -311,3 +311,36 @@ def test_a_name_the_window_binds_only_inside_other_functions_is_certainly_undefi
     cut_above_writer = name in ("brackets", "statement")
     assert ranked[0].check.undefined_names == (("Writer",) if cut_above_writer else ())
     assert ranked[0].check.certainly_undefined == ()
+
+
+@pytest.mark.parametrize("language", ["python", "javascript"])
+def test_the_piece_of_a_word_the_windows_end_cut_off_vouches_for_no_name(language: str) -> None:
+    """HumanEval/154 in a window that ends `if a[i:i+l] == p` (of `pat`): the model copies `p`
+    from there. That piece is no name the window reads, so an alternative reading it is blamed
+    and ranks below one that reads only names the window vouches for; the whole word ending
+    the window (a line end after it, or spelled before) still vouches."""
+    if language == "python":
+        prefix, alternatives = "    l = len(b)\n", ["    return any(a[i:i+l] == p for i in range(3))\n", "    if l == 0:\n        return True\n"]
+        line = "    for i in range(len(a) - l + 1):\n        if a[i:i+l] == p"
+    else:
+        prefix, alternatives = "  const l = b.length;\n", ["  return a.includes(p);\n", "  if (l === 0) return true;\n"]
+        line = "  for (let i = 0; i < l; i++) {\n    if (a.slice(i, i + l) === p"
+    candidates = [Completion(alternatives[0], logprob=-1.0, n_tokens=8), Completion(alternatives[1], logprob=-2.0, n_tokens=8)]
+    ranked = rank_alternatives(prefix, line, language, candidates)
+    assert [r.completion.text.strip() for r in ranked] == [alternatives[1].strip(), alternatives[0].strip()]
+    assert ranked[1].check.undefined_names == ("p",)
+    for vouching in (line + "\n", line + "at\n" + line.replace("== p", "== p\n"), "  x = p\n" + line):
+        checker = Checker(prefix, vouching, language)
+        assert checker.check(alternatives[0]).undefined_names == (), vouching
+
+
+@pytest.mark.parametrize("leading", ["", "\n\n", "  \n"])
+def test_module_level_names_are_known_when_the_text_starts_with_blank_lines(leading: str) -> None:
+    """The module's tree node starts after leading blank lines (HumanEval's prompts open with
+    two): its bindings and the reads' scope chain must name it alike, or every module-level
+    name read below reads as undefined."""
+    prefix = leading + "def is_palindrome(text: str):\n    return text == text[::-1]\n\n\n"
+    checker = Checker(prefix, "", "python")
+    assert checker.check("print(is_palindrome('aba'))\n").undefined_names == ()
+    assert checker.check("def is_palindrome(s):").undefined_names == ()
+    assert checker.check("print(is_anagram('aba'))\n").undefined_names == ("is_anagram",)
