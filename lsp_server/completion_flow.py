@@ -99,6 +99,7 @@ class Ticket:
         self.grew = asyncio.Event()
         self.unattended: asyncio.Future | None = None  # its engine work, going on after it was cancelled
         self.shown: str | None = None  # the first alternative the client was given (then kept first while continued)
+        self.kept: Completion | None = None  # a refill's: the alternative on screen when more were asked for (stays first)
 
     def interim(self, alternatives: tuple[Completion, ...]) -> None:
         self.alternatives = alternatives
@@ -204,9 +205,9 @@ class CompletionFlow:
         if cached is None and (alternatives := await self._join(query)) is not None:
             return alternatives
         ticket = self.inflight.begin(uri, query)
-        if cached is not None:  # on screen: the engine's answer keeps it first where it has it (keep_shown)
+        if cached is not None:  # on screen: it stays first, then the engine's others (on_screen_first)
             self.stats.refilled += 1
-            ticket.shown = cached.alternatives[0].text
+            ticket.kept = cached.alternatives[0]
         continuing: asyncio.Future | None = None
         try:
             if debounce and settings.debounce_ms > 0:
@@ -483,8 +484,12 @@ def start_job(report: StatusReport, query: Query, work: Any, awaited: bool = Fal
 def shown_alternatives(result: CompletionResult, ticket: Ticket | None, handles_updates: bool) -> list[Completion]:
     """An answer's alternatives with distinct texts for a client that re-asks on updates (else with
     their whole texts, client_kind.py); after an early answer (`ticket.shown`) the one continuing what
-    the client shows stays first (`keep_shown`), and becomes what it shows."""
-    completions = keep_shown(result.completions, ticket.shown if ticket else None)
+    the client shows stays first (`keep_shown`), and becomes what it shows; after a refill the one on
+    screen stays first (`on_screen_first`)."""
+    if ticket is not None and ticket.kept is not None:
+        completions = on_screen_first(result.completions, ticket.kept)
+    else:
+        completions = keep_shown(result.completions, ticket.shown if ticket else None)
     alternatives = distinct_texts(completions) if handles_updates else whole_alternatives(completions)
     if ticket is not None and ticket.shown is not None and alternatives:
         ticket.shown = alternatives[0].text
@@ -504,6 +509,16 @@ def keep_shown(completions: list[Completion], shown: str | None) -> list[Complet
                 return completions
             return [completion, *completions[:index], *completions[index + 1 :]]
     return completions
+
+
+def on_screen_first(completions: list[Completion], kept: Completion) -> list[Completion]:
+    """A refill's answer (`asks_for_more`): the alternative that was on screen when the user asked for
+    more stays first, whatever the engine scores it (the engine's longer version of it where it has
+    one, else itself), so that the step the user asked for goes to another one; then the engine's."""
+    for index, completion in enumerate(completions):
+        if completion.text.startswith(kept.text):
+            return [completion, *completions[:index], *completions[index + 1 :]]
+    return [kept, *completions]
 
 
 def distinct_texts(completions: Iterable[Completion]) -> list[Completion]:

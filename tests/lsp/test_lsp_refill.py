@@ -57,3 +57,21 @@ async def test_a_client_that_may_ask_invoked_at_every_keystroke_is_served_from_t
             assert [item.insert_text for item in await editor.inline(uri, 1, 13)] == ["dth * height"] and engine.posts == 1
     finally:
         engine.close()
+
+
+async def test_the_alternative_on_screen_stays_first_where_the_engine_no_longer_writes_it() -> None:
+    """At the text as typed the model may not write the alternative on screen again (`return wi|`:
+    `dth * height` is gone from its answer). It stays first all the same, then the engine's others
+    up to k: the step the user asked for goes to another one, and back again finds it."""
+    engine = ScriptedEngine({**SCRIPT, "    return wi": ["dth + height", "dth", "ndow"]})
+    try:
+        async with editor_session({"engine": "openai", "engineUrl": engine.url, **SETTINGS}, args=()) as editor:
+            await editor.ready()
+            uri = "file:///work/area.py"
+            editor.open(uri, "def area(width, height):\n    return \n")
+            assert (await editor.inline(uri, 1, 11, automatic=True))[0].insert_text == "width * height"
+            editor.edit(uri, (1, 11), (1, 11), "wi")
+            asked = await editor.inline(uri, 1, 13)
+            assert [item.insert_text for item in asked] == ["dth * height", "dth + height", "dth"] and engine.posts == 2
+    finally:
+        engine.close()
