@@ -642,3 +642,30 @@ def test_a_missing_kspec_is_reported_once_and_the_buffer_keeps_its_highlighting(
         assert "open a file to start one" not in report and "cannot start until kspec is found" in report, report
     finally:
         editor.close()
+
+
+def test_next_after_typing_into_the_suggestion_asks_for_k_at_the_typed_text(nvim: Nvim):
+    """Typed into the shown alternative until no other goes on with it, one is left; Alt+]
+    asks at the text as typed, the server tops the alternatives up to k (the one shown
+    first, issue 56's `return wi|`) and the step is taken over them."""
+    fresh_comment_line(nvim)
+    items = wait_ghost(nvim)["items"]
+    first_line = items[0].split("\n")[0]
+    typed = next((first_line[:n] for n in range(1, len(first_line)) if not any(o.startswith(first_line[:n]) for o in items[1:])), None)
+    assert typed is not None, f"no start of {items[0]!r} sets it apart from {items[1:]!r}"
+    nvim.input("".join("<lt>" if char == "<" else char for char in typed))
+    nvim.wait_for("one alternative left", f"{GHOST}.shown() ~= nil and {GHOST}.shown().count == 1", 10)
+    seq = nvim.lua(f"return {GHOST}._debug().seq")
+
+    nvim.input("<M-]>")
+    nvim.wait_for(
+        "k alternatives at the typed text, the 2nd shown",
+        f"{GHOST}.shown() ~= nil and {GHOST}.shown().count == {K} and {GHOST}.shown().index == 2 and not {GHOST}.joining()",
+        60,
+        diagnose=lambda: repr(nvim.lua(f"return {GHOST}.shown()")),
+    )
+    after = nvim.lua(f"return {GHOST}.shown()")
+    assert nvim.lua(f"return {GHOST}._debug().seq") > seq  # asked the server
+    assert after["items"][0] == items[0][len(typed):]  # the one that was shown stays first
+    assert len(set(after["items"])) == K
+    assert buffer(nvim)[0] == FIRST_LINE + typed

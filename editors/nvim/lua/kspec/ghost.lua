@@ -11,6 +11,8 @@
 -- Cycling while the server still decodes for the buffer (an early answer is shown) joins
 -- that decoding: the step waits for the final alternatives, shows them, then steps, so
 -- next / prev go over the final k, never over interim ones that are about to change.
+-- Cycling after typing into the suggestion first asks at the text as typed: the server
+-- tops the alternatives that go on with it up to k (as VS Code's Alt+] does there).
 local M = {}
 
 local api = vim.api
@@ -36,7 +38,7 @@ local TRIGGER_INVOKED, TRIGGER_AUTOMATIC = 1, 2 -- LSP 3.18 InlineCompletionTrig
 ---   items = { { text, insert, row, scol, ecol } } | nil,  -- text: what follows the anchor
 ---   index, typed,                         -- current item; characters typed since the anchor
 ---   version,                              -- LSP document version of the request the items answer
----   join = { delta, timer, final } | nil,  -- next / prev pressed while the server decodes
+---   join = { delta, timer, final } | nil,  -- next / prev waiting for the final alternatives
 --- }
 local buffers = {}
 
@@ -636,9 +638,25 @@ function M.on_status()
   end
 end
 
+--- Wait for the answer a join asked for (`final`), then step; M.JOIN_TIMEOUT_MS or
+--- settings.deadlineMs bound the wait.
+local function start_join(bufnr, st, join)
+  st.join = join
+  join.timer = uv.new_timer()
+  local wait = tonumber(st.opts.settings and st.opts.settings.deadlineMs) or M.JOIN_TIMEOUT_MS
+  join.timer:start(wait, 0, vim.schedule_wrap(function()
+    if st.join == join then
+      apply_join(bufnr)
+    end
+  end))
+end
+
 --- Show the next (delta = 1) or previous (-1) alternative; with nothing shown, ask now.
 --- While the server still decodes for the buffer, the step joins that decoding: it is
 --- taken over the final alternatives once they are shown (a deadline bounds the wait).
+--- After the user typed into the suggestion, only the alternatives that go on with the
+--- typed text are left: the step asks at the text as typed first (the server tops them
+--- up to k, the one shown first) and is taken over that answer.
 function M.cycle(delta, bufnr)
   bufnr = bufnr or api.nvim_get_current_buf()
   local st = buffers[bufnr]
@@ -656,16 +674,17 @@ function M.cycle(delta, bufnr)
     return true
   end
   if decoding(bufnr, st) then
-    local join = { delta = delta, timer = uv.new_timer() }
-    st.join = join
-    local wait = tonumber(st.opts.settings and st.opts.settings.deadlineMs) or M.JOIN_TIMEOUT_MS
-    join.timer:start(wait, 0, vim.schedule_wrap(function()
-      if st.join == join then
-        apply_join(bufnr)
-      end
-    end))
+    start_join(bufnr, st, { delta = delta })
     render(bufnr)
     return true
+  end
+  if st.typed ~= '' then
+    start_join(bufnr, st, { delta = delta, final = true })
+    if M.refresh(bufnr) then
+      render(bufnr)
+      return true
+    end
+    drop_join(st)
   end
   step(bufnr, st, delta)
   return true
