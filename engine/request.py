@@ -165,7 +165,7 @@ def steering_starts(
         indented = past_indentation_starts(first, tokenizer.token_texts(), tokenizer.stop_ids, healed_text, next_log_probs, request.k, one_line)
         if indented:  # the binding starts first (steering.branches of them), the other branches split after the indentation
             kept = kept[: steering.branches]
-            indented = [ids for ids in indented if not any(ids == start[:2] for start in kept)]
+            indented = [ids for ids in indented if not any(ids == start[: len(ids)] for start in kept)]
             return kept + indented, SteeringConfig(request.k - 1, config.steer_min_logprob)
     if members is None:
         return kept, steering

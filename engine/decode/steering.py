@@ -74,6 +74,7 @@ def ranked_by_model(starts: Sequence[list[int]], next_log_probs: Callable[[list[
 
 
 PAST_INDENT_CANDIDATES = 64  # of the tokens after the indentation, the likeliest looked at for distinct content
+MAX_INDENT_TOKENS = 4  # an indentation longer than this many tokens is not followed further
 
 
 def past_indentation_starts(
@@ -81,12 +82,15 @@ def past_indentation_starts(
     next_log_probs: Callable[[list[int]], Tensor], k: int, one_line: bool = False,
 ) -> list[list[int]]:
     """At a line start the k most likely distinct first tokens are mostly indentations (`\n   `,
-    `\n       `, `\n      `: after token healing, the newline and the spaces are one token), so
+    `\n       `, `\n      `: after token healing, the newline and the spaces are one token in
+    some vocabularies; in others, Qwen's, the line break is one and the spaces the next), so
     diverse branches write one line at several depths. Where two or more of them are whitespace
     only and the likeliest is one (a single line break, covering the healed text), the branches
-    split after it instead: the starts for branches 1..k-1 are that indentation followed by the
-    2nd..k-th likeliest distinct content tokens after it (`next_log_probs([indent])` -> [V]);
-    branch 0 writes the likeliest itself. first_log_probs [V]: the first token's, healing applied.
+    split after the likeliest indentation instead (that token, and then while the likeliest next
+    one is spaces only, it too: `\n` + `       `): the starts for branches 1..k-1 are that
+    indentation followed by the 2nd..k-th likeliest distinct content tokens after it
+    (`next_log_probs(indent)` -> [V]); branch 0 writes the likeliest itself. first_log_probs [V]:
+    the first token's, healing applied.
     [] where this does not apply, and where that line break is text written after the healed
     text while the cursor's rule ends the text at a line break (`one_line`): every start would be
     cut to nothing (seen at `return |` where the model would end the line: k empty alternatives)."""
@@ -98,14 +102,21 @@ def past_indentation_starts(
         return []
     if one_line and "\n" in text[len(healed_text) :]:
         return []
-    after = next_log_probs([indent])  # [V]
+    path = [indent]
+    after = next_log_probs([*path])  # [V]
+    while len(path) < MAX_INDENT_TOKENS:
+        spaces = int(torch.argmax(after))
+        if texts[spaces].strip() or "\n" in texts[spaces] or not texts[spaces] or spaces in stop_ids:
+            break
+        path.append(spaces)
+        after = next_log_probs([*path])  # [V]
     contents: list[int] = []
     for token in torch.topk(after, min(PAST_INDENT_CANDIDATES, after.shape[-1])).indices.tolist():
         if texts[token].strip() and "\n" not in texts[token] and token not in stop_ids:
             contents.append(token)
         if len(contents) == k:
             break
-    return [[indent, token] for token in contents[1:]]
+    return [[*path, token] for token in contents[1:]]
 
 
 @dataclass

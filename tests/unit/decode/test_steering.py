@@ -223,7 +223,7 @@ def test_member_starts_put_the_name_the_code_around_the_cursor_shares_a_word_wit
 
 # --------------------------------------------------------------------------- past the indentation
 
-_TEXTS = ["\n   ", "\n       ", "\n      ", " return", " if", " x", "\n\n", "<eos>", "  ", "y"]
+_TEXTS = ["\n   ", "\n       ", "\n      ", " return", " if", " x", "\n\n", "<eos>", "  ", "y", "\n"]
 _EOS = 7
 
 
@@ -246,6 +246,21 @@ def test_at_a_line_start_branches_split_after_the_likeliest_indentation():
 
     starts = past_indentation_starts(_log_probs([0, 1, 2, 3]), _TEXTS, {_EOS}, "\n", after, 3)
     assert asked == [[0]] and starts == [[0, 4], [0, 5]]  # `if` and `x` after "\n   "; branch 0 writes `return` itself
+
+
+def test_where_the_line_break_and_the_spaces_are_two_tokens_the_split_is_after_both():
+    """Qwen's vocabulary writes `\n        if` as `\n`, `       `, ` if`: after the line break alone
+    the likeliest tokens are spaces, and content tokens after it are what is left of the
+    vocabulary's junk (`2`, `\tif`, `#` at HumanEval/127). The indentation is followed while
+    its likeliest next token is spaces only; the branches split after it."""
+    asked: list[list[int]] = []
+
+    def after(more: list[int]) -> torch.Tensor:
+        asked.append(more)
+        return _log_probs([8, 9, 5]) if more == [10] else _log_probs([3, 6, 4, 8, 5])  # then: return, "\n\n", if, "  ", x
+
+    starts = past_indentation_starts(_log_probs([10, 0, 1, 2]), _TEXTS, {_EOS}, "\n", after, 3)
+    assert asked == [[10], [10, 8]] and starts == [[10, 8, 4], [10, 8, 5]]
 
 
 @pytest.mark.parametrize(
