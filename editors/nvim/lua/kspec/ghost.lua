@@ -38,7 +38,7 @@ local TRIGGER_INVOKED, TRIGGER_AUTOMATIC = 1, 2 -- LSP 3.18 InlineCompletionTrig
 ---   items = { { text, insert, row, scol, ecol } } | nil,  -- text: what follows the anchor
 ---   index, typed,                         -- current item; characters typed since the anchor
 ---   version,                              -- LSP document version of the request the items answer
----   join = { delta, timer, final } | nil,  -- next / prev waiting for the final alternatives
+---   join = { delta, timer, final, stay } | nil,  -- next / prev waiting for the final alternatives
 --- }
 local buffers = {}
 
@@ -324,9 +324,10 @@ local function send(bufnr, seq, trigger)
       return -- (a refresh that brings nothing keeps what is shown)
     end
     -- after a refresh, stay on the alternative that was shown: its longer version (a join
-    -- starts from the first of the final alternatives, as VS Code's does, then steps)
+    -- for decoding that was going on starts from the first of the final alternatives, as
+    -- VS Code's does, then steps; one that asked after typing steps from the one shown)
     local index, shown = 1, current_item(st)
-    if shown and not (st.join and st.join.final) then
+    if shown and not (st.join and st.join.final and not st.join.stay) then
       for i, item in ipairs(items) do
         if item.text:sub(1, #shown.text) == shown.text then
           index = i
@@ -679,7 +680,7 @@ function M.cycle(delta, bufnr)
     return true
   end
   if st.typed ~= '' then
-    start_join(bufnr, st, { delta = delta, final = true })
+    start_join(bufnr, st, { delta = delta, final = true, stay = true })
     if M.refresh(bufnr) then
       render(bufnr)
       return true
