@@ -10,7 +10,8 @@ With the lexer alone (the window is lexed once per request, `scan`):
 1. `start_state`: the lexical state at the window's first character. A window that starts
    inside a Python triple-quoted string shows it by its first triple quote being a closer
    (it ends a line of prose, or is alone on a line that no header line opens a docstring
-   for); one inside a C-family block comment by a `*/` before any `/*`. A window that
+   for, or alone on the window's first line with code, not prose, after it: `_reads_as_code`,
+   the one parse here); one inside a C-family block comment by a `*/` before any `/*`. A window that
    starts in code starts on a line it may have cut: when that line does not parse on its
    own it is replaced by what it leaves open.
 2. `repair`: text that makes the window lex and parse as the file does: before it, the
@@ -38,7 +39,9 @@ With the lexer alone (the window is lexed once per request, `scan`):
 
 from __future__ import annotations
 
+import ast
 import re
+import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -94,14 +97,32 @@ def _is_closer(text: str, start: int, body: int) -> bool:
     if before:
         # Text before it: an opener after code that wants a value, a closer after prose.
         return line_start == 0 or _OPENS_VALUE.search(before) is None
-    if line_start == 0:
-        return False  # the first line, alone: nothing tells; assume code
+    if line_start == 0:  # the first line, alone: what follows it up to the next such quote tells
+        following = text.find(text[start:body], body)
+        return _reads_as_code(text[line_end + 1 : following if following >= 0 else len(text)])
     after = text[body:line_end].strip()
     if after and _WORD_OR_QUOTE.match(after):
         return False  # text follows on its line: the first line of a docstring
     above = _previous_code_line(text, line_start)
     # A docstring opens after a header (`def f():`) or inside an expression that wants a value.
     return above is not None and _HEADER_END.search(above) is None
+
+
+_CODE_LINES_TRIED = 3  # lines dropped from the end of a piece that does not parse (a block the cursor cut)
+
+
+def _reads_as_code(piece: str) -> bool:
+    """Whether `piece` (whole lines) is Python code rather than a docstring's prose: it parses
+    (dedented; a last line or two the window's end cut may be dropped) and holds a statement
+    other than a bare name or literal (`Summary` alone parses too)."""
+    lines = textwrap.dedent(piece).rstrip().split("\n")
+    for drop in range(min(_CODE_LINES_TRIED, len(lines))):
+        try:
+            body = ast.parse("\n".join(lines[: len(lines) - drop])).body
+        except (SyntaxError, ValueError):
+            continue
+        return any(not (isinstance(node, ast.Expr) and isinstance(node.value, (ast.Name, ast.Constant))) for node in body)
+    return False
 
 
 def _previous_code_line(text: str, line_start: int) -> str | None:

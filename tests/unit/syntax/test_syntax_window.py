@@ -15,7 +15,9 @@ import pytest
 from kspec.engine.api import Completion
 from kspec.engine.syntax import postprocess
 from kspec.engine.syntax.checks import Checker
+from kspec.engine.syntax.context import build_context
 from kspec.engine.syntax.languages import SPECS
+from kspec.engine.syntax.trim import trim
 from kspec.engine.syntax.window import MAX_AFTER, MAX_BEFORE, closing_tail, crop, find_region, repair, start_state
 
 PYTHON = '''import os
@@ -155,7 +157,10 @@ def test_the_whole_file_still_judges_the_same(language: str) -> None:
     [
         ("python", 'the result.\n    """\n    return 1\n', True),  # a closer after prose
         ("python", 'ing.\n\n    """\n    return 1\n', True),  # alone, after prose, not after a header
-        ("python", '    """\n    return 1\n', False),  # alone on the first line: nothing tells, code
+        ("python", '    """\n    return 1\n', True),  # alone on the first line, code after it: it closes one
+        ("python", '    """\n    l = len(s)\n    for i in range(2, l):\n', True),  # code, its last block cut by the cursor
+        ("python", '    """\n    Summary of it (more).\n\n    Args:\n', False),  # prose after it: it opens one
+        ("python", '    """\n    Summary\n    """\n    x = 1\n', False),  # a name alone up to the next quote: prose
         ("python", 'def f():\n    """Doc.\n\n    More.\n    """\n', False),  # the opener after a header
         ("python", 'x = 1\ny = """a\nb"""\n', False),  # an opener after `=`
         ("python", '    """One line."""\n    return 1\n', False),  # a whole string on one line
@@ -265,3 +270,13 @@ def test_an_error_of_the_window_away_from_the_hole_sends_no_alternative_through_
     assert found is not None and found.completion.text == text[: text.index("\n", text.index("print"))]
     assert found.check.unfixed_at_cursor == 0 and not found.check.breaks_parse
     assert checked == [found.completion.text]
+
+
+def test_a_window_that_starts_on_a_docstrings_closing_line_is_code_after_it() -> None:
+    """HumanEval/82 in a window whose first line is the docstring's closing `\"\"\"`: taken for an
+    opener, the cursor was inside a string and the model's `\"\"\"` lines after `return True` were
+    kept as part of its answer; the window is code after that line, so the statement is the unit."""
+    prefix = '    """\n    l = len(string)\n    if l == 0 or l == 1:\n        return False\n    for i in range(2, l):\n        if l % i == 0:\n            return False\n'
+    assert build_context(prefix, "", "python").start_state is None
+    completion = '    return True\n    """\n    """\n    l = len(string)\n'
+    assert trim(build_context(prefix, "", "python"), completion) == "    return True"
