@@ -30,7 +30,7 @@ from typing import Any, Callable
 from kspec.engine.api import Completion, CompletionRequest, CompletionResult, ContextFile, ModuleMembers
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, KspecError
 from kspec.lsp_server.client_kind import whole_alternatives
-from kspec.lsp_server.context import EditorContext
+from kspec.lsp_server.cursor_window import EditorContext
 from kspec.lsp_server.deadline import Deadline
 from kspec.lsp_server.documents import Cursor, Document
 from kspec.lsp_server.edits import CLOSERS

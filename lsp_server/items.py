@@ -1,13 +1,13 @@
 """A request's alternatives (the engine's `Completion`s) as LSP items: inline completion items and, for clients without inline
 completion, completion items; each item's range also covers what it writes again right of the
-cursor (edits.py), and carries the `kspec.accepted` command (acceptance.py)."""
+cursor (edits.py), and carries the `kspec.accepted` command (accept_stats.py)."""
 
 from __future__ import annotations
 
 from lsprotocol import types as lsp
 
 from kspec.engine.api import Completion
-from kspec.lsp_server.acceptance import item_command
+from kspec.lsp_server.accept_stats import item_command
 from kspec.lsp_server.completion_flow import Query
 from kspec.lsp_server.documents import units_from_column
 from kspec.lsp_server.edits import replaced_chars

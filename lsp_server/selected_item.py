@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from lsprotocol import types as lsp
 
 from kspec.engine.api import Completion, goes_on_name
-from kspec.lsp_server.acceptance import item_command
+from kspec.lsp_server.accept_stats import item_command
 from kspec.lsp_server.documents import Cursor, Document, line_body, units_from_column
 from kspec.lsp_server.edits import replaced_chars
 

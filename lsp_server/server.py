@@ -27,10 +27,10 @@ from pygls.lsp.server import LanguageServer
 from kspec.engine.errors import InputError
 from kspec.engine.serve.status import ERROR, READY, Status
 from kspec.engine.version import version
-from kspec.lsp_server.acceptance import ACCEPT_COMMAND, Acceptance
+from kspec.lsp_server.accept_stats import ACCEPT_COMMAND, Acceptance
 from kspec.lsp_server.client_kind import handles_updates
 from kspec.lsp_server.completion_flow import CompletionFlow, Query
-from kspec.lsp_server.context import Budgets, editor_context, looks_binary
+from kspec.lsp_server.cursor_window import Budgets, editor_context, looks_binary
 from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Document, DocumentStore, line_body
 from kspec.lsp_server.current_engine import CurrentEngine
 from kspec.lsp_server.engine_client import EngineClient

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from kspec.engine.api import Completion
 from kspec.engine.syntax.rank import dedupe_key
-from kspec.lsp_server.context import EditorContext
+from kspec.lsp_server.cursor_window import EditorContext
 from kspec.lsp_server.edits import CLOSERS
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from lsp_harness import FAST, editor_session
 from lsprotocol import types as lsp
 
-from kspec.lsp_server.acceptance import ACCEPT_COMMAND
+from kspec.lsp_server.accept_stats import ACCEPT_COMMAND
 
 TEXT = "def add(a, b):\n    return "
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kspec.lsp_server.context import Budgets, editor_context, looks_binary
+from kspec.lsp_server.cursor_window import Budgets, editor_context, looks_binary
 from kspec.lsp_server.documents import Cursor, Document
 from kspec.lsp_server.edits import replaced_chars
 

@@ -13,7 +13,7 @@ import pytest
 from kspec.engine.api import Completion, CompletionRequest, CompletionResult
 from kspec.engine.serve.status import Status
 from kspec.lsp_server.completion_flow import STABLE_SCORE_GAP, CompletionFlow, Query, distinct_texts, keep_shown
-from kspec.lsp_server.context import Budgets, editor_context
+from kspec.lsp_server.cursor_window import Budgets, editor_context
 from kspec.lsp_server.documents import Cursor, Document
 from kspec.lsp_server.settings import Settings
 from kspec.lsp_server.status_report import StatusReport

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kspec.engine.api import Completion
-from kspec.lsp_server.context import Budgets, EditorContext, editor_context
+from kspec.lsp_server.cursor_window import Budgets, EditorContext, editor_context
 from kspec.lsp_server.documents import Cursor, Document
 from kspec.lsp_server.typeahead import Entry, Hit, TypeaheadCache, typed_since
 
