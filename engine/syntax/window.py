@@ -150,7 +150,6 @@ def crop(prefix: str, suffix: str) -> tuple[int, int]:
     return start, end
 
 
-
 _LAST_WORD = re.compile(r"[A-Za-z_$][\w$]*\Z")
 
 
@@ -159,7 +158,10 @@ def cut_word(window: str) -> str | None:
     last characters when they are a word with no line end after it, and the window spells
     that word nowhere else. Its reads vouch for no name; None when there is no such piece."""
     match = _LAST_WORD.search(window)
-    if match is None or match.start() > 0 and (window[match.start() - 1].isalnum() or window[match.start() - 1] in "_$."):
+    if match is None:
+        return None
+    before = window[match.start() - 1 : match.start()]  # '' at the window's start
+    if before.isalnum() or before in ("_", "$", "."):  # inside a longer token, or an attribute
         return None
     word = match.group()
     return word if re.search(r"(?<![\w$])" + re.escape(word) + r"(?![\w$])", window[: match.start()]) is None else None
