@@ -1,6 +1,11 @@
 """One score per alternative, using the k together; duplicates merged; a stable best-first order.
 
-score = logprob / n_tokens                          the model's confidence, mean per token
+score = logprob / n_tokens ** length_exponent       the model's confidence, per token where the
+                                                     exponent is 1; at 0.7 a long run of easy tokens
+                                                     (a comment, a whole loop header) no longer
+                                                     outranks a short answer the model finds likelier
+                                                     as a whole (`return False` at -1.3 over an `if`
+                                                     line at -6.7)
         + agreement_weight * log(#agreeing)          branches whose shown text starts with the same
                                                      first line (this one included): the k vote
         + length_weight * log(1 + #non-blank chars)  a short safe guess is worth a little less
@@ -50,12 +55,15 @@ class RankConfig:
     length_weight: float = 0.02
     agreement_weight: float = 0.25
     degenerate_penalty: float = 1000.0
+    length_exponent: float = 0.7  # 1: the mean per token, 0: the sum (docs/measurements/zen4-length-exponent.md)
 
     def __post_init__(self) -> None:
         for item in fields(self):
             value = getattr(self, item.name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"RankConfig.{item.name} must be a finite number >= 0, got {value!r}")
+        if self.length_exponent > 1:
+            raise ValueError(f"RankConfig.length_exponent must be at most 1 (1: the mean per token), got {self.length_exponent!r}")
 
 
 @dataclass(frozen=True)
@@ -69,10 +77,11 @@ class Signals:
     affinity: float = 0.0  # after `module.`: MemberNames.affinity of the name it writes
 
 
-def normalized_logprob(logprob: float, n_tokens: int) -> float:
+def normalized_logprob(logprob: float, n_tokens: int, exponent: float = 1.0) -> float:
+    """logprob / n_tokens ** exponent (1: the mean per token); -1e9 for a non-finite logprob."""
     if not math.isfinite(logprob):
         return -1e9
-    return logprob / max(n_tokens, 1)
+    return logprob / max(n_tokens, 1) ** exponent
 
 
 def dedupe_key(text: str) -> str:
@@ -91,7 +100,7 @@ def first_line_key(text: str) -> str:
 def score(signals: Signals, config: RankConfig) -> float:
     """The documented score (module docstring); higher is better."""
     check, completion = signals.check, signals.completion
-    value = normalized_logprob(completion.logprob, completion.n_tokens)
+    value = normalized_logprob(completion.logprob, completion.n_tokens, config.length_exponent)
     value += config.agreement_weight * math.log(max(signals.agreeing, 1))
     value += config.length_weight * math.log1p(sum(1 for c in completion.text if not c.isspace()))
     value += config.needed_name_weight * (len(check.needs_defined) - len(check.needs_missing))

@@ -132,7 +132,7 @@ def test_score_terms() -> None:
         return score(Signals(Completion(text, logprob=logprob, n_tokens=n_tokens), check, **kw), config)  # type: ignore[arg-type]
 
     base = value()
-    assert base == pytest.approx(-0.5 + config.length_weight * math.log(2))
+    assert base == pytest.approx(-2.0 / 4**config.length_exponent + config.length_weight * math.log(2))
     assert value(check=CheckResult(syntax_errors=1)) == pytest.approx(base - 10.0)
     assert value(check=CheckResult(undefined_names=("a", "b"))) == pytest.approx(base - 4.0)
     assert value(check=CheckResult(undefined_names=("a", "b"), certainly_undefined=("a",))) == pytest.approx(base - 6.0)
@@ -146,10 +146,27 @@ def test_score_terms() -> None:
     assert value(n_tokens=0) == pytest.approx(-2.0 + config.length_weight * math.log(2))
 
 
+def test_a_long_run_of_easy_tokens_does_not_outrank_a_likelier_short_answer() -> None:
+    """HumanEval/124's window (Qwen2.5-Coder-0.5B): the reference `return False` at -1.27 over 5
+    tokens, beside a whole `if` line at -6.73 over 38 (a higher mean per token)."""
+    prefix = "def valid_date(date):\n    try:\n        month, day, year = [int(x) for x in date.split('-')]\n        if month < 1 or month > 12:\n"
+    suffix = "\n    except ValueError:\n        return False\n    return True\n"
+    candidates = [
+        Completion("            if year % 4 == 0 and year % 100 != 0 or year % 400 == 0:\n                return True", logprob=-6.73, n_tokens=38),
+        Completion("            return False", logprob=-1.27, n_tokens=5),
+    ]
+    shown = texts(postprocess(prefix, suffix, "python", candidates))
+    assert shown[0] == "            return False"
+    per_token = PostprocessConfig(rank=RankConfig(length_exponent=1.0))
+    assert texts(postprocess(prefix, suffix, "python", candidates, config=per_token))[0] != shown[0]
+
+
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
 def test_rank_config_is_validated(bad: float) -> None:
     with pytest.raises(ValueError):
         RankConfig(undefined_name_penalty=bad)
+    with pytest.raises(ValueError):
+        RankConfig(length_exponent=bad if bad < 0 or math.isnan(bad) else 1.5)
 
 
 def test_postprocess_config_is_validated() -> None:
@@ -248,7 +265,8 @@ def test_branches_that_agree_on_their_first_line_outrank_a_lone_likelier_one() -
     assert ranked[0].agreeing == 3 and ranked[0].source_index == 1
 
 
-def test_confidence_is_the_mean_log_probability_per_token() -> None:
-    # The same total log-probability over more tokens is more confident per token.
+def test_the_same_total_log_probability_over_more_tokens_is_more_confident() -> None:
+    # per token at length_exponent 1; still so at 0.7 (a total over n tokens counts as total / n ** 0.7)
     candidates = [Completion("x + 1", logprob=-2.0, n_tokens=2), Completion("x - 1", logprob=-2.0, n_tokens=8)]
     assert texts(postprocess(LOOP_PREFIX, LOOP_SUFFIX, "python", candidates)) == ["x - 1", "x + 1"]
+
