@@ -15,13 +15,20 @@ class StopRule:
     `next_code_indent` (single-line mode at column 0, before a line of code indented this
     deep): a first line that opens a block (`for x in xs:`, `if (a) {`) no shallower than
     that code has no body below it, so the line is not the end: its body is written too,
-    up to the first line back at the header's depth (a closing `}` there included)."""
+    up to the first line back at the header's depth (a closing `}` there included).
+
+    `before_clause` (the same, where that code is a clause that continues a block: `else:`,
+    `except ...:`, `} catch (e) {`): the hole holds the block the clause continues, so a first
+    line no deeper than the clause is not the end either: the text goes on down to a header at
+    the clause's depth and its body, and ends before the line back at that depth (the clause's
+    own, which the code after the cursor holds)."""
 
     stop_strings: tuple[str, ...] = ()
     single_line: bool = False
     block_mode: bool = False
     block_indent: int | None = None  # None in block mode: the indent of the first generated line
     next_code_indent: int | None = None
+    before_clause: bool = False
 
     def cut(self, text: str) -> tuple[str, bool]:
         """(text up to the stop, whether a stop was found)."""
@@ -33,7 +40,12 @@ class StopRule:
         if self.single_line:
             newline = text.find("\n")
             if newline != -1:
-                end = min(end, self._body_end(text, newline) if self._opens_bodiless_block(text[:newline]) else newline)
+                if self.before_clause and _indent(text[:newline]) <= (self.next_code_indent or 0):
+                    end = min(end, self._clause_end(text))
+                elif self._opens_bodiless_block(text[:newline]):
+                    end = min(end, self._body_end(text, newline))
+                else:
+                    end = min(end, newline)
         if self.block_mode:
             end = min(end, self._block_end(text))
         return text[:end], end < len(text)
@@ -46,10 +58,27 @@ class StopRule:
             and _indent(first_line) >= self.next_code_indent
         )
 
+    def _clause_end(self, text: str) -> int:
+        """Where a hole before a clause (`before_clause`) ends: after the body of the first header
+        at the clause's depth, before the line back at that depth; before that header, at a blank
+        line or a line shallower than the first."""
+        offset, lines = 0, text.split("\n")
+        first = _indent(lines[0])
+        for index, line in enumerate(lines):
+            if index == len(lines) - 1:
+                return len(text)  # the last piece may still grow
+            if not line.strip() or _indent(line) < first:
+                return max(offset - 1, 0)
+            if _indent(line) == self.next_code_indent and line.rstrip().endswith((":", "{")) and _HEADER.match(line):
+                return offset + self._body_end(text[offset:], len(line), closes=False)
+            offset += len(line) + 1
+        return len(text)
+
     @staticmethod
-    def _body_end(text: str, newline: int) -> int:
+    def _body_end(text: str, newline: int, closes: bool = True) -> int:
         """Where the block the first line (text[:newline]) opens ends: before a blank line or a
-        line back at the header's depth, after that line where it closes a `{` block."""
+        line back at the header's depth, after that line where it closes a `{` block (with
+        `closes`; else that line is the code after the cursor's)."""
         header = text[:newline]
         offset = newline + 1
         lines = text[offset:].split("\n")
@@ -59,8 +88,8 @@ class StopRule:
             if not line.strip():
                 return offset - 1
             if _indent(line) <= _indent(header):
-                closes = header.rstrip().endswith("{") and line.strip().startswith("}")
-                return offset + len(line) if closes else offset - 1
+                own_close = closes and header.rstrip().endswith("{") and line.strip().startswith("}")
+                return offset + len(line) if own_close else offset - 1
             offset += len(line) + 1
         return len(text)
 
@@ -89,6 +118,8 @@ def _indent(line: str) -> int:
 # a name being assigned or used (`match = ...`, `case.x`: soft keywords are names too).
 _HEADER = re.compile(r"[ \t]*(?:async[ \t]+)?(?:def|class|if|elif|else|for|while|with|try|except|finally|match|case|switch)\b(?![ \t]*[=.,)\]])")
 _CLOSERS = frozenset(")]}")
+# A line that continues a block the lines above it open (`else:`, `} catch (e) {`).
+_CLAUSE = re.compile(r"[ \t]*(?:\}[ \t]*)?(?:else|elif|except|catch|finally)\b")
 
 
 def _opens_block(line_before: str, line_after: str) -> bool:
@@ -112,7 +143,8 @@ def rule_for_cursor(prefix: str, suffix: str, extra_stops: tuple[str, ...] = ())
     if line_before.strip() and _opens_block(line_before, line_after):
         return StopRule(stop_strings=extra_stops, block_mode=True, block_indent=_indent(line_before) + 1)
     if not line_before and line_after.strip():  # a line of its own before that code
-        return StopRule(stop_strings=extra_stops, single_line=True, next_code_indent=_indent(line_after))
+        clause = _CLAUSE.match(line_after) is not None
+        return StopRule(stop_strings=extra_stops, single_line=True, next_code_indent=_indent(line_after), before_clause=clause)
     if line_before.strip() or line_after.strip():
         return StopRule(stop_strings=extra_stops, single_line=True)
     if not line_before:  # column 1: the first generated line sets the block's indent

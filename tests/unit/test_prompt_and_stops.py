@@ -123,6 +123,24 @@ def test_a_line_that_opens_a_block_the_code_below_is_not_the_body_of_gets_its_bo
     assert braces.cut("  if (n > 0) {\n    t = n;\n  }\n  return t;") == ("  if (n > 0) {\n    t = n;\n  }", True)
 
 
+def test_a_hole_before_an_else_holds_the_block_the_else_continues():
+    """HumanEval/89's four-line hole before `        else:` gave nothing: each branch stopped after
+    its first line (`    out = ''`), and every one line left the `else` without its `if`."""
+    rule = rule_for_cursor("def encrypt(s):\n    d = 'abc'\n", "        else:\n            out += c\n    return out\n")
+    assert rule.before_clause and rule.next_code_indent == 8
+    written = "    out = ''\n    for c in s:\n        if c in d:\n            out += d[0]\n        else:\n            out += c\n"
+    assert rule.cut(written) == ("    out = ''\n    for c in s:\n        if c in d:\n            out += d[0]", True)
+    assert rule.cut("    out = ''\n    for c in s:") == ("    out = ''\n    for c in s:", False)  # still growing
+    assert rule.cut("    out = ''\n\n    for c") == ("    out = ''", True)
+    assert rule.cut("    out = ''\nreturn out\n") == ("    out = ''", True)  # shallower than the first line
+    # a first line deeper than the clause is the body of a header above the cursor: one line
+    assert rule.cut("            out += c\n        x = 1\n") == ("            out += c", True)
+    braces = rule_for_cursor("function f(a) {\n  let x = 0;\n", "  } catch (e) {\n    x = 1;\n  }\n  return x;\n}\n")
+    assert braces.cut("  try {\n    x = g(a);\n  } catch (e) {\n") == ("  try {\n    x = g(a);", True)
+    assert not rule_for_cursor("def f(x):\n", "    return x\n").before_clause
+    assert not rule_for_cursor("def f(x):\n", "    else_branch = x\n").before_clause
+
+
 def test_block_rule_stops_at_dedent_and_blank_line():
     rule = StopRule(block_mode=True, block_indent=4)
     assert rule.cut("x = 1\n    y = 2\nprint(x)") == ("x = 1\n    y = 2", True)
