@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from kspec.engine.syntax.languages import SPECS, LanguageSpec, normalize_language, spec_for
-from kspec.engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, LexResult, LexState, Tok, lex, unmatched_openers
+from kspec.engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, STRING, LexResult, LexState, Tok, lex, unmatched_openers
 from kspec.engine.syntax.memo import request_memo
 from kspec.engine.syntax.window import SPAN, start_state
 
@@ -149,7 +149,8 @@ def build_context(prefix: str, suffix: str, language: str | None) -> CursorConte
             levels, expects_indent = _python_indentation(tail, line_start - start, prefix_lex.tokens, cut_first)
             if levels is None:  # the window starts right above the cursor: take the levels it shows
                 shown = [indent_of(line) for line in (line_prefix, *suffix_lines) if line.strip()]
-                levels = tuple(sorted({0, *shown}))
+                closer = _closing_quote_indent(tail, prefix_lex.tokens, state.close) if state is not None else None
+                levels = tuple(sorted({0, *shown, *([] if closer is None else [closer])}))
             indent_stack = _outer_levels(prefix[:start], levels[1] if len(levels) > 1 else 0) + levels[1:]
             indent_partial = len(indent_stack) > 1 and indent_stack[1] > 0 and not _top_level_above(prefix[:start] if start else "")
         all_openers = unmatched_openers(prefix_lex.tokens)
@@ -176,6 +177,17 @@ def build_context(prefix: str, suffix: str, language: str | None) -> CursorConte
         statement_start=statement_start,
         indent_partial=indent_partial,
     )
+
+
+def _closing_quote_indent(text: str, tokens: list[Tok], close: str) -> int | None:
+    """A window that starts inside a string closed by `close`: the indentation of the line
+    that closer begins (a docstring's closing quotes alone on their line are indented as the
+    block's body); None when the string does not close in `text` or code precedes the closer."""
+    literal = tokens[0] if tokens and tokens[0].kind == STRING and tokens[0].start == 0 else None
+    if literal is None or not text.startswith(close, literal.end - len(close)):
+        return None
+    before = text[text.rfind("\n", 0, literal.end) + 1 : literal.end - len(close)]
+    return indent_of(before) if not before.strip() else None
 
 
 def _top_level_above(text: str) -> bool:

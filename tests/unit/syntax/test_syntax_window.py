@@ -280,3 +280,14 @@ def test_a_window_that_starts_on_a_docstrings_closing_line_is_code_after_it() ->
     assert build_context(prefix, "", "python").start_state is None
     completion = '    return True\n    """\n    """\n    l = len(string)\n'
     assert trim(build_context(prefix, "", "python"), completion) == "    return True"
+
+
+def test_a_window_that_starts_in_a_docstring_takes_the_closers_indentation_for_the_body() -> None:
+    """HumanEval/48 in a window that starts inside the docstring, with only blank lines between its
+    closing quotes and the cursor: the indentation was read as the module's (0), so every body line
+    (the reference too) was an unexpected indent and nothing was shown."""
+    prefix = "me('aaaaa')\n    True\n    >>> is_palindrome('zbcd')\n    False\n    \"\"\"\n\n"
+    context = build_context(prefix, "", "python")
+    assert context.start_state is None and context.indent_stack == (0, 4)
+    reference = "    for i in range(len(text)):\n        if text[i] != text[len(text) - 1 - i]:\n            return False\n    return True\n"
+    assert not Checker(prefix, "", "python").check(reference).breaks_parse
