@@ -115,7 +115,8 @@ def trim_and_check(request: Analysis, candidate: Completion, config: Postprocess
     window had away from the hole are not held against it), other cuts are tried: earlier line
     ends inside the unit (when it breaks the parse), then later line ends of the completion
     (a hole that needs more than one statement); the first that leaves the file whole wins,
-    else the first that at least breaks nothing, else the trimmed text. When none leaves it
+    else the first of those that break nothing that leaves the fewest errors at the cursor, then
+    in all (a window whose end the hole cannot mend), else the trimmed text. When none leaves it
     whole and the text ends by opening a call on a name (`Message(`, cut at the newline before
     its arguments), the name alone is taken if that leaves the file whole: a partial answer
     (`name_only`), shown after the whole ones, rather than none.
@@ -138,6 +139,9 @@ def trim_and_check(request: Analysis, candidate: Completion, config: Postprocess
     def clean(found: Trimmed | None) -> bool:
         return found is not None and request.leaves_whole(found.check)
 
+    def fills_more(found: Trimmed, than: Trimmed) -> bool:  # fewer errors left at the cursor (an `else` without its `if`), then in all
+        return (found.check.unfixed_at_cursor, found.check.unfixed_errors) < (than.check.unfixed_at_cursor, than.check.unfixed_errors)
+
     first = attempt(cut)
     if first is None or clean(first):
         return first
@@ -153,7 +157,7 @@ def trim_and_check(request: Analysis, candidate: Completion, config: Postprocess
         found = attempt(option)
         if clean(found):
             return found
-        if fallback is None and found is not None and not found.check.breaks_parse:
+        if found is not None and not found.check.breaks_parse and (fallback is None or fills_more(found, fallback)):
             fallback = found
     if (name_end := before_open_call(ctx, completion[: cut.end])) is not None:
         found = attempt(name_end)

@@ -243,6 +243,15 @@ def test_a_hole_that_needs_more_than_one_statement_takes_more_lines() -> None:
     ]
 
 
+def test_where_no_cut_leaves_the_window_whole_the_one_that_fills_the_hole_is_kept() -> None:
+    """HumanEval/89's window ends inside the statement after the hole's `else:` (`out +=`): no cut
+    leaves that window whole, and the first statement alone (`out = ''`), which leaves the `else`
+    without its `if`, was kept over the whole block that gives it one (then shown nothing)."""
+    prefix, suffix = '    """Encrypt s.\n    """\n    d = \'abc\'\n', "        else:\n            out +="  # a window from a docstring's end
+    block = "    out = ''\n    for c in s:\n        if c in d:\n            out += d[0]\n"
+    assert [c.text for c in postprocess(prefix, suffix, "python", [Completion(block, logprob=-2.0, n_tokens=20)])] == [block]
+
+
 def test_cpython_judges_what_tree_sitter_python_accepts() -> None:
     # tree-sitter-python accepts a non-default parameter after a default one; CPython does not.
     prefix, suffix = "def f(", "):\n    return a\n"
