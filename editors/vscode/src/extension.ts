@@ -19,7 +19,7 @@ import {
 } from 'vscode-languageclient/node';
 import { defaultIsExecutable, resolveServerCommand, toExecutable } from './serverCommand';
 import { defaultPathContext, KspecSettings, needsRestart, readSettings, shouldComplete, toServerSettings } from './settings';
-import { cycle, DecodingDocuments, SHOW_NEXT_INLINE_SUGGEST, SHOW_PREVIOUS_INLINE_SUGGEST, showAgain } from './decoding';
+import { cycle, DecodingDocuments, HIDE_INLINE_SUGGEST, SHOW_NEXT_INLINE_SUGGEST, SHOW_PREVIOUS_INLINE_SUGGEST, showAgain } from './decoding';
 import { COMMANDS, parseStatus, SETTINGS_FILTER, STATUS_METHOD, StatusModel } from './status';
 import { Answers, declareSuggestionsUpdated, hasItems, SUGGESTIONS_UPDATED_METHOD, suggestionsUpdatedHandler } from './suggestionsUpdated';
 
@@ -58,6 +58,7 @@ class KspecExtension implements vscode.Disposable {
 			vscode.commands.registerCommand(COMMANDS.showLog, () => this.showLog()),
 			vscode.commands.registerCommand(COMMANDS.showNext, () => cycle(this.cycleDeps(), SHOW_NEXT_INLINE_SUGGEST)),
 			vscode.commands.registerCommand(COMMANDS.showPrevious, () => cycle(this.cycleDeps(), SHOW_PREVIOUS_INLINE_SUGGEST)),
+			vscode.commands.registerCommand(COMMANDS.dismiss, () => this.dismiss()),
 			vscode.workspace.onDidChangeConfiguration((e) => this.onConfigurationChanged(e)),
 			vscode.window.onDidChangeActiveTextEditor(() => this.updateDecodingKey()),
 			vscode.workspace.onDidCloseTextDocument((document) => this.answers.forget(document.uri.toString())),
@@ -75,7 +76,18 @@ class KspecExtension implements vscode.Disposable {
 		};
 	}
 
-	/** The context key that binds Alt+] / Alt+[ to kspec.showNext / kspec.showPrevious. */
+	/** Escape while the active document decodes (bound on the same context key): hide the
+	 * suggestion, as VS Code's own Escape does, and keep the decoding's notifications from showing
+	 * it again at this text. */
+	private async dismiss(): Promise<void> {
+		const document = vscode.window.activeTextEditor?.document;
+		if (document !== undefined) {
+			this.answers.dismissed(document.uri.toString(), document.version);
+		}
+		await vscode.commands.executeCommand(HIDE_INLINE_SUGGEST);
+	}
+
+	/** The context key that binds Alt+] / Alt+[ (and Escape) to kspec.showNext / kspec.showPrevious (kspec.dismiss). */
 	private updateDecodingKey(): void {
 		const uri = vscode.window.activeTextEditor?.document.uri.toString();
 		const decoding = uri !== undefined && this.decoding.has(uri);

@@ -82,6 +82,7 @@ export const COMMANDS = {
 	showLog: 'kspec.showLog',
 	showNext: 'kspec.showNext',
 	showPrevious: 'kspec.showPrevious',
+	dismiss: 'kspec.dismiss',
 } as const;
 
 /** The Settings editor's search for this extension's keys: `@ext:` shows them in whichever tab

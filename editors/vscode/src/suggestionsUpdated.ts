@@ -62,10 +62,12 @@ export interface ActiveDocument {
 }
 
 /** The last inline completion answer VS Code got for each document (the provider middleware
- * records it): the document version it was asked at, and whether it had items. */
+ * records it): the document version it was asked at, whether it had items, and whether the
+ * user dismissed it (Escape while the document decodes: kspec.dismiss). */
 export interface Answer {
 	version: number;
 	items: boolean;
+	dismissed?: boolean;
 }
 
 export class Answers {
@@ -77,6 +79,13 @@ export class Answers {
 		if (before === undefined || before.version <= version) {
 			this.last.set(uri, { version, items });
 		}
+	}
+
+	/** The user dismissed what VS Code shows for `uri` at `version`: no notification shows it
+	 * again until VS Code asks again (a key, or a trigger by hand). */
+	dismissed(uri: string, version: number): void {
+		const before = this.last.get(uri);
+		this.last.set(uri, { version, items: before?.version === version && before.items, dismissed: true });
 	}
 
 	get(uri: string): Answer | undefined {
@@ -98,12 +107,16 @@ export function hasItems(result: unknown): boolean {
 }
 
 /** Ask again only for the document being edited, with a cursor (not a selection), and
- * completions on for its language; at the notification's version, or at a later one when the
- * answer VS Code holds was asked at the text as it is now and had items (typed into the
- * suggestion since: the server's cache answers for the text as typed). */
+ * completions on for its language, unless the user dismissed the suggestion at the text as it is
+ * now; at the notification's version, or at a later one when the answer VS Code holds was asked
+ * at the text as it is now and had items (typed into the suggestion since: the server's cache
+ * answers for the text as typed). */
 export function shouldRetrigger(params: SuggestionsUpdatedParams, active: ActiveDocument | undefined, settings: ServerSettings, last?: Answer): boolean {
 	if (active === undefined || active.uri !== params.uri || !active.selectionEmpty || !shouldComplete(settings, active.languageId)) {
 		return false;
+	}
+	if (last?.dismissed === true && last.version === active.version) {
+		return false; // Escape: a suggestion that comes back by itself is one the user must dismiss twice
 	}
 	const typedInto = params.version < active.version && last !== undefined && last.version === active.version && last.items;
 	return active.version === params.version || typedInto;

@@ -125,6 +125,45 @@ describe('typed into the suggestion since the request', () => {
 	});
 });
 
+describe('dismissed with Escape', () => {
+	const params = { uri: URI, version: 7 };
+	it('no notification shows it again at that text, until VS Code asks again', () => {
+		const answers = new Answers();
+		answers.answered(URI, 7, true);
+		answers.dismissed(URI, 7);
+		assert.deepEqual(answers.get(URI), { version: 7, items: true, dismissed: true });
+		assert.equal(shouldRetrigger(params, editing(), DEFAULTS, answers.get(URI)), false);
+		assert.equal(shouldRetrigger({ ...params, final: true }, editing(), DEFAULTS, answers.get(URI)), false);
+		answers.answered(URI, 7, true); // asked again by hand at the same text
+		assert.equal(shouldRetrigger(params, editing(), DEFAULTS, answers.get(URI)), true);
+	});
+	it('a dismissal at an older text does not hold at the text now', () => {
+		const answers = new Answers();
+		answers.dismissed(URI, 7);
+		assert.deepEqual(answers.get(URI), { version: 7, items: false, dismissed: true });
+		answers.answered(URI, 9, true); // typed on: VS Code asked at each key
+		assert.equal(shouldRetrigger(params, editing({ version: 9 }), DEFAULTS, answers.get(URI)), true);
+	});
+	it('the handler does not trigger after a dismissal', () => {
+		const answers = new Answers();
+		let triggers = 0;
+		const handler = suggestionsUpdatedHandler({
+			activeDocument: () => editing(),
+			settings: () => DEFAULTS,
+			trigger: () => { triggers += 1; },
+			warn: () => undefined,
+			answers,
+		});
+		answers.answered(URI, 7, true);
+		handler(params);
+		assert.equal(triggers, 1);
+		answers.dismissed(URI, 7);
+		handler(params);
+		handler({ ...params, final: true });
+		assert.equal(triggers, 1);
+	});
+});
+
 describe('Answers', () => {
 	it('keeps the newest version per document, forgets a closed one', () => {
 		const answers = new Answers();
