@@ -167,6 +167,34 @@ def test_next_while_decoding_joins_the_final_answer_whose_k_distinct_alternative
     assert nvim.lua("return vim.api.nvim_get_current_line()") == "# cycle "
 
 
+DISMISS_WHILE_DECODING = f"""
+function _G.dismiss_while_decoding(version)
+  local a = {{ version }}
+  if _G.pressed == nil and {GHOST}.shown() ~= nil and {DECODING} and not ({FINAL_SEEN}) then
+    require('kspec')._key('dismiss')
+    _G.pressed = {{ updates = #_G.kspec_log.updated }}
+  end
+  return _G.pressed or false
+end
+"""
+
+
+def test_a_suggestion_dismissed_while_the_server_decodes_stays_dismissed(nvim: Nvim):
+    """Dismissed (the mapping's own call) while the server decodes on: the later updates for
+    that text, the final one too, do not show it again; a key asks again as always."""
+    nvim.lua(DISMISS_WHILE_DECODING)
+    version = new_comment(nvim, "# gone ")
+    pressed = nvim.wait_for(
+        "the early answer while the server decodes", "_G.dismiss_while_decoding(a[1])", 120, version, diagnose=lambda: diagnose(nvim),
+    )  # fmt: skip
+    nvim.wait_for("the final update", FINAL_SEEN, 120, version, diagnose=lambda: diagnose(nvim) + f"\nrecorded: {nvim.lua('return _G.kspec_log')}")
+    later = nvim.lua("return _G.kspec_log.updated")[pressed["updates"] :]
+    assert later and all(u["asked"] is False for u in later), later
+    assert nvim.lua(f"return {GHOST}.shown()") is None and nvim.lua(f"return #{MARKS}") == 0
+    nvim.input("x")
+    nvim.wait_for("a suggestion after a key", f"{GHOST}.shown() ~= nil", 120, diagnose=lambda: diagnose(nvim))
+
+
 def test_the_statusline_is_busy_while_the_server_decodes_and_idle_only_when_nothing_does(nvim: Nvim):
     version = new_comment(nvim, "# status ")
     # the early answer is on screen while the server decodes on: busy, not the answer's latency

@@ -39,6 +39,8 @@ local TRIGGER_INVOKED, TRIGGER_AUTOMATIC = 1, 2 -- LSP 3.18 InlineCompletionTrig
 ---   index, typed,                         -- current item; characters typed since the anchor
 ---   version,                              -- LSP document version of the request the items answer
 ---   join = { delta, timer, final, stay } | nil,  -- next / prev waiting for the final alternatives
+---   dismissed_tick,                       -- b:changedtick the user dismissed the suggestion at:
+---                                         -- the decoding's updates do not show it again there
 --- }
 local buffers = {}
 
@@ -348,6 +350,7 @@ end
 local function schedule(bufnr, delay, trigger)
   local st = buffers[bufnr]
   M.clear(bufnr)
+  st.dismissed_tick = nil -- the user asks (a key, a move, a trigger)
   local row, col = cursor()
   st.anchor = { row = row, col = col, before = line_at(bufnr, row):sub(1, col) }
   st.typed = ''
@@ -691,11 +694,15 @@ function M.cycle(delta, bufnr)
   return true
 end
 
---- Hide the suggestion; false when nothing was shown.
+--- Hide the suggestion; false when nothing was shown. The decoding's later updates
+--- (refresh) do not show it again at this text: a key or a trigger asks again.
 function M.dismiss(bufnr)
   bufnr = bufnr or api.nvim_get_current_buf()
   local shown = M.visible(bufnr)
   M.clear(bufnr)
+  if buffers[bufnr] then
+    buffers[bufnr].dismissed_tick = api.nvim_buf_get_changedtick(bufnr)
+  end
   return shown
 end
 
@@ -730,12 +737,15 @@ end
 --- Ask again at the cursor, keeping what is shown until the answer replaces it: the
 --- server stored longer alternatives for this text. false (nothing sent) unless this
 --- buffer is current, in insert mode and enabled, with the cursor where the shown
---- suggestion (if any) goes on.
+--- suggestion (if any) goes on, and not dismissed at this text.
 function M.refresh(bufnr)
   bufnr = bufnr or api.nvim_get_current_buf()
   local st = buffers[bufnr]
   if not st or not enabled(st) or not in_insert() or api.nvim_get_current_buf() ~= bufnr then
     return false
+  end
+  if st.dismissed_tick == api.nvim_buf_get_changedtick(bufnr) then
+    return false -- dismissed: a suggestion that comes back by itself must be dismissed twice
   end
   local row, col = cursor()
   if st.anchor and (row ~= st.anchor.row or col ~= st.anchor.col + #st.typed) then

@@ -79,6 +79,7 @@ function M._key(action)
       -- no dismiss in the API: turning it off and on again aborts and hides
       ic.enable(false, { bufnr = bufnr })
       ic.enable(is_enabled(), { bufnr = bufnr })
+      vim.b[bufnr].kspec_dismissed_tick = api.nvim_buf_get_changedtick(bufnr) -- no update shows it again here
     end
     return
   end
@@ -182,7 +183,8 @@ end
 
 --- Handler of M.SUGGESTIONS_UPDATED: if that document is the current buffer, attached to
 --- that client, in insert mode and enabled, and still at that version (with ghost text
---- also: or showing that request's answer, typed into since), ask again. Every one does,
+--- also: or showing that request's answer, typed into since), ask again, unless the user
+--- dismissed the suggestion at this text. Every one does,
 --- interim or final, also after next / prev. A final one ends the document's decoding:
 --- next / prev pressed meanwhile (a join, ghost.lua) step over the answer asked for now.
 --- Returns (for tests) whether a new request was started (or a join ended): nil when the
@@ -219,6 +221,9 @@ function M.on_suggestions_updated(_, params, ctx)
   end
   if not same_version then
     return false -- typed on since: that answer is not for this text
+  end
+  if vim.b[bufnr].kspec_dismissed_tick == api.nvim_buf_get_changedtick(bufnr) then
+    return false -- dismissed at this text
   end
   return builtin_request(bufnr)
 end
