@@ -39,8 +39,6 @@ local TRIGGER_INVOKED, TRIGGER_AUTOMATIC = 1, 2 -- LSP 3.18 InlineCompletionTrig
 ---   index, typed,                         -- current item; characters typed since the anchor
 ---   version,                              -- LSP document version of the request the items answer
 ---   join = { delta, timer, final, stay } | nil,  -- next / prev waiting for the final alternatives
----   dismissed_tick,                       -- b:changedtick the user dismissed the suggestion at:
----                                         -- the decoding's updates do not show it again there
 --- }
 local buffers = {}
 
@@ -350,7 +348,9 @@ end
 local function schedule(bufnr, delay, trigger)
   local st = buffers[bufnr]
   M.clear(bufnr)
-  st.dismissed_tick = nil -- the user asks (a key, a move, a trigger)
+  if vim.b[bufnr].kspec_dismissed_tick ~= nil then
+    vim.b[bufnr].kspec_dismissed_tick = nil -- the user asks (a key, a move, a trigger)
+  end
   local row, col = cursor()
   st.anchor = { row = row, col = col, before = line_at(bufnr, row):sub(1, col) }
   st.typed = ''
@@ -694,15 +694,23 @@ function M.cycle(delta, bufnr)
   return true
 end
 
---- Hide the suggestion; false when nothing was shown. The decoding's later updates
---- (refresh) do not show it again at this text: a key or a trigger asks again.
+--- The user dismissed the suggestion at the buffer's text as it is now (b:changedtick): the
+--- decoding's later updates do not show it again there, in either display; a key asks again.
+function M.mark_dismissed(bufnr)
+  vim.b[bufnr].kspec_dismissed_tick = api.nvim_buf_get_changedtick(bufnr)
+end
+
+--- Was the suggestion dismissed at the buffer's text as it is now?
+function M.dismissed_here(bufnr)
+  return vim.b[bufnr].kspec_dismissed_tick == api.nvim_buf_get_changedtick(bufnr)
+end
+
+--- Hide the suggestion (and mark it dismissed); false when nothing was shown.
 function M.dismiss(bufnr)
   bufnr = bufnr or api.nvim_get_current_buf()
   local shown = M.visible(bufnr)
   M.clear(bufnr)
-  if buffers[bufnr] then
-    buffers[bufnr].dismissed_tick = api.nvim_buf_get_changedtick(bufnr)
-  end
+  M.mark_dismissed(bufnr)
   return shown
 end
 
@@ -744,7 +752,7 @@ function M.refresh(bufnr)
   if not st or not enabled(st) or not in_insert() or api.nvim_get_current_buf() ~= bufnr then
     return false
   end
-  if st.dismissed_tick == api.nvim_buf_get_changedtick(bufnr) then
+  if M.dismissed_here(bufnr) then
     return false -- dismissed: a suggestion that comes back by itself must be dismissed twice
   end
   local row, col = cursor()

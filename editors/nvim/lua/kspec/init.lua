@@ -79,7 +79,7 @@ function M._key(action)
       -- no dismiss in the API: turning it off and on again aborts and hides
       ic.enable(false, { bufnr = bufnr })
       ic.enable(is_enabled(), { bufnr = bufnr })
-      vim.b[bufnr].kspec_dismissed_tick = api.nvim_buf_get_changedtick(bufnr) -- no update shows it again here
+      ghost.mark_dismissed(bufnr) -- no update shows it again here
     end
     return
   end
@@ -222,7 +222,7 @@ function M.on_suggestions_updated(_, params, ctx)
   if not same_version then
     return false -- typed on since: that answer is not for this text
   end
-  if vim.b[bufnr].kspec_dismissed_tick == api.nvim_buf_get_changedtick(bufnr) then
+  if ghost.dismissed_here(bufnr) then
     return false -- dismissed at this text
   end
   return builtin_request(bufnr)
