@@ -158,6 +158,13 @@ def load_q5_matmul(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
     return torch.ops.kspec.q5_q8_matmul if _built(cache_dir)[0] else None
 
 
+def load_q6_matmul(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
+    """``torch.ops.kspec.q6_q8_matmul``: 6-bit codes with a scale per 16 weights (GGUF Q6_K weights,
+    exactly; the layout: engine/models/quantized.py ``Q6Q8Term``), vectorized on an AVX-512 VNNI
+    build only (``matmul_isa``); built as ``load``; None where it cannot be."""
+    return torch.ops.kspec.q6_q8_matmul if _built(cache_dir)[0] else None
+
+
 def matmul_isa(cache_dir: Path) -> str | None:
     """The instructions ``load_matmul``'s kernel was built with for this CPU: "avx512-vnni",
     "avx2" or "scalar"; None where it cannot be built."""

@@ -29,9 +29,10 @@ from typing import Any, Callable, Mapping
 import torch
 
 from kspec.engine.config import CPU_INT4, CPU_KERNELS, CPU_KV, CPU_WEIGHTS, check_choice
-from kspec.engine.models.cpu_profile import INT4_KERNELS, INT4_MAX_ROWS, Q5Q8_ISAS, Q8Q8_ISAS, CpuFacts, dense_pays, profile_for
+from kspec.engine.models.cpu_profile import INT4_KERNELS, INT4_MAX_ROWS, Q5Q8_ISAS, Q6Q8_ISAS, Q8Q8_ISAS, CpuFacts, dense_pays, profile_for
 from kspec.engine.models.quantized import (
-    CpuLinear, Int4Embedding, Q4Codes, Q8HeadEmbedding, Q8Q8Term, TiledTerm, fused_linear, int4_kernel_available, packed_terms, weight_terms,
+    CpuLinear, Int4Embedding, Q4Codes, Q6Q8Term, Q8HeadEmbedding, Q8Q8Term, TiledTerm, cat_six_bit, fused_linear, int4_kernel_available,
+    packed_terms, six_bit_codes, weight_terms,
 )
 from kspec.engine.models.kernel_choice import (
     MEMORY_HEADROOM, TRIAL_METHOD, Candidates, ChoiceCache, KernelChoice, available_bytes, decide, dense_bytes, dense_name, measure, trial_layer,
@@ -174,13 +175,18 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
     dense_dtype, keep_dense, int4_max_rows = path.resolved_dense_dtype(), path.resolved_keep_dense(), path.resolved_int4_max_rows()
     q4q8, q8q8, q5q8 = _kernel_matmuls(path.resolved_int4_kernel()) or (None, None, None)  # all None: PyTorch's
     isa = cpu_layers.matmul_isa(cache_root()) if q4q8 is not None else None
+    q6q8 = cpu_layers.load_q6_matmul(cache_root()) if isa in Q6Q8_ISAS else None
     store_file = store_path(codes_file, isa) if codes_file is not None and isa is not None else None
     store = TiledStore.open(store_file) if store_file is not None else None
-    forms = {"Q4Q8Term": q4q8, "Q8Q8Term": q8q8, "Q5Q8Term": q5q8}
+    forms = {"Q4Q8Term": q4q8, "Q8Q8Term": q8q8, "Q5Q8Term": q5q8, "Q6Q8Term": q6q8}
     built: dict[str, CpuLinear] = {}
 
-    def kept(key: str) -> list[TiledTerm]:
-        return (store.terms(key, forms) if store is not None else None) or []
+    def kept(key: str, *names: str) -> list[TiledTerm]:
+        """The layer's terms from the store, else its weights' 6-bit form where each has one."""
+        if store is not None and (terms := store.terms(key, forms)):
+            return terms
+        six = [six_bit_codes(codes, name) for name in names] if q6q8 is not None else []
+        return [Q6Q8Term(cat_six_bit(six), q6q8)] if six and all(six) else []  # type: ignore[arg-type]
 
     for index, block in enumerate(model.model.layers):
         prefix = f"model.layers.{index}."
@@ -188,7 +194,7 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
         def linear(*names: str) -> CpuLinear:
             modules = [block.get_submodule(name) for name in names]
             key = prefix + "+".join(names)
-            tiled = kept(key)
+            tiled = kept(key, *(f"{prefix}{name}.weight" for name in names))
             terms = [] if tiled else [weight_terms(codes, f"{prefix}{name}.weight") for name in names]
             built[key] = fused_linear(modules, terms, int4_max_rows, dense_dtype, keep_dense, q4q8, q8q8, q5q8, tiled)
             return built[key]
@@ -201,7 +207,7 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
             mlp.c_fc, mlp.c_proj = linear("mlp.c_fc"), linear("mlp.c_proj")
     embed_name = "model.embed_tokens.weight"
     head_name = embed_name if model.args.tie_embeddings else "lm_head.weight"
-    head_tiled = kept("lm_head")
+    head_tiled = kept("lm_head") if model.args.tie_embeddings else kept("lm_head", head_name)  # a tied table: 8-bit, read by the embedding too
     head_terms = None if head_tiled else weight_terms(codes, head_name) if int4_kernel_available() else None
     head = model.lm_head
     # The dense form: next to 4-bit terms, in the projections' dense dtype (bfloat16: a packed
@@ -243,8 +249,9 @@ def describe(model: Transformer) -> str:
     q4q8 = isinstance(int4[0].terms[0], TiledTerm)
     kernel = f"kspec's 4-bit x 8-bit kernel ({cpu_layers.matmul_isa(cache_root())})" if q4q8 else "PyTorch's int4 kernel"
     notes = [f"{len(int4)}/{len(linears)} matmuls {rows}", kernel + (", measured here" if model.kernel_choice is not None else "")]
-    if isinstance(model.lm_head, CpuLinear) and any(isinstance(t, Q8Q8Term) for t in model.lm_head.terms):
-        notes.append("8-bit head")
+    head_forms = {type(t) for t in model.lm_head.terms} if isinstance(model.lm_head, CpuLinear) else set()
+    if Q8Q8Term in head_forms or Q6Q8Term in head_forms:
+        notes.append("6-bit head" if Q6Q8Term in head_forms else "8-bit head")
     if isinstance(model.model.embed_tokens, Int4Embedding):
         notes.append("4-bit embedding")
     elif isinstance(model.model.embed_tokens, Q8HeadEmbedding):

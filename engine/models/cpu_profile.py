@@ -132,3 +132,4 @@ INT4_MAX_ROWS = {
 # (the head, one 8-bit term vs two 4-bit ones): 1.12x at 1 row, 1.28x at 4, 1.34x at 8, 1.36x at 40.
 Q8Q8_ISAS = (VNNI_ISA, "avx2")
 Q5Q8_ISAS = (VNNI_ISA,)
+Q6Q8_ISAS = Q5Q8_ISAS  # the same masked-bit unpacking: a Q6_K weight takes the 8-bit form elsewhere

@@ -1,16 +1,18 @@
 """A GGUF weight of any type as the terms kspec's kernels multiply (quantized.py `Q4Codes`).
 
-kspec's kernel has two forms, both per block of 32 weights of one row with a float scale s and
+kspec's kernel stores two forms per block of 32 weights of one row with a float scale s and
 minimum m: 4-bit codes (w = s q + m, q in 0..15) and 8-bit codes (w = s u + m, u in 0..255, kept
-as two 4-bit terms, `eight_bit_terms`). Each GGUF type maps to one of them at load:
+as two 4-bit terms, `eight_bit_terms`), and a 6-bit one with a scale per 16 weights (w = s (u -
+32), u in 0..63). Each GGUF type maps to one of them at load:
 
     Q4_0, Q4_1, Q4_K     4-bit form, the file's codes; Q4_K's 6-bit sub-block scales and mins
                          folded into s = d sc and m = -dmin mn (exact in float32)
     Q8_0, Q5_0, Q5_1,    8-bit form, the file's codes (5-bit codes are 8-bit codes below 32);
     Q5_K                 Q5_K's s = d sc, m = -dmin mn as above
-    Q6_K                 8-bit form, requantized per block of 32 (its scales are per 16 weights,
-                         finer than the kernel's block): |error| <= 1/254 of the block's largest
-                         weight, under a tenth of Q6_K's own rounding step
+    Q6_K                 6-bit form (`SixBitCodes`), the file's codes and its scales per 16
+                         weights d sc; where the build has no 6-bit loop, requantized to the 8-bit
+                         form per block of 32 at load (|error| <= 1/254 of the block's largest
+                         weight, under a tenth of Q6_K's own rounding step)
     F32, F16, BF16       quantized at load (`EngineConfig.quantize`: q8 by default, q4, or none)
     anything else        (Q2_K, Q3_K, IQ*, TQ*, MXFP4, ...) dequantized by `gguf` and requantized
                          to the nearest form: 4-bit for types under 4 bits a weight, else 8-bit
@@ -28,7 +30,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from kspec.engine.models.quantized import GROUP, Q4Codes, eight_bit_terms
+from kspec.engine.models.quantized import GROUP, Q4Codes, SixBitCodes, eight_bit_terms, requantized_8bit
 
 SUPER = 256  # weights per K-type super-block
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -112,17 +114,17 @@ def q5_k(data: np.ndarray) -> list[Q4Codes]:
     return eight_bit_numpy(_rows(low + (high << 4)), scale, minimum)
 
 
-def q6_k_values(data: np.ndarray) -> np.ndarray:
-    """Q6_K's weights [N, K] float32: w = d sc (q - 32) per 16 weights."""
+def q6_k(data: np.ndarray) -> list[SixBitCodes]:
+    """Q6_K's own codes and scales: w = d sc (q - 32), q in 0..63, sc per 16 weights."""
     blocks = _blocks(data, 210)  # ql[128], qh[64], scales[16] int8, d
     ql = blocks[..., 0:128].reshape(*blocks.shape[:2], 2, 64)  # [N, B, half, 64]
     qh = blocks[..., 128:192].reshape(*blocks.shape[:2], 2, 32)  # [N, B, half, 32]
     low = np.stack([ql[..., :32] & 0x0F, ql[..., 32:] & 0x0F, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=3)  # [N, B, 2, 4, 32]
     high = np.stack([(qh >> shift) & 3 for shift in (0, 2, 4, 6)], axis=3)  # [N, B, 2, 4, 32]
-    q = (low | (high << 4)).astype(np.float32) - 32  # [N, B, 2, 4, 32]
-    sc = blocks[..., 192:208].view(np.int8).astype(np.float32).reshape(*blocks.shape[:2], 2, 4, 2, 1)  # 16 a scale
-    d = _f16(blocks, 208)[..., None, None, None, None]
-    return _rows(d * sc * q.reshape(*q.shape[:-1], 2, 16))
+    sc = blocks[..., 192:208].view(np.int8).astype(np.float32)  # [N, B, 16]: one a 16 weights, in order
+    scale = _f16(blocks, 208)[..., None] * sc  # [N, B, 16]
+    codes = torch.from_numpy(np.ascontiguousarray(_rows(low | (high << 4)), dtype=np.uint8))
+    return [SixBitCodes(codes, torch.from_numpy(np.ascontiguousarray(_rows(scale), dtype=np.float32)))]
 
 
 def q8_0(data: np.ndarray) -> list[Q4Codes]:
@@ -158,12 +160,7 @@ def q5_1(data: np.ndarray) -> list[Q4Codes]:
 
 def quantize_8bit(weight: np.ndarray) -> list[Q4Codes]:
     """A float matrix [N, K] as Q8_0 does it: per block of 32, d = max |w| / 127, q = round(w / d)."""
-    rows = weight.shape[0]
-    groups = np.asarray(weight, dtype=np.float32).reshape(rows, -1, GROUP)  # [N, K/32, 32]
-    d = np.abs(groups).max(axis=-1) / 127  # [N, K/32]
-    safe = np.where(d > 0, d, 1)
-    u = (np.clip(np.rint(groups / safe[..., None]), -127, 127) + 128).astype(np.uint8)
-    return eight_bit_numpy(_rows(u), d, -128 * d)
+    return requantized_8bit(torch.from_numpy(np.array(weight, dtype=np.float32)))
 
 
 FOUR_BIT_SEARCH = tuple(15 + 0.25 * t for t in range(-4, 9))  # code ranges tried per block (llama.cpp's make_qkx2_quants idea)
@@ -206,9 +203,9 @@ def quantize_4bit(weight: np.ndarray) -> list[Q4Codes]:
 
 DECODERS: dict[str, Callable[[np.ndarray], list[Q4Codes]]] = {
     "Q4_0": q4_0, "Q4_1": q4_1, "Q4_K": q4_k, "Q5_0": q5_0, "Q5_1": q5_1, "Q5_K": q5_k, "Q8_0": q8_0,
-    "Q6_K": lambda data: quantize_8bit(q6_k_values(data)),
+    "Q6_K": q6_k,
 }  # fmt: skip
-NATIVE_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0")  # the file's codes kept as they are
+NATIVE_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")  # the file's codes kept as they are
 
 
 def bits_per_weight(kind: str) -> float:
@@ -223,8 +220,6 @@ def converted_to(kind: str, float_quantization: str = "q8") -> str:
     (requantized), or 'dense' (kept as floats)."""
     if kind in NATIVE_TYPES:
         return "codes"
-    if kind == "Q6_K":
-        return "q8"
     if kind in FLOAT_TYPES:
         return "dense" if float_quantization == "none" else float_quantization
     return "q4" if bits_per_weight(kind) < 4 else "q8"
@@ -241,7 +236,9 @@ def float_quantization_of(name: str, quantize: str) -> str:
     return "q8" if quantize == "q4" and name in HEAD_NAMES else quantize
 
 
-def tensor_terms(data: np.ndarray, kind: str, shape: tuple[int, int], float_quantization: str = "q8") -> list[Q4Codes] | None:
+def tensor_terms(
+    data: np.ndarray, kind: str, shape: tuple[int, int], float_quantization: str = "q8"
+) -> list[Q4Codes] | list[SixBitCodes] | None:
     """A GGUF matrix (its data as `GGUFReader` gives it, `kind` its type name, shape [N, K]) as
     kspec's terms, or None where it stays a dense float matrix (K not a multiple of 32, or a float
     matrix with float_quantization 'none')."""

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from kspec.engine.errors import ModelLoadError
 from kspec.engine.models.gguf_blocks import float_quantization_of, tensor_terms
-from kspec.engine.models.quantized import Q4_FILE, TERM_SEPARATOR, q4_tensors, save_q4_tensors
+from kspec.engine.models.quantized import Q4_FILE, TERM_SEPARATOR, SixBitCodes, q4_tensors, save_q4_tensors, six_bit_name
 
 ProgressCallback = Callable[[float, str], None]  # (fraction done in [0, 1], what is happening)
 
@@ -125,7 +125,8 @@ def gguf_weights(
     in a `save_q4` file's tensors: packed as each is made, so a 7B file converts in its own size).
     Every matrix the kernels can take becomes terms (gguf_blocks.py: the file's codes for the
     types the kernels take, requantized for the others, float matrices quantized per
-    `float_quantization`): one 4-bit term, or two (`<name>#hi`, `<name>#lo`) for the 8-bit form;
+    `float_quantization`): one 4-bit term, or two (`<name>#hi`, `<name>#lo`) for the 8-bit form,
+    or `<name>#q6` for the 6-bit one (Q6_K);
     the rest (vectors, K not a multiple of 32, floats kept dense) is dequantized with `gguf`.
     Rows in HF order (llama's q/k rotary interleave undone)."""
     from gguf import quants
@@ -143,7 +144,10 @@ def gguf_weights(
         quantize = float_quantization_of(name, float_quantization)
         found = tensor_terms(np.asarray(tensor.data), tensor.tensor_type.name, shape, quantize) if len(shape) == 2 else None  # type: ignore[arg-type]
         if found is not None:
-            names = [name] if len(found) == 1 else [f"{name}{TERM_SEPARATOR}hi", f"{name}{TERM_SEPARATOR}lo"]
+            if isinstance(found[0], SixBitCodes):
+                names = [six_bit_name(name)]
+            else:
+                names = [name] if len(found) == 1 else [f"{name}{TERM_SEPARATOR}hi", f"{name}{TERM_SEPARATOR}lo"]
             order = torch.from_numpy(_unpermute_rotary(np.arange(shape[0]), heads)) if heads else None
             for term_name, q4 in zip(names, found):
                 codes.update(q4_tensors(term_name, q4 if order is None else q4.permute_rows(order)))

@@ -1,7 +1,8 @@
 """Quantized weights on the CPU and the matmuls that read them without unpacking: the 4-bit form
 (GGUF Q4_0 / Q4_1 / Q4_K codes, for PyTorch's CPU int4 kernel or kspec's 4-bit x 8-bit one:
-`Int4Term`, `Q4Q8Term`), the 8-bit form (`Q8Q8Term`: Q8_0, and Q5_x / Q6_K where no 5-bit loop is
-built) and the 5-bit form (`Q5Q8Term`); `CpuLinear` sums a weight's terms and keeps a dense copy
+`Int4Term`, `Q4Q8Term`), the 8-bit form (`Q8Q8Term`: Q8_0, and Q5_x / Q6_K where no 5- or 6-bit
+loop is built), the 5-bit form (`Q5Q8Term`) and the 6-bit one (`Q6Q8Term`: Q6_K's own codes and
+scales per 16 weights, `SixBitCodes`); `CpuLinear` sums a weight's terms and keeps a dense copy
 where the CPU's profile says so (cpu_profile.py). How each GGUF type becomes these terms:
 gguf_blocks.py.
 
@@ -109,19 +110,34 @@ def unpack_nibbles(nibbles: Tensor) -> Tensor:
 
 
 TERM_SEPARATOR = "#"  # "<weight>#hi" / "<weight>#lo": a weight stored as two 4-bit terms (8-bit codes)
+SIX_BIT_PART = "q6"  # "<weight>#q6": a weight stored as 6-bit codes (`SixBitCodes`: a GGUF Q6_K weight)
 
 
-def term_names(codes: Mapping[str, Q4Codes], name: str) -> list[str] | None:
+def six_bit_name(name: str) -> str:
+    return f"{name}{TERM_SEPARATOR}{SIX_BIT_PART}"
+
+
+def term_names(codes: Mapping[str, object], name: str) -> list[str] | None:
     """The names of the 4-bit terms whose sum is weight `name` (one for the 4-bit form, two for
     the 8-bit one: gguf_blocks.py), else None."""
     names = [name] if name in codes else [f"{name}{TERM_SEPARATOR}{part}" for part in ("hi", "lo")]
     return names if all(part in codes for part in names) else None
 
 
-def weight_terms(codes: Mapping[str, Q4Codes], name: str) -> list[Q4Codes] | None:
-    """The 4-bit terms whose sum is weight `name`, else None."""
+def weight_terms(codes: Mapping[str, "Q4Codes | SixBitCodes"], name: str) -> list[Q4Codes] | None:
+    """The 4-bit terms whose sum is weight `name` (a 6-bit weight requantized to the 8-bit form's
+    two), else None."""
     names = term_names(codes, name)
-    return None if names is None else [codes[part] for part in names]
+    if names is None:
+        six = six_bit_codes(codes, name)
+        return None if six is None else six.eight_bit()
+    return [codes[part] for part in names]  # type: ignore[misc]
+
+
+def six_bit_codes(codes: Mapping[str, "Q4Codes | SixBitCodes"], name: str) -> "SixBitCodes | None":
+    """Weight `name`'s 6-bit codes where it is stored so, else None."""
+    found = codes.get(six_bit_name(name))
+    return found if isinstance(found, SixBitCodes) else None
 
 
 @dataclass(frozen=True)
@@ -151,16 +167,34 @@ def packed_terms(codes: Mapping[str, Q4Codes], name: str) -> list[PackedCodes] |
 
 
 Q4_FILE = "q4.safetensors"  # next to a converted GGUF's model.safetensors: its 4-bit weights as stored
-Q4_FORMAT = "kspec-q4-v3"  # v2: Q8_0 weights as two terms; v3: every GGUF type (gguf_blocks.py); an older file is written again
+Q4_FORMAT = "kspec-q4-v4"  # v2: Q8_0 weights as two terms; v3: every GGUF type (gguf_blocks.py); v4: Q6_K as 6-bit codes; an older file is written again
 
 
-def q4_tensors(name: str, q4: Q4Codes) -> dict[str, Tensor]:
-    """One term as a `save_q4` file stores it: codes two a byte (low nibble first), scale, zero."""
+def q4_tensors(name: str, q4: "Q4Codes | SixBitCodes") -> dict[str, Tensor]:
+    """One term as a `save_q4` file stores it: codes two a byte (low nibble first), scale, zero
+    (a 6-bit weight: `six_bit_tensors`)."""
+    if isinstance(q4, SixBitCodes):
+        return six_bit_tensors(name, q4)
     packed = PackedCodes.of(q4)
     return {f"{name}.codes": packed.codes, f"{name}.scale": packed.scale, f"{name}.zero": packed.zero}
 
 
-def save_q4(codes: Mapping[str, Q4Codes], path: Path) -> None:
+def six_bit_tensors(name: str, six: "SixBitCodes") -> dict[str, Tensor]:
+    """One 6-bit weight as a `save_q4` file stores it: the codes' low 4 bits two a byte (as a
+    4-bit term's), their high 2 bits four a byte (lower-indexed weight in the lower bits), the scales."""
+    n, k = six.shape
+    high = (six.codes >> 4).view(n, k // 4, 4)  # [N, K/4, 4]
+    packed_high = high[..., 0] | (high[..., 1] << 2) | (high[..., 2] << 4) | (high[..., 3] << 6)
+    return {f"{name}.codes": pack_nibbles(six.codes & 0x0F), f"{name}.high": packed_high.contiguous(), f"{name}.scale": six.scale.contiguous()}
+
+
+def _six_bit_from(low: Tensor, packed_high: Tensor, scale: Tensor) -> "SixBitCodes":
+    """`six_bit_tensors`' parts -> the weight."""
+    high = torch.stack([(packed_high >> shift) & 3 for shift in (0, 2, 4, 6)], dim=-1).flatten(-2)  # [N, K]
+    return SixBitCodes(unpack_nibbles(low) | (high << 4), scale)
+
+
+def save_q4(codes: Mapping[str, "Q4Codes | SixBitCodes"], path: Path) -> None:
     """Write 4-bit weights compactly (two codes a byte, low nibble first) to a safetensors file."""
     tensors: dict[str, Tensor] = {}
     for name, q4 in codes.items():
@@ -201,6 +235,8 @@ class Q4File(Mapping[str, Q4Codes]):
     def __getitem__(self, name: str) -> Q4Codes:
         if name not in self._known:
             raise KeyError(name)
+        if name.endswith(f"{TERM_SEPARATOR}{SIX_BIT_PART}"):
+            return _six_bit_from(*(self._file.get(f"{name}.{part}") for part in ("codes", "high", "scale")))  # type: ignore[return-value]
         codes = unpack_nibbles(self._file.get(f"{name}.codes"))  # [N, K/2] -> [N, K]
         return Q4Codes(codes, self._file.get(f"{name}.scale"), self._file.get(f"{name}.zero"))
 
@@ -351,16 +387,38 @@ class Q8Q8Term(TiledTerm):
     weight take two. s and m in float16. Rows are padded to a multiple of 16."""
 
     def __init__(self, codes: Tensor, scale: Tensor, minimum: Tensor, matmul: Q4Q8Matmul):
-        n, k = codes.shape
-        padded = -n % Q4Q8_TILE
-        scale, minimum = scale.float(), minimum.float()
-        if padded:  # s = m = 0: zero weights
-            codes = torch.cat([codes, codes.new_full((padded, k), 128)])
-            scale, minimum = (torch.cat([t, t.new_zeros(padded, k // GROUP)]) for t in (scale, minimum))
-        tiles, blocks = (n + padded) // Q4Q8_TILE, k // GROUP
-        per_block = codes.view(tiles, Q4Q8_TILE, blocks, GROUP // 4, 4)  # [N/16, 16, K/32, 8, 4]
-        layout = per_block.permute(0, 2, 3, 1, 4).contiguous()  # [N/16, K/32, 8, 16, 4] uint8
-        super().__init__(layout, scale, minimum, n, matmul)
+        per_block, scale, minimum = _tile_blocks(codes, scale, minimum, 128)  # [N/16, 16, K/32, 32]
+        fours = per_block.unflatten(-1, (GROUP // 4, 4))  # [N/16, 16, K/32, 8, 4]
+        layout = fours.permute(0, 2, 3, 1, 4).contiguous()  # [N/16, K/32, 8, 16, 4] uint8
+        super().__init__(layout, scale, minimum, codes.shape[0], matmul)
+
+
+def _tile_blocks(codes: Tensor, scale: Tensor, minimum: Tensor, pad_code: int) -> tuple[Tensor, Tensor, Tensor]:
+    """codes [N, K] -> [N/16, 16, K/32, 32] and scale, minimum [N padded, K/32]: rows padded to a
+    multiple of 16 with `pad_code` and s = m = 0 (zero weights)."""
+    n, k = codes.shape
+    padded = -n % Q4Q8_TILE
+    scale, minimum = scale.float(), minimum.float()
+    if padded:
+        codes = torch.cat([codes, codes.new_full((padded, k), pad_code)])
+        scale, minimum = (torch.cat([t, t.new_zeros(padded, k // GROUP)]) for t in (scale, minimum))
+    return codes.view((n + padded) // Q4Q8_TILE, Q4Q8_TILE, k // GROUP, GROUP), scale, minimum
+
+
+def _masked_bits_layout(per_block: Tensor, bits: int) -> Tensor:
+    """Codes [N/16, 16, K/32, 32] below 2^bits (5 or 6) -> the 5/6-bit forms' layout [N/16, K/32,
+    bits, 16, 4]: the low 4 bits laid out as Q4Q8Term's, then for each higher bit a 64-byte register
+    of eight 64-bit masks, mask j's bit 4 n + i that bit of output n's weight 4j + i."""
+    tiles, _, blocks, _ = per_block.shape
+    low = per_block & 0x0F
+    nibbles = low[..., :16] | (low[..., 16:] << 4)  # weight j low, j + 16 high
+    registers = [nibbles.view(tiles, Q4Q8_TILE, blocks, 4, 4).permute(0, 2, 3, 1, 4)]  # [N/16, K/32, 4, 16, 4]
+    weights = (1 << torch.arange(8, dtype=torch.uint8)).view(1, 1, 1, 1, 8)
+    for plane in range(4, bits):
+        bit = ((per_block >> plane) & 1).view(tiles, Q4Q8_TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # [N/16, K/32, 8 (j), 16 (n), 4 (i)]
+        per_byte = bit.reshape(tiles, blocks, 8, 8, 8)  # [..., j, byte, bit]: bit 4 n + i of mask j
+        registers.append((per_byte * weights).sum(-1, dtype=torch.uint8).view(tiles, blocks, 1, Q4Q8_TILE, 4))  # 64 bytes a block
+    return torch.cat(registers, dim=2).contiguous()
 
 
 class Q5Q8Term(TiledTerm):
@@ -371,24 +429,77 @@ class Q5Q8Term(TiledTerm):
     to a multiple of 16."""
 
     def __init__(self, codes: Tensor, scale: Tensor, minimum: Tensor, matmul: Q4Q8Matmul):
-        n, k = codes.shape
         if int(codes.max()) > 31:
             raise ValueError("5-bit codes must be in 0..31")
-        padded = -n % Q4Q8_TILE
-        scale, minimum = scale.float(), minimum.float()
-        if padded:  # s = m = 0: zero weights
-            codes = torch.cat([codes, codes.new_zeros(padded, k)])
-            scale, minimum = (torch.cat([t, t.new_zeros(padded, k // GROUP)]) for t in (scale, minimum))
-        tiles, blocks = (n + padded) // Q4Q8_TILE, k // GROUP
-        per_block = codes.view(tiles, Q4Q8_TILE, blocks, GROUP)  # [N/16, 16, K/32, 32]
-        low = per_block & 0x0F
-        nibbles = low[..., :16] | (low[..., 16:] << 4)  # weight j low, j + 16 high
-        four = nibbles.view(tiles, Q4Q8_TILE, blocks, 4, 4).permute(0, 2, 3, 1, 4)  # [N/16, K/32, 4, 16, 4]
-        fifth = (per_block >> 4).view(tiles, Q4Q8_TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # [N/16, K/32, 8 (j), 16 (n), 4 (i)]
-        bits = fifth.reshape(tiles, blocks, 8, 8, 8)  # [..., j, byte, bit]: bit 4 n + i of mask j
-        weights = (1 << torch.arange(8, dtype=torch.uint8)).view(1, 1, 1, 1, 8)
-        masks = (bits * weights).sum(-1, dtype=torch.uint8).view(tiles, blocks, 1, Q4Q8_TILE, 4)  # 64 bytes a block
-        super().__init__(torch.cat([four, masks], dim=2).contiguous(), scale, minimum, n, matmul)
+        per_block, scale, minimum = _tile_blocks(codes, scale, minimum, 0)
+        super().__init__(_masked_bits_layout(per_block, 5), scale, minimum, codes.shape[0], matmul)
+
+
+SIX_BIT_ZERO = 32  # a 6-bit code's zero: w = s (u - 32) (csrc/q4q8/layout.h kSixBitZero)
+HALF = GROUP // 2  # weights per 6-bit scale
+
+
+@dataclass(frozen=True)
+class SixBitCodes:
+    """One weight matrix [N, K] with a scale per 16 weights along K: w = scale (u - 32), u in
+    0..63 (a GGUF Q6_K weight's own codes, scale = d sc)."""
+
+    codes: Tensor  # [N, K] uint8, 0..63
+    scale: Tensor  # [N, K/16] float32
+
+    def __post_init__(self) -> None:
+        n, k = self.codes.shape
+        if k % GROUP:
+            raise ValueError(f"6-bit weights need K divisible by {GROUP}, got K={k}")
+        if self.scale.shape != (n, k // HALF):
+            raise ValueError(f"scale must be [{n}, {k // HALF}], got {tuple(self.scale.shape)}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.codes.shape[0], self.codes.shape[1])
+
+    def dequantize(self) -> Tensor:
+        """[N, K] float32."""
+        n, k = self.shape
+        u = self.codes.to(torch.float32).view(n, k // HALF, HALF) - SIX_BIT_ZERO  # [N, K/16, 16]
+        return (u * self.scale.float()[..., None]).view(n, k)
+
+    def eight_bit(self) -> list[Q4Codes]:
+        """The weight requantized to the 8-bit form (two 4-bit terms) for a kernel without the
+        6-bit one: per block of 32, |error| <= 1/254 of the block's largest weight."""
+        return requantized_8bit(self.dequantize())
+
+    def permute_rows(self, order: Tensor) -> "SixBitCodes":
+        return SixBitCodes(self.codes[order], self.scale[order])
+
+
+def requantized_8bit(weight: Tensor) -> list[Q4Codes]:
+    """A float matrix [N, K] as Q8_0 does it, per block of 32: d = max |w| / 127, q = round(w / d),
+    as the 8-bit form's two terms."""
+    rows = weight.shape[0]
+    groups = weight.float().reshape(rows, -1, GROUP)  # [N, K/32, 32]
+    d = groups.abs().amax(-1) / 127  # [N, K/32]
+    safe = torch.where(d > 0, d, torch.ones_like(d))
+    u = (torch.round(groups / safe[..., None]).clamp(-127, 127) + 128).to(torch.uint8)
+    return eight_bit_terms(u.reshape(rows, -1), d, -128 * d)
+
+
+def cat_six_bit(parts: Sequence[SixBitCodes]) -> SixBitCodes:
+    """Stack 6-bit matrices with the same K along N (a fused projection)."""
+    return SixBitCodes(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]))
+
+
+class Q6Q8Term(TiledTerm):
+    """One matrix of 6-bit codes (`SixBitCodes`: a GGUF Q6_K weight, exactly) for the kernel's
+    6-bit form (q6_q8_matmul): codes laid out as Q5Q8Term's with a second mask register for the
+    sixth bits, and each block's two scales (weights 0 .. 15, 16 .. 31) in the s and m slots of
+    the params. Rows are padded to a multiple of 16."""
+
+    def __init__(self, six: SixBitCodes, matmul: Q4Q8Matmul):
+        n, k = six.shape
+        halves = six.scale.float().view(n, k // GROUP, 2)  # [N, K/32, 2]
+        per_block, first, second = _tile_blocks(six.codes, halves[..., 0], halves[..., 1], SIX_BIT_ZERO)
+        super().__init__(_masked_bits_layout(per_block, 6), first, second, n, matmul)
 
 
 class Int4Term(nn.Module):

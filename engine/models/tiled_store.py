@@ -4,7 +4,7 @@ to them, and memory-mapped by later starts: no unpacking, no relayout, no copy a
 
 One file per converted model and kernel build (`store_path`), named by what its layout depends
 on: the 4-bit file it was built from (size, mtime), the build's instruction set and the source of
-the classes that lay the codes out. A file that cannot be read is a miss: the load converts, as
+the module that lays the codes out. A file that cannot be read is a miss: the load converts, as
 without one, and writes it again.
 """
 
@@ -20,16 +20,17 @@ from typing import Mapping
 
 import torch
 
-from kspec.engine.models.quantized import CpuLinear, Q4Q8Matmul, Q4Q8Term, Q5Q8Term, Q8Q8Term, TiledTerm
+from kspec.engine.models import quantized
+from kspec.engine.models.quantized import CpuLinear, Q4Q8Matmul, Q4Q8Term, Q5Q8Term, Q6Q8Term, Q8Q8Term, TiledTerm
 
-FORMS: dict[str, type[TiledTerm]] = {form.__name__: form for form in (Q4Q8Term, Q8Q8Term, Q5Q8Term)}
+FORMS: dict[str, type[TiledTerm]] = {form.__name__: form for form in (Q4Q8Term, Q8Q8Term, Q5Q8Term, Q6Q8Term)}
 STORE_FORMAT = "kspec-tiled-v1"
 
 
 def store_path(q4_file: Path, isa: str) -> Path:
     """Where the forms built from `q4_file` by a build for `isa` are kept."""
     stat = q4_file.stat()
-    layout_source = "".join(inspect.getsource(form) for form in (TiledTerm, *FORMS.values()))
+    layout_source = inspect.getsource(quantized)  # the forms' classes and the helpers that lay them out
     identity = json.dumps([STORE_FORMAT, stat.st_size, stat.st_mtime_ns, isa, layout_source])
     return q4_file.with_name(f"tiled-{isa}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt")
 

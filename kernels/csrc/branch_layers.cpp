@@ -65,6 +65,7 @@
 at::Tensor q4_q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params);  // q4_q8_matmul.cpp
 at::Tensor q8_q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params);  // q4_q8_matmul.cpp
 at::Tensor q5_q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params);  // q4_q8_matmul.cpp
+at::Tensor q6_q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params);  // q4_q8_matmul.cpp
 
 namespace {
 
@@ -357,13 +358,17 @@ void attend_layer(const Dims& s, const Tensor& queries, const Tensor& prefix_k, 
 
 // x [R, K] -> [R, N] through the weights' kernel: bfloat16 in and out of PyTorch's int4 one
 // (packed, scales_zeros in its layout), float32 of kspec's (codes, params of q4_q8_matmul.cpp:
-// its forms' codes are [N/16, K/32, R, 16, 4] with R = 4, 5 or 8 registers for 4-, 5- and 8-bit
-// codes, so a layer may mix them: a Q4_K_M file's Q6_K v and down projections beside Q4_K ones)
+// its forms' codes are [N/16, K/32, R, 16, 4] with R = 4, 5, 6 or 8 registers for 4-, 5-, 6- and
+// 8-bit codes, so a layer may mix them: a Q4_K_M file's Q6_K down projections beside Q4_K ones)
 Tensor matmul(const Tensor& x, const Tensor& packed, const Tensor& scales) {
   if (x.scalar_type() == at::kFloat) {
     const int64_t registers = packed.dim() == 5 ? packed.size(2) : 4;
-    if (registers == 8) return q8_q8_matmul(x, packed, scales);
-    return registers == 5 ? q5_q8_matmul(x, packed, scales) : q4_q8_matmul(x, packed, scales);
+    switch (registers) {
+      case 8: return q8_q8_matmul(x, packed, scales);
+      case 6: return q6_q8_matmul(x, packed, scales);
+      case 5: return q5_q8_matmul(x, packed, scales);
+      default: return q4_q8_matmul(x, packed, scales);
+    }
   }
   return at::_weight_int4pack_mm_for_cpu(x, packed, kGroup, scales);
 }

@@ -44,6 +44,18 @@
 // builds run the scalar loop, and kspec keeps such weights in the 8-bit form there
 // (engine/models/cpu_fast.py Q5Q8_ISAS).
 //
+// The 6-bit form (q6_q8_matmul: GGUF Q6_K weights, w = d sc (q - 32) with a scale sc per 16
+// weights) holds the file's codes u = q in 0..63 and two scales a block, s0 = d sc of weights 0 .. 15
+// and s1 of 16 .. 31, in the params' s and m slots (m is implied: -32 s): codes [N/16, K/32, 6, 16,
+// 4] uint8, the 5-bit form's five registers then a sixth of the codes' sixth bits (as the fifth's);
+// 384 bytes a tile and block where the 8-bit form (Q6_K requantized per 32) reads 512, and the
+// file's weights exactly. Per row and block
+//
+//   y[r,n] += d[r,b] (s0[n,b] (sum_0..15 u a - 32 sum_0..15 a) + s1[n,b] (sum_16..31 u a - 32 sum_16..31 a))
+//
+// with the halves' sums of a kept by the activations' quantization (`Quantized::half_sums`).
+// Vectorized for AVX-512 VNNI only, as the 5-bit form.
+//
 // Files, as ggml keeps its CPU kernels: this one holds the checks, the dispatch and the ops; the
 // loops are per instruction set, q4q8/generic.h (plain C++, every build), q4q8/avx2.h and
 // q4q8/avx512_vnni.h (the activations' quantization too, where it has its own loop), over
@@ -80,13 +92,13 @@ constexpr int64_t kQuantizeGrain = 256;  // blocks per thread's share: below, on
 Quantized quantize_rows(const float* x, int64_t rows, int64_t k) {
   const int64_t blocks = rows * (k / kBlock);
   Quantized q{uninitialized<int8_t>(rows * k), uninitialized<float>(blocks), uninitialized<float>(blocks),
-              uninitialized<float>(blocks)};
+              uninitialized<float>(blocks), uninitialized<int32_t>(2 * blocks)};
   at::parallel_for(0, blocks, kQuantizeGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
 #if KSPEC_Q4Q8_VNNI
-      quantize_block_vnni(x + i * kBlock, q.a.get() + i * kBlock, q.scale[i], q.sum[i], q.code_sum[i]);
+      quantize_block_vnni(x + i * kBlock, q.a.get() + i * kBlock, q.scale[i], q.sum[i], q.code_sum[i], q.half_sums.get() + 2 * i);
 #else
-      quantize_block_scalar(x + i * kBlock, q.a.get() + i * kBlock, q.scale[i], q.sum[i], q.code_sum[i]);
+      quantize_block_scalar(x + i * kBlock, q.a.get() + i * kBlock, q.scale[i], q.sum[i], q.code_sum[i], q.half_sums.get() + 2 * i);
 #endif
     }
   });
@@ -103,6 +115,7 @@ std::tuple<Tensor, Quantized> prepare(const Tensor& x, const Tensor& codes, cons
             codes.size(2) == kTileRegisters<Bits> && codes.size(3) == kTile && codes.size(4) == 4,
         Bits == 4   ? "codes must be [N/16, K/32, 4, 16, 4] uint8, contiguous"
         : Bits == 5 ? "codes must be [N/16, K/32, 5, 16, 4] uint8, contiguous"
+        : Bits == 6 ? "codes must be [N/16, K/32, 6, 16, 4] uint8, contiguous"
                     : "codes must be [N/16, K/32, 8, 16, 4] uint8, contiguous");
   check(params.scalar_type() == at::kHalf && params.is_contiguous() && params.dim() == 4 &&
             params.size(0) == codes.size(0) && params.size(1) == k / kBlock && params.size(2) == 2 && params.size(3) == kTile,
@@ -112,7 +125,7 @@ std::tuple<Tensor, Quantized> prepare(const Tensor& x, const Tensor& codes, cons
   return {y, quantize_rows(x.data_ptr<float>(), rows, k)};
 }
 
-// Either form: y [M, N] from x and the weights in the form's layout, tiles of 16 outputs split
+// Any form: y [M, N] from x and the weights in the form's layout, tiles of 16 outputs split
 // between the threads (the VNNI loop where built, else the AVX2 one, else the scalar one)
 template <int Bits>
 Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params) {
@@ -127,7 +140,7 @@ Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params
 #if KSPEC_Q4Q8_VNNI
     dot_range_vnni<Bits>(q, rows, cp, pp, k, t0, t1, yp, n);
 #elif KSPEC_Q4Q8_AVX2
-    if constexpr (Bits == 5) {  // no AVX2 loop for the 5-bit form
+    if constexpr (Bits == 5 || Bits == 6) {  // no AVX2 loop for the 5- and 6-bit forms
       for (int64_t t = t0; t < t1; ++t) dot_tile_scalar<Bits>(q, rows, cp, pp, k, t, yp, n);
     } else {
       for (int64_t t = t0; t < t1; ++t) dot_tile_avx2<Bits>(q, rows, cp, pp, k, t, yp, n);
@@ -150,6 +163,10 @@ Tensor q8_q8_matmul(const Tensor& x, const Tensor& codes, const Tensor& params) 
 // x [M, K] float32, codes [N/16, K/32, 5, 16, 4] uint8 (the low 4 bits, then the fifth bits' masks), params as above -> y [M, N] float32
 Tensor q5_q8_matmul(const Tensor& x, const Tensor& codes, const Tensor& params) { return matmul_form<5>(x, codes, params); }
 
+// x [M, K] float32, codes [N/16, K/32, 6, 16, 4] uint8 (the low 4 bits, the fifth bits' masks, the sixth's), params
+// [N/16, K/32, 2, 16] float16 (the halves' scales) -> y [M, N] float32
+Tensor q6_q8_matmul(const Tensor& x, const Tensor& codes, const Tensor& params) { return matmul_form<6>(x, codes, params); }
+
 // The instructions this build multiplies with (kernels/cpu_layers.py matmul_isa)
 std::string q4_q8_isa() {
 #if KSPEC_Q4Q8_VNNI
@@ -165,6 +182,7 @@ TORCH_LIBRARY_FRAGMENT(kspec, m) {
   m.def("q4_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor");
   m.def("q8_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor");
   m.def("q5_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor");
+  m.def("q6_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor");
   m.def("q4_q8_isa() -> str", q4_q8_isa);
 }
 
@@ -172,4 +190,5 @@ TORCH_LIBRARY_IMPL(kspec, CPU, m) {
   m.impl("q4_q8_matmul", q4_q8_matmul);
   m.impl("q8_q8_matmul", q8_q8_matmul);
   m.impl("q5_q8_matmul", q5_q8_matmul);
+  m.impl("q6_q8_matmul", q6_q8_matmul);
 }

@@ -222,3 +222,34 @@ def test_a_linear_takes_the_5bit_form_only_for_5bit_codes() -> None:
     assert [type(t) for t in CpuLinear([], eight_bit, None, 1 << 20, **kernels).terms] == [Q8Q8Term]
     without = dict(q4q8_matmul=matmul, q8q8_matmul=matmul8)  # a build whose 5-bit loop is not vectorized
     assert [type(t) for t in CpuLinear([], five_bit, None, 1 << 20, **without).terms] == [Q8Q8Term]
+
+
+matmul6 = cpu_layers.load_q6_matmul(cache_root())
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 17, 40])
+@pytest.mark.parametrize(("n", "k"), [(96, 576), (7, 64)])
+def test_the_6bit_form_is_the_documented_arithmetic_on_each_half_block(rows: int, n: int, k: int) -> None:
+    """6-bit codes with a scale per 16 weights (a Q6_K weight, exactly): y = sum_b d (s0 (u . a -
+    32 sum a) over weights 0 .. 15 + s1 (...) over 16 .. 31), computed here in float64 from the
+    same codes; only the float32 order differs. Padded rows (n = 7) give nothing."""
+    from kspec.engine.models.quantized import Q6Q8Term, SixBitCodes
+
+    generator = torch.Generator().manual_seed(rows * 5 + n)
+    codes = torch.randint(0, 64, (n, k), dtype=torch.uint8, generator=generator)
+    codes[0, :GROUP] = 63  # every high bit of a block set
+    codes[-1, GROUP:] = 0
+    scale = ((torch.rand(n, k // 16, generator=generator) - 0.5) * 0.02).half().float()  # float16 values: the kernel's
+    x = torch.randn(rows, k, generator=generator) * 2
+    x[0, :GROUP] = 0.0  # an all-zero block: d = 0
+    six = Q6Q8Term(SixBitCodes(codes, scale), matmul6)  # type: ignore[arg-type]
+    assert six.codes.shape[2] == 6 and six.nbytes == (n + -n % 16) * k * 7 // 8  # 6 bits of codes, 1 of scales
+    _, a, d = _quantized(x)
+    u = codes.view(n, k // 16, 16).double() - 32  # [N, K/16, 16]
+    halves = a.view(rows, k // 16, 16)  # [M, K/16, 16]
+    dots = torch.einsum("mhj,nhj->mnh", halves, u)  # [M, N, K/16] exact integers
+    want = torch.einsum("mnh,mh,nh->mn", dots, d.double().repeat_interleave(2, -1), scale.double())
+    torch.testing.assert_close(six(x).double(), want, atol=1e-5 * float(want.abs().max()), rtol=0)
+    dequantized = SixBitCodes(codes, scale).dequantize().double()
+    bound = (x.abs().view(rows, -1, GROUP).amax(-1) / 254).repeat_interleave(GROUP, -1).double() @ dequantized.abs().t()
+    assert bool(((six(x) - x.double() @ dequantized.t()).abs() <= bound + 1e-5).all())

@@ -1,4 +1,4 @@
-// AVX-512 VNNI loops of the 4-, 5- and 8-bit forms (vpdpbusd: 64 unsigned x signed byte products a
+// AVX-512 VNNI loops of the 4-, 5-, 6- and 8-bit forms (vpdpbusd: 64 unsigned x signed byte products a
 // register).
 #pragma once
 
@@ -7,9 +7,11 @@
 #if KSPEC_Q4Q8_VNNI
 namespace {
 
+constexpr int kMaxRows = 12;  // rows one pass over a tile's block serves, at most (dot_range_vnni)
+
 // One block of 32 activations: a = round(x / d) (to nearest even), d = max|x| / 127; the sum of the
-// block's x and d times the sum of its a
-inline void quantize_block_vnni(const float* xb, int8_t* ab, float& d, float& total, float& code_sum) {
+// block's x, d times the sum of its a and the sums of its a's halves
+inline void quantize_block_vnni(const float* xb, int8_t* ab, float& d, float& total, float& code_sum, int32_t* halves) {
   const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
   total = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
@@ -19,7 +21,9 @@ inline void quantize_block_vnni(const float* xb, int8_t* ab, float& d, float& to
   const __m512i a1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x1, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(ab), _mm512_cvtepi32_epi8(a0));  // |a| <= 127: no saturation
   _mm_storeu_si128(reinterpret_cast<__m128i*>(ab + 16), _mm512_cvtepi32_epi8(a1));
-  code_sum = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(a0, a1)));
+  halves[0] = _mm512_reduce_add_epi32(a0);
+  halves[1] = _mm512_reduce_add_epi32(a1);
+  code_sum = d * static_cast<float>(halves[0] + halves[1]);
 }
 
 // AVX-512 VNNI: T tiles (16 T outputs) x R rows. A block's codes unpack into 8 registers per
@@ -27,22 +31,25 @@ inline void quantize_block_vnni(const float* xb, int8_t* ab, float& d, float& to
 // groups of four activations serve every tile. Per row, tile and block: 8 vpdpbusd into a fresh
 // int32 sum (exact: 32 * 255 * 127 < 2^31), then y += s d float(sum) + m sum_x. With few sums
 // (T R <= 2) each block's integer sum is split in two chains so that the loop is not bound by one
-// chain of 8 dependent vpdpbusd.
+// chain of 8 dependent vpdpbusd. The 6-bit form always keeps two sums, one per half block (its
+// weights 0 .. 15 and 16 .. 31 have scales of their own): y += d (s0 (dot0 - 32 a0) + s1 (dot1 - 32 a1)),
+// a0 and a1 the halves' sums of a, each half's sum started at -32 a (integers until one conversion).
 template <int Bits, int T, int R>
 void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k,
                     int64_t t0, float* y, int64_t ldy) {
-  static_assert(T >= 1 && T <= 4 && R >= 1 && R <= 8 && (Bits == 4 || Bits == 5 || Bits == 8));
-  constexpr int kChains = T * R <= 2 ? 2 : 1;
+  static_assert(T >= 1 && T <= 4 && R >= 1 && R <= kMaxRows && (Bits == 4 || Bits == 5 || Bits == 6 || Bits == 8));
+  constexpr bool kHalves = Bits == 6;
+  constexpr int kChains = kHalves || T * R <= 2 ? 2 : 1;
   const int64_t blocks = k / kBlock;
   const float* xd = q.scale.get() + r0 * blocks;                // [R, blocks]
   const float* xs = minimum_sums<Bits>(q).get() + r0 * blocks;  // [R, blocks]
   const int8_t* a0 = q.a.get() + r0 * k;
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
-  const __m512i sixteen = _mm512_set1_epi8(16);
+  const __m512i sixteen = _mm512_set1_epi8(16), thirty_two = _mm512_set1_epi8(32);
   __m512 acc[T][R];
 #pragma GCC unroll 4
   for (int t = 0; t < T; ++t)
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     __m512i w[T][8];
@@ -52,16 +59,20 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
       const uint8_t* tc = codes + ((t0 + t) * blocks + b) * kTileBytes<Bits>;  // [4, 16, 4] or [8, 16, 4]
       const c10::Half* tp = params + ((t0 + t) * blocks + b) * kParamsPerBlock;  // [2, 16]
       prefetch_block<Bits>(tc, tp, kPrefetchBlocks);
-      if constexpr (Bits == 4 || Bits == 5) {
+      if constexpr (Bits != 8) {
 #pragma GCC unroll 4
         for (int p = 0; p < 4; ++p) {
           const __m512i packed = _mm512_loadu_si512(tc + 64 * p);
           w[t][p] = _mm512_and_si512(packed, low_mask);                           // weights 4p ..
           w[t][p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);  // weights 16 + 4p ..
         }
-        if constexpr (Bits == 5) {
+        if constexpr (Bits >= 5) {
 #pragma GCC unroll 8
-          for (int j = 0; j < 8; ++j) w[t][j] = _mm512_mask_add_epi8(w[t][j], _cvtu64_mask64(fifth_bits(tc, j)), w[t][j], sixteen);
+          for (int j = 0; j < 8; ++j) w[t][j] = _mm512_mask_add_epi8(w[t][j], _cvtu64_mask64(high_bits(tc, 4, j)), w[t][j], sixteen);
+        }
+        if constexpr (Bits == 6) {
+#pragma GCC unroll 8
+          for (int j = 0; j < 8; ++j) w[t][j] = _mm512_mask_add_epi8(w[t][j], _cvtu64_mask64(high_bits(tc, 5, j)), w[t][j], thirty_two);
         }
       } else {
 #pragma GCC unroll 8
@@ -70,21 +81,33 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
       scales[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp)));
       mins[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + kTile)));
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
       const int8_t* a = a0 + r * k + b * kBlock;
       __m512i dots[kChains][T];
+      const int32_t* halves = kHalves ? q.half_sums.get() + 2 * ((r0 + r) * blocks + b) : nullptr;
 #pragma GCC unroll 2
-      for (int c = 0; c < kChains; ++c)
+      for (int c = 0; c < kChains; ++c) {  // the 6-bit form's halves start at -32 sum a: its codes' zero
+        const __m512i start = kHalves ? _mm512_set1_epi32(-kSixBitZero * halves[c]) : _mm512_setzero_si512();
 #pragma GCC unroll 4
-        for (int t = 0; t < T; ++t) dots[c][t] = _mm512_setzero_si512();
+        for (int t = 0; t < T; ++t) dots[c][t] = start;
+      }
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
         const __m512i four = _mm512_set1_epi32(four_bytes(a + 4 * j));
+        const int c = kHalves ? j / 4 : j % kChains;
 #pragma GCC unroll 4
-        for (int t = 0; t < T; ++t) dots[j % kChains][t] = _mm512_dpbusd_epi32(dots[j % kChains][t], w[t][j], four);
+        for (int t = 0; t < T; ++t) dots[c][t] = _mm512_dpbusd_epi32(dots[c][t], w[t][j], four);
       }
       const __m512 d = _mm512_set1_ps(xd[r * blocks + b]);
+      if constexpr (kHalves) {
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) {  // scales[t]: s of weights 0 .. 15, mins[t]: s of 16 .. 31
+          const __m512 halves_sum = _mm512_fmadd_ps(scales[t], _mm512_cvtepi32_ps(dots[0][t]), _mm512_mul_ps(mins[t], _mm512_cvtepi32_ps(dots[1][t])));
+          acc[t][r] = _mm512_fmadd_ps(d, halves_sum, acc[t][r]);
+        }
+        continue;
+      }
       const __m512 sum_x = _mm512_set1_ps(xs[r * blocks + b]);
 #pragma GCC unroll 4
       for (int t = 0; t < T; ++t) {
@@ -96,7 +119,7 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
   }
 #pragma GCC unroll 4
   for (int t = 0; t < T; ++t)
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (r0 + r) * ldy + (t0 + t) * kTile, acc[t][r]);
 }
 
@@ -107,6 +130,10 @@ void dot_rows_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const
   int64_t r = 0;
   for (; r + RMax <= rows; r += RMax) dot_tiles_vnni<Bits, T, RMax>(q, r, codes, params, k, t0, y, ldy);
   switch (rows - r) {
+    case 11: if constexpr (RMax > 11) dot_tiles_vnni<Bits, T, 11>(q, r, codes, params, k, t0, y, ldy); break;
+    case 10: if constexpr (RMax > 10) dot_tiles_vnni<Bits, T, 10>(q, r, codes, params, k, t0, y, ldy); break;
+    case 9: if constexpr (RMax > 9) dot_tiles_vnni<Bits, T, 9>(q, r, codes, params, k, t0, y, ldy); break;
+    case 8: if constexpr (RMax > 8) dot_tiles_vnni<Bits, T, 8>(q, r, codes, params, k, t0, y, ldy); break;
     case 7: if constexpr (RMax > 7) dot_tiles_vnni<Bits, T, 7>(q, r, codes, params, k, t0, y, ldy); break;
     case 6: if constexpr (RMax > 6) dot_tiles_vnni<Bits, T, 6>(q, r, codes, params, k, t0, y, ldy); break;
     case 5: if constexpr (RMax > 5) dot_tiles_vnni<Bits, T, 5>(q, r, codes, params, k, t0, y, ldy); break;
@@ -119,11 +146,14 @@ void dot_rows_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const
 }
 
 // Tiles t0 .. t1 - 1, one at a time over 8 rows (its unpacked codes and 8 sums in registers;
-// measured: two tiles at a time at one or two rows 1.1-1.3x slower)
+// measured: two tiles at a time at one or two rows 1.1-1.3x slower); the 6-bit form over 12, its
+// costlier unpacking shared by more rows (Zen 4, a 53760 x 1536 weight against the 8-bit form of the
+// same weight: 0.98x at 12 rows and 0.94x at 16 over 8 rows, 1.13x and 1.07x over 12)
 template <int Bits>
 void dot_range_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
                     int64_t t0, int64_t t1, float* y, int64_t ldy) {
-  for (int64_t t = t0; t < t1; ++t) dot_rows_vnni<Bits, 1, 8>(q, rows, codes, params, k, t, y, ldy);
+  constexpr int kRows = Bits == 6 ? kMaxRows : 8;
+  for (int64_t t = t0; t < t1; ++t) dot_rows_vnni<Bits, 1, kRows>(q, rows, codes, params, k, t, y, ldy);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The 4-, 5- and 8-bit forms' layout (q4_q8_matmul.cpp says what they hold) and the activations'
+// The 4-, 5-, 6- and 8-bit forms' layout (q4_q8_matmul.cpp says what they hold) and the activations'
 // 8-bit blocks of 32 (`Quantized`), shared by every ISA's loops.
 #pragma once
 
@@ -30,19 +30,23 @@ constexpr int64_t kPrefetchBlocks = 4;        // blocks of a tile read ahead by 
 // blocks, 1.1x with 4 or 16)
 constexpr int64_t kPrefetchBlocksAvx2 = 8;
 
-// Bytes of one tile's codes per block: 16 outputs x 32 weights, 4-bit codes two a byte; 5-bit ones
-// as the 4-bit codes and a 64-byte register of their fifth bits
+// Bytes of one tile's codes per block: 16 outputs x 32 weights, 4-bit codes two a byte; 5- and
+// 6-bit ones as the 4-bit codes and a 64-byte register of their fifth (then sixth) bits
 template <int Bits>
-constexpr int64_t kTileBytes = kTile * Bits * kBlock / 8;  // 256, 320 or 512
+constexpr int64_t kTileBytes = kTile * Bits * kBlock / 8;  // 256, 320, 384 or 512
 
 // 64-byte registers of one tile's codes per block, each holding 4 bytes of every one of its 16 outputs
 template <int Bits>
-constexpr int64_t kTileRegisters = kTileBytes<Bits> / 64;  // 4, 5 or 8
+constexpr int64_t kTileRegisters = kTileBytes<Bits> / 64;  // 4, 5, 6 or 8
 
-// The fifth-bit mask of register j (weights 4j .. 4j + 3 of each output) of a 5-bit tile's block
-inline uint64_t fifth_bits(const uint8_t* block_codes, int64_t j) {
+// The 6-bit form's codes are centred: w = s (u - 32), one s per half block (weights 0 .. 15, 16 .. 31)
+constexpr int32_t kSixBitZero = 32;
+
+// Bit `plane` (4: the fifth, 5: the sixth) of register j's codes (weights 4j .. 4j + 3 of each
+// output) of a 5- or 6-bit tile's block, as a 64-bit mask: bit 4 n + i for output n's weight 4j + i
+inline uint64_t high_bits(const uint8_t* block_codes, int plane, int64_t j) {
   uint64_t mask;
-  std::memcpy(&mask, block_codes + 4 * 64 + 8 * j, sizeof mask);
+  std::memcpy(&mask, block_codes + plane * 64 + 8 * j, sizeof mask);
   return mask;
 }
 
@@ -68,6 +72,7 @@ struct Quantized {  // x [M, K] as 8-bit blocks
   std::unique_ptr<float[]> scale;    // [M, K/32] d
   std::unique_ptr<float[]> sum;      // [M, K/32] float32 sum of the block's x (the 4-bit form's minimums)
   std::unique_ptr<float[]> code_sum; // [M, K/32] d * sum of the block's a (the 8-bit form's -128 d)
+  std::unique_ptr<int32_t[]> half_sums;  // [M, K/16] sum of each half block's a (the 6-bit form's zero)
 };
 
 // The per-block sums of x each form's m multiplies: sum(x) for 4 bits, d sum(a) for 5 and 8

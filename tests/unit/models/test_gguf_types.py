@@ -14,7 +14,10 @@ from kspec.engine.config import EngineConfig
 from kspec.engine.models.gguf_blocks import NATIVE_TYPES, converted_to, tensor_terms
 from kspec.engine.models.gguf_encode import encode
 from kspec.engine.models.loading import load_model
-from kspec.engine.models.quantized import GROUP, Q8Q8Term, TiledTerm
+from kspec.engine.models.cpu_profile import Q6Q8_ISAS
+from kspec.engine.models.resolve import cache_root
+from kspec.kernels import cpu_layers
+from kspec.engine.models.quantized import GROUP, Q6Q8Term, Q8Q8Term, SixBitCodes, TiledTerm, six_bit_codes, six_bit_name, weight_terms
 
 
 def _reference(data: np.ndarray, kind: str, shape: tuple[int, int]) -> np.ndarray:
@@ -43,7 +46,8 @@ def test_the_file_codes_are_the_gguf_weights(kind: str) -> None:
     data = encode(w, kind)
     expected = _reference(data, kind, w.shape)
     terms = tensor_terms(data, kind, w.shape)
-    assert terms is not None and len(terms) == (1 if kind in ("Q4_0", "Q4_1", "Q4_K") else 2)
+    assert terms is not None and len(terms) == (1 if kind in ("Q4_0", "Q4_1", "Q4_K", "Q6_K") else 2)
+    assert isinstance(terms[0], SixBitCodes) == (kind == "Q6_K")
     got = _terms_sum(terms)
     assert float(np.abs(got - expected).max()) <= 2**-22 * float(np.abs(expected).max())
 
@@ -59,12 +63,15 @@ def test_the_encoders_round_to_their_types_step() -> None:
         encode(np.zeros((2, 96), np.float32), "Q4_K")
 
 
-def test_q6_k_is_requantized_to_8_bits_within_a_254th_of_its_blocks() -> None:
+def test_q6_k_takes_the_8_bit_form_within_a_254th_of_its_blocks_where_no_6_bit_loop_runs() -> None:
     w = _weights(24, 768, seed=5)
     data = encode(w, "Q6_K")
     expected = _reference(data, "Q6_K", w.shape)
-    terms = tensor_terms(data, "Q6_K", w.shape)
-    assert terms is not None and converted_to("Q6_K") == "q8"
+    (six,) = tensor_terms(data, "Q6_K", w.shape) or [None]
+    assert isinstance(six, SixBitCodes) and converted_to("Q6_K") == "codes"
+    codes = {six_bit_name("w"): six}
+    terms = weight_terms(codes, "w")  # what PyTorch's kernel and the 8-bit form take
+    assert terms is not None and len(terms) == 2 and six_bit_codes(codes, "w") is six
     block_max = np.abs(expected.reshape(24, -1, GROUP)).max(-1).repeat(GROUP, -1)
     assert bool((np.abs(_terms_sum(terms) - expected) <= block_max / 254 * 1.001 + 1e-9).all())
 
@@ -128,7 +135,12 @@ def test_a_written_file_runs_on_the_fast_path_like_its_float32_weights(tmp_path,
     terms = [m.terms for m in fast.model.modules() if hasattr(m, "terms") and hasattr(m, "has_int4")]
     assert terms and all(len(t) >= 1 for t in terms), fast.compute  # no matrix left dense
     if all(isinstance(t[0], TiledTerm) for t in terms):
-        assert any(isinstance(t[0], Q8Q8Term) for t in terms)  # the Q6_K / Q5_0 / Q8_0 / F16 ones
+        assert any(isinstance(t[0], Q8Q8Term) for t in terms)  # the Q5_0 / Q8_0 / F16 ones, a v beside Q6_K
+        from gguf import GGUFReader
+
+        alone = [t.name for t in GGUFReader(str(path)).tensors if t.tensor_type.name == "Q6_K" and "attn_v" not in t.name]
+        six_bit_loop = cpu_layers.matmul_isa(cache_root()) in Q6Q8_ISAS  # a Q6_K v is fused with q and k: 8-bit
+        assert any(isinstance(t[0], Q6Q8Term) for t in terms) == (six_bit_loop and bool(alone)), alone
     tokens = torch.tensor([fast.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n")])
     with torch.inference_mode():
         logits = [m.model.logits(m.model(tokens, RaggedKVCache(m.model.cache_shape, 1, tokens.shape[1], m.model.dtype))[0])
