@@ -53,6 +53,16 @@ from kspec.engine.models.tensor_file import TensorFile
 GROUP = 32  # weights per GGUF Q4 block = the kernel's group size
 
 
+def check_code_shapes(codes: Tensor, form: str, params: Mapping[str, Tensor], weights_per_param: int) -> None:
+    """codes [N, K] with K a multiple of 32, each of `params` [N, K / weights_per_param]."""
+    n, k = codes.shape
+    if k % GROUP:
+        raise ValueError(f"{form} weights need K divisible by {GROUP}, got K={k}")
+    for name, values in params.items():
+        if values.shape != (n, k // weights_per_param):
+            raise ValueError(f"{name} must be [{n}, {k // weights_per_param}], got {tuple(values.shape)}")
+
+
 @dataclass(frozen=True)
 class Q4Codes:
     """One weight matrix [N, K] in groups of 32 along K: w = (q - 8) * scale + zero."""
@@ -62,12 +72,7 @@ class Q4Codes:
     zero: Tensor  # [N, K/32] float32
 
     def __post_init__(self) -> None:
-        n, k = self.codes.shape
-        if k % GROUP:
-            raise ValueError(f"4-bit weights need K divisible by {GROUP}, got K={k}")
-        for name in ("scale", "zero"):
-            if getattr(self, name).shape != (n, k // GROUP):
-                raise ValueError(f"{name} must be [{n}, {k // GROUP}], got {tuple(getattr(self, name).shape)}")
+        check_code_shapes(self.codes, "4-bit", {"scale": self.scale, "zero": self.zero}, GROUP)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -448,11 +453,7 @@ class SixBitCodes:
     scale: Tensor  # [N, K/16] float32
 
     def __post_init__(self) -> None:
-        n, k = self.codes.shape
-        if k % GROUP:
-            raise ValueError(f"6-bit weights need K divisible by {GROUP}, got K={k}")
-        if self.scale.shape != (n, k // HALF):
-            raise ValueError(f"scale must be [{n}, {k // HALF}], got {tuple(self.scale.shape)}")
+        check_code_shapes(self.codes, "6-bit", {"scale": self.scale}, HALF)
 
     @property
     def shape(self) -> tuple[int, int]:
