@@ -154,14 +154,14 @@ def load_q8_matmul(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
 def load_q5_matmul(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
     """``torch.ops.kspec.q5_q8_matmul``: the 8-bit form's arithmetic over 5-bit codes (GGUF Q5_0 /
     Q5_1 / Q5_K weights; the layout: engine/models/quantized.py ``Q5Q8Term``), vectorized on an
-    AVX-512 VNNI build only (``matmul_isa``); built as ``load``; None where it cannot be."""
+    AVX-512 VNNI or AVX2 build (``matmul_isa``); built as ``load``; None where it cannot be."""
     return torch.ops.kspec.q5_q8_matmul if _built(cache_dir)[0] else None
 
 
 def load_q6_matmul(cache_dir: Path) -> Callable[..., torch.Tensor] | None:
     """``torch.ops.kspec.q6_q8_matmul``: 6-bit codes with a scale per 16 weights (GGUF Q6_K weights,
     exactly; the layout: engine/models/quantized.py ``Q6Q8Term``), vectorized on an AVX-512 VNNI
-    build only (``matmul_isa``); built as ``load``; None where it cannot be."""
+    or AVX2 build (``matmul_isa``); built as ``load``; None where it cannot be."""
     return torch.ops.kspec.q6_q8_matmul if _built(cache_dir)[0] else None
 
 

@@ -127,9 +127,15 @@ INT4_MAX_ROWS = {
     ("torch", torch.float32): 16, ("torch", torch.bfloat16): 4, ("kspec", torch.float32): 16, ("kspec", torch.bfloat16): 24,
 }
 
-# The forms each build runs vectorized, by cpu_layers.matmul_isa(); elsewhere a Q8_0 weight stays
-# two 4-bit terms and Q5_x weights take the 8-bit form. The 8-bit form on AVX2 measured on Zen 3
-# (the head, one 8-bit term vs two 4-bit ones): 1.12x at 1 row, 1.28x at 4, 1.34x at 8, 1.36x at 40.
+# The forms each build runs where they pay, by cpu_layers.matmul_isa(); elsewhere a Q8_0 weight
+# stays two 4-bit terms and Q5_x / Q6_K weights take the 8-bit form. The 8-bit form on AVX2 measured
+# on Zen 3 (the head, one 8-bit term vs two 4-bit ones): 1.12x at 1 row, 1.28x at 4, 1.34x at 8,
+# 1.36x at 40. The 5- and 6-bit forms against the 8-bit form of the same codes (a 53760 x 1536
+# weight, a -march=haswell build on Zen 4): 5-bit 1.43x at 1 row, 1.34x at 4, 1.19x at 20; 6-bit
+# 1.18x at 1 row, 1.10x at 4, but 0.95x at 8 and 0.85x at 20 (its two bit planes spread to bytes
+# again for every 4 rows). In the models' decode step (KSPEC_CPU=avx2, both forms in one process):
+# the 0.5B with its Q5_0 weights 5-bit 1.08x at k = 1 and 4, 1.05x verifying 40 rows; the 1.5B with
+# its Q6_K ones 6-bit 0.97x at k = 1, 0.91x at 40 rows: AVX2 keeps Q6_K 8-bit.
 Q8Q8_ISAS = (VNNI_ISA, "avx2")
-Q5Q8_ISAS = (VNNI_ISA,)
-Q6Q8_ISAS = Q5Q8_ISAS  # the same masked-bit unpacking: a Q6_K weight takes the 8-bit form elsewhere
+Q5Q8_ISAS = (VNNI_ISA, "avx2")
+Q6Q8_ISAS = (VNNI_ISA,)

@@ -40,9 +40,9 @@
 // low 4 bits as the 4-bit form holds its codes, register 4 eight 64-bit masks, mask j's bit
 // 4 n + i the fifth bit of output n's weight 4j + i. The VNNI loop unpacks the nibbles as the
 // 4-bit form does and adds 16 where a mask says (one masked byte add per register): 320 bytes
-// a tile and block where the 8-bit form reads 512. Built vectorized for AVX-512 VNNI only; other
-// builds run the scalar loop, and kspec keeps such weights in the 8-bit form there
-// (engine/models/cpu_fast.py Q5Q8_ISAS).
+// a tile and block where the 8-bit form reads 512. Vectorized for AVX-512 VNNI and AVX2 (the masks
+// spread to bytes: q4q8/avx2.h); a build without either runs the scalar loop, and kspec keeps such
+// weights in the 8-bit form there (engine/models/cpu_profile.py Q5Q8_ISAS).
 //
 // The 6-bit form (q6_q8_matmul: GGUF Q6_K weights, w = d sc (q - 32) with a scale sc per 16
 // weights) holds the file's codes u = q in 0..63 and two scales a block, s0 = d sc of weights 0 .. 15
@@ -54,7 +54,8 @@
 //   y[r,n] += d[r,b] (s0[n,b] (sum_0..15 u a - 32 sum_0..15 a) + s1[n,b] (sum_16..31 u a - 32 sum_16..31 a))
 //
 // with the halves' sums of a kept by the activations' quantization (`Quantized::half_sums`).
-// Vectorized for AVX-512 VNNI only, as the 5-bit form.
+// Vectorized for AVX-512 VNNI and AVX2; kspec takes it on VNNI builds only (cpu_profile.py
+// Q6Q8_ISAS: AVX2's loop is slower than the 8-bit form's from 8 rows).
 //
 // Files, as ggml keeps its CPU kernels: this one holds the checks, the dispatch and the ops; the
 // loops are per instruction set, q4q8/generic.h (plain C++, every build), q4q8/avx2.h and
@@ -140,11 +141,7 @@ Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params
 #if KSPEC_Q4Q8_VNNI
     dot_range_vnni<Bits>(q, rows, cp, pp, k, t0, t1, yp, n);
 #elif KSPEC_Q4Q8_AVX2
-    if constexpr (Bits == 5 || Bits == 6) {  // no AVX2 loop for the 5- and 6-bit forms
-      for (int64_t t = t0; t < t1; ++t) dot_tile_scalar<Bits>(q, rows, cp, pp, k, t, yp, n);
-    } else {
-      for (int64_t t = t0; t < t1; ++t) dot_tile_avx2<Bits>(q, rows, cp, pp, k, t, yp, n);
-    }
+    for (int64_t t = t0; t < t1; ++t) dot_tile_avx2<Bits>(q, rows, cp, pp, k, t, yp, n);
 #else
     for (int64_t t = t0; t < t1; ++t) dot_tile_scalar<Bits>(q, rows, cp, pp, k, t, yp, n);
 #endif

@@ -16,7 +16,7 @@ import numpy as np
 from kspec.engine.models.quantized import GROUP, CpuLinear, Q4Codes, Q4Q8Term, Q8HeadEmbedding, Q8Q8Term, eight_bit_codes
 from kspec.engine.models.gguf_blocks import q8_0 as gguf_q8_0
 from kspec.engine.models.resolve import cache_root
-from kspec.engine.models.cpu_profile import Q5Q8_ISAS
+from kspec.engine.models.cpu_profile import VNNI_ISA
 from kspec.kernels import cpu_layers
 
 matmul = cpu_layers.load_matmul(cache_root())
@@ -196,9 +196,9 @@ def test_the_5bit_form_is_the_8bit_form_on_5bit_codes(rows: int, n: int, k: int)
     five = Q5Q8Term(codes, scale, minimum, matmul5)
     eight = Q8Q8Term(codes, scale, minimum, matmul8)
     assert five.codes.shape[2] == 5 and five.nbytes < 0.7 * eight.nbytes
-    if cpu_layers.matmul_isa(cache_root()) in Q5Q8_ISAS:  # the same loop over either layout
+    if cpu_layers.matmul_isa(cache_root()) == VNNI_ISA:  # the same loop over either layout
         torch.testing.assert_close(five(x), eight(x), atol=0, rtol=0)
-    else:  # 5-bit codes take the generic loop here (kspec keeps such weights 8-bit): float32 order only
+    else:  # AVX2's 5-bit loop or the generic one: float32 order only
         torch.testing.assert_close(five(x), eight(x), atol=1e-5 * float(eight(x).abs().max()), rtol=0)
     dequantized = (codes.float().view(n, -1, GROUP) * scale.half().float()[..., None] + minimum.half().float()[..., None]).view(n, k)
     want = x.double() @ dequantized.double().t()

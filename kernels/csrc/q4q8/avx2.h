@@ -1,5 +1,5 @@
-// AVX2 loops of the 4- and 8-bit forms (maddubs: 32 unsigned x signed byte products a register);
-// an AVX-512 VNNI build uses avx512_vnni.h instead.
+// AVX2 loops of the 4-, 5-, 6- and 8-bit forms (maddubs: 32 unsigned x signed byte products a
+// register); an AVX-512 VNNI build uses avx512_vnni.h instead.
 #pragma once
 
 #include "layout.h"
@@ -278,12 +278,92 @@ void dot_half_q8_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, cons
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * ldy + t * kTile + 8 * half, acc[r]);
 }
 
-// Half a tile of either form, R rows
+// 32 bytes, byte i `value` where bit i of `bits` is set, else 0 (a 5/6-bit form's bit plane of half a
+// tile's register: bit 4 n + i is output n's weight 4j + i)
+inline __m256i bytes_of_bits_avx2(uint32_t bits, __m256i value) {
+  const __m256i select = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);  // mask byte i / 8 to byte i
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);  // bit i % 8 of it
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(bits)), select);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), value);
+}
+
+// AVX2, 5- or 6-bit codes: half a tile (8 outputs) x R rows. A block's codes unpack once into 8
+// registers of unsigned codes (the nibbles, then each bit plane's mask spread to bytes and or'ed in),
+// used by every row: maddubs against 4 broadcast activations gives int16 pair sums of at most
+// 2 * 63 * 127, two registers of them add without saturating, then madd with ones makes int32 dots.
+// 5-bit: y += s d dot + m d sum a (as the 8-bit form); 6-bit: two dots, one per half block, each
+// started at -32 times its half's sum of a, y += d (s0 dot0 + s1 dot1) (q4_q8_matmul.cpp).
+template <int Bits, int R>
+void dot_half_masked_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k,
+                          int64_t t, int half, float* y, int64_t ldy) {
+  static_assert(Bits == 5 || Bits == 6);
+  constexpr int kDots = Bits == 6 ? 2 : 1;
+  const int64_t blocks = k / kBlock;
+  const float* xd = q.scale.get() + r0 * blocks;       // [R, blocks]
+  const float* xs = q.code_sum.get() + r0 * blocks;    // [R, blocks]
+  const int32_t* halves = q.half_sums.get() + 2 * r0 * blocks;  // [R, blocks, 2]
+  const int8_t* a0 = q.a.get() + r0 * k;
+  const __m256i low_mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block_codes = codes + (t * blocks + b) * kTileBytes<Bits>;    // [Bits, 16, 4]
+    const c10::Half* block_params = params + (t * blocks + b) * kParamsPerBlock;  // [2, 16]
+    if (half == 0) prefetch_block<Bits>(block_codes, block_params, kPrefetchBlocksAvx2);  // half 1 finds them cached
+    __m256i w[8];
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block_codes + 64 * p + 32 * half));
+      w[p] = _mm256_and_si256(packed, low_mask);                           // weights 4p ..
+      w[p + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);  // weights 16 + 4p ..
+    }
+#pragma GCC unroll 2
+    for (int plane = 4; plane < Bits; ++plane) {
+      const __m256i value = _mm256_set1_epi8(static_cast<char>(1 << plane));
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j)
+        w[j] = _mm256_or_si256(w[j], bytes_of_bits_avx2(static_cast<uint32_t>(high_bits(block_codes, plane, j) >> (32 * half)), value));
+    }
+    const __m256 first = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block_params + 8 * half)));
+    const __m256 second = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block_params + kTile + 8 * half)));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int8_t* a = a0 + r * k + b * kBlock;
+      __m256i dots[kDots];
+#pragma GCC unroll 2
+      for (int c = 0; c < kDots; ++c)
+        dots[c] = Bits == 6 ? _mm256_set1_epi32(-kSixBitZero * halves[2 * (r * blocks + b) + c]) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {  // registers 2g, 2g + 1: weights 8g .. 8g + 7
+        const __m256i x0 = _mm256_set1_epi32(four_bytes(a + 8 * g)), x1 = _mm256_set1_epi32(four_bytes(a + 8 * g + 4));
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * g], x0), _mm256_maddubs_epi16(w[2 * g + 1], x1));
+        const int c = Bits == 6 ? g / 2 : 0;
+        dots[c] = _mm256_add_epi32(dots[c], _mm256_madd_epi16(pairs, ones));
+        keep_in_register(dots[c]);
+      }
+      const __m256 d = _mm256_set1_ps(xd[r * blocks + b]);
+      if constexpr (Bits == 6) {  // first: s of weights 0 .. 15, second: s of 16 .. 31
+        const __m256 both = _mm256_fmadd_ps(first, _mm256_cvtepi32_ps(dots[0]), _mm256_mul_ps(second, _mm256_cvtepi32_ps(dots[1])));
+        acc[r] = _mm256_fmadd_ps(d, both, acc[r]);
+      } else {  // first: s, second: m
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(first, d), _mm256_cvtepi32_ps(dots[0]),
+                                 _mm256_fmadd_ps(second, _mm256_set1_ps(xs[r * blocks + b]), acc[r]));
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * ldy + t * kTile + 8 * half, acc[r]);
+}
+
+// Half a tile of any form, R rows
 template <int Bits, int R>
 void dot_half_form_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
                         int half, float* y, int64_t ldy) {
   if constexpr (Bits == 4) dot_half_avx2<R>(q, r0, codes, params, k, t, half, y, ldy);
-  else dot_half_q8_avx2<R>(q, r0, codes, params, k, t, half, y, ldy);
+  else if constexpr (Bits == 8) dot_half_q8_avx2<R>(q, r0, codes, params, k, t, half, y, ldy);
+  else dot_half_masked_avx2<Bits, R>(q, r0, codes, params, k, t, half, y, ldy);
 }
 
 // Tile t, every row: for 4-bit codes a whole tile at one or two rows, the unpacked scratch from
