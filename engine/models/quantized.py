@@ -167,7 +167,8 @@ def packed_terms(codes: Mapping[str, Q4Codes], name: str) -> list[PackedCodes] |
     """`weight_terms` as stored: mapped from a `Q4File` (nothing read), packed otherwise."""
     names = term_names(codes, name)
     if names is None:
-        return None
+        six = six_bit_codes(codes, name)  # requantized to the 8-bit form's two terms, in memory
+        return None if six is None else [PackedCodes.of(term) for term in six.eight_bit()]
     return [codes.packed(part) if isinstance(codes, Q4File) else PackedCodes.of(codes[part]) for part in names]
 
 

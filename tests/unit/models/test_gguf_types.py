@@ -115,12 +115,14 @@ def test_the_mix_follows_llama_cpp() -> None:
 
 
 ODD = Shape("llama", 3, 320, 640, 5, 1, tied=False)  # 320 = 1.25 x 256: llama.cpp's fallbacks, llama's rotary order
+UNTIED = Shape("qwen2", 2, 256, 512, 4, 2, tied=False)  # a head and a table of their own: Q6_K in a Q6_K file
 QWEN3 = Shape("qwen3", 2, 256, 512, 4, 2, tied=True)  # q/k norms: the PyTorch ops over the kernels
 STARCODER2 = Shape("starcoder2", 2, 256, 1024, 4, 2, tied=True)  # LayerNorm with bias, GELU, biases everywhere
 
 
 @pytest.mark.parametrize(("shape", "mix"), [
     (SHAPES["tiny"], "Q4_K_M"), (ODD, "Q4_K_M"), (SHAPES["tiny"], "Q5_K_M"), (ODD, "F16"), (STARCODER2, "Q4_K_M"), (QWEN3, "Q4_K_M"),
+    (UNTIED, "Q6_K"),
 ])  # fmt: skip
 def test_a_written_file_runs_on_the_fast_path_like_its_float32_weights(tmp_path, monkeypatch, small_gguf, shape: Shape, mix: str) -> None:
     """A GGUF written like llama-quantize's output loads with every matrix on the kernels (8-bit
@@ -135,7 +137,7 @@ def test_a_written_file_runs_on_the_fast_path_like_its_float32_weights(tmp_path,
     terms = [m.terms for m in fast.model.modules() if hasattr(m, "terms") and hasattr(m, "has_int4")]
     assert terms and all(len(t) >= 1 for t in terms), fast.compute  # no matrix left dense
     if all(isinstance(t[0], TiledTerm) for t in terms):
-        assert any(isinstance(t[0], Q8Q8Term) for t in terms)  # the Q5_0 / Q8_0 / F16 ones, a v beside Q6_K
+        assert any(isinstance(t[0], Q8Q8Term) for t in terms) == (mix != "Q6_K")  # the Q5_0 / Q8_0 / F16 ones, a v beside Q6_K
         from gguf import GGUFReader
 
         alone = [t.name for t in GGUFReader(str(path)).tensors if t.tensor_type.name == "Q6_K" and "attn_v" not in t.name]
