@@ -338,18 +338,8 @@ class Q4Q8Term(TiledTerm):
     multiple of 16."""
 
     def __init__(self, codes: Q4Codes, matmul: Q4Q8Matmul):
-        n, k = codes.shape
-        padded = -n % Q4Q8_TILE
-        q, scale, zero = codes.codes, codes.scale.float(), codes.zero.float()
-        if padded:
-            q = torch.cat([q, q.new_zeros(padded, k)])
-            scale, zero = (torch.cat([t, t.new_zeros(padded, k // GROUP)]) for t in (scale, zero))
-        tiles, blocks = (n + padded) // Q4Q8_TILE, k // GROUP
-        per_block = q.view(tiles, Q4Q8_TILE, blocks, GROUP)  # [N/16, 16, K/32, 32]
-        nibbles = per_block[..., :16] | (per_block[..., 16:] << 4)  # weight j low, j + 16 high (GGUF's bytes)
-        fours = nibbles.view(tiles, Q4Q8_TILE, blocks, 4, 4)  # [N/16, 16, K/32, 4, 4]: bytes 4p .. 4p + 3
-        layout = fours.permute(0, 2, 3, 1, 4).contiguous()  # [N/16, K/32, 4, 16, 4] uint8
-        super().__init__(layout, scale, zero - 8 * scale, n, matmul)
+        per_block, scale, zero = _tile_blocks(codes.codes, codes.scale, codes.zero, 0)  # [N/16, 16, K/32, 32]
+        super().__init__(_bit_planes_layout(per_block, 4), scale, zero - 8 * scale, codes.shape[0], matmul)
 
 
 EIGHT_BIT_ZERO_SHIFT = 136  # (h - 8) 16 s + (l - 8) s = s u - 136 s: the low term's zero is m + 136 s
@@ -411,13 +401,14 @@ def _tile_blocks(codes: Tensor, scale: Tensor, minimum: Tensor, pad_code: int) -
     return codes.view((n + padded) // Q4Q8_TILE, Q4Q8_TILE, k // GROUP, GROUP), scale, minimum
 
 
-def _masked_bits_layout(per_block: Tensor, bits: int) -> Tensor:
-    """Codes [N/16, 16, K/32, 32] below 2^bits (5 or 6) -> the 5/6-bit forms' layout [N/16, K/32,
-    bits, 16, 4]: the low 4 bits laid out as Q4Q8Term's, then for each higher bit a 64-byte register
-    of eight 64-bit masks, mask j's bit 4 n + i that bit of output n's weight 4j + i."""
+def _bit_planes_layout(per_block: Tensor, bits: int) -> Tensor:
+    """Codes [N/16, 16, K/32, 32] below 2^bits (4, 5 or 6) -> the 4/5/6-bit forms' layout [N/16,
+    K/32, bits, 16, 4]: the low 4 bits as a GGUF block's bytes (weight j low, j + 16 high), register
+    p each output's bytes 4p .. 4p + 3; then for each higher bit a 64-byte register of eight 64-bit
+    masks, mask j's bit 4 n + i that bit of output n's weight 4j + i."""
     tiles, _, blocks, _ = per_block.shape
     low = per_block & 0x0F
-    nibbles = low[..., :16] | (low[..., 16:] << 4)  # weight j low, j + 16 high
+    nibbles = low[..., :16] | (low[..., 16:] << 4)  # weight j low, j + 16 high (GGUF's bytes)
     registers = [nibbles.view(tiles, Q4Q8_TILE, blocks, 4, 4).permute(0, 2, 3, 1, 4)]  # [N/16, K/32, 4, 16, 4]
     weights = (1 << torch.arange(8, dtype=torch.uint8)).view(1, 1, 1, 1, 8)
     for plane in range(4, bits):
@@ -438,7 +429,7 @@ class Q5Q8Term(TiledTerm):
         if int(codes.max()) > 31:
             raise ValueError("5-bit codes must be in 0..31")
         per_block, scale, minimum = _tile_blocks(codes, scale, minimum, 0)
-        super().__init__(_masked_bits_layout(per_block, 5), scale, minimum, codes.shape[0], matmul)
+        super().__init__(_bit_planes_layout(per_block, 5), scale, minimum, codes.shape[0], matmul)
 
 
 SIX_BIT_ZERO = 32  # a 6-bit code's zero: w = s (u - 32) (csrc/q4q8/layout.h kSixBitZero)
@@ -501,7 +492,7 @@ class Q6Q8Term(TiledTerm):
         n, k = six.shape
         halves = six.scale.float().view(n, k // GROUP, 2)  # [N, K/32, 2]
         per_block, first, second = _tile_blocks(six.codes, halves[..., 0], halves[..., 1], SIX_BIT_ZERO)
-        super().__init__(_masked_bits_layout(per_block, 6), first, second, n, matmul)
+        super().__init__(_bit_planes_layout(per_block, 6), first, second, n, matmul)
 
 
 class Int4Term(nn.Module):

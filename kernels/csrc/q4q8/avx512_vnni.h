@@ -45,7 +45,6 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
   const float* xs = minimum_sums<Bits>(q).get() + r0 * blocks;  // [R, blocks]
   const int8_t* a0 = q.a.get() + r0 * k;
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
-  const __m512i sixteen = _mm512_set1_epi8(16), thirty_two = _mm512_set1_epi8(32);
   __m512 acc[T][R];
 #pragma GCC unroll 4
   for (int t = 0; t < T; ++t)
@@ -56,7 +55,7 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
     __m512 scales[T], mins[T];
 #pragma GCC unroll 4
     for (int t = 0; t < T; ++t) {
-      const uint8_t* tc = codes + ((t0 + t) * blocks + b) * kTileBytes<Bits>;  // [4, 16, 4] or [8, 16, 4]
+      const uint8_t* tc = codes + ((t0 + t) * blocks + b) * kTileBytes<Bits>;  // [registers, 16, 4]
       const c10::Half* tp = params + ((t0 + t) * blocks + b) * kParamsPerBlock;  // [2, 16]
       prefetch_block<Bits>(tc, tp, kPrefetchBlocks);
       if constexpr (Bits != 8) {
@@ -66,13 +65,11 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
           w[t][p] = _mm512_and_si512(packed, low_mask);                           // weights 4p ..
           w[t][p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);  // weights 16 + 4p ..
         }
-        if constexpr (Bits >= 5) {
+#pragma GCC unroll 2
+        for (int plane = 4; plane < Bits; ++plane) {  // 5/6-bit: 2^plane where the plane's mask says
+          const __m512i value = _mm512_set1_epi8(static_cast<char>(1 << plane));
 #pragma GCC unroll 8
-          for (int j = 0; j < 8; ++j) w[t][j] = _mm512_mask_add_epi8(w[t][j], _cvtu64_mask64(high_bits(tc, 4, j)), w[t][j], sixteen);
-        }
-        if constexpr (Bits == 6) {
-#pragma GCC unroll 8
-          for (int j = 0; j < 8; ++j) w[t][j] = _mm512_mask_add_epi8(w[t][j], _cvtu64_mask64(high_bits(tc, 5, j)), w[t][j], thirty_two);
+          for (int j = 0; j < 8; ++j) w[t][j] = _mm512_mask_add_epi8(w[t][j], _cvtu64_mask64(high_bits(tc, plane, j)), w[t][j], value);
         }
       } else {
 #pragma GCC unroll 8
