@@ -156,7 +156,8 @@ def measured_path(codes: Mapping[str, Q4Codes], path: FastPath, cache: ChoiceCac
         times, share = measure(layer, Candidates(kernels, dense_dtype))
         room = available_bytes()
         fits = dense_dtype is not None and (room is None or MEMORY_HEADROOM * dense_bytes(codes, dense_dtype) <= room)
-        choice = decide(times, list(kernels), dense_name(dense_dtype) if dense_dtype is not None else None, prior, fits, share)
+        dense = dense_name(dense_dtype) if dense_dtype is not None else None
+        choice = decide(times, list(kernels), dense, prior, fits, share, layer_loop=path.native_steps)
         if cache is not None and choice.quiet:  # a busy moment's times serve this start only
             cache.put(key, choice)
     measured = replace(

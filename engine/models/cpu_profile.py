@@ -83,8 +83,16 @@ PROFILES: tuple[tuple[Callable[[CpuFacts], bool], CpuProfile], ...] = (
         "1.14x / 1.26x / 1.06x / 1.07x at 1 / 4 / 8 / 40 rows. No dense copy: 40 verification rows no slower "
         "without it, it only sped a cold prefill (1.37x) for 2.31x llama-server's memory instead of 1.58x",
         "docs/measurements/zen5.md, docs/measurements/zen4.md")),
+    (lambda facts: facts.capability == "AVX512" and facts.amx and facts.matmul_isa == VNNI_ISA, CpuProfile(
+        "Intel AVX-512 with AMX, kspec's AVX-512 VNNI build", "kspec", False,
+        "the measured choice on an AMX VM (Xeon, 2 cores): one layer's projections kspec 0.35 / 0.50 / 1.66 ms at "
+        "1 / 4 / 20 rows against PyTorch's int4 kernel 1.03 / 1.82 / 7.74; whole decode steps of the 0.5B 20.5 vs "
+        "58.9 ms at k = 1, 52.8 vs 84.0 ms verifying 4 x 5 rows against PyTorch's kernel with a bfloat16 copy. "
+        "No dense copy: rows it takes leave the layer loop (verify 4 x 5 83.8 ms with it from 14 rows); it "
+        "only speeds a cold prefill (2.15x) for 2.6x the weights' memory",
+        "docs/measurements/amx-real-models.md")),
     (lambda facts: facts.capability == "AVX512" and facts.amx, CpuProfile(
-        "AVX-512 with AMX", "torch", True,
+        "AVX-512 with AMX, no kspec build", "torch", True,
         "PyTorch's int4 kernel up to 4 rows, a bfloat16 copy in oneDNN's layout above: 4 rows 7.9 ms 4-bit vs "
         "11.4 packed, 6 rows 13.9 vs 11.3; 40 verification rows 56 vs 158 ms with the 4-bit weights alone",
         "docs/measurements/amx.md")),
@@ -115,8 +123,9 @@ def profile_for(facts: CpuFacts) -> CpuProfile:
 
 def dense_pays(int4_kernel: str, facts: CpuFacts) -> bool:
     """The dense-copy rule for a kernel: with PyTorch's int4 kernel wherever the CPU computes
-    bfloat16 natively; with kspec's kernel (as fast as the copy up to ~28 rows) on AMX only."""
-    return facts.amx if int4_kernel == "kspec" else facts.native_bf16
+    bfloat16 natively; never with kspec's kernel, whose C++ layer loop the copy's rows would leave
+    (kernel_choice.LOOP_KERNEL says what that costs)."""
+    return int4_kernel != "kspec" and facts.native_bf16
 
 
 # The 4-bit kernel's rows per matmul, the dense copy above, by kernel and dense dtype: the measured

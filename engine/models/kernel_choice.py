@@ -7,7 +7,9 @@ The rows: 1 (one suggestion's step), 4 (k branches), 20 (verifying k x (gamma + 
 64 (a prefill chunk). The 4-bit kernel is the one fastest over a decode round's row counts; a
 dense copy is kept only where it is `DENSE_MIN_GAIN` faster at the verification rows (a cold
 prefill alone does not pay for its memory) and the machine has `MEMORY_HEADROOM` times its bytes
-free. cpu_profile.py's row is the prior: it orders the candidates and wins a near tie.
+free. Where the chosen kernel runs the C++ layer loop, a dense copy is not kept: the rows it took
+would leave the loop too, which the projections' trial does not see and which costs more than the
+copy saves. cpu_profile.py's row is the prior: it orders the candidates and wins a near tie.
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ DENSE_MIN_GAIN = 1.15  # the dense copy this much faster than the 4-bit kernel, 
 PRIOR_TIE = 1.03  # a candidate this close to the prior's kernel does not replace it
 MEMORY_HEADROOM = 2.0  # a dense copy needs this many times its bytes available
 REPEATS = 5  # timed calls per candidate and row count (after one warm-up): the median
-TRIAL_METHOD = 1  # part of the cache key: raised when what is timed changes
+TRIAL_METHOD = 2  # part of the cache key: raised when what is timed or how it decides changes
+# The kernel the C++ layer loop runs (engine/models/native_step.py). Rows a dense copy takes leave the
+# loop for PyTorch's ops: on an Intel AMX VM (0.5B, verify 4 x 5 rows) 83.8 ms with a copy from 14
+# rows against 52.8 ms in the loop, though the copy's projections alone were 1.25x faster at 20 rows
+# (docs/measurements/amx-real-models.md); above the verification rows it would serve a cold prefill
+# only, which does not pay for its memory
+LOOP_KERNEL = "kspec"
 CHOICE_CACHE_FILE = "kernel-choice.json"  # in the cache folder (resolve.cache_root)
 CHOICE_MAX_AGE_S = 30 * 24 * 3600.0
 CHOICE_ENTRIES = 32
@@ -75,10 +83,12 @@ class KernelChoice:
         return cls(kernel, keep, limit, times, str(data.get("why", "")), float(data.get("cpu_share", 1.0)))
 
 
-def decide(times: Times, kernels: Sequence[str], dense: str | None, prior: str | None, dense_fits: bool, share: float = 1.0) -> KernelChoice:
+def decide(
+    times: Times, kernels: Sequence[str], dense: str | None, prior: str | None, dense_fits: bool, share: float = 1.0, layer_loop: bool = False,
+) -> KernelChoice:
     """The choice from measured times: `kernels` the 4-bit candidates measured, `dense` the dense
     candidate's name (None: not measured), `prior` the profile's kernel, `share` of the cores the
-    measurement had."""
+    measurement had, `layer_loop` whether LOOP_KERNEL's rows run in the C++ layer loop."""
     def round_ms(name: str) -> float:
         return sum(times[name][rows] for rows in DECODE_ROWS)
 
@@ -90,6 +100,9 @@ def decide(times: Times, kernels: Sequence[str], dense: str | None, prior: str |
     if dense is None:
         return KernelChoice(kernel, False, max(TRIAL_ROWS), times, text, share)
     gain = times[kernel][VERIFY_ROWS] / times[dense][VERIFY_ROWS]
+    if layer_loop and kernel == LOOP_KERNEL:
+        text += f"; {dense} copy {gain:.2f}x at {VERIFY_ROWS} rows' projections: not kept (its rows would leave the layer loop)"
+        return KernelChoice(kernel, False, max(TRIAL_ROWS), times, text, share)
     keep = gain >= DENSE_MIN_GAIN and dense_fits
     reason = "no room" if gain >= DENSE_MIN_GAIN else "does not pay"
     text += f"; {dense} copy {gain:.2f}x at {VERIFY_ROWS} rows: " + ("kept" if keep else f"not kept ({reason})")

@@ -48,6 +48,15 @@ def test_a_dense_copy_is_kept_only_where_verification_pays_and_there_is_room():
     assert not decide(pays, ["kspec"], None, None, True).keep_dense  # no dense candidate measured
 
 
+def test_a_dense_copy_is_not_kept_where_its_rows_would_leave_the_layer_loop():
+    pays = _times((1.0, 2.0, 12.0, 40.0), (9.0, 9.0, 90.0, 90.0), (3.0, 3.0, 6.0, 9.0))  # 2x at 20 rows' projections
+    looped = decide(pays, ["kspec", "torch"], DENSE, None, True, layer_loop=True)
+    assert looped.int4_kernel == "kspec" and not looped.keep_dense and "layer loop" in looped.why
+    assert looped.int4_max_rows == max(kernel_choice.TRIAL_ROWS)  # every row count on the 4-bit kernel
+    slow_kspec = _times((9.0, 9.0, 90.0, 90.0), (1.0, 2.0, 12.0, 40.0), (3.0, 3.0, 6.0, 9.0))
+    assert decide(slow_kspec, ["kspec", "torch"], DENSE, None, True, layer_loop=True).keep_dense  # PyTorch's kernel: no loop to leave
+
+
 def test_the_crossover_lies_between_the_measured_row_counts():
     assert crossover({1: 1.0, 4: 2.0, 20: 6.0, 64: 20.0}, {1: 3.0, 4: 3.0, 20: 7.0, 64: 9.0}) == 23  # 1 ms ahead at 20, 11 behind at 64: 20 + 44 / 12
     assert crossover({1: 1.0, 4: 2.0}, {1: 3.0, 4: 3.0}) == 4  # the kernel wins everywhere measured
