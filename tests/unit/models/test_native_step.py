@@ -10,7 +10,10 @@ hidden| 0.09-0.28 at a scale of 32-51). With kspec's kernel both are float32 but
 rounds its input to 8 bits per block of 32 (1-2 % of a projection's scale on the random test
 models), and a float32 difference of one ulp in a norm can move an activation across a rounding
 step (~0.4 % of the scale for one flip), which the next layers carry on: up to 3.5 % measured,
-6 % allowed. One layer agrees to 1 % (`test_one_layer_on_kspecs_kernel...`: 0.002-0.4 %).
+6 % allowed. One layer agrees to 0.002-0.4 % on AMD CPUs (`test_one_layer_on_kspecs_kernel...`); on
+an Intel AMX VM one case's 8-bit roundings flipped across a whole row (PyTorch's float32 ops there
+differ from the loop's in other last bits): max 1.6 %, mean 0.21 % of the scale; 3 % and a mean of
+0.5 % allowed.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ pytestmark = needs_native
 
 KERNELS = ["torch", "kspec"]
 SHARE = {"torch": 0.01, "kspec": 0.06}  # of the scale: the module docstring says why
+ONE_LAYER_SHARE, ONE_LAYER_MEAN_SHARE = 0.03, 0.005  # one layer on kspec's kernel: max and mean, of the scale
 # the default model, loop vs PyTorch ops: (max |delta logit|, share of the same greedy tokens)
 DEFAULT_AGREEMENT = {"torch": (2.0, 1.0), "kspec": (8.0, 0.8)}
 
@@ -83,10 +87,12 @@ def _both(
     return tuple(results)
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, share: float = 0.01) -> None:
+def _close(got: torch.Tensor, want: torch.Tensor, share: float = 0.01, mean_share: float | None = None) -> None:
     scale = float(want.abs().max())
     assert scale > 0.1
     assert float((got - want).abs().max()) <= share * scale, f"max diff {float((got - want).abs().max())} at scale {scale}"
+    if mean_share is not None:
+        assert float((got - want).abs().mean()) <= mean_share * scale, f"mean diff {float((got - want).abs().mean())} at scale {scale}"
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -157,9 +163,9 @@ def test_one_layer_on_kspecs_kernel_is_the_pytorch_path_to_one_rounding_step(
     cache = _branches(early, [(7 * i + 3) % 500 for i in range(prompt_len)], lengths)  # type: ignore[arg-type]
     tokens = (torch.arange(len(lengths) * new).view(len(lengths), new) * 11 + 5) % 500  # [k, T]
     (got, got_cache), (want, want_cache) = _both(model, tokens, cache, early)
-    _close(got, want, 0.01)
-    _close(got_cache.keys, want_cache.keys, 0.01)
-    _close(got_cache.values, want_cache.values, 0.01)
+    _close(got, want, ONE_LAYER_SHARE, ONE_LAYER_MEAN_SHARE)
+    _close(got_cache.keys, want_cache.keys, ONE_LAYER_SHARE, ONE_LAYER_MEAN_SHARE)
+    _close(got_cache.values, want_cache.values, ONE_LAYER_SHARE, ONE_LAYER_MEAN_SHARE)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
