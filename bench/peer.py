@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kspec.engine.config import EngineConfig, to_flags
-from kspec.engine.serve.freed_memory import IDLE_TRIM_S
+from kspec.engine.freed_memory import IDLE_TRIM_S
 from kspec.engine.serve.network import free_port, parse_engine_url
 from kspec.lsp_server.http_client import HttpError, request_json
 

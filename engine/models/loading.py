@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import torch
 
 from kspec.engine.config import EngineConfig
 from kspec.engine.errors import ModelLoadError
+from kspec.engine.freed_memory import return_freed_memory
 from kspec.engine.models.gguf_convert import ProgressCallback
 from kspec.engine.json_file import identity_key
 from kspec.engine.models.cpu_fast import FastPath, choice_identity, describe, fast_path_available, measured_path, to_fast_path
@@ -67,15 +67,6 @@ class Compute:
         return cls(getattr(torch, config.dtype), False)
 
 
-def release_free_memory() -> None:
-    """Give memory freed after a load back to the OS (glibc keeps freed heap pages mapped, and
-    counted in the resident set, until asked); a no-op where there is no glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCallback | None = None) -> LoadedModel:
     """on_progress(fraction, message): conversion (if a GGUF file is new) up to 0.8, then weights."""
     report = on_progress or (lambda fraction, message: None)
@@ -84,7 +75,7 @@ def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCall
     compute = Compute.choose(config)
     if compute.fast_cpu:
         model = _load_fast_path(resolved.folder, compute.dtype, FastPath.for_weights(**config.cpu_fast_path()), config)
-        release_free_memory()  # the conversion's buffers (unpacked and int32 codes)
+        return_freed_memory()  # the conversion's buffers (unpacked and int32 codes)
     else:
         model = load_transformer(resolved.folder, compute.dtype, config.device)
     tokenizer = Tokenizer.from_folder(resolved.folder, model.args.eos_token_ids)

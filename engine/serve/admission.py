@@ -12,9 +12,6 @@ and a real client, which presents its token at once, still gets in.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
-import functools
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -58,21 +55,3 @@ class Admission:
 
     def leave(self, writer: asyncio.StreamWriter) -> None:
         self._waiting.pop(writer, None)
-
-
-def return_memory() -> None:
-    """Hand freed heap memory back to the system (glibc keeps it after large buffers; a no-op elsewhere)."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
-    try:
-        return ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
-        return None

@@ -26,7 +26,8 @@ from kspec.engine.errors import EngineUnavailable, KspecError
 from kspec.engine.serve.infill_api import infill_response, parse_infill
 from kspec.engine.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from kspec.engine.serve.openai_api import ApiError, check_model, completion_response, error_body, models_response, parse_completion
-from kspec.engine.serve.admission import Admission, return_memory
+from kspec.engine.freed_memory import return_freed_memory
+from kspec.engine.serve.admission import Admission
 from kspec.engine.serve.json_input import JsonInputError, parse_json
 from kspec.engine.serve.auth import tokens_match
 
@@ -176,7 +177,7 @@ async def serve_http(
             closing = connection.our_state is h11.MUST_CLOSE or body is None
             if body is not None and len(body) > RETURN_MEMORY_BYTES:
                 body = None
-                return_memory()  # the body's buffers are free now: give them back to the system
+                return_freed_memory()  # the body's buffers are free now: give them back to the system
             if closing:
                 return
             connection.start_next_cycle()

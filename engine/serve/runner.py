@@ -24,7 +24,7 @@ from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult, D
 from kspec.engine.waiting_line import Waiting, WaitingLine
 from kspec.engine.errors import CancelledError
 from kspec.engine.errors import EngineUnavailable, KspecError, LoadCancelled
-from kspec.engine.serve.freed_memory import IDLE_TRIM_S, return_freed_memory
+from kspec.engine.freed_memory import IDLE_TRIM_S, return_freed_memory
 from kspec.engine.serve.load_slot import LoadSlot
 from kspec.engine.serve.main_exit import stop_at_main_exit
 from kspec.engine.serve.status import ERROR, LOADING, READY, Status

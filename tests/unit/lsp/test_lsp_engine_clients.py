@@ -410,7 +410,7 @@ async def test_an_idle_engine_gives_freed_memory_back_once_per_idle_spell(monkey
 
 
 def test_freed_memory_goes_back_on_glibc() -> None:
-    from kspec.engine.serve.freed_memory import return_freed_memory
+    from kspec.engine.freed_memory import return_freed_memory
 
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         pytest.skip("malloc_trim is glibc's")

@@ -2,7 +2,8 @@
 
 glibc keeps what `free` returns in its heap for the next allocation: a request's transient
 tensors (a round's logits over the vocabulary for every verified row, the load's conversion
-buffers) stay in the process's resident memory after they are freed. `malloc_trim` hands the
+buffers, the kernel trial's candidates, a large HTTP body) stay in the process's resident memory
+after they are freed. `malloc_trim` hands the
 free pages back. It costs a few milliseconds (0.5B model: ~3 ms for a ~600 MB process), so the
 engine calls it once after loading and once whenever it has been idle for `IDLE_TRIM_S`, never
 between the keystrokes of a burst. Other C libraries (musl, macOS, Windows): nothing to do here.
