@@ -389,6 +389,7 @@ def _widget_pause(page, folder: Path, number: int, place: Place) -> list[dict[st
     _type_at(page, folder, place)
     if place.invoke:
         page.keyboard.press("Control+Space")
+    previous_ghost = ""  # the next item's ghost is waited for as one that differs from the last item's
     for step in range(2):
         record: dict[str, object] = {"file": place.file, "typed": place.typed, "item": step}
         try:
@@ -400,12 +401,15 @@ def _widget_pause(page, folder: Path, number: int, place: Place) -> list[dict[st
             break
         record["widget"] = True
         try:
-            page.wait_for_function(f"() => ({GHOST_SHOWN_JS})() && ({WIDGET_JS})() !== null", timeout=15_000, polling=20)
+            # (after Down, the last item's ghost can still show for a moment: its answer is not the new item's)
+            page.wait_for_function(f"(before) => ({GHOST_OTHER_JS})(before) && ({WIDGET_JS})() !== null", arg=previous_ghost,
+                                   timeout=15_000, polling=20)
             _settle(page)
         except Exception:  # noqa: BLE001 - Playwright's TimeoutError: no ghost with the widget open
             pass
         seen = page.evaluate(WIDGET_JS) or {"label": None, "ghost": _ghost(page)}
         record["label"], record["ghost"] = seen["label"], seen["ghost"]
+        previous_ghost = seen["ghost"]
         # an item that changes what was typed ("Item" for "it") has no ghost that could extend it:
         # VS Code shows ghost text only after the typed text (whatever the server answers)
         record["renderable"] = seen["label"] is not None and seen["label"].startswith(WORD_END.search(place.typed).group(0))
