@@ -29,7 +29,6 @@ from typing import Any, Callable, Mapping
 import torch
 
 from kspec.engine.config import CPU_INT4, CPU_KERNELS, CPU_KV, CPU_WEIGHTS, check_choice
-from kspec.engine.freed_memory import return_freed_memory
 from kspec.engine.models.cpu_profile import INT4_KERNELS, INT4_MAX_ROWS, Q5Q8_ISAS, Q6Q8_ISAS, Q8Q8_ISAS, CpuFacts, dense_pays, profile_for
 from kspec.engine.models.quantized import (
     CpuLinear, Int4Embedding, Q4Codes, Q6Q8Term, Q8HeadEmbedding, Q8Q8Term, TiledTerm, cat_six_bit, fused_linear, int4_kernel_available,
@@ -155,7 +154,6 @@ def measured_path(codes: Mapping[str, Q4Codes], path: FastPath, cache: ChoiceCac
             return path, None
         dense_dtype = path.resolved_dense_dtype() if path.keep_dense is not False else None
         times, share = measure(layer, Candidates(kernels, dense_dtype))
-        return_freed_memory()  # the candidates' forms and dense copies
         room = available_bytes()
         fits = dense_dtype is not None and (room is None or MEMORY_HEADROOM * dense_bytes(codes, dense_dtype) <= room)
         dense = dense_name(dense_dtype) if dense_dtype is not None else None

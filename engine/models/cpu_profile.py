@@ -121,11 +121,18 @@ def profile_for(facts: CpuFacts) -> CpuProfile:
     return next((profile for matches, profile in PROFILES if matches(facts)), NO_FAST_PATH)
 
 
+# The kernel the C++ layer loop runs (engine/models/native_step.py). Rows a dense copy takes leave the
+# loop for PyTorch's ops: on an Intel AMX VM (0.5B, verify 4 x 5 rows) 83.8 ms with a copy from 14
+# rows against 52.8 ms in the loop, though the copy's projections alone were 1.25x faster at 20 rows
+# (docs/measurements/amx-real-models.md); above the verification rows it would serve a cold prefill
+# only, which does not pay for its memory. So no dense copy with it (`dense_pays`, kernel_choice.decide)
+LOOP_KERNEL = "kspec"
+
+
 def dense_pays(int4_kernel: str, facts: CpuFacts) -> bool:
     """The dense-copy rule for a kernel: with PyTorch's int4 kernel wherever the CPU computes
-    bfloat16 natively; never with kspec's kernel, whose C++ layer loop the copy's rows would leave
-    (kernel_choice.LOOP_KERNEL says what that costs)."""
-    return int4_kernel != "kspec" and facts.native_bf16
+    bfloat16 natively; never with LOOP_KERNEL, whose C++ layer loop the copy's rows would leave."""
+    return int4_kernel != LOOP_KERNEL and facts.native_bf16
 
 
 # The 4-bit kernel's rows per matmul, the dense copy above, by kernel and dense dtype: the measured

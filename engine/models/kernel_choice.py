@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from kspec.engine.json_file import StampedEntries
+from kspec.engine.models.cpu_profile import LOOP_KERNEL
 from kspec.engine.machine_fit import QUIET_CPU_SHARE, cpu_share
 from kspec.engine.models.quantized import TERM_SEPARATOR, CpuLinear, Q4Codes, fused_linear, weight_shape, weight_terms
 
@@ -35,12 +36,6 @@ PRIOR_TIE = 1.03  # a candidate this close to the prior's kernel does not replac
 MEMORY_HEADROOM = 2.0  # a dense copy needs this many times its bytes available
 REPEATS = 5  # timed calls per candidate and row count (after one warm-up): the median
 TRIAL_METHOD = 2  # part of the cache key: raised when what is timed or how it decides changes
-# The kernel the C++ layer loop runs (engine/models/native_step.py). Rows a dense copy takes leave the
-# loop for PyTorch's ops: on an Intel AMX VM (0.5B, verify 4 x 5 rows) 83.8 ms with a copy from 14
-# rows against 52.8 ms in the loop, though the copy's projections alone were 1.25x faster at 20 rows
-# (docs/measurements/amx-real-models.md); above the verification rows it would serve a cold prefill
-# only, which does not pay for its memory
-LOOP_KERNEL = "kspec"
 CHOICE_CACHE_FILE = "kernel-choice.json"  # in the cache folder (resolve.cache_root)
 CHOICE_MAX_AGE_S = 30 * 24 * 3600.0
 CHOICE_ENTRIES = 32
@@ -97,11 +92,11 @@ def decide(
     kernel = prior if prior in kernels and round_ms(prior) <= PRIOR_TIE * round_ms(fastest) else fastest  # type: ignore[assignment]
     why = [f"{name} {round_ms(name):.2f} ms" for name in kernels]
     text = f"4-bit kernel {kernel}{busy}: one layer's projections at {'+'.join(map(str, DECODE_ROWS))} rows " + ", ".join(why)
-    if dense is None:
-        return KernelChoice(kernel, False, max(TRIAL_ROWS), times, text, share)
-    gain = times[kernel][VERIFY_ROWS] / times[dense][VERIFY_ROWS]
-    if layer_loop and kernel == LOOP_KERNEL:
+    gain = times[kernel][VERIFY_ROWS] / times[dense][VERIFY_ROWS] if dense is not None else 0.0
+    if dense is not None and layer_loop and kernel == LOOP_KERNEL:
         text += f"; {dense} copy {gain:.2f}x at {VERIFY_ROWS} rows' projections: not kept (its rows would leave the layer loop)"
+        dense = None
+    if dense is None:
         return KernelChoice(kernel, False, max(TRIAL_ROWS), times, text, share)
     keep = gain >= DENSE_MIN_GAIN and dense_fits
     reason = "no room" if gain >= DENSE_MIN_GAIN else "does not pay"
