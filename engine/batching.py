@@ -34,20 +34,16 @@ from kspec.engine.busy_cores import CoreGovernor, RoundShape
 from kspec.engine.cache.kv import BranchCacheGroup
 from kspec.engine.decode.speculative import SpeculativeRun, pad_rows
 from kspec.engine.errors import KspecError
-from kspec.engine.models.loading import LoadedModel
-from kspec.engine.request import ActiveCompletion, RequestState
+from kspec.engine.request import ActiveCompletion, EngineParts, RequestState
 from kspec.engine.waiting_line import Waiting, WaitingLine
 
 log = logging.getLogger("kspec.batching")
 
 
-class BatchEngine(Protocol):
-    """What the batcher needs of the engine (CompletionEngine)."""
+class BatchEngine(EngineParts, Protocol):
+    """What the batcher needs of the engine (CompletionEngine): what its requests use, and its lock."""
 
-    target: LoadedModel
     lock: threading.Lock
-
-    def begin(self, request: CompletionRequest, cancel: CancelToken) -> ActiveCompletion: ...
 
 
 @dataclass(frozen=True)
@@ -138,7 +134,7 @@ class ContinuousBatcher:
         while len(self._members) < self.config.max_requests and (waiting := self._waiting.take()) is not None:
             request, cancel, done, early, arrived = waiting
             try:
-                self._members.append(_Member(self.engine.begin(admitted(request, arrived), cancel), done, early))
+                self._members.append(_Member(ActiveCompletion(self.engine, admitted(request, arrived), cancel), done, early))
             except Exception as exc:  # an invalid request (InputError) fails alone
                 done(None, exc)
 

@@ -26,7 +26,6 @@ from kspec.engine.prompt import PromptStarts
 from kspec.engine.models.gguf_convert import ProgressCallback
 from kspec.engine.models.loading import LoadedModel, check_draft_compatible, load_model
 from kspec.engine.models.resolve import cache_root
-from kspec.engine.request import ActiveCompletion
 from kspec.engine.version import version
 from kspec.kernels import cpu_layers
 
@@ -190,11 +189,6 @@ class CompletionEngine:
         """Requests of several clients decoded together (continuous batching); they wait in
         `waiting` (the runner's line, shared with its event loop) until they join."""
         return ContinuousBatcher(self, BatchConfig(max_requests=max_requests), self.cores, waiting)
-
-    def begin(self, request: CompletionRequest, cancel: CancelToken) -> ActiveCompletion:
-        """A request ready to be prepared (prefill, a chunk per round) and then decoded in a batch.
-        Raises InputError for an invalid request."""
-        return ActiveCompletion(self, request, cancel)
 
 
 def _cpu_name() -> str:

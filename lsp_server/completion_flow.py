@@ -81,8 +81,8 @@ class Query:
     context: EditorContext
     settings: Settings
     version: int  # the document's version at request time
-    extra: tuple[ContextFile, ...] = ()  # other files' pieces before the file's text (extra_context.py)
-    members: tuple[ModuleMembers, ...] = ()  # the imported modules' member names (extra_context.py)
+    extra: tuple[ContextFile, ...] = ()  # other files' pieces before the file's text (crossfile/gatherer.py)
+    members: tuple[ModuleMembers, ...] = ()  # the imported modules' member names (crossfile/gatherer.py)
 
 
 class Ticket:
@@ -473,10 +473,8 @@ def engine_request(query: Query, choice: Callable[[str, Any], Any], early_answer
 def start_job(report: StatusReport, query: Query, work: Any, awaited: bool = False) -> asyncio.Future:
     """An engine job for `query`'s document: the status is BUSY until it is over (`awaited`: a
     request awaits it and tells its end, `StatusReport.awaiting`)."""
-    uri = query.document.uri
     job = asyncio.ensure_future(work)
-    report.work_started(uri, awaited)
-    job.add_done_callback(lambda _: report.work_ended(uri))
+    report.track(query.document.uri, job, awaited)
     job.add_done_callback(_retrieved)  # superseded or shut down, nobody may read its error
     return job
 

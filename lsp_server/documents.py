@@ -9,19 +9,32 @@ default), UTF-8 bytes or code points (UTF-32), as negotiated at `initialize`. In
 server a column is a code-point index into the line without its terminator. A character
 past the end of a line means the end of that line (LSP says so); a position inside a
 surrogate pair or a multi-byte sequence is rounded down to the character it splits.
+
+kspec's own log files are never documents here: "kspec: Show log" opens the engine daemon's log
+in an editor tab, and the editor tells the server about it like any document. A document is one
+of kspec's logs when its language is `log` (VS Code's language for `*.log` files), or it is a
+`.log` file in kspec's runtime folder (runtime.py: `$XDG_RUNTIME_DIR/kspec`, else `kspec-$UID` in
+the temp folder) or in the folder of the engine's own log file (a folder the settings chose). The
+store remembers it as a log and keeps no text: it gets no completions and is no other file's context.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from kspec.engine.errors import InputError
 
 UTF8, UTF16, UTF32 = "utf-8", "utf-16", "utf-32"
 ENCODINGS = (UTF8, UTF16, UTF32)
 MAX_DOCUMENT_CHARS = 32 * 1024 * 1024  # beyond this a document is tracked as "too large" and gets no completions
+
+LOG_LANGUAGE = "log"
 
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -161,23 +174,58 @@ class Document:
         return sum(map(len, self.lines[: cursor.line])) + cursor.column
 
 
+def runtime_folders(engine_log: Path | None = None) -> set[Path]:
+    """The folders kspec writes its logs to (none created here)."""
+    folders = {Path(tempfile.gettempdir()) / f"kspec-{os.getuid()}"}
+    if base := os.environ.get("XDG_RUNTIME_DIR"):
+        folders.add(Path(base) / "kspec")
+    if engine_log is not None:
+        folders.add(engine_log.parent)
+    return {_resolved(folder) for folder in folders}
+
+
+def is_own_log(uri: str, language_id: str, engine_log: Path | None = None) -> bool:
+    if language_id == LOG_LANGUAGE:
+        return True
+    parsed = urlparse(uri)
+    if parsed.scheme != "file" or not parsed.path.endswith(".log"):
+        return False
+    return _resolved(Path(unquote(parsed.path)).parent) in runtime_folders(engine_log)
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except OSError:
+        return path
+
+
 class DocumentStore:
-    """Open documents by URI. Plain dict: the server owns one store per session."""
+    """Open documents by URI, and the open ones that are kspec's own logs (kept by URI only).
+    Plain dicts: the server owns one store per session."""
 
     def __init__(self) -> None:
         self._documents: dict[str, Document] = {}
+        self._own_logs: set[str] = set()
 
-    def open(self, uri: str, language_id: str, version: int, text: str) -> Document:
+    def open(self, uri: str, language_id: str, version: int, text: str, engine_log: Path | None = None) -> Document | None:
+        """The document opened; None when it is one of kspec's own logs (`engine_log`: the engine's log file)."""
+        self.close(uri)
+        if is_own_log(uri, language_id, engine_log):
+            self._own_logs.add(uri)
+            return None
         document = Document.create(uri, language_id, version, text)
         self._documents[uri] = document
         return document
 
     def close(self, uri: str) -> None:
         self._documents.pop(uri, None)
+        self._own_logs.discard(uri)
 
-    def get(self, uri: str) -> Document:
+    def get(self, uri: str) -> Document | None:
+        """The open document; None for one of kspec's own logs; InputError when `uri` is not open."""
         document = self._documents.get(uri)
-        if document is None:
+        if document is None and uri not in self._own_logs:
             raise InputError(f"document not open: {uri}")
         return document
 

@@ -31,13 +31,12 @@ from kspec.engine.api import CompletionRequest, CompletionResult, EarlyAnswer
 from kspec.engine.config import EngineConfig, to_flags
 from kspec.engine.serve.platform import unix_only
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable, InputError, ProtocolError
-from kspec.engine.serve.framing import read_frame, write_frame
 from kspec.engine.serve.load_slot import LoadSlot
 from kspec.engine.serve.network import EngineUrl, client_tls
 from kspec.engine.serve.runner import EngineFactory, EngineRunner, default_engine_factory
 from kspec.engine.serve.runtime import DaemonPaths
 from kspec.engine.serve.status import ERROR, LOADING, Status
-from kspec.engine.serve.wire import PROTOCOL_VERSION, Cancel, Complete, Failed, Final, Hello, Interim, Message, decode, encode, envelope
+from kspec.engine.serve.wire import PROTOCOL_VERSION, Cancel, Complete, Failed, Final, Hello, Interim, Message, decode, envelope, read_frame, send
 
 log = logging.getLogger("kspec.client")
 
@@ -197,11 +196,11 @@ class DaemonEngine:
         if early is not None:
             connection.early[request_id] = early
         try:
-            write_frame(connection.writer, encode(Complete(request_id, request)))
+            send(connection.writer, Complete(request_id, request))
             return await future
         except asyncio.CancelledError:
             if connection.alive:
-                write_frame(connection.writer, encode(Cancel(request_id)))
+                send(connection.writer, Cancel(request_id))
             raise
         finally:
             connection.pending.pop(request_id, None)
@@ -314,7 +313,7 @@ class DaemonEngine:
             return None
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Connection:
-        write_frame(writer, encode(Hello(PROTOCOL_VERSION, token=self.options.token)))
+        send(writer, Hello(PROTOCOL_VERSION, token=self.options.token))
         body = await read_frame(reader)
         reply = decode(body) if body is not None else None
         if isinstance(reply, Failed):

@@ -7,7 +7,8 @@ them: unparsable JSON (or nested too deep) gets a Parse error (id null, or the i
 start shows), a non-object an Invalid Request, a request whose params do not validate an
 Invalid Params error under its own id, and an oversized message is skipped (answered
 with an error when its id can be found). A wrong Content-Length or stray bytes never
-leave the reader out of step: it finds the next header (see `read_frames`).
+leave the reader out of step: it finds the next header (see `read_frames`). Before validation
+the dispatcher fixes one known client quirk, the trigger kind's older numbering (`TriggerKinds`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from lsprotocol import types as lsp
 from pygls.exceptions import JsonRpcException
 from pygls.protocol import default_converter
 
@@ -264,20 +266,56 @@ def frames_to_loop(frames: Iterator[Frame], loop: asyncio.AbstractEventLoop, arr
     return thread
 
 
-class Dispatcher:
-    """Turns frames into pygls messages, answering what pygls cannot."""
+class TriggerKinds:
+    """Inline-completion trigger kinds in either numbering, normalized before validation, learnt
+    from what one client sends. LSP 3.18 says Invoked = 1, Automatic = 2; older clients (the
+    proposed API) sent Invoked = 0, Automatic = 1. A client that ever sends 0 uses the old
+    numbering, so its 1 means Automatic. A missing context means Invoked."""
 
-    def __init__(
-        self,
-        protocol: Any,
-        normalize: Callable[[dict[str, Any]], None],
-        report: Callable[[str], None],
-        max_bytes: int = MAX_MESSAGE_BYTES,
-    ):
+    def __init__(self) -> None:
+        self.legacy = False
+
+    def normalize(self, message: dict[str, Any]) -> None:
+        """Rewrites an inline-completion request's trigger kind to LSP 3.18's numbering, in place."""
+        if message.get("method") != lsp.TEXT_DOCUMENT_INLINE_COMPLETION or not isinstance(message.get("params"), dict):
+            return
+        params = message["params"]
+        context = params.setdefault("context", {"triggerKind": 1})
+        if not isinstance(context, dict):
+            return
+        kind = context.setdefault("triggerKind", 1)
+        if kind == 0:
+            self.legacy = True
+            context["triggerKind"] = 1
+        elif kind == 1 and self.legacy:
+            context["triggerKind"] = 2
+
+
+class Dispatcher:
+    """Turns one connection's frames into pygls messages, answering what pygls cannot."""
+
+    def __init__(self, protocol: Any, report: Callable[[str], None], max_bytes: int = MAX_MESSAGE_BYTES):
         self.protocol = protocol
         self.max_bytes = max_bytes
-        self.normalize = normalize  # fixes known client quirks in place before validation
+        self.trigger_kinds = TriggerKinds()  # the client's numbering, fixed in place before validation
         self.report = report  # a user-visible message (oversized input)
+
+    async def serve(self, frames: Iterator[Frame]) -> None:
+        """Each frame the reader thread reads is dispatched on the running loop as it arrives (one
+        loop callback each, in order: no queue of our own holds it), until the input ends."""
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future = loop.create_future()
+
+        def arrived(frame: Frame | None) -> None:
+            if ended.done():
+                return
+            if frame is None:
+                ended.set_result(None)
+            else:
+                self.dispatch(frame)
+
+        frames_to_loop(frames, loop, arrived)
+        await ended
 
     def error(self, msg_id: Any, code: int, message: str) -> None:
         # A plain dict: pygls' typed response drops `"id": null`, which JSON-RPC requires
@@ -322,7 +360,7 @@ class Dispatcher:
         if method is not None:
             data.setdefault("params", None)  # JSON-RPC lets a request or notification omit params; pygls' types need the key
         try:
-            self.normalize(data)
+            self.trigger_kinds.normalize(data)
             message = self.protocol.structure_message(data)
         except JsonRpcException as exc:
             if method is not None and valid_id:

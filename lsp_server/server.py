@@ -17,6 +17,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict, replace
+from functools import partial
 from typing import Any, BinaryIO, Callable
 
 from lsprotocol import types as lsp
@@ -34,11 +35,10 @@ from kspec.lsp_server.cursor_window import Budgets, editor_context, looks_binary
 from kspec.lsp_server.documents import ENCODINGS, MAX_DOCUMENT_CHARS, UTF16, Document, DocumentStore, line_body
 from kspec.lsp_server.current_engine import CurrentEngine
 from kspec.lsp_server.engine_client import EngineClient
-from kspec.lsp_server.extra_context import SessionContext
+from kspec.lsp_server.crossfile.gatherer import SessionContext
 from kspec.lsp_server.items import completion_items, inline_items, renders_markdown
-from kspec.lsp_server.jsonrpc import ChunkReader, Dispatcher, Frame, frames_to_loop, read_frames, strict_converter
+from kspec.lsp_server.jsonrpc import ChunkReader, Dispatcher, Frame, read_frames, strict_converter
 from kspec.lsp_server.options import Redactor, ServerOptions
-from kspec.lsp_server.own_logs import OwnLogs
 from kspec.lsp_server.selected_item import SelectedItem, selected_item
 from kspec.lsp_server.progress import LoadingProgress, client_shows_progress
 from kspec.lsp_server.pygls_adapter import KspecProtocol, as_handler, running_handlers
@@ -46,7 +46,6 @@ from kspec.lsp_server.messages import Messages
 from kspec.lsp_server.settings import Settings, parse_settings, pull_configuration
 from kspec.lsp_server.status_report import STATUS_METHOD, StatusReport
 from kspec.lsp_server.tcp_admission import Limits, admit
-from kspec.lsp_server.trigger_kinds import TriggerKinds
 from kspec.lsp_server.typeahead import TypeaheadCache
 
 __all__ = ["KspecServer", "Redactor", "ServerOptions", "Session", "negotiate_encoding"]
@@ -79,12 +78,10 @@ class Session:
         self.loading: LoadingProgress | None = None  # $/progress while the model loads (set at initialize)
         self.encoding = UTF16
         self.engines = CurrentEngine(options, self._on_status)
-        self.trigger_kinds = TriggerKinds()
-        self.own_logs = OwnLogs()  # open documents that are kspec's own log files: never context
         self._pending_problems: list[str] = []
         self.messages = Messages(lambda params: self.server.window_show_message(params))
         self._user_set: set[str] = set()  # settings the client gave; the engine's machine defaults fill the rest
-        self.report = StatusReport(lambda data: self.server.protocol.notify(STATUS_METHOD, data), self._status_extras)
+        self.report = StatusReport(partial(self.server.protocol.notify, STATUS_METHOD), self._status_extras)
         notify = lambda method, params: self.server.protocol.notify(method, params)  # noqa: E731
         self.extra = SessionContext()  # other files' context (workspace folders, recent places)
         self.flow = CompletionFlow(self.typeahead, self.report, self._current_engine, notify, lambda: self._user_set)
@@ -146,21 +143,20 @@ class Session:
 
     def did_open(self, params: lsp.DidOpenTextDocumentParams) -> None:
         item = params.text_document
-        if self.own_logs.opened(item.uri, item.language_id, getattr(self.engines.engine, "log_file", None)):
-            return
-        document = self.documents.open(item.uri, item.language_id, item.version, item.text)
+        document = self.documents.open(item.uri, item.language_id, item.version, item.text, getattr(self.engines.engine, "log_file", None))
         self.typeahead.forget(item.uri)
-        if document.too_large:
+        if document is not None and document.too_large:
             self._too_large(document)
 
     def did_change(self, params: lsp.DidChangeTextDocumentParams) -> None:
         uri = params.text_document.uri
-        if uri in self.own_logs:
-            return
-        if uri not in self.documents:
+        try:
+            document = self.documents.get(uri)
+        except InputError:
             log.warning("didChange for a document that is not open (ignored)")
             return
-        document = self.documents.get(uri)
+        if document is None:  # one of kspec's own logs
+            return
         for change in params.content_changes:
             whole = not isinstance(change, lsp.TextDocumentContentChangePartial)
             document.change(None if whole else (change.range.start, change.range.end), change.text, self.encoding)
@@ -171,7 +167,6 @@ class Session:
 
     def did_close(self, params: lsp.DidCloseTextDocumentParams) -> None:
         uri = params.text_document.uri
-        self.own_logs.closed(uri)
         self.documents.close(uri)
         self.typeahead.forget(uri)
         self.extra.forget(uri)
@@ -269,8 +264,8 @@ class Session:
         """With the suggest widget open, the alternatives continue its selected item (selected_item.py)."""
         automatic = params.context.trigger_kind == lsp.InlineCompletionTriggerKind.Automatic
         uri, selected, chosen = params.text_document.uri, params.context.selected_completion_info, None
-        if selected is not None and uri in self.documents:
-            chosen = selected_item(self.documents.get(uri), params.position, selected.range, selected.text, self.encoding)
+        if selected is not None and (document := self.documents.get(uri) if uri in self.documents else None) is not None:
+            chosen = selected_item(document, params.position, selected.range, selected.text, self.encoding)
             if chosen is None:  # not at the cursor: nothing can agree with the widget
                 return lsp.InlineCompletionList(items=[])
         query = self._query(uri, params.position, chosen)
@@ -296,11 +291,9 @@ class Session:
         """The request's context (with the suggest widget's item inserted: `chosen`), None when this
         document gets no completions, InvalidParams for bad input."""
         self.flow.stats.requests += 1
-        if uri in self.own_logs:
-            return None
         try:
             document = self.documents.get(uri) if chosen is None else chosen.document
-            if document.too_large:
+            if document is None or document.too_large:  # one of kspec's own logs, or too large
                 return None
             cursor = document.cursor(position.line, position.character, self.encoding) if chosen is None else chosen.cursor
         except InputError as exc:
@@ -356,21 +349,6 @@ class KspecServer(LanguageServer):
             self.session.join(EXIT_JOIN_S)
 
     async def _serve(self, frames: Iterator[Frame]) -> None:
-        """Each frame the reader thread reads is dispatched on this loop as it arrives (one loop
-        callback each, in order: no queue of our own holds it), until the input ends."""
-        loop = asyncio.get_running_loop()
-        ended: asyncio.Future = loop.create_future()
         report = lambda message: self.session.messages.show(message, lsp.MessageType.Error)  # noqa: E731
-        dispatcher = Dispatcher(self.protocol, self.session.trigger_kinds.normalize, report, self.session.options.max_message_bytes)
-
-        def arrived(frame: Frame | None) -> None:
-            if ended.done():
-                return
-            if frame is None:
-                ended.set_result(None)
-            else:
-                dispatcher.dispatch(frame)
-
-        frames_to_loop(frames, loop, arrived)
-        await ended
+        await Dispatcher(self.protocol, report, self.session.options.max_message_bytes).serve(frames)
         log.info("the client closed the connection")

@@ -7,6 +7,8 @@ alternatives the last final answer had of the k asked for."""
 
 from __future__ import annotations
 
+import asyncio
+
 import os
 from typing import Any, Callable
 
@@ -49,9 +51,10 @@ class StatusReport:
     def busy(self) -> bool:
         return bool(self.work)
 
-    def work_started(self, uri: str, awaited: bool = False) -> None:
-        """An engine job for document `uri` began: BUSY (told when that changes what the client
-        knows); `awaited`: a request awaits it, and tells its end (`awaiting(uri, False)`)."""
+    def track(self, uri: str, job: asyncio.Future, awaited: bool = False) -> None:
+        """An engine `job` for document `uri` began: BUSY (told when that changes what the client
+        knows) until it is over; `awaited`: a request awaits it, and tells its end (`awaiting(uri, False)`)."""
+        job.add_done_callback(lambda _: self._work_ended(uri))
         first = uri not in self.work
         self.work[uri] = self.work.get(uri, 0) + 1
         if awaited:
@@ -60,7 +63,7 @@ class StatusReport:
             self.activity = BUSY
             self.tell()
 
-    def work_ended(self, uri: str) -> None:
+    def _work_ended(self, uri: str) -> None:
         """An engine job for `uri` is over (answered, decoded on to its end, cancelled, or failed)."""
         left = self.work.get(uri, 0) - 1
         if left > 0:

@@ -36,13 +36,12 @@ from kspec.engine.errors import InputError, KspecError, ProtocolError
 from kspec.engine.serve.admission import Admission, AdmissionLimits
 from kspec.engine.serve.http_api import HttpApi, looks_like_http, serve_http
 from kspec.engine.serve.auth import tokens_match
-from kspec.engine.serve.framing import read_frame, write_frame
 from kspec.engine.serve.metrics import EngineMetrics
 from kspec.engine.serve.platform import unix_only
 from kspec.engine.serve.runner import EngineFactory, EngineRunner, default_engine_factory
 from kspec.engine.serve.runtime import DaemonPaths
 from kspec.engine.serve.status import READY, Status
-from kspec.engine.serve.wire import PROTOCOL_VERSION, Cancel, Complete, Failed, Final, Hello, Interim, Message, decode, encode, envelope
+from kspec.engine.serve.wire import PROTOCOL_VERSION, Cancel, Complete, Failed, Final, Hello, Interim, Message, decode, envelope, read_frame, send
 
 log = logging.getLogger("kspec.daemon")
 MAX_UNIX_PATH = 107
@@ -55,7 +54,7 @@ class _Peer:
 
     def send(self, message: Message) -> None:
         if not self.writer.is_closing():
-            write_frame(self.writer, encode(message))
+            send(self.writer, message)
 
 
 class Daemon:
@@ -120,7 +119,7 @@ class Daemon:
             raise
         finally:
             self.metrics.in_flight.dec()
-        self.metrics.answered(surface, request, result, time.monotonic() - started)
+        self.metrics.answered(surface, request.k, result.timing_ms, time.monotonic() - started)
         return result
 
     async def _model_name(self) -> str:

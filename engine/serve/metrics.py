@@ -19,7 +19,6 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from kspec.engine.api import CompletionRequest, CompletionResult
 from kspec.engine.errors import describe
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -47,8 +46,8 @@ class EngineMetrics:
         self.requests = Counter("kspec_requests", "requests answered", ["surface"], registry=r)
         self.errors = Counter("kspec_errors", "requests that failed, by kind", ["kind"], registry=r)
 
-    def answered(self, surface: str, request: CompletionRequest, result: CompletionResult, seconds: float) -> None:
-        timing = result.timing_ms
+    def answered(self, surface: str, k: int, timing: dict[str, float], seconds: float) -> None:
+        """A request of `k` branches answered in `seconds`, with its answer's `timing` (timing_ms)."""
         self.requests.labels(surface).inc()
         self.latency.labels(surface).observe(seconds)
         queued_s = max(0.0, seconds - timing.get("total", seconds * 1000) / 1000)
@@ -56,7 +55,7 @@ class EngineMetrics:
             self.first_token.labels(surface).observe(queued_s + timing["prefill"] / 1000)
         if "batch_requests_max" in timing:
             self.batch.observe(timing["batch_requests_max"])
-        self.branches.observe(request.k)
+        self.branches.observe(k)
         if timing.get("rounds"):
             self.rounds.observe(timing["rounds"])
             self.accepted.observe(timing.get("accepted_per_round", 0.0))

@@ -7,13 +7,18 @@ complete at the first-answer moment, then after each round that changed it), the
 `Final` or `Failed` (`Failed.kind` "cancelled" for a cancelled request); `Status` goes out whenever
 the engine's state changes. Each message is a map whose "type" names its kind.
 
-`encode` and `decode` are the only way in and out: a message that does not decode is an
+On the socket each message is one frame: a 4-byte big-endian length, then that many bytes of
+body. A frame over `MAX_FRAME` is a protocol error on either side and closes the connection.
+
+`encode` and `decode` (`send` and `read_frame` around them) are the only way in and out: a message that does not decode is an
 InputError when its request is at fault (the client's mistake, answered for that request alone)
 and a ProtocolError otherwise, each with msgspec's one-line reason.
 """
 
 from __future__ import annotations
 
+import asyncio
+import struct
 from typing import Any, Union
 
 import msgspec
@@ -23,6 +28,8 @@ from kspec.engine.errors import InputError, KspecError, ProtocolError, describe,
 from kspec.engine.serve.status import Status
 
 PROTOCOL_VERSION = 1  # in the daemon's socket name too: daemons of other versions never answer
+MAX_FRAME = 16 * 1024 * 1024
+_HEADER = struct.Struct(">I")
 
 
 class _Message(msgspec.Struct, frozen=True, tag_field="type", omit_defaults=True):
@@ -126,3 +133,40 @@ def _rejected(error: msgspec.ValidationError, kind: str | None = None) -> KspecE
     if where == "$.type" or kind is None:
         return ProtocolError(f"unknown message type {kind!r}" if where == "$.type" else f"malformed message: {reason}")
     return ProtocolError(f"malformed {kind!r} message: {reason}" + (f" (at {where})" if where else ""))
+
+
+def frame(body: bytes) -> bytes:
+    """`body` with its length before it."""
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte limit")
+    return _HEADER.pack(len(body)) + body
+
+
+async def read_frame(reader: asyncio.StreamReader, header: bytes | None = None, limit: int | None = None) -> bytes | None:
+    """The next frame's body, or None at a clean end of stream. `header`: its first 4 bytes,
+    when the caller has already read them (to tell the protocol from HTTP); `limit`: a
+    smaller size limit than MAX_FRAME (a hello, before the token is verified)."""
+    if header is None:
+        try:
+            header = await reader.readexactly(_HEADER.size)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise ProtocolError("stream ended inside a frame header") from exc
+            return None
+    (size,) = _HEADER.unpack(header)
+    limit = MAX_FRAME if limit is None else min(limit, MAX_FRAME)
+    if size > limit:
+        raise ProtocolError(f"frame of {size} bytes exceeds the {limit}-byte limit")
+    try:
+        return await reader.readexactly(size)
+    except asyncio.IncompleteReadError as exc:
+        raise ProtocolError("stream ended inside a frame") from exc
+
+
+def write_frame(writer: asyncio.StreamWriter, body: bytes) -> None:
+    writer.write(frame(body))
+
+
+def send(writer: asyncio.StreamWriter, message: Message) -> None:
+    """`message` as one frame on `writer` (buffered; the caller drains)."""
+    write_frame(writer, encode(message))

@@ -1,9 +1,12 @@
-"""The context gatherer: for a cursor, the other files' pieces that go before the file's text.
+"""The context gatherer: for a cursor, the other files' pieces that go before the file's text;
+and the session's side of it (`SessionContext`: the workspace folders from `initialize`, the
+places the user edits and visits, the budget the settings and the engine's machine fit allow, and
+what went in last, told in `$/kspec/status`).
 
 1. the definitions the file imports, resolved inside its workspace folder (imports.py), as
    outlines (outline.py): signatures, class headers with method signatures, constants;
 2. chunks (chunks.py: whole definitions, by tree-sitter) of the other open documents of the same
-   workspace folder and of recently edited or visited places (places.py), ranked by the Jaccard
+   workspace folder and of recently edited or visited places (`RecentPlaces`), ranked by the Jaccard
    similarity of their identifiers with the lines around the cursor (similarity.py);
 
 within a character budget (config.py). The choice is kept per document and replaced only when
@@ -14,10 +17,13 @@ folder: only open documents and files inside it are read."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from lsprotocol import types as lsp
 
 from kspec.engine.api import MAX_MEMBER_MODULES, MAX_MEMBER_NAMES, ContextFile, ModuleMembers
 from kspec.engine.syntax.languages import detect_language
@@ -25,9 +31,9 @@ from kspec.lsp_server.crossfile.chunks import Chunk, chunk_at, chunk_text
 from kspec.lsp_server.crossfile.config import ContextConfig
 from kspec.lsp_server.crossfile.imports import Imported, import_key, resolve_imports
 from kspec.lsp_server.crossfile.outline import member_names, outline_entries
-from kspec.lsp_server.crossfile.places import RecentPlaces
 from kspec.lsp_server.crossfile.similarity import identifiers, jaccard
-from kspec.lsp_server.crossfile.workspace import Source, WorkspaceFiles
+from kspec.lsp_server.crossfile.workspace import Source, WorkspaceFiles, folder_for, uri_path
+from kspec.lsp_server.documents import Document, DocumentStore
 
 MAX_FILE_CHARS = 1 << 20  # an imported file larger than this is not read
 MAX_OUTLINES = 256  # modules' outlines kept (by path, version and names)
@@ -61,6 +67,39 @@ class Gathered:
     @property
     def chars(self) -> int:
         return sum(len(piece.text) for piece in self.pieces)
+
+
+@dataclass(frozen=True)
+class Place:
+    uri: str
+    line: int
+
+
+class RecentPlaces:
+    """Recently edited and visited places, a ring buffer as llama.vim keeps (its chunks of recently
+    opened, edited and yanked text): each place is a document and a line; the chunk holding it is
+    looked up when context is gathered, so a place follows its document's later edits."""
+
+    def __init__(self, size: int = 16) -> None:
+        self._places: deque[Place] = deque(maxlen=size)
+
+    def note(self, uri: str, line: int, near: int = 8) -> None:
+        """A place edited or visited; one within `near` lines of a remembered one replaces it."""
+        for place in list(self._places):
+            if place.uri == uri and abs(place.line - line) <= near:
+                self._places.remove(place)
+        self._places.append(Place(uri, line))
+
+    def forget(self, uri: str) -> None:
+        for place in [p for p in self._places if p.uri == uri]:
+            self._places.remove(place)
+
+    def of(self, uri: str) -> list[int]:
+        """The lines noted in `uri`, most recent last."""
+        return [p.line for p in self._places if p.uri == uri]
+
+    def uris(self) -> list[str]:
+        return list(dict.fromkeys(p.uri for p in self._places))
 
 
 class ContextGatherer:
@@ -246,3 +285,52 @@ def _rescored(candidate: Candidate, query: frozenset[str]) -> float:
     if candidate.key[0] == "import":
         return _merit(candidate)
     return jaccard(identifiers(candidate.piece.text), query)
+
+
+def workspace_folders(params: lsp.InitializeParams) -> tuple[Path, ...]:
+    """The client's workspace folders (else its root), as resolved paths."""
+    uris = [folder.uri for folder in params.workspace_folders or ()] or ([params.root_uri] if params.root_uri else [])
+    paths = [uri_path(uri) for uri in uris]
+    if not paths and params.root_path:
+        paths = [Path(params.root_path)]
+    return tuple(p.resolve() for p in paths if p is not None)
+
+
+def _source(document: Document) -> Source:
+    return Source(document.uri, document.language_id, document.version, lambda: document.text)
+
+
+class SessionContext:
+    """One per client: its folders, its gatherer (recent places, kept choices) and what went in last."""
+
+    def __init__(self) -> None:
+        self.folders: tuple[Path, ...] = ()
+        self.gatherer = ContextGatherer()
+        self.last: dict[str, Any] = {"files": [], "chars": 0, "modules": [], "document": None}  # the last query's (the engine's answer adds `tokens`)
+
+    def set_folders(self, params: lsp.InitializeParams) -> None:
+        self.folders = workspace_folders(params)
+
+    def note(self, uri: str, line: int) -> None:
+        """A place edited or visited (the ring buffer of recent places)."""
+        self.gatherer.places.note(uri, line)
+
+    def forget(self, uri: str) -> None:
+        self.gatherer.forget(uri)
+
+    def gather(self, documents: DocumentStore, document: Document, line: int, on: bool, cap: int, prompt_tokens: float | None) -> Gathered:
+        """The pieces (and imported modules' member names) for a cursor at `line` of `document`:
+        only from its workspace folder."""
+        config = ContextConfig(enabled=on, max_tokens=cap)
+        if self.gatherer.config != config:
+            self.gatherer.config = config
+        current = _source(document)
+        self.note(document.uri, line)  # a visited place: its chunk weighs more once the user is in another file
+        folder = folder_for(current.path.resolve() if current.path else None, self.folders)
+        if folder is None or not on:
+            self.last = {"files": [], "chars": 0, "modules": [], "document": document.uri}
+            return Gathered()
+        workspace = WorkspaceFiles(folder, [_source(d) for d in documents.all()], self.folders)
+        gathered = self.gatherer.gather(current, line, workspace, config.budget_chars(prompt_tokens))
+        self.last = {"files": list(gathered.files), "chars": gathered.chars, "modules": [m.qualifier for m in gathered.members], "document": document.uri}
+        return gathered

@@ -25,9 +25,8 @@ from kspec.engine.api import CompletionRequest
 from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions
 from kspec.engine.serve.openai_api import parse_completion
 from kspec.engine.config import EngineConfig
-from kspec.engine.serve.framing import read_frame, write_frame
 from kspec.engine.serve.network import parse_engine_url
-from kspec.engine.serve.wire import PROTOCOL_VERSION, Failed, Hello, decode, encode
+from kspec.engine.serve.wire import PROTOCOL_VERSION, Failed, Hello, decode, read_frame, send
 from kspec.engine.errors import EngineUnavailable
 
 TOKEN = "team-token-123"
@@ -153,7 +152,7 @@ PREFIXES = ["def add(a, b):\n    return", "for item in items:\n    print(", "cla
 async def test_wrong_or_missing_token_gets_only_a_refusal(engine_tcp: Served) -> None:
     for token in (None, "guess"):
         reader, writer = await asyncio.open_connection(engine_tcp.host, engine_tcp.port)
-        write_frame(writer, encode(Hello(PROTOCOL_VERSION, token=token)))
+        send(writer, Hello(PROTOCOL_VERSION, token=token))
         reply = await asyncio.wait_for(read_frame(reader), 30)
         assert reply is not None and decode(reply) == Failed(None, "protocol", "bad token")
         assert await asyncio.wait_for(read_frame(reader), 30) is None  # and the connection is closed

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from kspec.engine.request import RequestState, with_first_lines_so_far
+from kspec.engine.request import ActiveCompletion, RequestState, with_first_lines_so_far
 from kspec.engine.syntax import postprocess
 from kspec.engine.api import CancelToken, Completion, CompletionRequest, CompletionResult
 from kspec.engine.batching import BatchConfig, ContinuousBatcher
@@ -223,7 +223,7 @@ def test_a_failing_request_fails_alone(random_engine, monkeypatch):
 
 
 def test_decoding_deadline_is_the_one_set_on_arrival(random_engine):
-    active = random_engine.begin(_request(0), CancelToken())
+    active = ActiveCompletion(random_engine, _request(0), CancelToken())
     while active.state is RequestState.PREPARING:
         active.prepare_step()
     assert active.run is not None

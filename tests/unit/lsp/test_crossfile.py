@@ -13,7 +13,7 @@ from kspec.lsp_server.crossfile.config import ContextConfig
 from kspec.lsp_server.crossfile.gatherer import ContextGatherer
 from kspec.lsp_server.crossfile.imports import resolve_imports
 from kspec.lsp_server.crossfile.outline import member_names, outline
-from kspec.lsp_server.crossfile.places import RecentPlaces
+from kspec.lsp_server.crossfile.gatherer import RecentPlaces
 from kspec.lsp_server.crossfile.similarity import identifiers, jaccard
 from kspec.lsp_server.crossfile.workspace import Source, WorkspaceFiles, folder_for
 

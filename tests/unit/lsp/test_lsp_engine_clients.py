@@ -22,10 +22,9 @@ from kspec.engine.errors import InputError, ModelLoadError
 from kspec.lsp_server import engine_client
 from kspec.engine.serve.daemon import Daemon
 from kspec.lsp_server.engine_client import DaemonEngine, DaemonOptions, InProcessEngine
-from kspec.engine.serve.framing import read_frame, write_frame
 from kspec.engine.serve.network import parse_engine_url
 from kspec.engine.serve.runtime import DaemonPaths
-from kspec.engine.serve.wire import PROTOCOL_VERSION, Cancel, Complete, Failed, Final, Hello, Message, decode, encode
+from kspec.engine.serve.wire import PROTOCOL_VERSION, Cancel, Complete, Failed, Final, Hello, Message, decode, encode, read_frame, write_frame, send
 from kspec.engine.errors import DeadlineExceeded, EngineUnavailable
 from kspec.engine.serve.runner import EngineRunner
 from kspec.engine.serve.status import Status
@@ -187,9 +186,9 @@ async def test_client_disconnect_cancels_its_requests(short_dir: Path) -> None:
     daemon = Daemon(CONFIG, factory_for(fake), idle_timeout_s=60)
     served = await serve(daemon, socket)
     reader, writer = await asyncio.open_unix_connection(str(socket))
-    write_frame(writer, encode(Hello(PROTOCOL_VERSION)))
+    send(writer, Hello(PROTOCOL_VERSION))
     assert isinstance(decode(await read_frame(reader)), Hello)
-    write_frame(writer, encode(Complete("1", CompletionRequest(prefix="block"))))
+    send(writer, Complete("1", CompletionRequest(prefix="block")))
     await wait_thread_event(fake.started)
     writer.close()
     await wait_thread_event(fake.stopped_by_cancel)
@@ -217,7 +216,7 @@ async def test_daemon_refuses_bad_peers(short_dir: Path) -> None:
     assert isinstance(await hello(encode(Hello(PROTOCOL_VERSION, token="secret"))), Hello)
 
     reader, writer = await asyncio.open_unix_connection(str(socket))
-    write_frame(writer, encode(Hello(PROTOCOL_VERSION, token="secret")))
+    send(writer, Hello(PROTOCOL_VERSION, token="secret"))
     await read_frame(reader)
     writer.write((1 << 30).to_bytes(4, "big"))  # a 1 GiB frame: the daemon hangs up
     assert await asyncio.wait_for(reader.read(), 10) == b""
@@ -232,7 +231,7 @@ async def test_a_message_that_does_not_decode_fails_alone_with_a_one_line_error(
     daemon = Daemon(CONFIG, factory_for(FakeEngine()), idle_timeout_s=60)
     served = await serve(daemon, socket)
     reader, writer = await asyncio.open_unix_connection(str(socket))
-    write_frame(writer, encode(Hello(PROTOCOL_VERSION)))
+    send(writer, Hello(PROTOCOL_VERSION))
     assert isinstance(decode(await read_frame(reader)), Hello)
 
     async def answer(body: bytes) -> Message:
@@ -257,7 +256,7 @@ async def test_a_malformed_result_fails_its_request_and_not_the_connection(short
 
     async def odd_daemon(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_frame(reader)
-        write_frame(writer, encode(Hello(PROTOCOL_VERSION, pid=1, status=Status("ready", model="odd"))))
+        send(writer, Hello(PROTOCOL_VERSION, pid=1, status=Status("ready", model="odd")))
         while (body := await read_frame(reader)) is not None:
             request = decode(body)
             assert isinstance(request, Complete)
@@ -288,7 +287,7 @@ async def test_protocol_version_mismatch_is_a_clear_error(short_dir: Path) -> No
 
     async def old_daemon(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_frame(reader)
-        write_frame(writer, encode(Hello(PROTOCOL_VERSION + 1, pid=1)))
+        send(writer, Hello(PROTOCOL_VERSION + 1, pid=1))
 
     server = await asyncio.start_unix_server(old_daemon, str(paths.socket))
     statuses: list[Status] = []

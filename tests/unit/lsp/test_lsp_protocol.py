@@ -12,12 +12,11 @@ import pytest
 from kspec.engine.api import CompletionRequest
 from kspec.engine.config import EngineConfig
 from kspec.engine.errors import InputError, ProtocolError
-from kspec.engine.serve import framing
+from kspec.engine.serve import wire
 from kspec.engine.serve.auth import read_token, tokens_match
-from kspec.engine.serve.framing import frame, read_frame
 from kspec.engine.serve.network import is_loopback, parse_engine_url
 from kspec.engine.serve.runtime import DaemonPaths, runtime_dir
-from kspec.engine.serve.wire import PROTOCOL_VERSION, Cancel, Complete, decode, encode
+from kspec.engine.serve.wire import PROTOCOL_VERSION, Cancel, Complete, decode, encode, frame, read_frame
 
 
 def feed(data: bytes) -> asyncio.StreamReader:
@@ -37,14 +36,14 @@ async def test_frames_round_trip_and_end_cleanly() -> None:
 
 async def test_bad_frames_are_protocol_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ProtocolError, match="exceeds"):
-        await read_frame(feed((framing.MAX_FRAME + 1).to_bytes(4, "big")))
+        await read_frame(feed((wire.MAX_FRAME + 1).to_bytes(4, "big")))
     with pytest.raises(ProtocolError, match="exceeds the 8-byte limit"):
         await read_frame(feed((10).to_bytes(4, "big") + b"0123456789"), limit=8)
     with pytest.raises(ProtocolError, match="inside a frame"):
         await read_frame(feed((10).to_bytes(4, "big") + b"abc"))
     with pytest.raises(ProtocolError, match="header"):
         await read_frame(feed(b"\x00\x01"))
-    monkeypatch.setattr(framing, "MAX_FRAME", 10)
+    monkeypatch.setattr(wire, "MAX_FRAME", 10)
     with pytest.raises(ProtocolError, match="exceeds"):
         frame(encode(Cancel("y" * 20)))
 

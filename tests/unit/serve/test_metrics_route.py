@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from kspec.engine.api import CompletionRequest, CompletionResult
+from kspec.engine.api import CompletionResult
 from kspec.engine.errors import DeadlineExceeded
 from kspec.engine.serve.http_api import HttpApi
 from kspec.engine.serve.metrics import EngineMetrics
@@ -38,9 +38,8 @@ async def test_metrics_need_the_token_unless_opened() -> None:
 
 def test_outcomes_are_counted() -> None:
     metrics = EngineMetrics()
-    request = CompletionRequest(prefix="x", k=4)
     timing = {"prefill": 20.0, "total": 50.0, "prompt_tokens": 10.0, "reused_prompt_tokens": 8.0, "rounds": 3.0, "accepted_per_round": 1.5, "batch_requests_max": 2.0}
-    metrics.answered("http", request, CompletionResult([], "m", timing), 0.08)
+    metrics.answered("http", 4, timing, 0.08)
     metrics.failed(DeadlineExceeded("late"))
     text = metrics.exposition().decode()
     assert 'kspec_requests_total{surface="http"} 1.0' in text
