@@ -88,8 +88,9 @@ class EngineConfig:
     cpu_weights: str = option(
         "auto", "the CPU fast path's weights: 4bit (a Q4 GGUF's own codes only: least memory, prefill ~1.7x slower on "
         "a CPU without native bfloat16), 4bit+dense (also a dense copy for prefill and verification: fastest, ~4x the "
-        "weight memory); auto: 4bit+dense (a bfloat16 copy) where the CPU computes bfloat16 natively (with kspec's "
-        "4-bit kernel: AMX only), else 4bit",
+        "weight memory); auto: 4bit+dense (a bfloat16 copy) where the CPU computes bfloat16 natively and PyTorch's "
+        "int4 kernel serves, else 4bit (kspec's 4-bit kernel runs every layer in its C++ loop, which the copy's rows "
+        "would leave)",
         choices=CPU_WEIGHTS,
     )  # fmt: skip
     cpu_kernels: str = option(

@@ -229,6 +229,10 @@ class DocumentStore:
             raise InputError(f"document not open: {uri}")
         return document
 
+    def find(self, uri: str) -> Document | None:
+        """The open document; None when `uri` is not open or is one of kspec's own logs."""
+        return self._documents.get(uri)
+
     def __contains__(self, uri: str) -> bool:
         return uri in self._documents
 

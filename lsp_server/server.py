@@ -264,7 +264,7 @@ class Session:
         """With the suggest widget open, the alternatives continue its selected item (selected_item.py)."""
         automatic = params.context.trigger_kind == lsp.InlineCompletionTriggerKind.Automatic
         uri, selected, chosen = params.text_document.uri, params.context.selected_completion_info, None
-        if selected is not None and (document := self.documents.get(uri) if uri in self.documents else None) is not None:
+        if selected is not None and (document := self.documents.find(uri)) is not None:
             chosen = selected_item(document, params.position, selected.range, selected.text, self.encoding)
             if chosen is None:  # not at the cursor: nothing can agree with the widget
                 return lsp.InlineCompletionList(items=[])

@@ -14,6 +14,7 @@ from kspec.lsp_server.documents import (
     UTF32,
     Cursor,
     Document,
+    DocumentStore,
     clean_text,
     column_from_units,
     split_lines,
@@ -160,3 +161,22 @@ def test_too_large_document_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not document.too_large and document.text == "small"
     document.apply_edit(Cursor(0, 5), Cursor(0, 5), "y" * 6)
     assert document.too_large
+
+
+def test_the_store_keeps_kspecs_own_logs_apart(tmp_path) -> None:
+    """A log in the engine log's folder, or any document of language `log`, is remembered by URI
+    only: no text, not a document, no completions; another document opens as usual."""
+    store = DocumentStore()
+    engine_log = tmp_path / "engine-1.log"
+    log_uri = f"file://{tmp_path}/engine-0.log"
+    assert store.open(log_uri, "plaintext", 1, "secret log text", engine_log) is None
+    assert store.open("untitled:Untitled-1", "log", 1, "more log text") is None
+    assert store.get(log_uri) is None and store.find(log_uri) is None and log_uri not in store
+    code = store.open(f"file://{tmp_path}/app.log.py", "python", 1, "x = 1\n", engine_log)
+    assert code is not None and store.get(code.uri) is code and store.find(code.uri) is code
+    assert [document.uri for document in store.all()] == [code.uri]
+    store.close(log_uri)
+    with pytest.raises(InputError, match="not open"):
+        store.get(log_uri)
+    assert store.find("file:///nowhere.py") is None
+

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from kspec.lsp_server import settings as settings_module
 from kspec.lsp_server.settings import Settings, parse_settings
 
 
