@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from kspec.engine.api import CancelToken
+from kspec.engine.api import CancelToken, goes_on_name
 from kspec.engine.decode.healing import HealingBias, consume
 from kspec.engine.decode.stopping import StopRule
 from kspec.engine.models.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -55,25 +55,56 @@ class DecodeOutput:
     steps: int
 
 
+def suffix_echoes(tokenizer: Tokenizer, healed_text: str, suffix: str) -> frozenset[int]:
+    """Where the rest of the cursor's line is only punctuation (`]`, `)`, `):`, `");`: what the editor
+    closed), the first tokens that would write only a start of it, whitespace aside (`]`, `]\n\n\n`
+    after `healed_text`): once post-processing cuts what the line holds already, a branch that
+    starts so shows nothing. Found through the sorted token texts, not by a vocabulary scan."""
+    rest = suffix.split("\n", 1)[0].rstrip()
+    if not rest or any(goes_on_name(char) or char.isspace() for char in rest):
+        return frozenset()
+    index, texts = tokenizer.token_text_index(), tokenizer.token_texts()
+    found: set[int] = set()
+    for end in range(1, len(rest) + 1):
+        start = healed_text + rest[:end]
+        found.update(token for token in index.starting_with(start) if not texts[token][len(start) :].strip())
+    return frozenset(found)
+
+
 class BranchTracker:
     """Applies a token to a branch: detokenize, stop rules, EOS, budget.
 
     `healed_text` (token healing) is text the first generated token must start with; it
-    was already in the document, so it is not part of the branch's visible text."""
+    was already in the document, so it is not part of the branch's visible text. `echoes`
+    (`suffix_echoes`): first tokens no branch starts with."""
 
     def __init__(
-        self, tokenizer: Tokenizer, rule: StopRule, limits: DecodeLimits, prompt_ids: list[int], healed_text: str = ""
-    ):
+        self, tokenizer: Tokenizer, rule: StopRule, limits: DecodeLimits, prompt_ids: list[int], healed_text: str = "",
+        echoes: frozenset[int] = frozenset(),
+    ):  # fmt: skip
         self.tokenizer, self.rule, self.limits = tokenizer, rule, limits
         self.prompt_ids = prompt_ids
         self.healed_text = healed_text
+        self.echoes = echoes
+        self._echo_bias: torch.Tensor | None = None  # [V]: -inf at `echoes`, built on first use
 
     def constrain(self, logits: torch.Tensor, branches: list[Branch], healing: HealingBias) -> torch.Tensor:
-        """logits [k, V] with rows still regenerating healed text restricted to agreeing tokens."""
-        if not any(branch.heal_remaining for branch in branches):
+        """logits [k, V] with rows still regenerating healed text restricted to agreeing tokens, and
+        rows before their first token kept from `echoes`."""
+        fresh = [bool(self.echoes) and not branch.token_ids for branch in branches]
+        if not any(branch.heal_remaining for branch in branches) and not any(fresh):
             return logits
-        biases = [healing(b.heal_remaining) if b.heal_remaining else torch.zeros_like(logits[0]) for b in branches]
+        zeros = torch.zeros_like(logits[0])  # [V]
+        biases = [(healing(b.heal_remaining) if b.heal_remaining else zeros) + (self._echoes_bias(zeros) if new else zeros) for b, new in zip(branches, fresh)]
         return logits + torch.stack(biases)  # [k, V]
+
+    def _echoes_bias(self, zeros: torch.Tensor) -> torch.Tensor:
+        if self._echo_bias is None or self._echo_bias.shape != zeros.shape:
+            self._echo_bias = zeros.clone()  # [V]
+            ids = [token for token in self.echoes if token < zeros.shape[-1]]
+            if ids:
+                self._echo_bias[torch.tensor(ids, dtype=torch.long, device=zeros.device)] = float("-inf")
+        return self._echo_bias
 
     def new_detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, self.prompt_ids)

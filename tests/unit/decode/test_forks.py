@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -151,3 +152,53 @@ def test_the_same_splits_whether_the_lead_verifies_drafts_or_one_token_a_round(d
     assert sorted(b.token_ids for b in drafted.branches) == sorted(b.token_ids for b in plain.branches)
     assert drafted.branches[0].token_ids == alone.branches[0].token_ids and len({tuple(b.token_ids) for b in drafted.branches}) == 4
     assert drafted.stats.rounds <= alone.stats.rounds + 1 < plain.stats.rounds, (drafted.stats.rounds, alone.stats.rounds, plain.stats.rounds)
+
+
+
+NAMES_PROMPT = """class Inventory:
+    def __init__(self, items):
+        self.items = items
+
+    def names(self):
+        return ["""
+
+
+def test_a_first_token_that_only_repeats_what_the_editor_closed_is_an_echo(default_engine) -> None:
+    """`return [|]`: the empty list (` []`, ` []\\n\\n`, after the healed ` [`) writes only what the line
+    holds after the cursor, which post-processing cuts: nothing to show. Where the rest of the line
+    is only punctuation, such first tokens are echoes; a line with a name after the cursor has none
+    (the user may be inserting before it)."""
+    from kspec.engine.decode.branches import suffix_echoes
+
+    tokenizer = default_engine.target.tokenizer
+    texts = tokenizer.token_texts()
+    echoes = {texts[token] for token in suffix_echoes(tokenizer, " [", "]\n\n    def count(self):")}
+    assert " []" in echoes and all(text.startswith(" [") and text[2:].strip() == "]" for text in echoes)
+    closing = {texts[token].rstrip() for token in suffix_echoes(tokenizer, "", "):\n        pass")}
+    assert ")" in closing and closing <= {")", "):"}
+    assert suffix_echoes(tokenizer, "", "self.items)\n") == frozenset()
+    assert suffix_echoes(tokenizer, "", "\n") == frozenset()
+
+
+def test_no_branch_starts_with_an_echo_the_best_one_included(default_engine) -> None:
+    """With the likeliest first tokens taken as echoes, no branch starts with one: the best branch
+    takes the likeliest other start, the others theirs (without the rule the best branch does start
+    with one: the control)."""
+    from kspec.bench.baselines import decode_speculative
+    from kspec.engine.decode.branches import BranchTracker, DecodeLimits
+    from kspec.engine.decode.drafters import NoDrafter
+    from kspec.engine.decode.sampling import SamplingParams
+    from kspec.engine.decode.stopping import StopRule
+
+    model, tokenizer = default_engine.target.model, default_engine.target.tokenizer
+    prompt = tokenizer.encode(NAMES_PROMPT)
+
+    def first_tokens(echoes: frozenset[int]) -> list[int]:
+        tracker = BranchTracker(tokenizer, StopRule(), DecodeLimits(6, ignore_eos=True), prompt, echoes=echoes)
+        output = decode_speculative(model, tracker, 4, SamplingParams(), NoDrafter(), diverse=True, fork_ratio=0.1)
+        return [branch.token_ids[0] for branch in output.branches]
+
+    free = first_tokens(frozenset())
+    echoes = frozenset(free[:2])  # as if the line after the cursor held what the two likeliest starts write
+    held = first_tokens(echoes)
+    assert free[0] in echoes and not echoes & set(held), (free, held)
