@@ -28,7 +28,7 @@ from kspec.engine.api import (
 )
 from kspec.engine.cache.prefix_cache import PrefixCache
 from kspec.engine.config import EngineConfig, SteeringConfig
-from kspec.engine.decode.branches import BranchTracker, DecodeLimits, suffix_echoes
+from kspec.engine.decode.branches import BranchTracker, DecodeLimits
 from kspec.engine.decode.drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
 from kspec.engine.decode.healing import HealingBias, walk_healing
 from kspec.engine.decode.sampling import SamplingParams
@@ -213,8 +213,8 @@ def prepare(
     # what the cache held when the request came: the walk's own prefills reuse what the first one just stored
     prefill = replace(prefill, reused_tokens=min(prefill.reused_tokens, first.reused_tokens))
     stops = rule_for_cursor(request.prefix, request.suffix, request.stop) if request.cursor_rules else StopRule(request.stop)
-    echoes = suffix_echoes(tokenizer, healed_text, request.suffix) if request.cursor_rules else frozenset()
-    tracker = BranchTracker(tokenizer, stops, DecodeLimits(request.max_tokens, deadline), ids, healed_text, echoes)
+    echo_suffix = request.suffix if request.cursor_rules else ""  # what the editor closed after the cursor: no branch repeats it
+    tracker = BranchTracker(tokenizer, stops, DecodeLimits(request.max_tokens, deadline), ids, healed_text, echo_suffix)
     params = sampling_params(request)
     forced, steering = steering_starts(
         parts, request, language, healed_text,

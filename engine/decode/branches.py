@@ -75,36 +75,43 @@ class BranchTracker:
     """Applies a token to a branch: detokenize, stop rules, EOS, budget.
 
     `healed_text` (token healing) is text the first generated token must start with; it
-    was already in the document, so it is not part of the branch's visible text. `echoes`
-    (`suffix_echoes`): first tokens no branch starts with."""
+    was already in the document, so it is not part of the branch's visible text. `suffix`
+    (the text after the cursor, where the cursor rules apply): a branch that has written nothing
+    yet never takes a token that only repeats what the editor closed there (`suffix_echoes`)."""
 
     def __init__(
         self, tokenizer: Tokenizer, rule: StopRule, limits: DecodeLimits, prompt_ids: list[int], healed_text: str = "",
-        echoes: frozenset[int] = frozenset(),
+        suffix: str = "",
     ):  # fmt: skip
         self.tokenizer, self.rule, self.limits = tokenizer, rule, limits
         self.prompt_ids = prompt_ids
         self.healed_text = healed_text
-        self.echoes = echoes
-        self._echo_bias: torch.Tensor | None = None  # [V]: -inf at `echoes`, built on first use
+        self.suffix = suffix
+        self._echo_biases: dict[str, torch.Tensor] = {}  # the healed text still to write -> [V]: -inf at its echoes
 
     def constrain(self, logits: torch.Tensor, branches: list[Branch], healing: HealingBias) -> torch.Tensor:
         """logits [k, V] with rows still regenerating healed text restricted to agreeing tokens, and
-        rows before their first token kept from `echoes`."""
-        fresh = [bool(self.echoes) and not branch.token_ids for branch in branches]
-        if not any(branch.heal_remaining for branch in branches) and not any(fresh):
+        rows that have written nothing yet kept from echoing the suffix."""
+        blank = [bool(self.suffix) and not branch.text.strip() for branch in branches]
+        if not any(branch.heal_remaining for branch in branches) and not any(blank):
             return logits
         zeros = torch.zeros_like(logits[0])  # [V]
-        biases = [(healing(b.heal_remaining) if b.heal_remaining else zeros) + (self._echoes_bias(zeros) if new else zeros) for b, new in zip(branches, fresh)]
+        biases = [
+            (healing(branch.heal_remaining) if branch.heal_remaining else zeros) + (self._echo_bias(branch.heal_remaining, zeros) if new else zeros)
+            for branch, new in zip(branches, blank)
+        ]  # fmt: skip
         return logits + torch.stack(biases)  # [k, V]
 
-    def _echoes_bias(self, zeros: torch.Tensor) -> torch.Tensor:
-        if self._echo_bias is None or self._echo_bias.shape != zeros.shape:
-            self._echo_bias = zeros.clone()  # [V]
-            ids = [token for token in self.echoes if token < zeros.shape[-1]]
+    def _echo_bias(self, heal_remaining: str, zeros: torch.Tensor) -> torch.Tensor:
+        """[V]: -inf at the tokens that would write `heal_remaining` and then only echo the suffix."""
+        bias = self._echo_biases.get(heal_remaining)
+        if bias is None or bias.shape != zeros.shape:
+            bias = zeros.clone()
+            ids = [token for token in suffix_echoes(self.tokenizer, heal_remaining, self.suffix) if token < zeros.shape[-1]]
             if ids:
-                self._echo_bias[torch.tensor(ids, dtype=torch.long, device=zeros.device)] = float("-inf")
-        return self._echo_bias
+                bias[torch.tensor(ids, dtype=torch.long, device=zeros.device)] = float("-inf")
+            self._echo_biases[heal_remaining] = bias
+        return bias
 
     def new_detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, self.prompt_ids)

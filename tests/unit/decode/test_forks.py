@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -155,12 +154,7 @@ def test_the_same_splits_whether_the_lead_verifies_drafts_or_one_token_a_round(d
 
 
 
-NAMES_PROMPT = """class Inventory:
-    def __init__(self, items):
-        self.items = items
-
-    def names(self):
-        return ["""
+CLOSED_PROMPT = "values = [3, 1, 2]\ntotal = sum(values"  # the small model's best start: `)`
 
 
 def test_a_first_token_that_only_repeats_what_the_editor_closed_is_an_echo(default_engine) -> None:
@@ -181,24 +175,28 @@ def test_a_first_token_that_only_repeats_what_the_editor_closed_is_an_echo(defau
 
 
 def test_no_branch_starts_with_an_echo_the_best_one_included(default_engine) -> None:
-    """With the likeliest first tokens taken as echoes, no branch starts with one: the best branch
-    takes the likeliest other start, the others theirs (without the rule the best branch does start
-    with one: the control)."""
+    """After `sum(values` the best start closes the call; with that `)` after the cursor (as an
+    editor closes it), no branch starts with it, the best one included (the control: without the
+    suffix the best one does)."""
     from kspec.bench.baselines import decode_speculative
+    from kspec.engine.api import goes_on_name
     from kspec.engine.decode.branches import BranchTracker, DecodeLimits
     from kspec.engine.decode.drafters import NoDrafter
     from kspec.engine.decode.sampling import SamplingParams
     from kspec.engine.decode.stopping import StopRule
 
     model, tokenizer = default_engine.target.model, default_engine.target.tokenizer
-    prompt = tokenizer.encode(NAMES_PROMPT)
+    prompt = tokenizer.encode(CLOSED_PROMPT)
 
-    def first_tokens(echoes: frozenset[int]) -> list[int]:
-        tracker = BranchTracker(tokenizer, StopRule(), DecodeLimits(6, ignore_eos=True), prompt, echoes=echoes)
+    texts = tokenizer.token_texts()
+
+    def first_tokens(suffix: str) -> list[int]:
+        tracker = BranchTracker(tokenizer, StopRule(), DecodeLimits(6, ignore_eos=True), prompt, suffix=suffix)
         output = decode_speculative(model, tracker, 4, SamplingParams(), NoDrafter(), diverse=True, fork_ratio=0.1)
         return [branch.token_ids[0] for branch in output.branches]
 
-    free = first_tokens(frozenset())
-    echoes = frozenset(free[:2])  # as if the line after the cursor held what the two likeliest starts write
-    held = first_tokens(echoes)
-    assert free[0] in echoes and not echoes & set(held), (free, held)
+    free = first_tokens("")
+    closer = texts[free[0]].strip()  # as if the editor had closed what the best start writes
+    assert closer and not any(goes_on_name(char) or char.isspace() for char in closer), closer
+    held = first_tokens(closer + "\n")
+    assert all(texts[token].strip() != closer for token in held), ([texts[t] for t in free], [texts[t] for t in held])
