@@ -9,7 +9,7 @@ what went in last, told in `$/kspec/status`).
    workspace folder and of recently edited or visited places (`RecentPlaces`), ranked by the Jaccard
    similarity of their identifiers with the lines around the cursor (similarity.py);
 
-within a character budget (config.py). The choice is kept per document and replaced only when
+within a character budget (`ContextConfig`). The choice is kept per document and replaced only when
 it changes meaningfully (an import added or a kept piece gone or changed, or chunks that rank
 `refresh_gain` higher): the pieces are the start of the prompt, so keeping them keeps the
 engine's prefix cache across keystrokes. Context never comes from outside the cursor's workspace
@@ -25,10 +25,9 @@ from typing import Any
 
 from lsprotocol import types as lsp
 
-from kspec.engine.api import MAX_MEMBER_MODULES, MAX_MEMBER_NAMES, ContextFile, ModuleMembers
+from kspec.engine.api import CONTEXT_SHARE, MAX_MEMBER_MODULES, MAX_MEMBER_NAMES, ContextFile, ModuleMembers
 from kspec.engine.syntax.languages import detect_language
 from kspec.lsp_server.crossfile.chunks import Chunk, chunk_at, chunk_text
-from kspec.lsp_server.crossfile.config import ContextConfig
 from kspec.lsp_server.crossfile.imports import Imported, import_key, resolve_imports
 from kspec.lsp_server.crossfile.outline import member_names, outline_entries
 from kspec.lsp_server.crossfile.similarity import identifiers, jaccard
@@ -40,6 +39,34 @@ MAX_OUTLINES = 256  # modules' outlines kept (by path, version and names)
 IMPORT_BASE = 1.0  # an imported module's piece ranks above any chunk (Jaccard <= 1): nearest the file's text
 MIN_GAIN = 0.02  # and by at least this much (a kept choice that ranks ~0 is not replaced by another ~0)
 IMPORT_NAMED_BONUS = 0.5  # for a module whose name is written around the cursor (`nodes.` in `nodes.Const(...)`)
+CHARS_PER_TOKEN = 3.0  # code averages 3-4 characters per BPE token: the budget is converted with the lower figure
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    """The gatherer's validated configuration and its token budget."""
+
+    enabled: bool = True
+    max_tokens: int = 1024  # the user's cap (setting `contextTokens`)
+    query_lines_before: int = 40  # the lines around the cursor chunks are ranked against
+    query_lines_after: int = 10
+    max_chunks: int = 6
+    min_similarity: float = 0.04  # a chunk sharing less with the cursor's lines is left out
+    import_share: float = 0.6  # of the budget at most, for imported definitions
+    refresh_gain: float = 0.3  # a new choice of chunks replaces the kept one when it ranks this much higher
+    ring_size: int = 16
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {self.max_tokens}")
+        if not 0.0 < self.import_share <= 1.0 or self.refresh_gain < 0 or self.max_chunks < 0 or self.ring_size < 1:
+            raise ValueError("import_share in (0, 1], refresh_gain >= 0, max_chunks >= 0, ring_size >= 1")
+
+    def budget_chars(self, prompt_tokens: float | None) -> int:
+        """Characters of context: the user's cap, and at most the engine's `CONTEXT_SHARE` of what the
+        machine prefills cold in its budget (`prompt_tokens`, the engine's machine fit; None: not known)."""
+        tokens = self.max_tokens if prompt_tokens is None else min(self.max_tokens, int(prompt_tokens * CONTEXT_SHARE))
+        return int(tokens * CHARS_PER_TOKEN) if self.enabled else 0
 
 
 @dataclass(frozen=True)

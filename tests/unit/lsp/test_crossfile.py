@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kspec.lsp_server.crossfile.chunks import chunk_at, chunk_text
-from kspec.lsp_server.crossfile.config import ContextConfig
+from kspec.lsp_server.crossfile.gatherer import ContextConfig
 from kspec.lsp_server.crossfile.gatherer import ContextGatherer
 from kspec.lsp_server.crossfile.imports import resolve_imports
 from kspec.lsp_server.crossfile.outline import member_names, outline
