@@ -347,7 +347,9 @@ class SpeculativeRun:
             return logits
 
         if self.params.greedy and hidden.device.type == "cpu":  # the head only where it decides
-            taken = accept_greedy_by_position([d.tokens for d in drafts], hidden, self.model.logits, constrain, later if watch else None)
+            taken = accept_greedy_by_position(
+                [d.tokens for d in drafts], hidden, self.model.logits, constrain, later if watch else None, self.model.head_rows
+            )  # fmt: skip
         else:
             logits = self.model.logits(hidden)  # [k', T, V]
             logits[:, 0] = constrain(logits[:, 0])

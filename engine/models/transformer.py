@@ -169,6 +169,7 @@ class Transformer(nn.Module):
         self.native_steps: LayerLoop | None = None  # the CPU fast path's C++ layer loop (cpu_fast.to_fast_path)
         self.kernel_choice: Any = None  # the CPU fast path's measured KernelChoice (engine/models/kernel_choice.py), None where none was measured
         self.prompt_kv_dtype: torch.dtype | None = None  # a prompt's KV stored in this dtype; None: the model's (cpu_fast.to_fast_path)
+        self.head_rows = 1  # rows one call of the head takes in about one row's time (cpu_fast.to_fast_path; acceptance.py)
 
     @property
     def cache_shape(self) -> CacheShape:

@@ -61,7 +61,10 @@ def host_reads() -> Iterator[list[str]]:
 # -- the batched acceptance --------------------------------------------------------------
 
 
-def test_greedy_rows_equal_the_per_branch_acceptance() -> None:
+@pytest.mark.parametrize("head_rows", [1, 8, 100])
+def test_greedy_rows_equal_the_per_branch_acceptance(head_rows: int) -> None:
+    """The same tokens whether the head runs position by position or takes the next positions of
+    the rows that drafted there in its first call (`head_rows`: at most that many rows in it)."""
     g = torch.Generator().manual_seed(0)
     for trial in range(30):
         k, vocab = 5, 7
@@ -83,7 +86,7 @@ def test_greedy_rows_equal_the_per_branch_acceptance() -> None:
         result = read_round(accepted, taken, log_probs[:, : width + 1])
         scored: list[int] = []  # rows the head took per position
         by_position = accept_greedy_by_position(
-            drafts, logits, lambda rows: scored.append(len(rows)) or rows, lambda first: first
+            drafts, logits, lambda rows: scored.append(len(rows)) or rows, lambda first: first, head_rows=head_rows
         )  # fmt: skip  # hidden states that are the logits: the head is the identity
         for row, draft in enumerate(drafts):
             n_ok, own = accept_greedy(draft, logits[row, : len(draft) + 1])
@@ -92,7 +95,12 @@ def test_greedy_rows_equal_the_per_branch_acceptance() -> None:
             assert result.logprobs[row] == [float(log_probs[row, j, t]) for j, t in enumerate(result.tokens[row])]
         assert by_position.accepted == result.accepted and by_position.tokens == result.tokens, trial
         assert by_position.logprobs == result.logprobs
-        assert sum(scored) == sum(n + 1 for n in result.accepted) and scored[0] == k  # the head only where it decides
+        if head_rows == 1:
+            assert sum(scored) == sum(n + 1 for n in result.accepted) and scored[0] == k  # the head only where it decides
+        else:
+            assert k <= scored[0] <= max(k, head_rows) and len(scored) <= max(len(d) for d in drafts) + 1
+            if head_rows >= k * (width + 1):  # every drafted position in the first call: no other
+                assert scored == [k + sum(lengths)]
 
 
 def _chi_square_limit(df: int) -> float:
