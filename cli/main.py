@@ -194,8 +194,7 @@ def _request_fields(args: argparse.Namespace) -> dict:
 def _file_context(path: Path, prefix: str, suffix: str, fitted: float | None) -> Any:
     """The definitions the file imports, resolved in its workspace: the current folder when the
     file is inside it, else the file's own folder (the language server also adds open documents)."""
-    from kspec.lsp_server.crossfile.gatherer import ContextConfig
-    from kspec.lsp_server.crossfile.gatherer import ContextGatherer
+    from kspec.lsp_server.crossfile.gatherer import ContextConfig, ContextGatherer
     from kspec.lsp_server.crossfile.workspace import Source, WorkspaceFiles
 
     path, text = path.resolve(), prefix + suffix

@@ -55,13 +55,20 @@ class DecodeOutput:
     steps: int
 
 
-def suffix_echoes(tokenizer: Tokenizer, healed_text: str, suffix: str) -> frozenset[int]:
-    """Where the rest of the cursor's line is only punctuation (`]`, `)`, `):`, `");`: what the editor
-    closed), the first tokens that would write only a start of it, whitespace aside (`]`, `]\n\n\n`
-    after `healed_text`): once post-processing cuts what the line holds already, a branch that
-    starts so shows nothing. Found through the sorted token texts, not by a vocabulary scan."""
+def closed_rest(suffix: str) -> str:
+    """The rest of the cursor's line when it is only punctuation (`]`, `)`, `):`, `");`: what the
+    editor closed), else ''."""
     rest = suffix.split("\n", 1)[0].rstrip()
-    if not rest or any(goes_on_name(char) or char.isspace() for char in rest):
+    return "" if any(goes_on_name(char) or char.isspace() for char in rest) else rest
+
+
+def suffix_echoes(tokenizer: Tokenizer, healed_text: str, suffix: str) -> frozenset[int]:
+    """Where the rest of the cursor's line is only punctuation (`closed_rest`), the first tokens that
+    would write only a start of it, whitespace aside (`]`, `]\n\n\n` after `healed_text`): once
+    post-processing cuts what the line holds already, a branch that starts so shows nothing.
+    Found through the sorted token texts, not by a vocabulary scan."""
+    rest = closed_rest(suffix)
+    if not rest:
         return frozenset()
     index, texts = tokenizer.token_text_index(), tokenizer.token_texts()
     found: set[int] = set()
@@ -77,7 +84,8 @@ class BranchTracker:
     `healed_text` (token healing) is text the first generated token must start with; it
     was already in the document, so it is not part of the branch's visible text. `suffix`
     (the text after the cursor, where the cursor rules apply): a branch that has written nothing
-    yet never takes a token that only repeats what the editor closed there (`suffix_echoes`)."""
+    yet never takes a token that only repeats what the editor closed on the cursor's line
+    (`closed_rest`, `suffix_echoes`)."""
 
     def __init__(
         self, tokenizer: Tokenizer, rule: StopRule, limits: DecodeLimits, prompt_ids: list[int], healed_text: str = "",
@@ -86,32 +94,33 @@ class BranchTracker:
         self.tokenizer, self.rule, self.limits = tokenizer, rule, limits
         self.prompt_ids = prompt_ids
         self.healed_text = healed_text
-        self.suffix = suffix
-        self._echo_biases: dict[str, torch.Tensor] = {}  # the healed text still to write -> [V]: -inf at its echoes
+        self.closed = closed_rest(suffix)  # '' where no token can only echo the suffix: no work per round
+        self._echo_biases: dict[str, torch.Tensor | None] = {}  # the healed text still to write -> [V]: -inf at its echoes (None: none)
 
     def constrain(self, logits: torch.Tensor, branches: list[Branch], healing: HealingBias) -> torch.Tensor:
         """logits [k, V] with rows still regenerating healed text restricted to agreeing tokens, and
         rows that have written nothing yet kept from echoing the suffix."""
-        blank = [bool(self.suffix) and not branch.text.strip() for branch in branches]
-        if not any(branch.heal_remaining for branch in branches) and not any(blank):
+        echoes = [self._echo_bias(b.heal_remaining, logits) if self.closed and not b.text.strip() else None for b in branches]
+        if not any(branch.heal_remaining for branch in branches) and all(echo is None for echo in echoes):
             return logits
         zeros = torch.zeros_like(logits[0])  # [V]
         biases = [
-            (healing(branch.heal_remaining) if branch.heal_remaining else zeros) + (self._echo_bias(branch.heal_remaining, zeros) if new else zeros)
-            for branch, new in zip(branches, blank)
+            (healing(branch.heal_remaining) if branch.heal_remaining else zeros) + (zeros if echo is None else echo)
+            for branch, echo in zip(branches, echoes)
         ]  # fmt: skip
         return logits + torch.stack(biases)  # [k, V]
 
-    def _echo_bias(self, heal_remaining: str, zeros: torch.Tensor) -> torch.Tensor:
-        """[V]: -inf at the tokens that would write `heal_remaining` and then only echo the suffix."""
-        bias = self._echo_biases.get(heal_remaining)
-        if bias is None or bias.shape != zeros.shape:
-            bias = zeros.clone()
-            ids = [token for token in suffix_echoes(self.tokenizer, heal_remaining, self.suffix) if token < zeros.shape[-1]]
+    def _echo_bias(self, heal_remaining: str, logits: torch.Tensor) -> torch.Tensor | None:
+        """[V]: -inf at the tokens that would write `heal_remaining` and then only echo the suffix;
+        None where there are none. logits [k, V]: the vocabulary's size and device."""
+        if heal_remaining not in self._echo_biases:
+            ids = [token for token in suffix_echoes(self.tokenizer, heal_remaining, self.closed) if token < logits.shape[-1]]
+            bias = None
             if ids:
-                bias[torch.tensor(ids, dtype=torch.long, device=zeros.device)] = float("-inf")
+                bias = torch.zeros_like(logits[0])  # [V]
+                bias[torch.tensor(ids, dtype=torch.long, device=logits.device)] = float("-inf")
             self._echo_biases[heal_remaining] = bias
-        return bias
+        return self._echo_biases[heal_remaining]
 
     def new_detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, self.prompt_ids)
