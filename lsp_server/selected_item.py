@@ -8,6 +8,7 @@ item's range (and the closers right of it that the continuation writes again, ed
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,9 @@ from kspec.engine.api import Completion, goes_on_name
 from kspec.lsp_server.accept_stats import item_command
 from kspec.lsp_server.documents import Cursor, Document, line_body, units_from_column
 from kspec.lsp_server.edits import replaced_chars
+
+NAME_END = re.compile(r"[\w$]+$")  # the name the item's text ends in
+NAME_START = re.compile(r"[\w$]*")  # the part of a name a continuation starts with
 
 if TYPE_CHECKING:
     from kspec.lsp_server.completion_flow import Query
@@ -34,12 +38,11 @@ class SelectedItem:
 
     def items(self, query: Query, alternatives: list[Completion], encoding: str) -> list[lsp.InlineCompletionItem]:
         """Each alternative as the item's text then the model's continuation, over the item's range;
-        none that runs a name the item completes on into another (`y` selected, `ym...` written:
-        the model heals the item's last token and its branches differ in how they go on)."""
+        none that runs the item's name into a name the document never writes (`y` selected, `ym...`
+        written: the model heals the item's last token and its branches differ in how they go on),
+        while `item` selected and `items` written, a name the file holds, shows."""
         language = query.document.language_id
-        texts = [alternative.text for alternative in alternatives]
-        if self.text and goes_on_name(self.text[-1]):
-            texts = [text for text in texts if not (text and goes_on_name(text[0]))]
+        texts = [alternative.text for alternative in alternatives if self.keeps_name(alternative.text)]
         items = []
         for rank, text in enumerate(texts):
             end = self.end + replaced_chars(text, query.context.line_suffix)
@@ -50,6 +53,16 @@ class SelectedItem:
             whole = self.text + text
             items.append(lsp.InlineCompletionItem(insert_text=whole, range=edit, command=item_command(rank, language, whole)))
         return items
+
+    def keeps_name(self, text: str) -> bool:
+        """`text` either starts a new token after the item or runs the item's name into one that
+        the document writes elsewhere (its copy holds the item's name at the cursor, not the longer one)."""
+        ran_on = NAME_END.search(self.text)
+        if not (ran_on and text and goes_on_name(text[0])):
+            return True
+        start = NAME_START.match(text)
+        name = ran_on.group() + (start.group() if start else "")
+        return re.search(rf"(?<![\w$]){re.escape(name)}(?![\w$])", self.document.text) is not None
 
 
 def selected_item(document: Document, position: lsp.Position, selected: lsp.Range, text: str, encoding: str) -> SelectedItem | None:

@@ -26,6 +26,7 @@ SCRIPT = {
     "dy = point.": ["y - origin.y", "x"],
     "total = sum(values": ["[1:])\n"],
     "total = sum(val": ["ues)\n"],
+    "count = len(self.item": ["s)\n", "_count)\n"],
 }
 SETTINGS = {"k": 2, "debounceMs": 0, "deadlineMs": 30000, "contextFiles": False}
 
@@ -64,6 +65,19 @@ async def test_alternatives_continue_the_selected_item(scripted: ScriptedEngine)
         # `.y` selected: `yms` would write another name than the item's, so only `y - origin.y` shows
         items = await ask(editor, with_selected(editor, uri, 1, 11, lsp.Range(at, at), "y"))
         assert [item.insert_text for item in items] == ["y - origin.y"]
+
+
+async def test_the_selected_item_runs_on_into_a_name_the_file_writes(scripted: ScriptedEngine) -> None:
+    async with editor_session({"engine": "openai", "engineUrl": scripted.url, **SETTINGS}, args=()) as editor:
+        await editor.ready()
+        uri = "file:///work/stock.py"
+        editor.open(uri, "self.items = []\ncount = len(self.it)\n")  # the editor closed the bracket
+        # VS Code's word `item` replaces `it` (range 17..19): the model writes `items`, a name the file
+        # holds, so it shows; `item_count` is written nowhere in the file, so it does not
+        selected = lsp.Range(lsp.Position(1, 17), lsp.Position(1, 19))
+        items = await ask(editor, with_selected(editor, uri, 1, 19, selected, "item"))
+        assert [item.insert_text for item in items] == ["items"]
+        assert items[0].range == selected  # the `)` the model wrote again is trimmed: the editor's stays
 
 
 async def test_the_selected_item_replaces_the_word_typed(scripted: ScriptedEngine) -> None:
