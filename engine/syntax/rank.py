@@ -51,7 +51,7 @@ class RankConfig:
     undefined_name_penalty: float = 2.0
     unused_variable_penalty: float = 1.0
     needed_name_weight: float = 0.5
-    context_affinity_weight: float = 0.5
+    context_affinity_weight: float = 1.5
     length_weight: float = 0.02
     agreement_weight: float = 0.25
     degenerate_penalty: float = 1000.0
