@@ -67,19 +67,6 @@ async def test_alternatives_continue_the_selected_item(scripted: ScriptedEngine)
         assert [item.insert_text for item in items] == ["y - origin.y"]
 
 
-async def test_the_selected_item_runs_on_into_a_name_the_file_writes(scripted: ScriptedEngine) -> None:
-    async with editor_session({"engine": "openai", "engineUrl": scripted.url, **SETTINGS}, args=()) as editor:
-        await editor.ready()
-        uri = "file:///work/stock.py"
-        editor.open(uri, "self.items = []\ncount = len(self.it)\n")  # the editor closed the bracket
-        # VS Code's word `item` replaces `it` (range 17..19): the model writes `items`, a name the file
-        # holds, so it shows; `item_count` is written nowhere in the file, so it does not
-        selected = lsp.Range(lsp.Position(1, 17), lsp.Position(1, 19))
-        items = await ask(editor, with_selected(editor, uri, 1, 19, selected, "item"))
-        assert [item.insert_text for item in items] == ["items"]
-        assert items[0].range == selected  # the `)` the model wrote again is trimmed: the editor's stays
-
-
 async def test_the_selected_item_replaces_the_word_typed(scripted: ScriptedEngine) -> None:
     async with editor_session({"engine": "openai", "engineUrl": scripted.url, **SETTINGS}, args=()) as editor:
         await editor.ready()
@@ -94,6 +81,14 @@ async def test_the_selected_item_replaces_the_word_typed(scripted: ScriptedEngin
         # a range elsewhere than at the cursor: nothing could agree with the widget
         elsewhere = lsp.Range(lsp.Position(0, 0), lsp.Position(0, 6))
         assert await ask(editor, with_selected(editor, uri, 1, 15, elsewhere, "values")) == []
+        # VS Code's word `item` replaces `it` (range 17..19): the model writes `items`, a name the file
+        # holds, so it shows; `item_count` is written nowhere in the file, so it does not
+        stock = "file:///work/stock.py"
+        editor.open(stock, "self.items = []\ncount = len(self.it)\n")
+        selected = lsp.Range(lsp.Position(1, 17), lsp.Position(1, 19))
+        items = await ask(editor, with_selected(editor, stock, 1, 19, selected, "item"))
+        assert [item.insert_text for item in items] == ["items"]
+        assert items[0].range == selected
 
 
 async def test_kspecs_own_log_is_never_a_document(scripted: ScriptedEngine) -> None:
