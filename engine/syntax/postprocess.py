@@ -114,7 +114,8 @@ def trim_and_check(request: Analysis, candidate: Completion, config: Postprocess
     If the trimmed text does not leave the file whole (`Checker.leaves_whole`: errors the
     window had away from the hole are not held against it), other cuts are tried: earlier line
     ends inside the unit (when it breaks the parse), then later line ends of the completion
-    (a hole that needs more than one statement); the first that leaves the file whole wins,
+    (a hole that needs more than one statement), then a one-line text without the block opener
+    it ends with (`_opener_dropped`); the first that leaves the file whole wins,
     else the first of those that break nothing that leaves the fewest errors at the cursor, then
     in all (a window whose end the hole cannot mend), else the trimmed text. When none leaves it
     whole and the text ends by opening a call on a name (`Message(`, cut at the newline before
@@ -153,7 +154,7 @@ def trim_and_check(request: Analysis, candidate: Completion, config: Postprocess
     header = header_for_suffix(ctx, completion) if first.check.unfixed_at_cursor and not earlier else None
     later = [m.start() for m in _NEWLINE.finditer(completion, cut.end + 1)][: config.max_fallbacks]
     fallback = None if first.check.breaks_parse else first
-    for option in [*earlier, *([header] if header is not None else []), *later, len(completion)]:
+    for option in [*earlier, *([header] if header is not None else []), *later, len(completion), *_opener_dropped(completion)]:
         found = attempt(option)
         if clean(found):
             return found
@@ -167,6 +168,15 @@ def trim_and_check(request: Analysis, candidate: Completion, config: Postprocess
 
 
 _NEWLINE = re.compile("\n")
+TRAILING_OPENERS = ":{"  # a block opener a one-line answer may end with where its statement takes none
+
+
+def _opener_dropped(completion: str) -> list[int]:
+    """A one-line answer without the block opener it ends with, as a last cut to try: the model
+    took the line for a header (`have_extends = node.find(nodes.` + `Extends):`); taken only where
+    that leaves the file whole."""
+    text = completion.rstrip()
+    return [len(text) - 1] if text and text[-1] in TRAILING_OPENERS and "\n" not in text else []
 
 
 def header_for_suffix(ctx: CursorContext, completion: str) -> int | None:

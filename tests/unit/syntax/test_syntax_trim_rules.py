@@ -58,6 +58,21 @@ def test_repeat_of_a_word_only_counts_at_a_word_boundary() -> None:
     assert trimmed("y = f(", "max)\n", "x)\n", "python") == "max"
 
 
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "language", "written", "shown"),
+    [
+        # the model took an assignment for a header: the `:` alone broke the line
+        ("def f(node):\n    have_extends = node.find(nodes.", "\n    return have_extends\n", "python", "Extends):", "Extends)"),
+        ("function f(node) {\n  const found = node.find(", "\n  return found;\n}\n", "javascript", "Extends) {", "Extends)"),
+        # a header whose body the suffix holds keeps its opener
+        ("def f(xs):\n    for x in ", "\n        print(x)\n", "python", "xs:", "xs:"),
+    ],
+)
+def test_a_one_line_answer_loses_the_block_opener_its_statement_cannot_take(prefix: str, suffix: str, language: str, written: str, shown: str) -> None:
+    completions = postprocess(prefix, suffix, language, [Completion(written, logprob=-1.0, n_tokens=3, finish_reason="stop")])
+    assert [c.text for c in completions] == [shown]
+
+
 def test_completion_that_only_repeats_the_suffix_is_dropped() -> None:
     prefix = "def f():\n"
     suffix = "    return 1\n"
