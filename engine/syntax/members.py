@@ -99,13 +99,20 @@ def context_words(prefix: str, qualifier: str) -> frozenset[str]:
     return frozenset(w for text in texts for name in _IDENTIFIER.findall(text) for w in subwords(name) if len(w) >= MIN_WORD and w not in skip)
 
 
+STEM_WORD = 6  # words this long that differ only in the shorter one's last letter share a stem (`generate` / `generator`)
+
+
 def _matches(word: str, other: str) -> bool:
-    return word == other or (min(len(word), len(other)) >= 4 and (word.startswith(other) or other.startswith(word)))
+    shorter = min(len(word), len(other))
+    if word == other or (shorter >= 4 and (word.startswith(other) or other.startswith(word))):
+        return True
+    return shorter >= STEM_WORD and word[: shorter - 1] == other[: shorter - 1]
 
 
 def affinity_share(name: str, words: frozenset[str]) -> float:
     """The share of `name`'s own words (`subwords`) that match one of `words` (equal, or one a
-    start of the other when both have 4 letters or more: `scan` / `scanner`); 0 to 1."""
+    start of the other when both have 4 letters or more: `scan` / `scanner`, or one stem when
+    both have `STEM_WORD` or more: `generate` / `generator`); 0 to 1."""
     own = [w for w in subwords(name) if len(w) >= MIN_WORD]
     if not own or not words:
         return 0.0

@@ -73,6 +73,9 @@ NODE_NAMES = ("Compare", "Concat", "ContextReference", "Const", "ScopedEvalConte
         ("def f():\n    context = nodes.", "nodes", NODE_NAMES, ["ContextReference", "EvalContext", "ScopedEvalContextModifier"]),
         # a word and its longer form (`scan` / `scanner`); the qualifier's own words do not count
         ("    def __init__(self):\n        self.scan_once = scanner.", "scanner", ("make_scanner", "py_make_scanner", "NUMBER_RE"), ["make_scanner", "py_make_scanner"]),
+        # one stem, the shorter word's last letter aside (`generator` / `generate`); short words do not (`line` / `link`)
+        ("    def __init__(self):\n        self.generator = tokenize.", "tokenize", ("Token", "generate_tokens", "untokenize"), ["generate_tokens"]),
+        ("def f():\n    line = text.", "text", ("link", "wrap"), []),
         # a definition at the cursor's indentation or deeper does not enclose it
         ("def parse_concat():\n    pass\n\ndef other():\n    return nodes.", "nodes", NODE_NAMES, []),
         # plain words (keywords, the receiver) say nothing
