@@ -8,6 +8,7 @@ limits wherever it is made.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -92,6 +93,11 @@ def goes_on_name(char: str) -> bool:
     counts as going on too, so that such a token never ends a name. One rule for both sides of
     the contract: the engine's decoding constraints and the language server's items."""
     return char.isalnum() or char in "_$"
+
+
+def spells_word(text: str, word: str) -> bool:
+    """`text` writes `word` as a whole word (no letter, digit, `_` or `$` on either side)."""
+    return re.search(rf"(?<![\w$]){re.escape(word)}(?![\w$])", text) is not None
 
 
 def mode_for_temperature(temperature: float) -> str:

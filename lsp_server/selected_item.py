@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from lsprotocol import types as lsp
 
-from kspec.engine.api import Completion, goes_on_name
+from kspec.engine.api import Completion, goes_on_name, spells_word
 from kspec.lsp_server.accept_stats import item_command
 from kspec.lsp_server.documents import Cursor, Document, line_body, units_from_column
 from kspec.lsp_server.edits import replaced_chars
@@ -62,7 +63,12 @@ class SelectedItem:
             return True
         start = NAME_START.match(text)
         name = ran_on.group() + (start.group() if start else "")
-        return re.search(rf"(?<![\w$]){re.escape(name)}(?![\w$])", self.document.text) is not None
+        return spells_word(self.document_text, name)
+
+    @cached_property
+    def document_text(self) -> str:
+        """The copy's text, joined once per request (only where an alternative runs the name on)."""
+        return self.document.text
 
 
 def selected_item(document: Document, position: lsp.Position, selected: lsp.Range, text: str, encoding: str) -> SelectedItem | None:

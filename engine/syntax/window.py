@@ -46,6 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from kspec.engine.api import spells_word
 from kspec.engine.syntax.languages import SPECS, LanguageSpec, new_parser, normalize_language
 from kspec.engine.syntax.lexer import CLOSE, CLOSERS, COMMENT, NEWLINE, OPEN, OPENERS, LexState, Tok, lex, unmatched_openers
 from kspec.engine.syntax.memo import request_memo
@@ -164,7 +165,7 @@ def cut_word(window: str) -> str | None:
     if before.isalnum() or before in ("_", "$", "."):  # inside a longer token, or an attribute
         return None
     word = match.group()
-    return word if re.search(r"(?<![\w$])" + re.escape(word) + r"(?![\w$])", window[: match.start()]) is None else None
+    return None if spells_word(window[: match.start()], word) else word
 
 
 # ----------------------------------------------------------------------- one scan, repairs
