@@ -24,6 +24,7 @@ from kspec.engine.machine_fit import PROMPT_TOKENS_RANGE, FIT_CACHE_FILE, TIMING
 from kspec.engine.json_file import identity_key
 from kspec.engine.prompt import PromptStarts
 from kspec.engine.models.gguf_convert import ProgressCallback
+from kspec.engine.models.head_cost import HeadCost, measure_head
 from kspec.engine.models.loading import LoadedModel, check_draft_compatible, load_model
 from kspec.engine.models.resolve import cache_root
 from kspec.engine.version import version
@@ -113,8 +114,10 @@ class CompletionEngine:
             result = run(CALIBRATION_CODE, k, 12)
             rounds[k] = result.timing_ms["decode"] / max(1.0, result.timing_ms.get("rounds", 1.0))
         self.clear_caches()
+        model = self.target.model
+        head = measure_head(model.logits, model.args.dim) if model.head_cost is not None else {}
         share = cpu_share(time.process_time() - cpu_started, time.perf_counter() - wall_started, torch.get_num_threads())
-        return MachineTiming(rounds, per_token, keystroke, share)
+        return MachineTiming(rounds, per_token, keystroke, share, head)
 
     def fit_to_machine(self, cache: FitCache | None = None) -> MachineDefaults:
         """Measure this machine (or take what `cache` holds for this engine here) and choose
@@ -127,6 +130,9 @@ class CompletionEngine:
             if cache is not None and timing.quiet:
                 cache.put(key, timing)
         self.defaults = choose_defaults(timing, self.config.prompt_tokens)
+        model = self.target.model
+        if model.head_cost is not None and len(timing.head_ms) >= 2:
+            model.head_cost = HeadCost.fitted(timing.head_ms, model.head_cost.max_rows)
         return self.defaults
 
     def fit_identity(self) -> dict[str, Any]:
@@ -160,8 +166,9 @@ class CompletionEngine:
     @property
     def kernels(self) -> str:
         """How the target computes and why (the measured kernel choice, where one was made), for the status."""
-        choice = self.target.model.kernel_choice
-        return self.target.compute + (f"; {choice.why}" if choice is not None else "")
+        model = self.target.model
+        choice, head = model.kernel_choice, model.head_cost
+        return self.target.compute + (f"; {choice.why}" if choice is not None else "") + (f"; {head.describe()}" if head is not None else "")
 
     @property
     def prompt_tokens(self) -> int:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ MAX_TOKENS_RANGE = (16, 64)
 COLD_PROMPT_MS = 500.0
 FIT_CACHE_MAX_AGE_S = 7 * 24 * 3600.0  # then measured again (a timing taken while the machine was busy does not stay for good)
 FIT_CACHE_ENTRIES = 32  # the most recent ones are kept
-TIMING_METHOD = 2  # part of the cache key: raised when what `measure_machine` times changes (2: a keystroke types a word)
+TIMING_METHOD = 3  # part of the cache key: raised when what `measure_machine` times changes (2: a keystroke types a word; 3: the head's calls)
 FIT_CACHE_FILE = "machine-fit.json"  # in the cache folder (engine/models/resolve.py cache_root)
 QUIET_CPU_SHARE = 0.75  # of the CPU time its threads could have had, a measurement that got less competed with
 # other work and is not cached (2-core Zen 5: 0.77-1.0 quiet, 0.57-0.70 beside one busy process; round 5 vs 10-43 ms)
@@ -76,6 +76,7 @@ class MachineTiming:
     prefill_ms_per_token: float  # a cold prompt's prefill, per token
     keystroke_ms: float  # a prompt one keystroke longer than a cached one, to its first logits
     cpu_share: float = 1.0  # the process's CPU time while measuring ÷ (wall time × the threads it ran)
+    head_ms: dict[int, float] = field(default_factory=dict)  # one call of the head by its rows (empty: not timed)
 
     @property
     def quiet(self) -> bool:
@@ -89,17 +90,21 @@ class MachineTiming:
             raise ValueError(f"prefill times must be >= 0, got {self.prefill_ms_per_token}, {self.keystroke_ms}")
         if not self.cpu_share >= 0:
             raise ValueError(f"cpu share must be >= 0, got {self.cpu_share}")
+        if any(rows < 1 or not ms > 0 for rows, ms in self.head_ms.items()):
+            raise ValueError(f"head times need rows >= 1 and ms > 0, got {self.head_ms}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"round_ms": {str(k): ms for k, ms in self.round_ms.items()}, "prefill_ms_per_token": self.prefill_ms_per_token,
-                "keystroke_ms": self.keystroke_ms, "cpu_share": self.cpu_share}  # fmt: skip
+                "keystroke_ms": self.keystroke_ms, "cpu_share": self.cpu_share,
+                "head_ms": {str(rows): ms for rows, ms in self.head_ms.items()}}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Any) -> "MachineTiming":
         """Raises ValueError (also for a wrong shape or type) when `data` is no timing."""
         try:
             rounds = {int(k): float(ms) for k, ms in data["round_ms"].items()}
-            return cls(rounds, float(data["prefill_ms_per_token"]), float(data["keystroke_ms"]), float(data.get("cpu_share", 1.0)))
+            head = {int(rows): float(ms) for rows, ms in data.get("head_ms", {}).items()}
+            return cls(rounds, float(data["prefill_ms_per_token"]), float(data["keystroke_ms"]), float(data.get("cpu_share", 1.0)), head)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a machine timing: {exc}") from exc
 

@@ -77,16 +77,16 @@ def accept_greedy_rows(drafts: Tensor, lengths: Tensor, logits: Tensor) -> tuple
 
 def accept_greedy_by_position(
     drafts: Sequence[Sequence[int]], hidden: Tensor, head: Callable[[Tensor], Tensor], first: Callable[[Tensor], Tensor],
-    later: Callable[[int, list[int], Tensor], Tensor] | None = None, head_rows: int = 1,
+    later: Callable[[int, list[int], Tensor], Tensor] | None = None, ahead: int = 0,
 ) -> RoundAcceptance:
     """Greedy acceptance with the head computed only where it decides something: position 0 of
     every row, then position j + 1 of the rows whose drafts 0..j all equalled the target's argmax
     (a row leaves at its first rejection, or after its last draft with the bonus token). A
     verification of k x (γ + 1) rows where few drafts are accepted takes the head for about k.
-    Each call of the head reads all its weights: the first call also computes the next positions
-    of the rows that drafted there, as long as it holds at most `head_rows` rows (the rows one call
-    takes for about the time of one: `head_rows_at_once`); a row's logits do not depend on the
-    others in its call (kspec's kernel), so the tokens are the same.
+    Each call of the head reads all its weights: the first call also computes the next `ahead`
+    positions of the rows that drafted there (engine/models/head_cost.py: `HeadPlan` weighs a
+    call against the rows); a row's logits do not depend on the others in its call (kspec's
+    kernel), so the tokens are the same.
     hidden [k, T, dim] the target's final hidden states; head: [n, dim] -> logits [n, V];
     first: position 0's logits of every row [k, V] -> the same, constrained (token healing);
     later (optional): (position j > 0, the rows still accepting, their logits there [n, V]) -> the
@@ -97,11 +97,11 @@ def accept_greedy_by_position(
     accepted = [0] * k
     tokens: list[list[int]] = [[] for _ in range(k)]
     logprobs: list[list[float]] = [[] for _ in range(k)]
-    ahead = _computed_ahead(drafts, hidden, head, head_rows)  # position -> (its rows, their logits [n, V])
+    computed = _computed_ahead(drafts, hidden, head, ahead)  # position -> (its rows, their logits [n, V])
     for position in range(hidden.shape[1]):
-        if position in ahead:
-            computed, all_logits = ahead[position]
-            logits = all_logits if computed == rows else all_logits[[computed.index(row) for row in rows]]  # [n, V]
+        if position in computed:
+            held, all_logits = computed[position]
+            logits = all_logits if held == rows else all_logits[[held.index(row) for row in rows]]  # [n, V]
         else:
             logits = head(hidden[rows, position])  # [n, V]
         if position == 0:
@@ -126,19 +126,16 @@ def accept_greedy_by_position(
 
 
 def _computed_ahead(
-    drafts: Sequence[Sequence[int]], hidden: Tensor, head: Callable[[Tensor], Tensor], head_rows: int
+    drafts: Sequence[Sequence[int]], hidden: Tensor, head: Callable[[Tensor], Tensor], ahead: int
 ) -> dict[int, tuple[list[int], Tensor]]:
-    """One call of the head for position 0 of every row and the next positions of the rows that
-    drafted that far, while the call holds at most `head_rows` rows (position 0 always):
-    position -> (its rows, their logits [n, V]). hidden [k, T, dim]."""
+    """One call of the head for position 0 of every row and the next `ahead` positions of the
+    rows that drafted that far: position -> (its rows, their logits [n, V]). hidden [k, T, dim]."""
     at: list[tuple[int, list[int]]] = [(0, list(range(len(drafts))))]
-    count = len(drafts)
-    for position in range(1, hidden.shape[1]):
+    for position in range(1, min(ahead + 1, hidden.shape[1])):
         rows = [row for row, draft in enumerate(drafts) if len(draft) >= position]
-        if not rows or count + len(rows) > head_rows:
+        if not rows:
             break
         at.append((position, rows))
-        count += len(rows)
     states = torch.cat([hidden[rows, position] for position, rows in at]) if len(at) > 1 else hidden[:, 0]  # [n, dim]
     logits = head(states)  # [n, V]
     out, start = {}, 0

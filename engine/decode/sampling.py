@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -33,6 +33,12 @@ class SamplingParams:
     def greedy_branch(self, index: int) -> bool:
         """Whether branch `index` takes the argmax (the run greedy, or one of its leading greedy branches)."""
         return self.greedy or index < self.greedy_branches
+
+    def of_branch(self, index: int) -> "SamplingParams":
+        """Branch `index`'s own rule, for a choice made for it alone: greedy, or the run's sampling."""
+        if self.greedy_branch(index):
+            return SamplingParams(0.0, seed=self.seed)
+        return replace(self, greedy_branches=0)
 
 
 def probabilities(logits: Tensor, params: SamplingParams) -> Tensor:

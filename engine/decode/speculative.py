@@ -19,7 +19,7 @@ their verification on this machine (see `DraftPayoff`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -31,6 +31,7 @@ from kspec.engine.decode.drafters import GAMMA_LIMIT, Draft, Drafter
 from kspec.engine.decode.branches import Branch, BranchTracker, DecodeOutput, interrupted
 from kspec.engine.decode.healing import HealingBias
 from kspec.engine.cache.kv import BranchKVCache
+from kspec.engine.models.head_cost import HeadPlan
 from kspec.engine.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from kspec.engine.models.transformer import Transformer
 from kspec.engine.cache.prefix_cache import Prefill, prefill_uncached
@@ -265,6 +266,7 @@ class SpeculativeRun:
         self._drafting = True
         self._name_end = NameEndBias(tracker.tokenizer, self.healing.vocab_size, self.healing.device)
         self._drafts: list[Draft] = []
+        self.head_plan = HeadPlan(model.head_cost)  # how far each round's first call of the head reaches
         self._round_started = 0.0
         self._drafted_at = 0.0
 
@@ -347,9 +349,11 @@ class SpeculativeRun:
             return logits
 
         if self.params.greedy and hidden.device.type == "cpu":  # the head only where it decides
+            lengths = [len(d.tokens) for d in drafts]
             taken = accept_greedy_by_position(
-                [d.tokens for d in drafts], hidden, self.model.logits, constrain, later if watch else None, self.model.head_rows
+                [d.tokens for d in drafts], hidden, self.model.logits, constrain, later if watch else None, self.head_plan.positions(lengths)
             )  # fmt: skip
+            self.head_plan.record(lengths, taken.accepted)
         else:
             logits = self.model.logits(hidden)  # [k', T, V]
             logits[:, 0] = constrain(logits[:, 0])
@@ -403,7 +407,7 @@ class SpeculativeRun:
             verified = self.forced.score(
                 self.live[row], hidden[row], self.model.logits,
                 lambda first, branch=branch: self.tracker.constrain(first, [branch], self.healing),
-                self._params_of(self.live[row]), self.generator, self._name_end,
+                self.params.of_branch(self.live[row]), self.generator, self._name_end,
             )  # fmt: skip
             tokens[row], logprobs[row] = verified.tokens, verified.logprobs
             accepted[row] = 0 if verified.undone else len(verified.tokens) - 1
@@ -411,12 +415,6 @@ class SpeculativeRun:
                 restarted.add(row)
         self.forced.verifying = set()
         return RoundAcceptance(accepted, tokens, logprobs), restarted
-
-    def _params_of(self, index: int) -> SamplingParams:
-        """Branch `index`'s own rule, for a choice made for it alone: greedy, or the run's sampling."""
-        if self.params.greedy_branch(index):
-            return SamplingParams(0.0, seed=self.params.seed)
-        return replace(self.params, greedy_branches=0)
 
     def _move(self, index: int, lead_row: int, split: Split | None) -> None:
         """Branch `index` made the lead's path up to `split`, then the split's token (None: the lead's

@@ -30,7 +30,7 @@ import torch
 
 from kspec.engine.config import CPU_INT4, CPU_KERNELS, CPU_KV, CPU_WEIGHTS, check_choice
 from kspec.engine.models.cpu_profile import (
-    HEAD_ROWS_AT_ONCE, INT4_KERNELS, INT4_MAX_ROWS, Q5Q8_ISAS, Q6Q8_ISAS, Q8Q8_ISAS, CpuFacts, dense_pays, profile_for,
+    HEAD_COST_PRIOR, INT4_KERNELS, INT4_MAX_ROWS, Q5Q8_ISAS, Q6Q8_ISAS, Q8Q8_ISAS, CpuFacts, dense_pays, profile_for,
 )
 from kspec.engine.models.quantized import (
     CpuLinear, Int4Embedding, Q4Codes, Q6Q8Term, Q8HeadEmbedding, Q8Q8Term, TiledTerm, cat_six_bit, fused_linear, int4_kernel_available,
@@ -39,6 +39,7 @@ from kspec.engine.models.quantized import (
 from kspec.engine.models.kernel_choice import (
     MEMORY_HEADROOM, TRIAL_METHOD, Candidates, ChoiceCache, KernelChoice, available_bytes, decide, dense_bytes, dense_name, measure, trial_layer,
 )
+from kspec.engine.models.head_cost import HeadCost
 from kspec.engine.models.native_step import NativeSteps
 from kspec.engine.models.tiled_store import TiledStore, store_path
 from kspec.engine.models.resolve import cache_root
@@ -234,16 +235,19 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
         model.model.embed_tokens = Int4Embedding(embed_terms, model.dtype)  # the table's codes read only when kept
     model.native_steps = NativeSteps.for_model(model, lambda: cpu_layers.load(cache_root())) if path.native_steps else None
     model.prompt_kv_dtype = path.resolved_prompt_kv(model.native_steps)
-    model.head_rows = _head_rows(model.lm_head, isa)
+    model.head_cost = _head_cost(model.lm_head, isa)
     return model
 
 
-def _head_rows(head: CpuLinear, isa: str | None) -> int:
-    """HEAD_ROWS_AT_ONCE for a head on kspec's kernel alone up to that many rows (its rows'
-    logits are each the same in any call); 1 otherwise (a dense matmul may round a row by its call)."""
-    rows = HEAD_ROWS_AT_ONCE.get(isa or "", 1)
+def _head_cost(head: CpuLinear, isa: str | None) -> HeadCost | None:
+    """The prior cost of a head on kspec's kernel (its rows' logits are each the same in any call,
+    up to the rows it takes before a dense copy); None otherwise (a dense matmul may round a row by
+    its call: acceptance then computes the head position by position)."""
+    prior = HEAD_COST_PRIOR.get(isa or "")
     tiled = bool(head.terms) and all(isinstance(term, TiledTerm) for term in head.terms)
-    return rows if tiled and (not head.dense_parts or head.int4_max_rows >= rows) else 1
+    if prior is None or not tiled:
+        return None
+    return HeadCost(*prior, max_rows=head.int4_max_rows if head.dense_parts else None)
 
 
 def describe(model: Transformer) -> str:

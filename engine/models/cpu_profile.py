@@ -156,10 +156,9 @@ Q8Q8_ISAS = (VNNI_ISA, "avx2")
 Q5Q8_ISAS = (VNNI_ISA, "avx2")
 Q6Q8_ISAS = (VNNI_ISA,)
 
-# Rows one call of the head (kspec's kernel; a row's logits do not depend on the others in the call)
-# takes in about the time of one row: the weights it reads dominate. Speculative acceptance computes
-# the next positions of the rows that drafted there in its first call up to this many rows
-# (acceptance.py). The default 0.5B's 8-bit head on Intel AMX (VNNI build): 5.3 ms at 1 row, 6.2 at
-# 4, 6.5 at 8, 7.7 at 12, 9.1 at 16; a keystroke at k = 1 240-247 -> 201-202 ms (two runs each).
-# KSPEC_CPU=avx2 there: 6.6 ms at 1 row, 8.8 at 4, 13.3 at 8; k = 1 329-331 -> 281-309 ms.
-HEAD_ROWS_AT_ONCE = {VNNI_ISA: 8, "avx2": 4}
+# One call of the head on kspec's kernel (a row's logits do not depend on the others in the call),
+# (ms a call, ms a row): the prior of engine/models/head_cost.py's HeadCost until the machine fit
+# times the model's own head. The default 0.5B's 8-bit head on Intel AMX (VNNI build): 5.3 ms at 1
+# row, 6.2 at 4, 6.5 at 8, 7.7 at 12, 9.1 at 16, 10.6 at 20; KSPEC_CPU=avx2 there: 6.6, 8.8, 13.3,
+# 18.1, 23.1, 27.9 (medians of 7).
+HEAD_COST_PRIOR = {VNNI_ISA: (5.01, 0.28), "avx2": (5.47, 1.12)}

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from kspec.engine.cache.kv import CacheShape, KVCache, StepContext
 from kspec.engine.models.args import ModelArgs
+from kspec.engine.models.head_cost import HeadCost
 from kspec.engine.models.rope import apply_rotary, inverse_frequencies, rotary_cos_sin
 
 
@@ -169,7 +170,7 @@ class Transformer(nn.Module):
         self.native_steps: LayerLoop | None = None  # the CPU fast path's C++ layer loop (cpu_fast.to_fast_path)
         self.kernel_choice: Any = None  # the CPU fast path's measured KernelChoice (engine/models/kernel_choice.py), None where none was measured
         self.prompt_kv_dtype: torch.dtype | None = None  # a prompt's KV stored in this dtype; None: the model's (cpu_fast.to_fast_path)
-        self.head_rows = 1  # rows one call of the head takes in about one row's time (cpu_fast.to_fast_path; acceptance.py)
+        self.head_cost: HeadCost | None = None  # what a call of the head costs where its rows do not depend on the call (cpu_fast.to_fast_path, the machine fit)
 
     @property
     def cache_shape(self) -> CacheShape:

@@ -242,3 +242,24 @@ def test_the_engine_s_own_measurement_says_what_share_of_the_cores_it_had(random
 
 def test_the_cache_key_is_the_identity_s_content_not_its_order():
     assert identity_key({"a": 1, "b": [1, 2]}) == identity_key({"b": [1, 2], "a": 1}) != identity_key({"a": 1, "b": [2, 1]})
+
+
+def test_the_fit_times_a_head_on_kspecs_kernel_and_its_cost_replaces_the_prior(random_engine, tmp_path: Path, monkeypatch):
+    from kspec.engine.models.head_cost import TIMED_ROWS, HeadCost
+
+    model = random_engine.target.model
+    monkeypatch.setattr(random_engine, "defaults", None)
+    assert random_engine.measure_machine().head_ms == {}  # a float32 head (its rows may round by their call): not timed
+    monkeypatch.setattr(model, "head_cost", HeadCost(call_ms=5.0, row_ms=0.3, max_rows=24))  # the CPU profile's prior
+    timing = random_engine.measure_machine()
+    assert sorted(timing.head_ms) == sorted(TIMED_ROWS) and MachineTiming.from_dict(timing.to_dict()) == timing
+    cache = FitCache(tmp_path / "fit.json")
+    monkeypatch.setattr(random_engine, "measure_machine", lambda: replace(TIMING, head_ms={1: 6.0, 16: 9.0}))
+    random_engine.fit_to_machine(cache)
+    assert model.head_cost == HeadCost(call_ms=5.8, row_ms=0.2, max_rows=24)
+    assert "head 5.80 ms a call + 0.200 ms a row" in random_engine.kernels  # what `$/kspec/status` shows
+    monkeypatch.setattr(model, "head_cost", HeadCost(call_ms=5.0, row_ms=0.3))
+    random_engine.fit_to_machine(cache)  # a later start: the cached timing's head
+    assert model.head_cost == HeadCost(call_ms=5.8, row_ms=0.2)
+    with pytest.raises(ValueError, match="head times"):
+        replace(TIMING, head_ms={0: 1.0})

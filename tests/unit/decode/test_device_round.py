@@ -61,10 +61,10 @@ def host_reads() -> Iterator[list[str]]:
 # -- the batched acceptance --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("head_rows", [1, 8, 100])
-def test_greedy_rows_equal_the_per_branch_acceptance(head_rows: int) -> None:
+@pytest.mark.parametrize("ahead", [0, 2, 100])
+def test_greedy_rows_equal_the_per_branch_acceptance(ahead: int) -> None:
     """The same tokens whether the head runs position by position or takes the next positions of
-    the rows that drafted there in its first call (`head_rows`: at most that many rows in it)."""
+    the rows that drafted there in its first call (`ahead`: that many positions after the first)."""
     g = torch.Generator().manual_seed(0)
     for trial in range(30):
         k, vocab = 5, 7
@@ -86,7 +86,7 @@ def test_greedy_rows_equal_the_per_branch_acceptance(head_rows: int) -> None:
         result = read_round(accepted, taken, log_probs[:, : width + 1])
         scored: list[int] = []  # rows the head took per position
         by_position = accept_greedy_by_position(
-            drafts, logits, lambda rows: scored.append(len(rows)) or rows, lambda first: first, head_rows=head_rows
+            drafts, logits, lambda rows: scored.append(len(rows)) or rows, lambda first: first, ahead=ahead
         )  # fmt: skip  # hidden states that are the logits: the head is the identity
         for row, draft in enumerate(drafts):
             n_ok, own = accept_greedy(draft, logits[row, : len(draft) + 1])
@@ -95,12 +95,12 @@ def test_greedy_rows_equal_the_per_branch_acceptance(head_rows: int) -> None:
             assert result.logprobs[row] == [float(log_probs[row, j, t]) for j, t in enumerate(result.tokens[row])]
         assert by_position.accepted == result.accepted and by_position.tokens == result.tokens, trial
         assert by_position.logprobs == result.logprobs
-        if head_rows == 1:
-            assert sum(scored) == sum(n + 1 for n in result.accepted) and scored[0] == k  # the head only where it decides
-        else:
-            assert k <= scored[0] <= max(k, head_rows) and len(scored) <= max(len(d) for d in drafts) + 1
-            if head_rows >= k * (width + 1):  # every drafted position in the first call: no other
-                assert scored == [k + sum(lengths)]
+        first_call = k + sum(min(length, ahead) for length in lengths)  # position 0, then each draft's first `ahead`
+        assert scored[0] == first_call, trial
+        if ahead == 0:
+            assert sum(scored) == sum(n + 1 for n in result.accepted)  # the head only where it decides
+        reached = max(result.accepted)  # positions past the first call: one call each, the rows still accepting
+        assert len(scored) == 1 + max(0, reached - ahead), trial
 
 
 def _chi_square_limit(df: int) -> float:

@@ -375,6 +375,7 @@ def test_a_table_tied_to_an_8bit_head_is_looked_up_in_the_heads_codes() -> None:
     fast = to_fast_path(copy.deepcopy(reference), codes, FastPath(keep_dense=False, int4_kernel="kspec"))
     assert [type(t) for t in fast.lm_head.terms] == [Q8Q8Term]
     assert isinstance(fast.model.embed_tokens, Q8HeadEmbedding) and "embedding from the head's 8-bit codes" in describe(fast)
+    assert fast.head_cost is not None and fast.head_cost.max_rows is None  # a row's logits the same in any call: looked ahead
     tokens = torch.arange(60).view(3, 20) * 13 % table.shape[0]
     with torch.inference_mode():
         torch.testing.assert_close(fast.model.embed_tokens(tokens), table[tokens], atol=0, rtol=0)
@@ -396,6 +397,7 @@ def test_packed_bfloat16_head_frees_the_float_table() -> None:
     assert fast.lm_head.packed is not None and fast.lm_head.has_int4
     assert isinstance(fast.model.embed_tokens, Int4Embedding)
     assert "up to 2 rows, dense bfloat16 above, PyTorch's int4 kernel, 4-bit embedding" in describe(fast)
+    assert fast.head_cost is None  # not kspec's kernel: acceptance computes the head position by position
     prompt = [(7 * i + 3) % 500 for i in range(24)]
     for want, got in zip(_logits_along(reference, prompt, 3, 5), _logits_along(fast, prompt, 3, 5)):
         scale = float(want.max() - want.min())
