@@ -115,7 +115,7 @@ class CompletionEngine:
             rounds[k] = result.timing_ms["decode"] / max(1.0, result.timing_ms.get("rounds", 1.0))
         self.clear_caches()
         model = self.target.model
-        head = measure_head(model.logits, model.args.dim) if model.head_cost is not None else {}
+        head = measure_head(model.logits, model.args.dim, model.dtype) if model.head_cost is not None else {}
         share = cpu_share(time.process_time() - cpu_started, time.perf_counter() - wall_started, torch.get_num_threads())
         return MachineTiming(rounds, per_token, keystroke, share, head)
 

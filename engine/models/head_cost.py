@@ -53,13 +53,15 @@ class HeadCost:
         return f"head {self.call_ms:.2f} ms a call + {self.row_ms:.3f} ms a row"
 
 
-def measure_head(logits: Callable[[Tensor], Tensor], dim: int, rows: Sequence[int] = TIMED_ROWS) -> dict[int, float]:
-    """Median ms of one call of `logits` ([n, dim] -> [n, V]) at each of `rows`, on seeded states."""
+def measure_head(
+    logits: Callable[[Tensor], Tensor], dim: int, dtype: torch.dtype = torch.float32, rows: Sequence[int] = TIMED_ROWS
+) -> dict[int, float]:
+    """Median ms of one call of `logits` ([n, dim] -> [n, V]) at each of `rows`, on seeded states of `dtype`."""
     times: dict[int, float] = {}
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for count in rows:
-            states = torch.randn(count, dim, generator=generator)  # [n, dim]
+            states = torch.randn(count, dim, generator=generator).to(dtype)  # [n, dim]
             logits(states)  # the first call of a shape allocates
             samples = []
             for _ in range(TIMED_REPEATS):
