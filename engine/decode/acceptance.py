@@ -30,11 +30,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kspec.engine.decode.sampling import SamplingParams, probabilities
+from kspec.engine.models.head_cost import HeadCost
 from kspec.kernels.transfer import tensor_to_device, to_device
 
 __all__ = [
-    "RoundAcceptance", "pack_drafts", "accept_greedy_rows", "accept_greedy_by_position", "accept_sampling_rows", "read_round", "accept_drafts",
+    "RoundAcceptance", "pack_drafts", "accept_greedy_rows", "accept_greedy_by_position", "HeadPlan", "accept_sampling_rows", "read_round",
+    "accept_drafts",
 ]  # fmt: skip
+
+REACH_PRIOR = 0.5  # a draft position's reach before the run measured it
+REACH_SMOOTHING = 0.3  # weight of the newest round in a position's reach
 
 
 @dataclass(frozen=True)
@@ -84,9 +89,8 @@ def accept_greedy_by_position(
     (a row leaves at its first rejection, or after its last draft with the bonus token). A
     verification of k x (γ + 1) rows where few drafts are accepted takes the head for about k.
     Each call of the head reads all its weights: the first call also computes the next `ahead`
-    positions of the rows that drafted there (engine/models/head_cost.py: `HeadPlan` weighs a
-    call against the rows); a row's logits do not depend on the others in its call (kspec's
-    kernel), so the tokens are the same.
+    positions of the rows that drafted there (`HeadPlan` weighs a call against the rows); a row's
+    logits do not depend on the others in its call (kspec's kernel), so the tokens are the same.
     hidden [k, T, dim] the target's final hidden states; head: [n, dim] -> logits [n, V];
     first: position 0's logits of every row [k, V] -> the same, constrained (token healing);
     later (optional): (position j > 0, the rows still accepting, their logits there [n, V]) -> the
@@ -143,6 +147,48 @@ def _computed_ahead(
         out[position] = (rows, logits[start : start + len(rows)])
         start += len(rows)
     return out
+
+
+class HeadPlan:
+    """One run's choice of how far each round's first call of the head reaches in
+    `accept_greedy_by_position`. Computing position j's rows in the first call costs their rows for
+    sure; leaving them out costs another call (`HeadCost`) in the rounds that reach j. Position j
+    is taken while `reach(j) x call_ms >= row_ms x rows(j)`, with `reach(j)` the share of the run's
+    earlier rounds that reached it (smoothed; `REACH_PRIOR` before any)."""
+
+    def __init__(self, cost: HeadCost | None):
+        self.cost = cost  # None: position by position (a head whose row may round by its call)
+        self._reach: list[float] = []
+
+    def reach(self, position: int) -> float:
+        """The share of rounds that needed `position`'s logits (position >= 1), never above an
+        earlier position's."""
+        shares = [*self._reach[:position], *[REACH_PRIOR] * max(0, position - len(self._reach))]
+        return min(shares)
+
+    def positions(self, lengths: Sequence[int]) -> int:
+        """How many positions after the first the round's first call computes, for drafts of
+        these lengths (a position's rows: the drafts that long)."""
+        if self.cost is None:
+            return 0
+        ahead, held = 0, len(lengths)  # position 0: every row
+        for position in range(1, max(lengths, default=0) + 1):
+            rows = sum(1 for length in lengths if length >= position)
+            over = self.cost.max_rows is not None and held + rows > self.cost.max_rows
+            if over or self.reach(position) * self.cost.call_ms < self.cost.row_ms * rows:
+                break
+            ahead, held = position, held + rows
+        return ahead
+
+    def record(self, lengths: Sequence[int], accepted: Sequence[int]) -> None:
+        """A round's drafts' lengths and the drafts each row accepted: position j was reached
+        where some row accepted j drafts."""
+        deepest = max(accepted, default=0)
+        for position in range(1, max(lengths, default=0) + 1):
+            while len(self._reach) < position:
+                self._reach.append(REACH_PRIOR)
+            seen = 1.0 if deepest >= position else 0.0
+            self._reach[position - 1] += REACH_SMOOTHING * (seen - self._reach[position - 1])
 
 
 def _inverse_cdf(dist: Tensor, u: Tensor) -> Tensor:

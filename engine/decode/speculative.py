@@ -26,12 +26,11 @@ import torch
 from torch import Tensor
 
 from kspec.engine.api import CancelToken
-from kspec.engine.decode.acceptance import RoundAcceptance, accept_drafts, accept_greedy_by_position
+from kspec.engine.decode.acceptance import HeadPlan, RoundAcceptance, accept_drafts, accept_greedy_by_position
 from kspec.engine.decode.drafters import GAMMA_LIMIT, Draft, Drafter
 from kspec.engine.decode.branches import Branch, BranchTracker, DecodeOutput, interrupted
 from kspec.engine.decode.healing import HealingBias
 from kspec.engine.cache.kv import BranchKVCache
-from kspec.engine.models.head_cost import HeadPlan
 from kspec.engine.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from kspec.engine.models.transformer import Transformer
 from kspec.engine.cache.prefix_cache import Prefill, prefill_uncached

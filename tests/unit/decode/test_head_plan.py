@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kspec.engine.models.head_cost import REACH_PRIOR, TIMED_ROWS, HeadCost, HeadPlan, measure_head
+from kspec.engine.decode.acceptance import REACH_PRIOR, HeadPlan
+from kspec.engine.models.head_cost import TIMED_ROWS, HeadCost, measure_head
 
 
 def test_the_cost_is_the_line_through_the_timed_calls() -> None:
