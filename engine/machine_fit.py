@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kspec.engine.config import PROMPT_TOKENS_RANGE
 from kspec.engine.json_file import StampedEntries
@@ -66,6 +68,18 @@ def cpu_share(cpu_seconds: float, wall_seconds: float, threads: int) -> float:
     threads it ran (`threads`, at most the cores it may use)."""
     threads = min(threads, usable_cores() or threads)
     return round(cpu_seconds / max(1e-9, wall_seconds * max(1, threads)), 3)
+
+
+def median_call_ms(call: Callable[[], object], repeats: int) -> float:
+    """Median milliseconds of `repeats` calls of `call`, after one untimed call (a first call of a
+    shape allocates)."""
+    call()
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - started) * 1000)
+    return statistics.median(samples)
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,13 @@ CPU profile's figures (`HEAD_COST_PRIOR`) as the prior until then.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
+
+from kspec.engine.machine_fit import median_call_ms
 
 TIMED_ROWS = (1, 16)  # the row counts `measure_head` times
 TIMED_REPEATS = 5  # calls per row count; the median is kept
@@ -56,11 +56,5 @@ def measure_head(
     with torch.inference_mode():
         for count in rows:
             states = torch.randn(count, dim, generator=generator).to(dtype)  # [n, dim]
-            logits(states)  # the first call of a shape allocates
-            samples = []
-            for _ in range(TIMED_REPEATS):
-                started = time.perf_counter()
-                logits(states)
-                samples.append((time.perf_counter() - started) * 1000)
-            times[count] = round(statistics.median(samples), 4)
+            times[count] = round(median_call_ms(lambda: logits(states), TIMED_REPEATS), 4)
     return times

@@ -14,7 +14,6 @@ copy saves. cpu_profile.py's row is the prior: it orders the candidates and wins
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from torch import nn
 
 from kspec.engine.json_file import StampedEntries
 from kspec.engine.models.cpu_profile import LOOP_KERNEL
-from kspec.engine.machine_fit import QUIET_CPU_SHARE, cpu_share
+from kspec.engine.machine_fit import QUIET_CPU_SHARE, cpu_share, median_call_ms
 from kspec.engine.models.quantized import TERM_SEPARATOR, CpuLinear, Q4Codes, fused_linear, weight_shape, weight_terms
 
 TRIAL_ROWS = (1, 4, 20, 64)  # one suggestion, k branches, k x (gamma + 1) verification, a prefill chunk
@@ -153,15 +152,13 @@ def _dense_linear(parts: list[list[Q4Codes]], dtype: torch.dtype) -> CpuLinear:
 
 def _time_ms(linears: Sequence[CpuLinear], rows: int) -> float:
     inputs = [torch.randn(rows, linear.in_features, generator=torch.Generator().manual_seed(rows)) for linear in linears]  # [rows, K]
-    samples = []
+
+    def call() -> None:
+        for linear, x in zip(linears, inputs):
+            linear(x)
+
     with torch.inference_mode():
-        for repeat in range(REPEATS + 1):
-            started = time.perf_counter()
-            for linear, x in zip(linears, inputs):
-                linear(x)
-            if repeat:  # the first call warms up
-                samples.append((time.perf_counter() - started) * 1000)
-    return statistics.median(samples)
+        return median_call_ms(call, REPEATS)
 
 
 def measure(layer: list[list[list[Q4Codes]]], candidates: Candidates) -> tuple[Times, float]:
