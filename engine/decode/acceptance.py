@@ -183,10 +183,9 @@ class HeadPlan:
     def record(self, lengths: Sequence[int], accepted: Sequence[int]) -> None:
         """A round's drafts' lengths and the drafts each row accepted: position j was reached
         where some row accepted j drafts."""
-        deepest = max(accepted, default=0)
-        for position in range(1, max(lengths, default=0) + 1):
-            while len(self._reach) < position:
-                self._reach.append(REACH_PRIOR)
+        deepest, drafted = max(accepted, default=0), max(lengths, default=0)
+        self._reach += [REACH_PRIOR] * (drafted - len(self._reach))
+        for position in range(1, drafted + 1):
             seen = 1.0 if deepest >= position else 0.0
             self._reach[position - 1] += REACH_SMOOTHING * (seen - self._reach[position - 1])
 
