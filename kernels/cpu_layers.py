@@ -24,7 +24,7 @@ import torch
 
 from kspec.kernels.cpu_cap import cpu_cap
 
-__all__ = ["load", "load_attention", "load_matmul", "load_q8_matmul", "load_q5_matmul", "matmul_isa", "unavailable_reason", "build_folder", "cpu_info", "SOURCES"]
+__all__ = ["load", "load_attention", "load_matmul", "load_q8_matmul", "load_q5_matmul", "matmul_isa", "matmul_amx_rows", "unavailable_reason", "build_folder", "cpu_info", "SOURCES"]
 
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("branch_layers.cpp", "q4_q8_matmul.cpp"))
 # -fopenmp: at::parallel_for runs on one thread without it. -fno-trapping-math: no code here reads
@@ -169,6 +169,12 @@ def matmul_isa(cache_dir: Path) -> str | None:
     """The instructions ``load_matmul``'s kernel was built with for this CPU: "avx512-vnni",
     "avx2" or "scalar"; None where it cannot be built."""
     return str(torch.ops.kspec.q4_q8_isa()) if _built(cache_dir)[0] else None
+
+
+def matmul_amx_rows(cache_dir: Path) -> int:
+    """The fewest rows ``load_matmul``'s kernel multiplies on AMX's tiles (csrc/q4q8/amx.h), 0 where it
+    does not: a build without AMX, Linux refusing the process the tiles' state, or no build."""
+    return int(torch.ops.kspec.q4_q8_amx_rows()) if _built(cache_dir)[0] else 0
 
 
 def unavailable_reason(cache_dir: Path, tried_only: bool = False) -> str:

@@ -58,8 +58,9 @@
 // Q6Q8_ISAS: AVX2's loop is slower than the 8-bit form's from 8 rows).
 //
 // Files, as ggml keeps its CPU kernels: this one holds the checks, the dispatch and the ops; the
-// loops are per instruction set, q4q8/generic.h (plain C++, every build), q4q8/avx2.h and
-// q4q8/avx512_vnni.h (the activations' quantization too, where it has its own loop), over
+// loops are per instruction set, q4q8/generic.h (plain C++, every build), q4q8/avx2.h,
+// q4q8/avx512_vnni.h (the activations' quantization too, where it has its own loop) and q4q8/amx.h
+// (groups of 16 rows on an AMX build; the VNNI loop's results bit for bit), over
 // q4q8/layout.h (the forms' constants and the quantized activations' layout);
 // simd.h decides which instruction sets this build has, once for every kernel file.
 #include <ATen/ATen.h>
@@ -75,6 +76,7 @@
 #include <string>
 #include <tuple>
 
+#include "q4q8/amx.h"
 #include "q4q8/avx2.h"
 #include "q4q8/avx512_vnni.h"
 #include "q4q8/generic.h"
@@ -138,8 +140,13 @@ Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params
   const c10::Half* pp = params.data_ptr<c10::Half>();
   float* yp = y.template data_ptr<float>();
   at::parallel_for(0, n / kTile, 2, [&](int64_t t0, int64_t t1) {
-#if KSPEC_Q4Q8_VNNI
-    dot_range_vnni<Bits>(q, rows, cp, pp, k, t0, t1, yp, n);
+#if KSPEC_Q4Q8_AMX
+    if (rows >= kAmxMinRows && amx_ready())
+      dot_range_amx<Bits>(q, rows, cp, pp, k, t0, t1, yp, n);
+    else
+      dot_range_vnni<Bits>(q, 0, rows, cp, pp, k, t0, t1, yp, n);
+#elif KSPEC_Q4Q8_VNNI
+    dot_range_vnni<Bits>(q, 0, rows, cp, pp, k, t0, t1, yp, n);
 #elif KSPEC_Q4Q8_AVX2
     for (int64_t t = t0; t < t1; ++t) dot_tile_avx2<Bits>(q, rows, cp, pp, k, t, yp, n);
 #else
@@ -175,12 +182,23 @@ std::string q4_q8_isa() {
 #endif
 }
 
+// The fewest rows this build multiplies on AMX, 0 where it does not (no AMX in the build, or Linux
+// refused this process the tiles' state)
+int64_t q4_q8_amx_rows() {
+#if KSPEC_Q4Q8_AMX
+  return amx_ready() ? kAmxMinRows : 0;
+#else
+  return 0;
+#endif
+}
+
 TORCH_LIBRARY_FRAGMENT(kspec, m) {
   m.def("q4_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor");
   m.def("q8_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor");
   m.def("q5_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor");
   m.def("q6_q8_matmul(Tensor x, Tensor codes, Tensor params) -> Tensor");
   m.def("q4_q8_isa() -> str", q4_q8_isa);
+  m.def("q4_q8_amx_rows() -> int", q4_q8_amx_rows);
 }
 
 TORCH_LIBRARY_IMPL(kspec, CPU, m) {

@@ -15,6 +15,9 @@
 #if KSPEC_Q4Q8_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define KSPEC_Q4Q8_VNNI 1
 #endif
+#if KSPEC_Q4Q8_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define KSPEC_Q4Q8_AMX 1
+#endif
 
 #if KSPEC_Q4Q8_AVX2
 namespace {

@@ -253,3 +253,32 @@ def test_the_6bit_form_is_the_documented_arithmetic_on_each_half_block(rows: int
     dequantized = SixBitCodes(codes, scale).dequantize().double()
     bound = (x.abs().view(rows, -1, GROUP).amax(-1) / 254).repeat_interleave(GROUP, -1).double() @ dequantized.abs().t()
     assert bool(((six(x) - x.double() @ dequantized.t()).abs() <= bound + 1e-5).all())
+
+
+# Every form's op over codes of its layout (random bytes are valid codes and high-bit masks for each)
+FORM_OPS = {bits: getattr(torch.ops.kspec, f"q{bits}_q8_matmul") for bits in (4, 5, 6, 8)} if matmul is not None else {}
+
+
+@needs_matmul8
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
+@pytest.mark.parametrize("rows", [16, 17, 31, 40])  # groups of 16 (AMX where built) and the VNNI loop's remainders
+def test_rows_multiplied_together_are_the_rows_alone_bit_for_bit(bits: int, rows: int) -> None:
+    """The loops a row count picks (AMX's groups of 16, the VNNI loop's 8 or 12 a pass, one row's
+    two chains) add the same exact integer sums and scale them in one order: the same float32 bits."""
+    n, k = 48, 1536
+    generator = torch.Generator().manual_seed(bits * 100 + rows)
+    codes = torch.randint(0, 256, (n // 16, k // GROUP, bits, 16, 4), generator=generator, dtype=torch.uint8)
+    params = (torch.rand(n // 16, k // GROUP, 2, 16, generator=generator) * 0.02).half()
+    x = torch.randn(rows, k, generator=generator) * 3
+    together = FORM_OPS[bits](x, codes, params)  # [rows, n]
+    alone = torch.cat([FORM_OPS[bits](x[r : r + 1], codes, params) for r in range(rows)])
+    assert torch.equal(together, alone)
+
+
+def test_the_build_multiplies_on_amx_where_the_cpu_has_it() -> None:
+    """A native build on a CPU with AMX's int8 tiles takes groups of 16 rows there (csrc/q4q8/amx.h);
+    elsewhere, or built for a lesser -march, no row count does."""
+    flags = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
+    native = not os.environ.get(cpu_layers.MARCH_VARIABLE) and not os.environ.get("KSPEC_CPU")
+    amx_rows = cpu_layers.matmul_amx_rows(cache_root())
+    assert amx_rows == (16 if native and {"amx_tile", "amx_int8", "avx512_vnni"} <= flags else 0)

@@ -120,11 +120,11 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (r0 + r) * ldy + (t0 + t) * kTile, acc[t][r]);
 }
 
-// Every row of tiles t0 .. t0 + T - 1, R_MAX rows at a time
+// Rows first .. rows - 1 of tiles t0 .. t0 + T - 1, R_MAX rows at a time
 template <int Bits, int T, int RMax>
-void dot_rows_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
-                   int64_t t0, float* y, int64_t ldy) {
-  int64_t r = 0;
+void dot_rows_vnni(const Quantized& q, int64_t first, int64_t rows, const uint8_t* codes, const c10::Half* params,
+                   int64_t k, int64_t t0, float* y, int64_t ldy) {
+  int64_t r = first;
   for (; r + RMax <= rows; r += RMax) dot_tiles_vnni<Bits, T, RMax>(q, r, codes, params, k, t0, y, ldy);
   switch (rows - r) {
     case 11: if constexpr (RMax > 11) dot_tiles_vnni<Bits, T, 11>(q, r, codes, params, k, t0, y, ldy); break;
@@ -142,15 +142,15 @@ void dot_rows_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const
   }
 }
 
-// Tiles t0 .. t1 - 1, one at a time over 8 rows (its unpacked codes and 8 sums in registers;
+// Rows first .. rows - 1 of tiles t0 .. t1 - 1, one tile at a time over 8 rows (its unpacked codes and 8 sums in registers;
 // measured: two tiles at a time at one or two rows 1.1-1.3x slower); the 6-bit form over 12, its
 // costlier unpacking shared by more rows (Zen 4, a 53760 x 1536 weight against the 8-bit form of the
 // same weight: 0.98x at 12 rows and 0.94x at 16 over 8 rows, 1.13x and 1.07x over 12)
 template <int Bits>
-void dot_range_vnni(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
+void dot_range_vnni(const Quantized& q, int64_t first, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
                     int64_t t0, int64_t t1, float* y, int64_t ldy) {
   constexpr int kRows = Bits == 6 ? kMaxRows : 8;
-  for (int64_t t = t0; t < t1; ++t) dot_rows_vnni<Bits, 1, kRows>(q, rows, codes, params, k, t, y, ldy);
+  for (int64_t t = t0; t < t1; ++t) dot_rows_vnni<Bits, 1, kRows>(q, first, rows, codes, params, k, t, y, ldy);
 }
 
 }  // namespace

@@ -1,0 +1,213 @@
+// AMX loops of the 4-, 5-, 6- and 8-bit forms, for many rows (a verification of k x (gamma + 1)
+// rows, a prefill chunk): one tdpbsud multiplies up to 16 rows' 8-bit activations of a block by a
+// tile's 16 outputs' codes, where the VNNI loop (avx512_vnni.h) spends 8 vpdpbusd a row.
+//
+// The forms' layout already is AMX's: a block's unpacked register j holds weights 4j .. 4j + 3 of
+// each of the tile's 16 outputs, one output a 32-bit lane, which is a B tile's row j (K/4 rows of
+// 16 x 4 bytes). Per tile, block and 16 rows: the codes unpack as the VNNI loop unpacks them into
+// an L1 buffer (the 8-bit form's codes are loaded as they lie), the rows' activations load as an A
+// tile straight from `Quantized::a` (stride K), tdpbsud gives the exact int32 sums (signed
+// activations x unsigned codes), and the float scaling is the VNNI loop's, in the same order: the
+// results are the VNNI loop's, bit for bit (tests/kernels/test_q4_q8_matmul.py). The 6-bit form
+// multiplies its two half blocks apart (two tiles of sums; its halves have scales of their own).
+//
+// A process may use AMX's tile data only once it has asked Linux for it (arch_prctl
+// ARCH_REQ_XCOMP_PERM); where that fails (an older kernel, a VM that hides it) the VNNI loop serves.
+#pragma once
+
+#include "avx512_vnni.h"
+
+#if KSPEC_Q4Q8_AMX
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace {
+
+// Rows of a tile (AMX's maximum), and the fewest a matmul runs on AMX: measured on an Intel Xeon
+// (Sapphire Rapids class, 2 cores), against the VNNI loop, the 0.5B and 1.5B models' shapes: 1.1-1.4x
+// at 16 to 256 rows for the 4- and 5-bit forms, 1.0-1.1x for the 6-bit one, 1.3-1.6x for the 8-bit
+// one; slower at 8 to 12 rows (a tile mostly empty), so a last group under 16 rows takes the VNNI loop
+// (docs/measurements/amx-tiles.md)
+constexpr int kAmxRows = 16;
+constexpr int kAmxMinRows = kAmxRows;
+constexpr long kArchReqXcompPerm = 0x1023;  // arch_prctl: ask for an extended state component
+constexpr long kXfeatureXtiledata = 18;     // AMX's tile data
+
+// Linux lets this process use AMX's tiles (asked once, at the first call)
+inline bool amx_ready() {
+  static const bool ready = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return ready;
+}
+
+// Tile registers, two sets that alternate between blocks so that one block's products overlap the
+// previous one's scaling: sums 0 and 1 (the 6-bit form's second half in 1) for even blocks, 2 and 3
+// for odd ones; activations 4 (even blocks, or the first half) and 5; codes 6 and 7 likewise
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Activations per row of an A tile: a block's 32, or the 6-bit form's halves of 16
+template <int Bits>
+constexpr int kAmxDepth = Bits == 6 ? kBlock / 2 : kBlock;
+
+// The tiles for `rows` rows of a form
+template <int Bits>
+void configure_tiles(int rows) {
+  TileConfig config;
+  for (int tile = 0; tile < 4; ++tile) {  // int32 sums of 16 outputs
+    config.rows[tile] = static_cast<uint8_t>(rows);
+    config.bytes_per_row[tile] = kTile * 4;
+  }
+  for (int tile = 4; tile < 6; ++tile) {
+    config.rows[tile] = static_cast<uint8_t>(rows);
+    config.bytes_per_row[tile] = kAmxDepth<Bits>;
+  }
+  for (int tile = 6; tile < 8; ++tile) {
+    config.rows[tile] = kAmxDepth<Bits> / 4;
+    config.bytes_per_row[tile] = kTile * 4;
+  }
+  asm volatile("" : : "r"(&config) : "memory");  // GCC 12 drops the fields' stores before ldtilecfg otherwise
+  _tile_loadconfig(&config);
+}
+
+// A block's codes as bytes [8, 16, 4] in `out` (the B tile's rows), unpacked as the VNNI loop does
+template <int Bits>
+inline void unpack_block(const uint8_t* tc, uint8_t* out) {
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  __m512i w[8];
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {
+    const __m512i packed = _mm512_loadu_si512(tc + 64 * p);
+    w[p] = _mm512_and_si512(packed, low_mask);
+    w[p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);
+  }
+#pragma GCC unroll 2
+  for (int plane = 4; plane < Bits; ++plane) {
+    const __m512i value = _mm512_set1_epi8(static_cast<char>(1 << plane));
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) w[j] = _mm512_mask_add_epi8(w[j], _cvtu64_mask64(high_bits(tc, plane, j)), w[j], value);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) _mm512_store_si512(out + 64 * j, w[j]);
+}
+
+// One block's integer sums into sums [halves, R, 16], on the tile set of the block's parity (GCC's tile
+// intrinsics take their registers' numbers as literals)
+template <int Bits, int Parity>
+inline void multiply_block(const int8_t* a, int64_t k, const uint8_t* b_rows, int32_t* sums, int64_t half_stride) {
+  if constexpr (Bits == 6) {  // halves: activations 4 and 5, codes 6 and 7, sums 0 and 1 or 2 and 3
+    _tile_loadd(4, a, k);
+    _tile_loadd(6, b_rows, 64);
+    _tile_loadd(5, a + kBlock / 2, k);
+    _tile_loadd(7, b_rows + 4 * 64, 64);
+    if constexpr (Parity == 0) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_dpbsud(0, 4, 6);
+      _tile_dpbsud(1, 5, 7);
+      _tile_stored(0, sums, kTile * 4);
+      _tile_stored(1, sums + half_stride, kTile * 4);
+    } else {
+      _tile_zero(2);
+      _tile_zero(3);
+      _tile_dpbsud(2, 4, 6);
+      _tile_dpbsud(3, 5, 7);
+      _tile_stored(2, sums, kTile * 4);
+      _tile_stored(3, sums + half_stride, kTile * 4);
+    }
+  } else if constexpr (Parity == 0) {
+    _tile_zero(0);
+    _tile_loadd(4, a, k);
+    _tile_loadd(6, b_rows, 64);
+    _tile_dpbsud(0, 4, 6);
+    _tile_stored(0, sums, kTile * 4);
+  } else {
+    _tile_zero(2);
+    _tile_loadd(5, a, k);
+    _tile_loadd(7, b_rows, 64);
+    _tile_dpbsud(2, 5, 7);
+    _tile_stored(2, sums, kTile * 4);
+  }
+}
+
+// acc[r] += block b's scaled sums, in the VNNI loop's order (the 6-bit form's halves less 32 sum a)
+template <int Bits, int R>
+inline void scale_block(const Quantized& q, int64_t r0, int64_t blocks, int64_t b, const c10::Half* tp,
+                        const int32_t* sums, __m512* acc) {
+  const float* xd = q.scale.get() + r0 * blocks;                // [R, blocks]
+  const float* xs = minimum_sums<Bits>(q).get() + r0 * blocks;  // [R, blocks]
+  const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp)));
+  const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + kTile)));
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    const __m512 d = _mm512_set1_ps(xd[r * blocks + b]);
+    if constexpr (Bits == 6) {
+      const int32_t* halves = q.half_sums.get() + 2 * ((r0 + r) * blocks + b);
+      const __m512i dot0 = _mm512_add_epi32(_mm512_load_si512(sums + r * kTile), _mm512_set1_epi32(-kSixBitZero * halves[0]));
+      const __m512i dot1 = _mm512_add_epi32(_mm512_load_si512(sums + (R + r) * kTile), _mm512_set1_epi32(-kSixBitZero * halves[1]));
+      const __m512 halves_sum = _mm512_fmadd_ps(scales, _mm512_cvtepi32_ps(dot0), _mm512_mul_ps(mins, _mm512_cvtepi32_ps(dot1)));
+      acc[r] = _mm512_fmadd_ps(d, halves_sum, acc[r]);
+    } else {
+      const __m512 sum_x = _mm512_set1_ps(xs[r * blocks + b]);
+      const __m512 with_mins = _mm512_fmadd_ps(mins, sum_x, acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(scales, d), _mm512_cvtepi32_ps(_mm512_load_si512(sums + r * kTile)), with_mins);
+    }
+  }
+}
+
+// One tile's 16 outputs x R rows (r0 .. r0 + R - 1), over every block; tiles configured for R rows.
+// Pipelined: block b's codes are unpacked a block ahead (their stores done before the tile loads
+// them) and its sums scaled a block behind (the tiles' stores done before the vector loads)
+template <int Bits, int R>
+void dot_tile_amx(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
+                  float* y, int64_t ldy) {
+  static_assert(R >= 1 && R <= kAmxRows && (Bits == 4 || Bits == 5 || Bits == 6 || Bits == 8));
+  constexpr int64_t kSums = (Bits == 6 ? 2 : 1) * R * kTile;
+  const int64_t blocks = k / kBlock;
+  const int8_t* a0 = q.a.get() + r0 * k;
+  const uint8_t* tile_codes = codes + t * blocks * kTileBytes<Bits>;  // [blocks, registers, 16, 4]
+  const c10::Half* tile_params = params + t * blocks * kParamsPerBlock;  // [blocks, 2, 16]
+  alignas(64) uint8_t unpacked[2][8 * 64];  // [parity, 8, 16, 4]
+  alignas(64) int32_t sums[2][kSums];       // [parity, halves, R, 16]
+  __m512 acc[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  if constexpr (Bits != 8) unpack_block<Bits>(tile_codes, unpacked[0]);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int parity = static_cast<int>(b & 1);
+    const uint8_t* tc = tile_codes + b * kTileBytes<Bits>;
+    prefetch_block<Bits>(tc, tile_params + b * kParamsPerBlock, kPrefetchBlocks);
+    const uint8_t* b_rows = Bits == 8 ? tc : unpacked[parity];
+    if (parity == 0)
+      multiply_block<Bits, 0>(a0 + b * kBlock, k, b_rows, sums[0], R * kTile);
+    else
+      multiply_block<Bits, 1>(a0 + b * kBlock, k, b_rows, sums[1], R * kTile);
+    if constexpr (Bits != 8)
+      if (b + 1 < blocks) unpack_block<Bits>(tc + kTileBytes<Bits>, unpacked[parity ^ 1]);
+    if (b > 0) scale_block<Bits, R>(q, r0, blocks, b - 1, tile_params + (b - 1) * kParamsPerBlock, sums[parity ^ 1], acc);
+  }
+  scale_block<Bits, R>(q, r0, blocks, blocks - 1, tile_params + (blocks - 1) * kParamsPerBlock, sums[(blocks - 1) & 1], acc);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (r0 + r) * ldy + t * kTile, acc[r]);
+}
+
+// Every row of tiles t0 .. t1 - 1: each 16 rows on AMX, the fewer than 16 left over on the VNNI loop
+template <int Bits>
+void dot_range_amx(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
+                   int64_t t0, int64_t t1, float* y, int64_t ldy) {
+  const int64_t tile_rows = rows / kAmxRows * kAmxRows;
+  if (tile_rows > 0) {
+    configure_tiles<Bits>(kAmxRows);
+    for (int64_t r = 0; r < tile_rows; r += kAmxRows)
+      for (int64_t t = t0; t < t1; ++t) dot_tile_amx<Bits, kAmxRows>(q, r, codes, params, k, t, y, ldy);
+    _tile_release();
+  }
+  if (tile_rows < rows) dot_range_vnni<Bits>(q, tile_rows, rows, codes, params, k, t0, t1, y, ldy);
+}
+
+}  // namespace
+#endif
