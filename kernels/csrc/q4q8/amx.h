@@ -74,23 +74,11 @@ void configure_tiles(int rows) {
   _tile_loadconfig(&config);
 }
 
-// A block's codes as bytes [8, 16, 4] in `out` (the B tile's rows), unpacked as the VNNI loop does
+// A block's codes as bytes [8, 16, 4] in `out` (the B tile's rows)
 template <int Bits>
 inline void unpack_block(const uint8_t* tc, uint8_t* out) {
-  const __m512i low_mask = _mm512_set1_epi8(0x0F);
   __m512i w[8];
-#pragma GCC unroll 4
-  for (int p = 0; p < 4; ++p) {
-    const __m512i packed = _mm512_loadu_si512(tc + 64 * p);
-    w[p] = _mm512_and_si512(packed, low_mask);
-    w[p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);
-  }
-#pragma GCC unroll 2
-  for (int plane = 4; plane < Bits; ++plane) {
-    const __m512i value = _mm512_set1_epi8(static_cast<char>(1 << plane));
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) w[j] = _mm512_mask_add_epi8(w[j], _cvtu64_mask64(high_bits(tc, plane, j)), w[j], value);
-  }
+  unpack_codes<Bits>(tc, w);
 #pragma GCC unroll 8
   for (int j = 0; j < 8; ++j) _mm512_store_si512(out + 64 * j, w[j]);
 }
@@ -149,12 +137,10 @@ inline void scale_block(const Quantized& q, int64_t r0, int64_t blocks, int64_t 
       const int32_t* halves = q.half_sums.get() + 2 * ((r0 + r) * blocks + b);
       const __m512i dot0 = _mm512_add_epi32(_mm512_load_si512(sums + r * kTile), _mm512_set1_epi32(-kSixBitZero * halves[0]));
       const __m512i dot1 = _mm512_add_epi32(_mm512_load_si512(sums + (R + r) * kTile), _mm512_set1_epi32(-kSixBitZero * halves[1]));
-      const __m512 halves_sum = _mm512_fmadd_ps(scales, _mm512_cvtepi32_ps(dot0), _mm512_mul_ps(mins, _mm512_cvtepi32_ps(dot1)));
-      acc[r] = _mm512_fmadd_ps(d, halves_sum, acc[r]);
+      acc[r] = add_scaled_halves(acc[r], scales, mins, d, dot0, dot1);
     } else {
       const __m512 sum_x = _mm512_set1_ps(xs[r * blocks + b]);
-      const __m512 with_mins = _mm512_fmadd_ps(mins, sum_x, acc[r]);
-      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(scales, d), _mm512_cvtepi32_ps(_mm512_load_si512(sums + r * kTile)), with_mins);
+      acc[r] = add_scaled_block(acc[r], scales, mins, d, sum_x, _mm512_load_si512(sums + r * kTile));
     }
   }
 }

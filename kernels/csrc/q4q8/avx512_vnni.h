@@ -26,6 +26,43 @@ inline void quantize_block_vnni(const float* xb, int8_t* ab, float& d, float& to
   code_sum = d * static_cast<float>(halves[0] + halves[1]);
 }
 
+// A block's codes of one tile as 8 registers of bytes, register j holding weights 4j .. 4j + 3 of
+// each of the 16 outputs (the 8-bit form's codes are those bytes already)
+template <int Bits>
+inline void unpack_codes(const uint8_t* tc, __m512i* w) {
+  if constexpr (Bits == 8) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(tc + 64 * j);
+  } else {
+    const __m512i low_mask = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const __m512i packed = _mm512_loadu_si512(tc + 64 * p);
+      w[p] = _mm512_and_si512(packed, low_mask);                           // weights 4p ..
+      w[p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);  // weights 16 + 4p ..
+    }
+#pragma GCC unroll 2
+    for (int plane = 4; plane < Bits; ++plane) {  // 5/6-bit: 2^plane where the plane's mask says
+      const __m512i value = _mm512_set1_epi8(static_cast<char>(1 << plane));
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) w[j] = _mm512_mask_add_epi8(w[j], _cvtu64_mask64(high_bits(tc, plane, j)), w[j], value);
+    }
+  }
+}
+
+// acc + s d float(dot) + m sum_x for one row and block, in this order (every loop that scales a block's
+// integer sums calls it, so that they give the same bits: the AMX loop too)
+inline __m512 add_scaled_block(__m512 acc, __m512 scales, __m512 mins, __m512 d, __m512 sum_x, __m512i dot) {
+  const __m512 with_mins = _mm512_fmadd_ps(mins, sum_x, acc);
+  return _mm512_fmadd_ps(_mm512_mul_ps(scales, d), _mm512_cvtepi32_ps(dot), with_mins);
+}
+
+// The 6-bit form's: acc + d (s0 float(dot0) + s1 float(dot1)), the dots less 32 times their half's sum of a
+inline __m512 add_scaled_halves(__m512 acc, __m512 s0, __m512 s1, __m512 d, __m512i dot0, __m512i dot1) {
+  const __m512 halves_sum = _mm512_fmadd_ps(s0, _mm512_cvtepi32_ps(dot0), _mm512_mul_ps(s1, _mm512_cvtepi32_ps(dot1)));
+  return _mm512_fmadd_ps(d, halves_sum, acc);
+}
+
 // AVX-512 VNNI: T tiles (16 T outputs) x R rows. A block's codes unpack into 8 registers per
 // tile (weights 4j .. 4j + 3 of each output in its lane), used by every row; a row's 8 broadcast
 // groups of four activations serve every tile. Per row, tile and block: 8 vpdpbusd into a fresh
@@ -44,7 +81,6 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
   const float* xd = q.scale.get() + r0 * blocks;                // [R, blocks]
   const float* xs = minimum_sums<Bits>(q).get() + r0 * blocks;  // [R, blocks]
   const int8_t* a0 = q.a.get() + r0 * k;
-  const __m512i low_mask = _mm512_set1_epi8(0x0F);
   __m512 acc[T][R];
 #pragma GCC unroll 4
   for (int t = 0; t < T; ++t)
@@ -58,23 +94,7 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
       const uint8_t* tc = codes + ((t0 + t) * blocks + b) * kTileBytes<Bits>;  // [registers, 16, 4]
       const c10::Half* tp = params + ((t0 + t) * blocks + b) * kParamsPerBlock;  // [2, 16]
       prefetch_block<Bits>(tc, tp, kPrefetchBlocks);
-      if constexpr (Bits != 8) {
-#pragma GCC unroll 4
-        for (int p = 0; p < 4; ++p) {
-          const __m512i packed = _mm512_loadu_si512(tc + 64 * p);
-          w[t][p] = _mm512_and_si512(packed, low_mask);                           // weights 4p ..
-          w[t][p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);  // weights 16 + 4p ..
-        }
-#pragma GCC unroll 2
-        for (int plane = 4; plane < Bits; ++plane) {  // 5/6-bit: 2^plane where the plane's mask says
-          const __m512i value = _mm512_set1_epi8(static_cast<char>(1 << plane));
-#pragma GCC unroll 8
-          for (int j = 0; j < 8; ++j) w[t][j] = _mm512_mask_add_epi8(w[t][j], _cvtu64_mask64(high_bits(tc, plane, j)), w[t][j], value);
-        }
-      } else {
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) w[t][j] = _mm512_loadu_si512(tc + 64 * j);
-      }
+      unpack_codes<Bits>(tc, w[t]);
       scales[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp)));
       mins[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + kTile)));
     }
@@ -99,18 +119,15 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
       const __m512 d = _mm512_set1_ps(xd[r * blocks + b]);
       if constexpr (kHalves) {
 #pragma GCC unroll 4
-        for (int t = 0; t < T; ++t) {  // scales[t]: s of weights 0 .. 15, mins[t]: s of 16 .. 31
-          const __m512 halves_sum = _mm512_fmadd_ps(scales[t], _mm512_cvtepi32_ps(dots[0][t]), _mm512_mul_ps(mins[t], _mm512_cvtepi32_ps(dots[1][t])));
-          acc[t][r] = _mm512_fmadd_ps(d, halves_sum, acc[t][r]);
-        }
+        for (int t = 0; t < T; ++t)  // scales[t]: s of weights 0 .. 15, mins[t]: s of 16 .. 31
+          acc[t][r] = add_scaled_halves(acc[t][r], scales[t], mins[t], d, dots[0][t], dots[1][t]);
         continue;
       }
       const __m512 sum_x = _mm512_set1_ps(xs[r * blocks + b]);
 #pragma GCC unroll 4
       for (int t = 0; t < T; ++t) {
         const __m512i dot = kChains == 2 ? _mm512_add_epi32(dots[0][t], dots[kChains - 1][t]) : dots[0][t];
-        const __m512 with_mins = _mm512_fmadd_ps(mins[t], sum_x, acc[t][r]);
-        acc[t][r] = _mm512_fmadd_ps(_mm512_mul_ps(scales[t], d), _mm512_cvtepi32_ps(dot), with_mins);
+        acc[t][r] = add_scaled_block(acc[t][r], scales[t], mins[t], d, sum_x, dot);
       }
     }
   }
