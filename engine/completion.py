@@ -31,6 +31,11 @@ from kspec.engine.version import version
 from kspec.kernels import cpu_layers
 
 KEYSTROKE_INDENT, KEYSTROKE_WORD = "    ", "print"  # a line typed after CALIBRATION_CODE, the word a character a keystroke
+# PyTorch's thread count when kspec was imported (its default, or the caller's own choice): where an
+# engine's core governor starts, not what an earlier engine's governor left behind in this process
+# (torch's count is the process's, and a governor lowers it while a core is taken)
+THREADS_AT_IMPORT = torch.get_num_threads()
+
 CALIBRATION_CODE = """import os
 
 
@@ -68,8 +73,10 @@ class CompletionEngine:
         self.defaults: MachineDefaults | None = None  # set by fit_to_machine()
         # the thread count follows the free cores, unless the user pinned it (or on a GPU)
         self.cores = None if config.threads or config.device != "cpu" else CoreGovernor(
-            torch.get_num_threads(), lambda: (self.defaults.round_ms, self.defaults.k) if self.defaults is not None else None, torch.set_num_threads
+            THREADS_AT_IMPORT, lambda: (self.defaults.round_ms, self.defaults.k) if self.defaults is not None else None, torch.set_num_threads
         )
+        if self.cores is not None:
+            torch.set_num_threads(THREADS_AT_IMPORT)
 
     @classmethod
     def load(cls, config: EngineConfig, on_progress: ProgressCallback | None = None) -> "CompletionEngine":

@@ -4,6 +4,8 @@ again; prefill rounds are not judged; rounds of another size are not compared wi
 
 from __future__ import annotations
 
+import pytest
+
 from kspec.engine.busy_cores import RETRY_S, ROUNDS_PER_VERDICT, TRIAL_ROUNDS, CoreGovernor, size_class
 
 FITTED_MS = 10.0
@@ -91,3 +93,21 @@ def test_a_trial_that_meets_no_round_of_its_class_goes_back():
     machine.rounds(ROUNDS_PER_VERDICT, tokens=LARGE)  # a trial
     machine.rounds(TRIAL_ROUNDS)
     assert machine.governor.threads == 2 and machine.set_to == [1, 2]
+
+
+def test_an_engine_starts_on_the_processs_threads_not_on_what_an_earlier_engines_governor_left(random_engine):
+    """PyTorch's thread count is the process's: an engine loaded after another one lowered it (a core
+    was taken) starts again from the count kspec was imported with."""
+    import torch
+
+    from kspec.engine.completion import THREADS_AT_IMPORT, CompletionEngine
+
+    if THREADS_AT_IMPORT < 2:
+        pytest.skip("one thread: nothing to lower")
+    try:
+        torch.set_num_threads(THREADS_AT_IMPORT - 1)  # as a governor leaves it while a core is taken
+        engine = CompletionEngine(random_engine.target, random_engine.config)
+        assert engine.cores is not None and engine.cores.full == THREADS_AT_IMPORT
+        assert torch.get_num_threads() == THREADS_AT_IMPORT
+    finally:
+        torch.set_num_threads(THREADS_AT_IMPORT)
