@@ -263,9 +263,10 @@ def describe(model: Transformer) -> str:
         return f"{base}, fused projections ({dense_text})"
     rows = "at every row count" if dense is None else f"up to {int4[0].int4_max_rows} rows, {dense_text} above"
     q4q8 = isinstance(int4[0].terms[0], TiledTerm)
-    amx_rows = cpu_layers.matmul_amx_rows(cache_root()) if q4q8 else 0
-    isa = cpu_layers.matmul_isa(cache_root()) + (f", AMX from {amx_rows} rows" if amx_rows else "") if q4q8 else ""
-    kernel = f"kspec's 4-bit x 8-bit kernel ({isa})" if q4q8 else "PyTorch's int4 kernel"
+    kernel = "PyTorch's int4 kernel"
+    if q4q8:
+        amx_rows = cpu_layers.matmul_amx_rows(cache_root())
+        kernel = f"kspec's 4-bit x 8-bit kernel ({cpu_layers.matmul_isa(cache_root())}{f', AMX from {amx_rows} rows' if amx_rows else ''})"
     notes = [f"{len(int4)}/{len(linears)} matmuls {rows}", kernel + (", measured here" if model.kernel_choice is not None else "")]
     head_forms = {type(t) for t in model.lm_head.terms} if isinstance(model.lm_head, CpuLinear) else set()
     if Q8Q8Term in head_forms or Q6Q8Term in head_forms:

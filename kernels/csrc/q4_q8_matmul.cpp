@@ -141,7 +141,7 @@ Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params
   float* yp = y.template data_ptr<float>();
   at::parallel_for(0, n / kTile, 2, [&](int64_t t0, int64_t t1) {
 #if KSPEC_Q4Q8_AMX
-    if (rows >= kAmxMinRows && amx_ready())
+    if (rows >= kAmxRows && amx_ready())
       dot_range_amx<Bits>(q, rows, cp, pp, k, t0, t1, yp, n);
     else
       dot_range_vnni<Bits>(q, 0, rows, cp, pp, k, t0, t1, yp, n);
@@ -186,7 +186,7 @@ std::string q4_q8_isa() {
 // refused this process the tiles' state)
 int64_t q4_q8_amx_rows() {
 #if KSPEC_Q4Q8_AMX
-  return amx_ready() ? kAmxMinRows : 0;
+  return amx_ready() ? kAmxRows : 0;
 #else
   return 0;
 #endif

@@ -18,6 +18,7 @@ from kspec.engine.models.gguf_blocks import q8_0 as gguf_q8_0
 from kspec.engine.models.resolve import cache_root
 from kspec.engine.models.cpu_profile import VNNI_ISA
 from kspec.kernels import cpu_layers
+from kspec.kernels.cpu_cap import CPU_VARIABLE
 
 matmul = cpu_layers.load_matmul(cache_root())
 matmul8 = cpu_layers.load_q8_matmul(cache_root())
@@ -62,12 +63,17 @@ def test_matmul_is_the_documented_arithmetic(rows: int, n: int, k: int) -> None:
     torch.testing.assert_close(got, want, atol=1e-5 * float(want.abs().max()), rtol=0)
 
 
+def _cpu_flags() -> set[str]:
+    """The flags /proc/cpuinfo lists (none where there is no such file)."""
+    return set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
+
+
 def test_the_build_names_the_instructions_this_cpu_has() -> None:
     """The AVX-512 VNNI code path is built where the compiler targets it (-march=native), AVX2's
     elsewhere; the tests above then check the one this machine runs."""
     if os.environ.get(cpu_layers.MARCH_VARIABLE):
         pytest.skip("built for another instruction set on purpose (tests/kernels/test_other_isas.py checks which)")
-    flags = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
+    flags = _cpu_flags()
     isa = cpu_layers.matmul_isa(cache_root())
     if {"avx512f", "avx512bw", "avx512_vnni"} <= flags:
         assert isa == "avx512-vnni"
@@ -278,7 +284,6 @@ def test_rows_multiplied_together_are_the_rows_alone_bit_for_bit(bits: int, rows
 def test_the_build_multiplies_on_amx_where_the_cpu_has_it() -> None:
     """A native build on a CPU with AMX's int8 tiles takes groups of 16 rows there (csrc/q4q8/amx.h);
     elsewhere, or built for a lesser -march, no row count does."""
-    flags = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
-    native = not os.environ.get(cpu_layers.MARCH_VARIABLE) and not os.environ.get("KSPEC_CPU")
+    native = not os.environ.get(cpu_layers.MARCH_VARIABLE) and not os.environ.get(CPU_VARIABLE)
     amx_rows = cpu_layers.matmul_amx_rows(cache_root())
-    assert amx_rows == (16 if native and {"amx_tile", "amx_int8", "avx512_vnni"} <= flags else 0)
+    assert amx_rows == (16 if native and {"amx_tile", "amx_int8", "avx512_vnni"} <= _cpu_flags() else 0)

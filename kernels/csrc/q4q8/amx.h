@@ -23,13 +23,12 @@
 
 namespace {
 
-// Rows of a tile (AMX's maximum), and the fewest a matmul runs on AMX: measured on an Intel Xeon
+// Rows of a tile (AMX's maximum), also the fewest a matmul runs on AMX: measured on an Intel Xeon
 // (Sapphire Rapids class, 2 cores), against the VNNI loop, the 0.5B and 1.5B models' shapes: 1.1-1.4x
 // at 16 to 256 rows for the 4- and 5-bit forms, 1.0-1.1x for the 6-bit one, 1.3-1.6x for the 8-bit
 // one; slower at 8 to 12 rows (a tile mostly empty), so a last group under 16 rows takes the VNNI loop
 // (docs/measurements/amx-tiles.md)
 constexpr int kAmxRows = 16;
-constexpr int kAmxMinRows = kAmxRows;
 constexpr long kArchReqXcompPerm = 0x1023;  // arch_prctl: ask for an extended state component
 constexpr long kXfeatureXtiledata = 18;     // AMX's tile data
 
@@ -54,16 +53,16 @@ struct alignas(64) TileConfig {
 template <int Bits>
 constexpr int kAmxDepth = Bits == 6 ? kBlock / 2 : kBlock;
 
-// The tiles for `rows` rows of a form
+// The tiles for kAmxRows rows of a form
 template <int Bits>
-void configure_tiles(int rows) {
+void configure_tiles() {
   TileConfig config;
   for (int tile = 0; tile < 4; ++tile) {  // int32 sums of 16 outputs
-    config.rows[tile] = static_cast<uint8_t>(rows);
+    config.rows[tile] = kAmxRows;
     config.bytes_per_row[tile] = kTile * 4;
   }
   for (int tile = 4; tile < 6; ++tile) {
-    config.rows[tile] = static_cast<uint8_t>(rows);
+    config.rows[tile] = kAmxRows;
     config.bytes_per_row[tile] = kAmxDepth<Bits>;
   }
   for (int tile = 6; tile < 8; ++tile) {
@@ -83,7 +82,7 @@ inline void unpack_block(const uint8_t* tc, uint8_t* out) {
   for (int j = 0; j < 8; ++j) _mm512_store_si512(out + 64 * j, w[j]);
 }
 
-// One block's integer sums into sums [halves, R, 16], on the tile set of the block's parity (GCC's tile
+// One block's integer sums into sums [halves, kAmxRows, 16], on the tile set of the block's parity (GCC's tile
 // intrinsics take their registers' numbers as literals)
 template <int Bits, int Parity>
 inline void multiply_block(const int8_t* a, int64_t k, const uint8_t* b_rows, int32_t* sums, int64_t half_stride) {
@@ -123,20 +122,20 @@ inline void multiply_block(const int8_t* a, int64_t k, const uint8_t* b_rows, in
 }
 
 // acc[r] += block b's scaled sums, in the VNNI loop's order (the 6-bit form's halves less 32 sum a)
-template <int Bits, int R>
+template <int Bits>
 inline void scale_block(const Quantized& q, int64_t r0, int64_t blocks, int64_t b, const c10::Half* tp,
                         const int32_t* sums, __m512* acc) {
-  const float* xd = q.scale.get() + r0 * blocks;                // [R, blocks]
-  const float* xs = minimum_sums<Bits>(q).get() + r0 * blocks;  // [R, blocks]
+  const float* xd = q.scale.get() + r0 * blocks;                // [kAmxRows, blocks]
+  const float* xs = minimum_sums<Bits>(q).get() + r0 * blocks;  // [kAmxRows, blocks]
   const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp)));
   const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + kTile)));
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
+  for (int r = 0; r < kAmxRows; ++r) {
     const __m512 d = _mm512_set1_ps(xd[r * blocks + b]);
     if constexpr (Bits == 6) {
       const int32_t* halves = q.half_sums.get() + 2 * ((r0 + r) * blocks + b);
       const __m512i dot0 = _mm512_add_epi32(_mm512_load_si512(sums + r * kTile), _mm512_set1_epi32(-kSixBitZero * halves[0]));
-      const __m512i dot1 = _mm512_add_epi32(_mm512_load_si512(sums + (R + r) * kTile), _mm512_set1_epi32(-kSixBitZero * halves[1]));
+      const __m512i dot1 = _mm512_add_epi32(_mm512_load_si512(sums + (kAmxRows + r) * kTile), _mm512_set1_epi32(-kSixBitZero * halves[1]));
       acc[r] = add_scaled_halves(acc[r], scales, mins, d, dot0, dot1);
     } else {
       const __m512 sum_x = _mm512_set1_ps(xs[r * blocks + b]);
@@ -145,23 +144,23 @@ inline void scale_block(const Quantized& q, int64_t r0, int64_t blocks, int64_t 
   }
 }
 
-// One tile's 16 outputs x R rows (r0 .. r0 + R - 1), over every block; tiles configured for R rows.
+// One tile's 16 outputs x kAmxRows rows from r0, over every block; the tiles configured.
 // Pipelined: block b's codes are unpacked a block ahead (their stores done before the tile loads
 // them) and its sums scaled a block behind (the tiles' stores done before the vector loads)
-template <int Bits, int R>
+template <int Bits>
 void dot_tile_amx(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
                   float* y, int64_t ldy) {
-  static_assert(R >= 1 && R <= kAmxRows && (Bits == 4 || Bits == 5 || Bits == 6 || Bits == 8));
-  constexpr int64_t kSums = (Bits == 6 ? 2 : 1) * R * kTile;
+  static_assert(Bits == 4 || Bits == 5 || Bits == 6 || Bits == 8);
+  constexpr int64_t kSums = (Bits == 6 ? 2 : 1) * kAmxRows * kTile;
   const int64_t blocks = k / kBlock;
   const int8_t* a0 = q.a.get() + r0 * k;
   const uint8_t* tile_codes = codes + t * blocks * kTileBytes<Bits>;  // [blocks, registers, 16, 4]
   const c10::Half* tile_params = params + t * blocks * kParamsPerBlock;  // [blocks, 2, 16]
   alignas(64) uint8_t unpacked[2][8 * 64];  // [parity, 8, 16, 4]
-  alignas(64) int32_t sums[2][kSums];       // [parity, halves, R, 16]
-  __m512 acc[R];
+  alignas(64) int32_t sums[2][kSums];       // [parity, halves, kAmxRows, 16]
+  __m512 acc[kAmxRows];
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int r = 0; r < kAmxRows; ++r) acc[r] = _mm512_setzero_ps();
   if constexpr (Bits != 8) unpack_block<Bits>(tile_codes, unpacked[0]);
   for (int64_t b = 0; b < blocks; ++b) {
     const int parity = static_cast<int>(b & 1);
@@ -169,16 +168,16 @@ void dot_tile_amx(const Quantized& q, int64_t r0, const uint8_t* codes, const c1
     prefetch_block<Bits>(tc, tile_params + b * kParamsPerBlock, kPrefetchBlocks);
     const uint8_t* b_rows = Bits == 8 ? tc : unpacked[parity];
     if (parity == 0)
-      multiply_block<Bits, 0>(a0 + b * kBlock, k, b_rows, sums[0], R * kTile);
+      multiply_block<Bits, 0>(a0 + b * kBlock, k, b_rows, sums[0], kAmxRows * kTile);
     else
-      multiply_block<Bits, 1>(a0 + b * kBlock, k, b_rows, sums[1], R * kTile);
+      multiply_block<Bits, 1>(a0 + b * kBlock, k, b_rows, sums[1], kAmxRows * kTile);
     if constexpr (Bits != 8)
       if (b + 1 < blocks) unpack_block<Bits>(tc + kTileBytes<Bits>, unpacked[parity ^ 1]);
-    if (b > 0) scale_block<Bits, R>(q, r0, blocks, b - 1, tile_params + (b - 1) * kParamsPerBlock, sums[parity ^ 1], acc);
+    if (b > 0) scale_block<Bits>(q, r0, blocks, b - 1, tile_params + (b - 1) * kParamsPerBlock, sums[parity ^ 1], acc);
   }
-  scale_block<Bits, R>(q, r0, blocks, blocks - 1, tile_params + (blocks - 1) * kParamsPerBlock, sums[(blocks - 1) & 1], acc);
+  scale_block<Bits>(q, r0, blocks, blocks - 1, tile_params + (blocks - 1) * kParamsPerBlock, sums[(blocks - 1) & 1], acc);
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (r0 + r) * ldy + t * kTile, acc[r]);
+  for (int r = 0; r < kAmxRows; ++r) _mm512_storeu_ps(y + (r0 + r) * ldy + t * kTile, acc[r]);
 }
 
 // Every row of tiles t0 .. t1 - 1: each 16 rows on AMX, the fewer than 16 left over on the VNNI loop
@@ -187,9 +186,9 @@ void dot_range_amx(const Quantized& q, int64_t rows, const uint8_t* codes, const
                    int64_t t0, int64_t t1, float* y, int64_t ldy) {
   const int64_t tile_rows = rows / kAmxRows * kAmxRows;
   if (tile_rows > 0) {
-    configure_tiles<Bits>(kAmxRows);
+    configure_tiles<Bits>();
     for (int64_t r = 0; r < tile_rows; r += kAmxRows)
-      for (int64_t t = t0; t < t1; ++t) dot_tile_amx<Bits, kAmxRows>(q, r, codes, params, k, t, y, ldy);
+      for (int64_t t = t0; t < t1; ++t) dot_tile_amx<Bits>(q, r, codes, params, k, t, y, ldy);
     _tile_release();
   }
   if (tile_rows < rows) dot_range_vnni<Bits>(q, tile_rows, rows, codes, params, k, t0, t1, y, ldy);
