@@ -180,18 +180,19 @@ void dot_tile_amx(const Quantized& q, int64_t r0, const uint8_t* codes, const c1
   for (int r = 0; r < kAmxRows; ++r) _mm512_storeu_ps(y + (r0 + r) * ldy + t * kTile, acc[r]);
 }
 
-// Every row of tiles t0 .. t1 - 1: each 16 rows on AMX, the fewer than 16 left over on the VNNI loop
+// Every row of tiles t0 .. t1 - 1, a tile at a time: its groups of 16 rows on AMX, then the fewer than
+// 16 left over on the VNNI loop while the tile's codes are still in cache (row groups outside the tile
+// loop read the weights from memory once per group: 17 rows cost 1.3x 16 rows, docs/measurements/amx-tiles.md)
 template <int Bits>
 void dot_range_amx(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
                    int64_t t0, int64_t t1, float* y, int64_t ldy) {
   const int64_t tile_rows = rows / kAmxRows * kAmxRows;
-  if (tile_rows > 0) {
-    configure_tiles<Bits>();
-    for (int64_t r = 0; r < tile_rows; r += kAmxRows)
-      for (int64_t t = t0; t < t1; ++t) dot_tile_amx<Bits>(q, r, codes, params, k, t, y, ldy);
-    _tile_release();
+  configure_tiles<Bits>();
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t r = 0; r < tile_rows; r += kAmxRows) dot_tile_amx<Bits>(q, r, codes, params, k, t, y, ldy);
+    if (tile_rows < rows) dot_range_vnni<Bits>(q, tile_rows, rows, codes, params, k, t, t + 1, y, ldy);
   }
-  if (tile_rows < rows) dot_range_vnni<Bits>(q, tile_rows, rows, codes, params, k, t0, t1, y, ldy);
+  _tile_release();
 }
 
 }  // namespace
