@@ -206,7 +206,7 @@ class ContinuousBatcher:
         if hidden is not None:
             for member, part in zip(plan.decode, hidden.split([len(r) for r in plan.rows])):
                 try:
-                    self._run_of(member).accept(part, plan.verify_ms)
+                    self._run_of(member).accept(part, plan.verify_ms, plan.tokens)
                     member.active.after_round(batch_requests=len(plan.decode))
                     if member.early is not None and member.active.early_answer_due:
                         self._answer_early(member)

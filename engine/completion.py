@@ -19,7 +19,7 @@ from kspec.engine.waiting_line import WaitingLine
 from kspec.engine.busy_cores import CoreGovernor
 from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 from kspec.engine.config import FIT_NEUTRAL_FIELDS, EngineConfig
-from kspec.engine.decode.speculative import DraftPayoffs
+from kspec.engine.decode.speculative import DraftBudget, DraftPayoffs
 from kspec.engine.machine_fit import PROMPT_TOKENS_RANGE, FIT_CACHE_FILE, TIMING_METHOD, FitCache, MachineDefaults, MachineTiming, choose_defaults, cpu_share, usable_cores
 from kspec.engine.json_file import identity_key
 from kspec.engine.prompt import PromptStarts
@@ -68,6 +68,7 @@ class CompletionEngine:
         self.prefix_cache = PrefixCache(PrefixCacheConfig(max_bytes=config.prefix_cache_mb * 1024 * 1024))
         self.draft_prefix_cache = PrefixCache(PrefixCacheConfig(max_bytes=config.prefix_cache_mb * 1024 * 1024 // 4))
         self.draft_payoffs = DraftPayoffs()
+        self.draft_budget = DraftBudget()
         self.prompt_starts = PromptStarts()
         self.lock = threading.Lock()  # one round at a time: the model and caches are not re-entrant
         self.defaults: MachineDefaults | None = None  # set by fit_to_machine()

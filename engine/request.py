@@ -32,7 +32,7 @@ from kspec.engine.decode.branches import BranchTracker, DecodeLimits
 from kspec.engine.decode.drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
 from kspec.engine.decode.healing import HealingBias, walk_healing
 from kspec.engine.decode.sampling import SamplingParams
-from kspec.engine.decode.speculative import DraftPayoffs, SpeculationConfig, SpeculativeRun
+from kspec.engine.decode.speculative import DraftBudget, DraftPayoffs, SpeculationConfig, SpeculativeRun
 from kspec.engine.decode.member_constraint import MemberConstraint
 from kspec.engine.decode.steering import forced_tokens, past_indentation_starts, ranked_by_model
 from kspec.engine.decode.stopping import StopRule, rule_for_cursor
@@ -59,6 +59,7 @@ class EngineParts(Protocol):
     prefix_cache: PrefixCache
     draft_prefix_cache: PrefixCache
     draft_payoffs: DraftPayoffs  # what drafting was measured to be worth, per k, across requests
+    draft_budget: DraftBudget  # drafted tokens' measured chances and round costs, across requests
     prompt_starts: PromptStarts  # where recent prompts began: the next keystroke's begins there too
 
     @property
@@ -237,6 +238,7 @@ def prepare(
         unit_done=unit_done,
         healing=bias,
         payoff=parts.draft_payoffs.for_k(request.k),
+        budget=parts.draft_budget,
         forced=forced,
         steering=steering,
         names=member_constraint(parts, request, bias.vocab_size, bias.device),

@@ -37,6 +37,12 @@ GAMMA_LIMIT = 16  # the longest draft any drafter is asked for
 class Draft:
     tokens: list[int]
     q: Tensor | None = None  # [len(tokens), V] the drafter's distributions (None: deterministic draft)
+    evidence: str = ""  # what found it (its tokens' chances: engine/decode/speculative.py DraftBudget); "" not said
+
+    def cut(self, length: int) -> None:
+        """Keep the first `length` tokens (and their distributions)."""
+        self.tokens = self.tokens[:length]
+        self.q = self.q[:length] if self.q is not None and length > 0 else None
 
 
 class Drafter(Protocol):
@@ -124,11 +130,11 @@ class PromptLookupDrafter:
             ends = [end for length, end in own if length >= n]
             if ends:  # the latest one (ends ascending)
                 start = ends[-1] + 1
-                return Draft([at(i) for i in range(start, min(start + gamma, sequence_length))])
+                return Draft([at(i) for i in range(start, min(start + gamma, sequence_length))], evidence=f"own{n}")
             for sibling, found in zip(siblings, by_sibling):
                 ends = [end for length, end in found if length >= n]
                 if ends:
-                    return Draft(sibling[ends[-1] + 1 : ends[-1] + 1 + gamma])
+                    return Draft(sibling[ends[-1] + 1 : ends[-1] + 1 + gamma], evidence=f"sibling{n}")
         return Draft([])
 
     def keep(self, rows: list[int]) -> None:

@@ -12,8 +12,9 @@ Each round:
      entries are simply not counted), finished branches leave the batch, the deadline
      and the cancel token are checked.
 
-γ adapts (see `adapt_gamma`), and greedy runs stop drafting while drafts do not pay for
-their verification on this machine (see `DraftPayoff`).
+γ adapts (see `adapt_gamma`), greedy runs stop drafting while drafts do not pay for
+their verification on this machine (see `DraftPayoff`), and a greedy round verifies only the
+drafted tokens whose measured chances pay for their rows (see `DraftBudget`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ GAMMA_RULES = ("mean", "max", "fixed")
 PAYOFF_FIRST_PAUSE = 2  # rounds without drafts after drafting was measured not to pay; doubles each time
 PAYOFF_MAX_PAUSE = 16  # ... up to this, then drafting is tried again (the text may have turned repetitive)
 PAYOFF_SMOOTHING = 0.5  # weight of the newest round in each measured rate
+CHANCE_PRIOR = (1.8, 2.0)  # (accepted, offered) before any round: 0.9, so a kind of draft is verified until measured
+CHANCE_MEMORY = 200  # offers counted per (evidence, place); past it the counts halve, so the chances follow the text
+PLACES = 4  # a draft's places 0 .. PLACES - 2 apart, the later ones together
+COST_SMOOTHING = 0.3  # weight of a round's time in its row count's estimate
+COST_MEMORY = 400  # rounds (~15 keystrokes' requests) a row count's estimate is kept without a new measurement
 
 
 @dataclass(frozen=True)
@@ -149,6 +155,141 @@ def _smoothed(previous: float | None, value: float) -> float:
     return value if previous is None else PAYOFF_SMOOTHING * value + (1 - PAYOFF_SMOOTHING) * previous
 
 
+# --- how much of each draft a greedy round verifies ---------------------------------------------
+# The drafted tokens that, by their measured odds of acceptance and what a round of so many rows was
+# measured to cost here, give the most tokens per millisecond.
+#
+# A round of k live rows yields k tokens plus the accepted drafts; its cost grows with its rows, but
+# not evenly: on a 2-core CPU each extra row costs ~5 % of a one-row round, and steps where a kernel
+# changes loops (Intel AMX takes groups of 16 rows) make some row counts cheaper than fewer.
+# A lookup draft's tokens are accepted far more often after a long n-gram match than after a
+# one-token one (measured at 0.5B: the first token after a 6-token match 92 %, after 1 token 46 %),
+# so the same γ for every branch verifies rows that will not pay. Here each drafted token's chance
+# of being accepted (given the ones before it were) is learned per what found its draft
+# (`Draft.evidence`) and its place in it, from the engine's own rounds; a round's drafted tokens are
+# taken likeliest first (a token's cumulative chance falls along its draft, so every branch keeps a
+# prefix) for as long as the expected tokens per estimated millisecond rises.
+#
+# Greedy output does not depend on which drafts are verified (acceptance keeps exactly the target's
+# argmax), only the time does; sampled runs keep their drafts (a seed gives the same text anywhere).
+
+
+def _place(index: int) -> int:
+    return min(index, PLACES - 1)
+
+
+@dataclass
+class DraftChances:
+    """Per (evidence, place): how often a drafted token there was accepted once offered (all the
+    draft's tokens before it accepted)."""
+
+    counts: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # [accepted, offered]
+
+    def chance(self, evidence: str, index: int) -> float:
+        accepted, offered = self.counts.get((evidence, _place(index)), CHANCE_PRIOR)
+        return accepted / offered
+
+    def record(self, evidence: str, drafted: int, accepted: int) -> None:
+        """A row verified `drafted` tokens and accepted the first `accepted`: tokens 0 .. accepted were
+        offered (the one after the last accepted was rejected, if any), 0 .. accepted - 1 accepted."""
+        for index in range(min(drafted, accepted + 1)):
+            counts = self.counts.setdefault((evidence, _place(index)), list(CHANCE_PRIOR))
+            counts[0] += index < accepted
+            counts[1] += 1
+            if counts[1] > CHANCE_MEMORY:
+                counts[0], counts[1] = counts[0] / 2, counts[1] / 2
+
+
+@dataclass
+class RoundCosts:
+    """A round's measured milliseconds per (threads, rows), smoothed; other row counts interpolated
+    between the nearest measured ones (beyond the largest: its slope from the one before). A row count
+    not measured for COST_MEMORY rounds is forgotten: one slow round there (another process woke) would
+    otherwise keep the budget from ever choosing it, and so from measuring it again."""
+
+    ms: dict[tuple[int, int], float] = field(default_factory=dict)
+    measured_at: dict[tuple[int, int], int] = field(default_factory=dict)  # the round that last measured it
+    rounds: int = 0
+
+    def record(self, threads: int, rows: int, ms: float) -> None:
+        self.rounds += 1
+        key = (threads, rows)
+        previous = self.ms.get(key)
+        self.ms[key] = ms if previous is None else COST_SMOOTHING * ms + (1 - COST_SMOOTHING) * previous
+        self.measured_at[key] = self.rounds
+        for stale in [key for key, at in self.measured_at.items() if self.rounds - at > COST_MEMORY]:
+            del self.ms[stale], self.measured_at[stale]
+
+    def estimate(self, threads: int, rows: int) -> float | None:
+        """None until two row counts were measured at this thread count."""
+        known = sorted((r, ms) for (t, r), ms in self.ms.items() if t == threads)
+        if len(known) < 2:
+            return None
+        if rows <= known[0][0]:
+            return known[0][1]
+        for (low, low_ms), (high, high_ms) in zip(known, known[1:]):
+            if rows <= high:
+                return low_ms + (high_ms - low_ms) * (rows - low) / (high - low)
+        (low, low_ms), (high, high_ms) = known[-2], known[-1]
+        return high_ms + max(0.0, (high_ms - low_ms) / (high - low)) * (rows - high)
+
+
+@dataclass
+class DraftBudget:
+    """An engine's draft chances and round costs, learned across its requests."""
+
+    chances: DraftChances = field(default_factory=DraftChances)
+    costs: RoundCosts = field(default_factory=RoundCosts)
+
+    def lengths(self, threads: int, drafted: Sequence[tuple[str, int]], fixed_rows: int) -> list[int]:
+        """drafted: per free row, (evidence, tokens drafted); fixed_rows: the round's other rows (forced
+        starts, rows without a say). -> per free row, how many of its drafted tokens to verify: all of
+        them until the round costs are known."""
+        wanted = [n for _, n in drafted]
+        base = len(drafted) + fixed_rows
+        if sum(wanted) == 0 or self.costs.estimate(threads, base) is None:
+            return wanted
+        offers = []  # (cumulative chance, row): each row's tokens in order, their chances multiplied
+        for row, (evidence, n) in enumerate(drafted):
+            chance = 1.0
+            for index in range(n):
+                chance *= self.chances.chance(evidence, index)
+                offers.append((chance, row))
+        offers.sort(key=lambda offer: -offer[0])  # stable: a row's own tokens stay in order
+        expected, best_rate, best_taken = float(len(drafted)), 0.0, 0
+        for taken in range(len(offers) + 1):
+            if taken:
+                expected += offers[taken - 1][0]
+            ms = self.costs.estimate(threads, base + taken)
+            rate = expected / ms if ms else 0.0
+            if rate > best_rate:
+                best_rate, best_taken = rate, taken
+        lengths = [0] * len(drafted)
+        for _, row in offers[:best_taken]:
+            lengths[row] += 1
+        return lengths
+
+    def record(self, threads: int, rows: int, ms: float, drafts: Sequence[Draft], accepted: Sequence[int]) -> None:
+        """A round of `rows` rows took `ms`; its free rows verified `drafts` and accepted `accepted` of each."""
+        self.costs.record(threads, rows, ms)
+        for draft, taken in zip(drafts, accepted):
+            if draft.tokens:
+                self.chances.record(draft.evidence, len(draft.tokens), taken)
+
+def trim_drafts(budget: DraftBudget, threads: int, drafts: list[Draft], fixed: set[int]) -> set[int]:
+    """Cut the drafts of the rows not in `fixed` to the lengths `budget` chooses (in place); -> the
+    rows whose whole draft was cut (they say nothing about γ this round)."""
+    free = [row for row in range(len(drafts)) if row not in fixed]
+    fixed_rows = sum(1 + len(drafts[row].tokens) for row in fixed)
+    lengths = budget.lengths(threads, [(drafts[row].evidence, len(drafts[row].tokens)) for row in free], fixed_rows)
+    cut = set()
+    for row, length in zip(free, lengths):
+        if length < len(drafts[row].tokens):
+            cut |= {row} if length == 0 else set()
+            drafts[row].cut(length)
+    return cut
+
+
 @dataclass
 class SpeculationStats:
     rounds: int = 0
@@ -214,6 +355,7 @@ class SpeculativeRun:
         steering: SteeringConfig = SteeringConfig(),
         names: MemberConstraint | None = None,
         fork_ratio: float = 0.0,
+        budget: DraftBudget | None = None,
     ):
         """payoff: what drafting was measured to be worth so far (DraftPayoffs.for_k); None: a
         fresh one for this run. Used only by greedy runs with config.cost_aware.
@@ -223,7 +365,7 @@ class SpeculativeRun:
         (engine/decode/member_constraint.py). fork_ratio (diverse runs): a first token starts a
         branch of its own only where it is at least this likely relative to the best one; the
         other branches split later, where the greedy path hesitates (engine/decode/forks.py; 0:
-        the k likeliest first tokens)."""
+        the k likeliest first tokens). budget: the engine's DraftBudget (None: a fresh one), used where `payoff` is."""
         self.model, self.tracker, self.params, self.drafter, self.config = model, tracker, params, drafter, config
         self.cancel, self.unit_done, self.names = cancel, unit_done, names
         self._name_rows: set[int] = set()  # this round's rows inside a member name (`propose`)
@@ -262,6 +404,8 @@ class SpeculativeRun:
                 self._move(index, self.forks.lead, split)
         self.gamma = config.gamma
         self.payoff = (payoff or DraftPayoff()) if config.cost_aware and params.greedy else None
+        self.budget = (budget or DraftBudget()) if self.payoff is not None else None
+        self._cut: set[int] = set()  # this round's rows whose whole draft the budget cut
         self._drafting = True
         self._name_end = NameEndBias(tracker.tokenizer, self.healing.vocab_size, self.healing.device)
         self._drafts: list[Draft] = []
@@ -298,13 +442,8 @@ class SpeculativeRun:
             drafts = self.drafter.propose([b.token_ids for b in live_branches], self.gamma)
         else:  # paused: no drafting cost either (a drafter catches up on the histories when asked next)
             drafts = [Draft([]) for _ in live_branches]
-        for draft, branch in zip(drafts, live_branches):
-            room = max(0, limits.max_new_tokens - len(branch.token_ids))
-            if branch.heal_remaining or room == 0:
-                draft.tokens, draft.q = [], None  # healing: the target picks, one token at a time
-            elif len(draft.tokens) > room:
-                draft.tokens = draft.tokens[:room]
-                draft.q = draft.q[:room] if draft.q is not None else None
+        for draft, branch in zip(drafts, live_branches):  # healing: the target picks, one token at a time
+            draft.cut(0 if branch.heal_remaining else max(0, limits.max_new_tokens - len(branch.token_ids)))
         for row, rest in self.forced.drafts(self.live).items():
             drafts[row] = Draft(rest)  # verified in this pass, accepted whatever the target's argmax (see `_verify_forced`)
         for row, index in enumerate(self.live):  # waiting to split with no split to explore: a copy of the lead
@@ -315,14 +454,16 @@ class SpeculativeRun:
             self._name_rows = {row for row, b in enumerate(live_branches) if row not in self.forced.verifying and self.names.bias(b) is not None}
             for row in self._name_rows:
                 drafts[row] = Draft([])
+        self._cut = trim_drafts(self.budget, torch.get_num_threads(), drafts, set(self.forced.verifying)) if self.budget is not None and self._drafting else set()
         self._drafts = drafts
         self._drafted_at = time.perf_counter()
         return [[b.token_ids[-1], *d.tokens] for b, d in zip(live_branches, drafts)]
 
     @torch.inference_mode()
-    def accept(self, hidden: Tensor, verify_ms: float) -> None:
+    def accept(self, hidden: Tensor, verify_ms: float, round_rows: int | None = None) -> None:
         """hidden [k', T, dim]: the target's final hidden states of this request's rows (T >= each
-        row's length; padding ignored); the run computes the logits its acceptance needs."""
+        row's length; padding ignored); the run computes the logits its acceptance needs.
+        round_rows: the tokens the verification fed, other requests' rows included (default: this one's)."""
         verified_at = time.perf_counter()
         live_branches, drafts = self.live_branches, self._drafts
 
@@ -390,8 +531,11 @@ class SpeculativeRun:
         self.stats.record_round(len(self.live), self._drafting, sum(drafted), sum(accepted), self.gamma, draft_ms, verify_ms + head_ms, accept_ms)
         if self.payoff is not None:
             self.payoff.record(any(d.tokens for d in drafts), sum(len(t) for t in taken.tokens), draft_ms + verify_ms + head_ms)
-        if self._drafting:
-            self.gamma = adapt_gamma(self.gamma, drafted, accepted, self.config)
+        if self.budget is not None:
+            self.budget.record(torch.get_num_threads(), round_rows or sum(1 + len(d.tokens) for d in drafts), verify_ms + head_ms, [drafts[row] for row in free], accepted)
+        said = [i for i, row in enumerate(free) if row not in self._cut]  # a row whose whole draft the budget cut says nothing about γ
+        if self._drafting and said:
+            self.gamma = adapt_gamma(self.gamma, [drafted[i] for i in said], [accepted[i] for i in said], self.config)
 
     def _verify_forced(
         self, taken: RoundAcceptance, hidden: Tensor, live_branches: list[Branch]

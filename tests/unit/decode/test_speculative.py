@@ -20,7 +20,7 @@ from kspec.engine.models.hf_folder import load_transformer
 from model_factory import write_random_model
 from kspec.engine.decode.sampling import SamplingParams
 from kspec.engine.decode.speculative import (
-    PAYOFF_FIRST_PAUSE, PAYOFF_MAX_PAUSE, DraftPayoff, DraftPayoffs, SpeculationConfig, SpeculationStats, SpeculativeRun, adapt_gamma,
+    PAYOFF_FIRST_PAUSE, PAYOFF_MAX_PAUSE, DraftBudget, DraftPayoff, DraftPayoffs, SpeculationConfig, SpeculationStats, SpeculativeRun, adapt_gamma,
 )
 from kspec.engine.decode.speculative import pad_rows
 from kspec.engine.decode.stopping import StopRule
@@ -59,9 +59,8 @@ def test_greedy_branches_equal_plain_greedy_for_every_drafter(random_engine, dra
     expected = [b.token_ids for b in plain.branches]
     for name, make in _drafters(random_engine, draft_model).items():
         for gamma in (1, 4):
-            output = decode_speculative(
-                model, _tracker(random_engine), k, SamplingParams(), make(), SpeculationConfig(gamma=gamma, gamma_min=1), diverse=True
-            )
+            config = SpeculationConfig(gamma=gamma, gamma_min=1, cost_aware=False)  # every draft verified: no timing in the test
+            output = decode_speculative(model, _tracker(random_engine), k, SamplingParams(), make(), config, diverse=True)
             assert [b.token_ids for b in output.branches] == expected, (name, gamma)
             if name == "model-self":
                 assert output.stats.mean_accepted_per_round > 1.0  # the all-accepted path ran
@@ -273,6 +272,19 @@ def test_what_drafting_is_worth_carries_over_to_the_next_request(random_engine):
     # them (D P D P P D P P P P D); the carried state is already in its longest pause
     assert len(widths) == 11 and sum(width > 1 for width in widths) <= 1
     assert payoffs.for_k(3).plain_rate is not None and payoffs.for_k(5).plain_rate is None  # per k
+
+
+def test_a_greedy_run_verifies_only_the_drafts_worth_their_rows_and_writes_the_same_text(random_engine):
+    model = random_engine.target.model
+    plain = decode_regular(model, _tracker(random_engine, 30), 3, SamplingParams(), diverse=True)
+    budget = DraftBudget()
+    for rows, ms in ((3, 30.0), (30, 300.0)):  # each row costs a third of a 3-row round: a token at even odds does not pay
+        budget.costs.record(torch.get_num_threads(), rows, ms)
+    run = SpeculativeRun(model, _tracker(random_engine, 30), 3, SamplingParams(), PromptLookupDrafter(), diverse=True, budget=budget)
+    widths = _rounds(run, model, lambda width: 30.0 * width)
+    assert [b.token_ids for b in run.branches] == [b.token_ids for b in plain.branches]
+    assert set(widths) == {1} and run.stats.drafted == 0
+    assert run.budget is budget and budget.costs.estimate(torch.get_num_threads(), 3) == pytest.approx(30.0, abs=5.0)
 
 
 # --- exact speculative sampling on a tiny vocabulary -------------------------------------------
