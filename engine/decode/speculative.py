@@ -160,7 +160,7 @@ def _smoothed(previous: float | None, value: float) -> float:
 # measured to cost here, give the most tokens per millisecond.
 #
 # A round of k live rows yields k tokens plus the accepted drafts; its cost grows with its rows, but
-# not evenly: on a 2-core CPU each extra row costs ~5 % of a one-row round, and steps where a kernel
+# not evenly: on a 2-core CPU each extra row costs 5-8 % of a one-row round, and steps where a kernel
 # changes loops (Intel AMX takes groups of 16 rows) make some row counts cheaper than fewer.
 # A lookup draft's tokens are accepted far more often after a long n-gram match than after a
 # one-token one (measured at 0.5B: the first token after a 6-token match 92 %, after 1 token 46 %),
@@ -243,8 +243,8 @@ class DraftBudget:
 
     def lengths(self, threads: int, drafted: Sequence[tuple[str, int]], fixed_rows: int) -> list[int]:
         """drafted: per free row, (evidence, tokens drafted); fixed_rows: the round's other rows (forced
-        starts, rows without a say). -> per free row, how many of its drafted tokens to verify: all of
-        them until the round costs are known."""
+        starts, their tokens included). -> per free row, how many of its drafted tokens to verify: all
+        of them until the round costs are known."""
         wanted = [n for _, n in drafted]
         base = len(drafted) + fixed_rows
         if sum(wanted) == 0 or self.costs.estimate(threads, base) is None:
@@ -258,8 +258,7 @@ class DraftBudget:
         offers.sort(key=lambda offer: -offer[0])  # stable: a row's own tokens stay in order
         expected, best_rate, best_taken = float(len(drafted)), 0.0, 0
         for taken in range(len(offers) + 1):
-            if taken:
-                expected += offers[taken - 1][0]
+            expected += offers[taken - 1][0] if taken else 0.0
             ms = self.costs.estimate(threads, base + taken)
             rate = expected / ms if ms else 0.0
             if rate > best_rate:
@@ -275,6 +274,7 @@ class DraftBudget:
         for draft, taken in zip(drafts, accepted):
             if draft.tokens:
                 self.chances.record(draft.evidence, len(draft.tokens), taken)
+
 
 def trim_drafts(budget: DraftBudget, threads: int, drafts: list[Draft], fixed: set[int]) -> set[int]:
     """Cut the drafts of the rows not in `fixed` to the lengths `budget` chooses (in place); -> the

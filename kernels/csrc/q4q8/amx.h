@@ -182,7 +182,7 @@ void dot_tile_amx(const Quantized& q, int64_t r0, const uint8_t* codes, const c1
 
 // Every row of tiles t0 .. t1 - 1, a tile at a time: its groups of 16 rows on AMX, then the fewer than
 // 16 left over on the VNNI loop while the tile's codes are still in cache (row groups outside the tile
-// loop read the weights from memory once per group: 17 rows cost 1.3x 16 rows, docs/measurements/amx-tiles.md)
+// loop read the weights from memory once per group: 17 rows cost 1.3x 16 rows, docs/measurements/amx-draft-budget.md)
 template <int Bits>
 void dot_range_amx(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
                    int64_t t0, int64_t t1, float* y, int64_t ldy) {
