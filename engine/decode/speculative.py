@@ -151,8 +151,9 @@ class DraftPayoffs:
         return self._by_k.setdefault(k, DraftPayoff())
 
 
-def _smoothed(previous: float | None, value: float) -> float:
-    return value if previous is None else PAYOFF_SMOOTHING * value + (1 - PAYOFF_SMOOTHING) * previous
+def _smoothed(previous: float | None, value: float, weight: float = PAYOFF_SMOOTHING) -> float:
+    """An exponentially weighted average: `value` weighs `weight`, what came before the rest."""
+    return value if previous is None else weight * value + (1 - weight) * previous
 
 
 # --- how much of each draft a greedy round verifies ---------------------------------------------
@@ -214,8 +215,7 @@ class RoundCosts:
     def record(self, threads: int, rows: int, ms: float) -> None:
         self.rounds += 1
         key = (threads, rows)
-        previous = self.ms.get(key)
-        self.ms[key] = ms if previous is None else COST_SMOOTHING * ms + (1 - COST_SMOOTHING) * previous
+        self.ms[key] = _smoothed(self.ms.get(key), ms, COST_SMOOTHING)
         self.measured_at[key] = self.rounds
         for stale in [key for key, at in self.measured_at.items() if self.rounds - at > COST_MEMORY]:
             del self.ms[stale], self.measured_at[stale]
