@@ -220,18 +220,26 @@ class RoundCosts:
         for stale in [key for key, at in self.measured_at.items() if self.rounds - at > COST_MEMORY]:
             del self.ms[stale], self.measured_at[stale]
 
+    def curve(self, threads: int) -> list[tuple[int, float]]:
+        """(rows, ms) measured at this thread count, by rows."""
+        return sorted((r, ms) for (t, r), ms in self.ms.items() if t == threads)
+
     def estimate(self, threads: int, rows: int) -> float | None:
         """None until two row counts were measured at this thread count."""
-        known = sorted((r, ms) for (t, r), ms in self.ms.items() if t == threads)
-        if len(known) < 2:
-            return None
-        if rows <= known[0][0]:
-            return known[0][1]
-        for (low, low_ms), (high, high_ms) in zip(known, known[1:]):
-            if rows <= high:
-                return low_ms + (high_ms - low_ms) * (rows - low) / (high - low)
-        (low, low_ms), (high, high_ms) = known[-2], known[-1]
-        return high_ms + max(0.0, (high_ms - low_ms) / (high - low)) * (rows - high)
+        return _interpolated(self.curve(threads), rows)
+
+
+def _interpolated(known: list[tuple[int, float]], rows: int) -> float | None:
+    """ms at `rows` on a measured curve (RoundCosts.curve); None with fewer than two points."""
+    if len(known) < 2:
+        return None
+    if rows <= known[0][0]:
+        return known[0][1]
+    for (low, low_ms), (high, high_ms) in zip(known, known[1:]):
+        if rows <= high:
+            return low_ms + (high_ms - low_ms) * (rows - low) / (high - low)
+    (low, low_ms), (high, high_ms) = known[-2], known[-1]
+    return high_ms + max(0.0, (high_ms - low_ms) / (high - low)) * (rows - high)
 
 
 @dataclass
@@ -246,8 +254,8 @@ class DraftBudget:
         starts, their tokens included). -> per free row, how many of its drafted tokens to verify: all
         of them until the round costs are known."""
         wanted = [n for _, n in drafted]
-        base = len(drafted) + fixed_rows
-        if sum(wanted) == 0 or self.costs.estimate(threads, base) is None:
+        base, curve = len(drafted) + fixed_rows, self.costs.curve(threads)  # the curve once a round, not once a token
+        if sum(wanted) == 0 or _interpolated(curve, base) is None:
             return wanted
         offers = []  # (cumulative chance, row): each row's tokens in order, their chances multiplied
         for row, (evidence, n) in enumerate(drafted):
@@ -259,7 +267,7 @@ class DraftBudget:
         expected, best_rate, best_taken = float(len(drafted)), 0.0, 0
         for taken in range(len(offers) + 1):
             expected += offers[taken - 1][0] if taken else 0.0
-            ms = self.costs.estimate(threads, base + taken)
+            ms = _interpolated(curve, base + taken)
             rate = expected / ms if ms else 0.0
             if rate > best_rate:
                 best_rate, best_taken = rate, taken
@@ -282,11 +290,12 @@ def trim_drafts(budget: DraftBudget, threads: int, drafts: list[Draft], fixed: s
     free = [row for row in range(len(drafts)) if row not in fixed]
     fixed_rows = sum(1 + len(drafts[row].tokens) for row in fixed)
     lengths = budget.lengths(threads, [(drafts[row].evidence, len(drafts[row].tokens)) for row in free], fixed_rows)
-    cut = set()
+    cut: set[int] = set()
     for row, length in zip(free, lengths):
         if length < len(drafts[row].tokens):
-            cut |= {row} if length == 0 else set()
             drafts[row].cut(length)
+            if length == 0:
+                cut.add(row)
     return cut
 
 
