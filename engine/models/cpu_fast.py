@@ -10,8 +10,9 @@ What it does (which kernel on which CPU, and the measurements that chose it: cpu
 - with many rows (verifying k x (gamma+1) drafts, prefill) a dense copy can be faster: where the
   CPU's profile keeps one, `CpuLinear` holds it (bfloat16 in oneDNN's layout on CPUs with native
   bfloat16, else float32) and picks by the row count (`FastPath.int4_max_rows`);
-- without a dense copy the embedding table is kept as its codes too (`Int4Embedding`, exact), and a
-  table tied to an 8-bit head is looked up in the head's own codes (`Q8HeadEmbedding`);
+- without a dense copy the embedding table is kept as its codes too: in kspec's kernel forms
+  (`TiledEmbedding`: the head's own where the table is tied to it, else its own, kept with the other
+  forms), or as its 4-bit terms for PyTorch's kernel (`Int4Embedding`, exact);
 - a step of few rows over the branch cache runs every layer in one C++ call
   (`native_step.NativeSteps`, kernels/cpu_layers.py) where this machine can build it;
 - embeddings, norms, attention and the KV cache stay float32 (the prompt's KV float16 where the C++
@@ -33,7 +34,7 @@ from kspec.engine.models.cpu_profile import (
     HEAD_COST_PRIOR, INT4_KERNELS, INT4_MAX_ROWS, Q5Q8_ISAS, Q6Q8_ISAS, Q8Q8_ISAS, CpuFacts, dense_pays, profile_for,
 )
 from kspec.engine.models.quantized import (
-    CpuLinear, Int4Embedding, Q4Codes, Q6Q8Term, Q8HeadEmbedding, Q8Q8Term, TiledTerm, cat_six_bit, fused_linear, int4_kernel_available,
+    Q4_FORMAT, CpuLinear, Int4Embedding, Q4Codes, Q6Q8Term, Q8Q8Term, TiledEmbedding, TiledTerm, cat_six_bit, fused_linear, int4_kernel_available,
     packed_terms, six_bit_codes, weight_terms,
 )
 from kspec.engine.models.kernel_choice import (
@@ -129,16 +130,25 @@ def _kernel_matmuls(kernel: str) -> tuple[Callable[..., torch.Tensor] | None, ..
     return q4q8, q8q8, cpu_layers.load_q5_matmul(cache_root()) if isa in Q5Q8_ISAS else None
 
 
-def choice_identity(codes_file: Path, path: FastPath) -> dict[str, Any]:
+def choice_identity(codes_folder: Path, path: FastPath) -> dict[str, Any]:
     """What a measured kernel choice depends on: the CPU (name, flags, cap), the build, torch and
-    its threads, the model's file, the settings left to the measurement."""
+    its threads, the model's codes (their folder, named by the file they came from, and format),
+    the settings left to the measurement."""
     info = cpu_layers.cpu_info()
-    stat = codes_file.stat()
     return {
         "cpu": [info.get("model name", ""), info.get("flags", ""), os.environ.get(CPU_VARIABLE, "")],
         "build": cpu_layers.build_flags(), "torch": [torch.__version__, torch.get_num_threads()], "kspec": version(),
-        "model": [str(codes_file), stat.st_size, stat.st_mtime_ns], "path": repr(path), "method": TRIAL_METHOD,
+        "model": [str(codes_folder.resolve()), Q4_FORMAT], "path": repr(path), "method": TRIAL_METHOD,
     }  # fmt: skip
+
+
+def cached_path(path: FastPath, cache: ChoiceCache, key: str) -> tuple[FastPath, KernelChoice | None] | None:
+    """`measured_path` without codes: `path` with what it leaves to this machine taken from an
+    earlier start's measured choice; None where that is still to be measured."""
+    if path.int4_kernel is not None and path.keep_dense is not None:
+        return path, None
+    choice = cache.get(key)
+    return None if choice is None else (_with_choice(path, choice), choice)
 
 
 def measured_path(codes: Mapping[str, Q4Codes], path: FastPath, cache: ChoiceCache | None, key: str) -> tuple[FastPath, KernelChoice | None]:
@@ -163,30 +173,49 @@ def measured_path(codes: Mapping[str, Q4Codes], path: FastPath, cache: ChoiceCac
         choice = decide(times, list(kernels), dense, prior, fits, share, layer_loop=path.native_steps)
         if cache is not None and choice.quiet:  # a busy moment's times serve this start only
             cache.put(key, choice)
-    measured = replace(
+    return _with_choice(path, choice), choice
+
+
+def _with_choice(path: FastPath, choice: KernelChoice) -> FastPath:
+    """`path` with the kernel, dense copy and row limit it leaves open taken from `choice`."""
+    return replace(
         path, int4_kernel=path.int4_kernel or choice.int4_kernel, keep_dense=choice.keep_dense if path.keep_dense is None else path.keep_dense,
         int4_max_rows=path.int4_max_rows if path.int4_max_rows is not None else choice.int4_max_rows,
     )  # fmt: skip
-    return measured, choice
 
 
-def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPath = FastPath(), codes_file: Path | None = None) -> Transformer:
+def kernel_store(codes_folder: Path | None, path: FastPath) -> tuple[Path | None, TiledStore | None]:
+    """Where this build keeps kspec's kernel forms of the codes in `codes_folder` (None: another
+    kernel, or no folder), and the store there (None: none yet, or unreadable)."""
+    if codes_folder is None or (kernel := _kernel_matmuls(path.resolved_int4_kernel())) is None or kernel[0] is None:
+        return None, None
+    store_file = store_path(codes_folder, cpu_layers.matmul_isa(cache_root()))
+    return store_file, TiledStore.open(store_file)
+
+
+def to_fast_path(
+    model: Transformer, codes: Mapping[str, Q4Codes], path: FastPath = FastPath(), codes_folder: Path | None = None,
+    store: TiledStore | None = None,
+) -> Transformer:  # fmt: skip
     """Turn a loaded model into the fast path, in place (returns it): q/k/v and gate/up fused,
     every projection and the head a CpuLinear, 4-bit where `codes` (HF weight names, see
     `weight_terms`) has every part. The head's dense form stays the model's own weight. With
-    kspec's kernel and `codes_file` (where `codes` were read from), the kernel's forms are kept
-    next to it and later loads map them instead of building them (tiled_store.py)."""
+    kspec's kernel and `codes_folder` (where `codes` were read from), the kernel's forms are kept
+    there and later loads map them instead of building them (tiled_store.py; `store`: that store,
+    already open). A complete store needs no `codes`."""
     dense_dtype, keep_dense, int4_max_rows = path.resolved_dense_dtype(), path.resolved_keep_dense(), path.resolved_int4_max_rows()
     q4q8, q8q8, q5q8 = _kernel_matmuls(path.resolved_int4_kernel()) or (None, None, None)  # all None: PyTorch's
     isa = cpu_layers.matmul_isa(cache_root()) if q4q8 is not None else None
     q6q8 = cpu_layers.load_q6_matmul(cache_root()) if isa in Q6Q8_ISAS else None
-    store_file = store_path(codes_file, isa) if codes_file is not None and isa is not None else None
-    store = TiledStore.open(store_file) if store_file is not None else None
+    store_file, opened = kernel_store(codes_folder, path) if store is None else (None, store)
+    store = store or opened
     forms = {"Q4Q8Term": q4q8, "Q8Q8Term": q8q8, "Q5Q8Term": q5q8, "Q6Q8Term": q6q8}
     built: dict[str, CpuLinear] = {}
+    stands_for: dict[str, list[str]] = {}  # a built key -> the weight names its forms stand for
 
     def kept(key: str, *names: str) -> list[TiledTerm]:
         """The layer's terms from the store, else its weights' 6-bit form where each has one."""
+        stands_for[key] = list(names)
         if store is not None and (terms := store.terms(key, forms)):
             return terms
         six = [six_bit_codes(codes, name) for name in names] if q6q8 is not None else []
@@ -224,19 +253,59 @@ def to_fast_path(model: Transformer, codes: Mapping[str, Q4Codes], path: FastPat
         head_dense, head_terms or [], head.bias, int4_max_rows, head_dtype, q4q8_matmul=q4q8, q8q8_matmul=q8q8, q5q8_matmul=q5q8,
         tiled=head_tiled,
     )  # fmt: skip
-    if store_file is not None and store is None:
-        TiledStore.save(store_file, built)
     float_table_needed = bool(model.lm_head.dense_parts) and model.args.tie_embeddings
-    float_weights_kept = keep_dense and dense_dtype == torch.float32  # loaded and kept anyway: the table stays float32
-    head_terms_kept = model.lm_head.terms
-    if model.args.tie_embeddings and not float_table_needed and len(head_terms_kept) == 1 and isinstance(head_terms_kept[0], Q8Q8Term):
-        model.model.embed_tokens = Q8HeadEmbedding(head_terms_kept[0], model.dtype)  # the head's codes: no table of its own
-    elif not float_table_needed and not float_weights_kept and (embed_terms := packed_terms(codes, embed_name)):
-        model.model.embed_tokens = Int4Embedding(embed_terms, model.dtype)  # the table's codes read only when kept
+    if not float_table_needed and not (keep_dense and dense_dtype == torch.float32):  # else: loaded and kept anyway, float32
+        def forms_of(terms: list[Q4Codes]) -> list[torch.nn.Module]:
+            return list(CpuLinear([], terms, None, int4_max_rows, dense_dtype, q4q8_matmul=q4q8, q8q8_matmul=q8q8, q5q8_matmul=q5q8).terms)
+
+        own = [] if model.args.tie_embeddings or q4q8 is None or store is None else kept(embed_name, embed_name)
+        embedding = _coded_embedding(model, codes, store, own, forms_of if q4q8 is not None else None)
+        model.model.embed_tokens = embedding or model.model.embed_tokens
+        if q4q8 is not None and embedding is not None and not (model.args.tie_embeddings and isinstance(embedding, TiledEmbedding)):
+            built[embed_name] = embedding  # type: ignore[assignment]  # kept with the forms (a tied head's are the head's)
+    if store_file is not None and store is None:
+        coded = [key for key, module in built.items() if not _dense_parts(module)]
+        table = isinstance(model.model.embed_tokens, (TiledEmbedding, Int4Embedding)) and q4q8 is not None
+        weights = [name for key in coded for name in stands_for.get(key, [])] + [embed_name] * table
+        TiledStore.save(store_file, built, weights, complete=table and len(coded) == len(built))
     model.native_steps = NativeSteps.for_model(model, lambda: cpu_layers.load(cache_root())) if path.native_steps else None
     model.prompt_kv_dtype = path.resolved_prompt_kv(model.native_steps)
     model.head_cost = _head_cost(model.lm_head, isa)
     return model
+
+
+def _dense_parts(module: torch.nn.Module) -> bool:
+    """Whether a built linear (or embedding) holds a dense copy or terms that are not kernel forms."""
+    return isinstance(module, CpuLinear) and (module.has_dense or not all(isinstance(t, TiledTerm) for t in module.terms))
+
+
+def _coded_embedding(
+    model: Transformer, codes: Mapping[str, Q4Codes], store: TiledStore | None, own: list[TiledTerm],
+    forms_of: Callable[[list[Q4Codes]], list[torch.nn.Module]] | None,
+) -> torch.nn.Module | None:  # fmt: skip
+    """The embedding table in codes instead of float weights, where it has them: read in kernel
+    forms (the head's where tied to it, no table of its own; else its own, built by `forms_of`,
+    kspec's kernel's) where those hold the file's weights exactly (their float16 s and m are the
+    file's: Q8_0, Q4_0, Q5_x tables); else as its 4-bit terms, exact. A `store` keeps what its build
+    chose: the table's 4-bit terms, or its own forms (`own`), or neither where tied to the head's.
+    None where the table has no codes."""
+    embed_name = "model.embed_tokens.weight"
+    if store is not None and (packed := store.packed(embed_name)):
+        return Int4Embedding(packed, model.dtype)
+    tied = model.args.tie_embeddings
+    if store is not None:
+        candidates = list(model.lm_head.terms) if tied else own
+    else:
+        candidates = list(model.lm_head.terms) if tied else forms_of(terms) if forms_of and (terms := weight_terms(codes, embed_name)) else []
+    exact = store is not None or all(getattr(t, "exact_params", False) for t in candidates)
+    if candidates and exact and all(isinstance(t, TiledTerm) for t in candidates):
+        return TiledEmbedding(candidates, model.dtype)  # type: ignore[arg-type]
+    return _int4_embedding(codes, embed_name, model.dtype)
+
+
+def _int4_embedding(codes: Mapping[str, Q4Codes], name: str, dtype: torch.dtype) -> Int4Embedding | None:
+    terms = packed_terms(codes, name)
+    return Int4Embedding(terms, dtype) if terms else None
 
 
 def _head_cost(head: CpuLinear, isa: str | None) -> HeadCost | None:
@@ -271,10 +340,13 @@ def describe(model: Transformer) -> str:
     head_forms = {type(t) for t in model.lm_head.terms} if isinstance(model.lm_head, CpuLinear) else set()
     if Q8Q8Term in head_forms or Q6Q8Term in head_forms:
         notes.append("6-bit head" if Q6Q8Term in head_forms else "8-bit head")
-    if isinstance(model.model.embed_tokens, Int4Embedding):
+    embedding = model.model.embed_tokens
+    if isinstance(embedding, Int4Embedding):
         notes.append("4-bit embedding")
-    elif isinstance(model.model.embed_tokens, Q8HeadEmbedding):
-        notes.append("embedding from the head's 8-bit codes")
+    elif isinstance(embedding, TiledEmbedding) and model.args.tie_embeddings:
+        notes.append(f"embedding from the head's {embedding.terms[0].bits}-bit codes")
+    elif isinstance(embedding, TiledEmbedding):
+        notes.append(f"{embedding.terms[0].bits}-bit embedding")
     if model.native_steps is not None:
         limit = model.native_steps.max_rows
         notes.append("C++ layer loop" + (f" up to {limit} rows" if limit is not None else ""))

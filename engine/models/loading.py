@@ -12,12 +12,14 @@ from kspec.engine.errors import ModelLoadError
 from kspec.engine.freed_memory import return_freed_memory
 from kspec.engine.models.gguf_convert import ProgressCallback
 from kspec.engine.json_file import identity_key
-from kspec.engine.models.cpu_fast import FastPath, choice_identity, describe, fast_path_available, measured_path, to_fast_path
+from kspec.engine.models.cpu_fast import (
+    FastPath, cached_path, choice_identity, describe, fast_path_available, kernel_store, measured_path, to_fast_path,
+)
 from kspec.engine.models.hf_folder import load_transformer
-from kspec.engine.models.kernel_choice import CHOICE_CACHE_FILE, ChoiceCache
+from kspec.engine.models.kernel_choice import CHOICE_CACHE_FILE, ChoiceCache, KernelChoice
 from kspec.engine.models.quantized import Q4_FILE, TERM_SEPARATOR, DenseWeightsSkipped, Q4File
 from kspec.engine.models.quantize_at_load import quantized_terms
-from kspec.engine.models.resolve import cache_root, resolve_model
+from kspec.engine.models.resolve import SOURCE_FILE, cache_root, codes_droppable, codes_file, resolve_model
 from kspec.engine.models.tokenizer import Tokenizer
 from kspec.engine.models.transformer import Transformer
 from kspec.kernels.paths import attention_paths
@@ -77,6 +79,7 @@ def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCall
         model = _load_fast_path(resolved.folder, compute.dtype, FastPath.for_weights(**config.cpu_fast_path()), config)
         return_freed_memory()  # the conversion's buffers (unpacked and int32 codes)
     else:
+        codes_file(resolved.folder)  # dropped 4-bit weights are read again: the other paths dequantize them
         model = load_transformer(resolved.folder, compute.dtype, config.device)
     tokenizer = Tokenizer.from_folder(resolved.folder, model.args.eos_token_ids)
     if tokenizer.vocab_size > model.args.vocab_size:
@@ -91,25 +94,74 @@ def _load_fast_path(folder: Path, dtype: torch.dtype, path: FastPath, config: En
     has them. Without a dense copy, the float weights that 4-bit codes stand in for are never
     read: the load peaks at the model it keeps, not at the float32 model (869 -> 621 MB for the
     default one). Should one of them still be needed (codes that could not be fused), every
-    weight is read after all."""
+    weight is read after all. Where kspec's kernel forms of every coded weight are kept (a
+    complete store) and the kernel choice was measured before, they serve the start alone; a
+    converted GGUF's 4-bit weights are then dropped (written again from the file when a start
+    needs them: another instruction set, PyTorch's kernel, a dense copy, a new measurement)."""
+    from_gguf = (folder / SOURCE_FILE).is_file()
     q4_file = folder / Q4_FILE
-    if not q4_file.is_file():  # float weights (an HF folder): quantized once, cached (quantize_at_load.py)
+    if not from_gguf and not q4_file.is_file():  # float weights (an HF folder): quantized once, cached (quantize_at_load.py)
         if config.quantize == "none":
             return to_fast_path(load_transformer(folder, dtype, "cpu"), {}, path)
         q4_file = quantized_terms(folder, config.quantize, cache_root(), config.progress)
-    with Q4File(q4_file) as codes:
-        cache = ChoiceCache(cache_root() / CHOICE_CACHE_FILE)
-        path, choice = measured_path(codes, path, cache, identity_key(choice_identity(q4_file, path)))
+    cache, asked = ChoiceCache(cache_root() / CHOICE_CACHE_FILE), path
+    key = identity_key(choice_identity(q4_file.parent, path))
+    if (model := _from_store(folder, dtype, cached_path(path, cache, key), q4_file.parent)) is not None:
+        return model
+    with _codes(folder, q4_file, from_gguf) as codes:
+        q4_file = codes.path
+        path, choice = measured_path(codes, path, cache, key)
         skip = frozenset() if path.resolved_keep_dense() else frozenset(name.split(TERM_SEPARATOR)[0] for name in codes)
         try:
-            model = to_fast_path(load_transformer(folder, dtype, "cpu", skip), codes, path, q4_file)
+            model = to_fast_path(load_transformer(folder, dtype, "cpu", skip), codes, path, q4_file.parent)
             complete = not any(tensor.is_meta for tensor in [*model.parameters(), *model.buffers()])
         except DenseWeightsSkipped:
             complete = False
         if not complete:
-            model = to_fast_path(load_transformer(folder, dtype, "cpu"), codes, path, q4_file)
+            model = to_fast_path(load_transformer(folder, dtype, "cpu"), codes, path, q4_file.parent)
+    model.kernel_choice = choice
+    if from_gguf and cached_path(asked, cache, key) is not None and codes_droppable(folder) and _serves_alone(path, q4_file.parent):
+        q4_file.unlink(missing_ok=True)  # the kernel forms (and the choice) stand for them; the GGUF file is there to read them again
+    return model
+
+
+def _codes(folder: Path, q4_file: Path, from_gguf: bool) -> Q4File:
+    """The model's 4-bit codes, opened; a converted GGUF's written again from the file where they
+    were dropped (also by another start, between the check and the opening)."""
+    if not from_gguf:
+        return Q4File(q4_file)
+    try:
+        return Q4File(codes_file(folder) or q4_file)
+    except FileNotFoundError:
+        return Q4File(codes_file(folder) or q4_file)
+
+
+def _from_store(folder: Path, dtype: torch.dtype, cached: tuple[FastPath, KernelChoice | None] | None, codes_folder: Path) -> Transformer | None:
+    """The model from its kept kernel forms alone (no 4-bit codes read), where the kernel choice
+    (`cached`: the path it gives and the measured choice) is known and a store holds every weight
+    the codes stood for; else None."""
+    if cached is None or cached[0].resolved_keep_dense():
+        return None
+    path, choice = cached
+    _, store = kernel_store(codes_folder, path)
+    if store is None or not store.complete:
+        return None
+    try:
+        model = to_fast_path(load_transformer(folder, dtype, "cpu", store.weights), {}, path, store=store)
+    except (ModelLoadError, DenseWeightsSkipped):  # a weight neither kept nor in the checkpoint: read the codes
+        return None
+    if any(tensor.is_meta for tensor in [*model.parameters(), *model.buffers()]):
+        return None
     model.kernel_choice = choice
     return model
+
+
+def _serves_alone(path: FastPath, codes_folder: Path) -> bool:
+    """Whether `path` takes kspec's kernel forms only and a complete store of them is kept."""
+    if path.resolved_keep_dense():
+        return False
+    _, store = kernel_store(codes_folder, path)
+    return store is not None and store.complete
 
 
 def check_draft_compatible(target: LoadedModel, draft: LoadedModel) -> None:

@@ -224,6 +224,7 @@ class Q4File(Mapping[str, Q4Codes]):
     a time without holding every layer's unpacked codes). Use as a context manager."""
 
     def __init__(self, path: Path):
+        self.path = path
         self._file = TensorFile(path)
         self._names = sorted({key.rsplit(".", 1)[0] for key in self._file.names()})
         self._known = frozenset(self._names)
@@ -293,14 +294,19 @@ class TiledTerm(nn.Module):
     kernel. Holds the form's codes and its float16 parameters [N/16, K/32, 2, 16] (a block's s
     of the tile's outputs, then their m); the subclasses lay out the codes."""
 
+    bits: int  # a weight's code: 4, 5, 6 or 8
+
     def __init__(self, codes: Tensor, scale: Tensor, minimum: Tensor, out_features: int, matmul: Q4Q8Matmul):
         """codes in the form's layout; scale, minimum [N padded, K/32] float32."""
         super().__init__()
         rows, blocks = scale.shape
-        params = torch.stack([scale, minimum], dim=1).to(torch.float16)  # [N, 2, K/32]
+        exact = torch.stack([scale, minimum], dim=1).float()  # [N, 2, K/32]
+        params = exact.to(torch.float16)
         self._hold(codes, params.view(rows // Q4Q8_TILE, Q4Q8_TILE, 2, blocks).permute(0, 3, 2, 1).contiguous(), out_features, matmul)
+        self.exact_params = bool(torch.equal(params.float(), exact))  # float16 held every s and m as given
 
     def _hold(self, codes: Tensor, params: Tensor, out_features: int, matmul: Q4Q8Matmul) -> None:
+        self.exact_params = False  # not known of a term mapped from a store
         self.matmul = matmul
         self.out_features = out_features
         self.codes: Tensor
@@ -336,6 +342,8 @@ class Q4Q8Term(TiledTerm):
     as llama.cpp does, where PyTorch's int4 kernel is slow: AVX2). The file's codes as they are;
     s = scale and m = zero - 8 scale in float16 (a GGUF's own d and m). Rows are padded to a
     multiple of 16."""
+
+    bits = 4  # a weight's code
 
     def __init__(self, codes: Q4Codes, matmul: Q4Q8Matmul):
         per_block, scale, zero = _tile_blocks(codes.codes, codes.scale, codes.zero, 0)  # [N/16, 16, K/32, 32]
@@ -382,6 +390,8 @@ class Q8Q8Term(TiledTerm):
     llama.cpp's Q8_0 x Q8_0 dot), one integer dot per block where the two 4-bit terms of the same
     weight take two. s and m in float16. Rows are padded to a multiple of 16."""
 
+    bits = 8  # a weight's code
+
     def __init__(self, codes: Tensor, scale: Tensor, minimum: Tensor, matmul: Q4Q8Matmul):
         per_block, scale, minimum = _tile_blocks(codes, scale, minimum, 128)  # [N/16, 16, K/32, 32]
         fours = per_block.unflatten(-1, (GROUP // 4, 4))  # [N/16, 16, K/32, 8, 4]
@@ -424,6 +434,8 @@ class Q5Q8Term(TiledTerm):
     codes' low 4 bits laid out as Q4Q8Term's, then for each block a 64-byte register of eight
     64-bit masks, mask j's bit 4 n + i the fifth bit of output n's weight 4j + i). Rows are padded
     to a multiple of 16."""
+
+    bits = 5  # a weight's code
 
     def __init__(self, codes: Tensor, scale: Tensor, minimum: Tensor, matmul: Q4Q8Matmul):
         if int(codes.max()) > 31:
@@ -487,6 +499,8 @@ class Q6Q8Term(TiledTerm):
     6-bit form (q6_q8_matmul): codes laid out as Q5Q8Term's with a second mask register for the
     sixth bits, and each block's two scales (weights 0 .. 15, 16 .. 31) in the s and m slots of
     the params. Rows are padded to a multiple of 16."""
+
+    bits = 6  # a weight's code
 
     def __init__(self, six: SixBitCodes, matmul: Q4Q8Matmul):
         n, k = six.shape
@@ -703,31 +717,52 @@ class Int4Embedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.n_terms} int4 term(s)"
 
 
-class Q8HeadEmbedding(nn.Module):
-    """The embedding table of a model whose head is tied to it, looked up in the head's 8-bit term
-    (Q8Q8Term) instead of a table of its own: a row is s u + m (a Q8_0 table: (u - 128) d, the
-    file's float32 weights exactly: an integer below 2^8 times a float16 d is exact). The
-    table's own 4-bit terms are not kept (42 MB for the default model), and a lookup is a few
-    gathers where the two 4-bit terms took ~20 tensor ops."""
+class TiledEmbedding(nn.Module):
+    """An embedding table looked up in kspec's kernel forms (`TiledTerm`s, their sum): a head's own
+    codes where the table is tied to it (no table of its own), else the table's own form, kept with
+    the other forms on disk (tiled_store.py; mapped, so only the rows looked up become resident).
+    A row is decoded from its tile's lane: the 8-bit form's bytes, or the 4/5/6-bit forms' nibbles and
+    bit planes, then s u + m (the 6-bit form: s of its half block times u - 32). Each weight is what
+    the kernel multiplies: the file's own for Q8_0 and Q4/Q5 (their d, m are float16), d sc rounded
+    to float16 for the K-types."""
 
-    def __init__(self, head: Q8Q8Term, dtype: torch.dtype = torch.float32):
+    def __init__(self, terms: Sequence[TiledTerm], dtype: torch.dtype = torch.float32):
         super().__init__()
-        self.head = head  # the head's own module (its buffers counted once)
-        self.num_embeddings = head.out_features
-        self.embedding_dim = head.codes.shape[1] * GROUP
+        if not terms or len({(t.out_features, t.in_features) for t in terms}) != 1:
+            raise ValueError("an embedding needs one or more kernel forms of one shape")
+        self.terms = nn.ModuleList(terms)  # a tied head's own modules: their buffers counted once
+        self.num_embeddings, self.embedding_dim = terms[0].out_features, terms[0].in_features
         self.dtype = dtype
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens [...] -> [..., D] in self.dtype."""
         flat = tokens.reshape(-1)  # [M]
-        tile, lane = flat // Q4Q8_TILE, flat % Q4Q8_TILE
-        codes = self.head.codes[tile, :, :, lane, :]  # [M, K/32, 8, 4]: u, a block's 32 weights in order
-        params = self.head.params[tile, :, :, lane].float()  # [M, K/32, 2]: s, m
-        rows = codes.float().view(flat.numel(), -1, GROUP) * params[..., 0:1] + params[..., 1:2]  # [M, K/32, 32]
-        return rows.view(*tokens.shape, self.embedding_dim).to(self.dtype)
+        out = sum(tiled_rows(term, flat) for term in self.terms)  # [M, D]
+        return out.view(*tokens.shape, self.embedding_dim).to(self.dtype)  # type: ignore[union-attr]
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, the head's 8-bit codes"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {' + '.join(type(t).__name__ for t in self.terms)}"
+
+
+def tiled_rows(term: TiledTerm, rows: Tensor) -> Tensor:
+    """Weight rows `rows` [M] of a kernel form as float32 [M, K]."""
+    tile, lane = rows // Q4Q8_TILE, rows % Q4Q8_TILE
+    params = term.params[tile, :, :, lane].float()  # [M, K/32, 2]: s, m (6-bit: s of each half block)
+    if isinstance(term, Q8Q8Term):
+        u = term.codes[tile, :, :, lane, :].reshape(len(rows), -1, GROUP).float()  # [M, K/32, 32]: register j holds weights 4j ..
+        return (u * params[..., 0:1] + params[..., 1:2]).flatten(1)
+    nibbles = term.codes[tile, :, :4, lane, :]  # [M, K/32, 4 (p), 4 (i)]: weight 4p + i low, 16 + 4p + i high
+    u = torch.cat([(nibbles & 0x0F).flatten(2), (nibbles >> 4).flatten(2)], dim=-1).to(torch.int32)  # [M, K/32, 32]
+    pair, shift = (lane // 2).view(-1, 1, 1), (4 * (lane % 2)).view(-1, 1, 1)  # bit 4 n + i of a mask: byte n / 2, bit 4 (n % 2) + i
+    for plane in range(4, term.bits):  # the nibble registers, then one register per higher bit
+        masks = term.codes[tile, :, plane].reshape(len(rows), -1, 8, 8).to(torch.int32)  # [M, K/32, 8 (j), 8 (byte)]
+        fours = (masks.gather(-1, pair.unsqueeze(-1).expand(-1, masks.shape[1], 8, 1)).squeeze(-1) >> shift) & 0x0F  # [M, K/32, 8]
+        plane_bits = (fours.unsqueeze(-1) >> torch.arange(4)) & 1  # [M, K/32, 8 (j), 4 (i)]: weight 4j + i
+        u += plane_bits.flatten(2) << plane
+    if isinstance(term, Q6Q8Term):
+        halves = (u.float() - SIX_BIT_ZERO).view(len(rows), -1, 2, HALF)  # [M, K/32, 2, 16]
+        return (halves * params[..., None]).flatten(1)
+    return (u.float() * params[..., 0:1] + params[..., 1:2]).flatten(1)
 
 
 PACK_ROWS = 4096  # rows packed at a time: the kernel's layout is blocked by 64 (AVX-512) or 32 rows

@@ -68,17 +68,52 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+SOURCE_FILE = "source.json"  # in a converted GGUF's folder: the file it came from, to read its codes again
+
+
 def gguf_folder(path: Path, progress: bool, on_progress: ProgressCallback | None = None, quantize: str = "q8") -> Path:
     """The converted HF folder for a GGUF file, converting it on first use (its float matrices,
-    if any, quantized as `quantize` says: EngineConfig.quantize)."""
+    if any, quantized as `quantize` says: EngineConfig.quantize). Its 4-bit weights
+    (q4.safetensors) may have been dropped once the kernel forms were kept: `codes_file` writes
+    them again from the file recorded here."""
     folder = cache_root() / "models" / (file_sha256(path)[:32] + ("" if quantize == "q8" else f"-{quantize}"))
     if not (folder / "model.safetensors").is_file():
         convert_gguf(path, folder, progress=progress, on_progress=on_progress, float_quantization=quantize)
-    elif not _q4_file_current(folder / Q4_FILE):  # converted before the 4-bit weights were kept: add them once
-        if on_progress is not None:
-            on_progress(0.0, "reading the GGUF file's 4-bit weights")
-        write_q4_file(path, folder, quantize)
+    source = {"gguf": str(path.resolve()), "quantize": quantize}
+    if read_json_object(folder / SOURCE_FILE) != source:
+        try:
+            replace_json(folder / SOURCE_FILE, source)
+        except OSError:  # a read-only cache: its codes are never dropped (codes_droppable)
+            pass
     return folder
+
+
+def codes_file(folder: Path, on_progress: ProgressCallback | None = None) -> Path | None:
+    """The folder's 4-bit weights (q4.safetensors), written again from the GGUF file it was
+    converted from where they were dropped (or are of an older format); None for a folder without
+    any (float weights only)."""
+    path = folder / Q4_FILE
+    if _q4_file_current(path):
+        return path
+    source = read_json_object(folder / SOURCE_FILE)
+    if not source:
+        return path if path.is_file() else None
+    gguf = Path(str(source.get("gguf", "")))
+    if not gguf.is_file():
+        raise ModelLoadError(
+            f"{folder}: its 4-bit weights were dropped once kspec's kernel forms were kept, and the GGUF file they "
+            f"came from ({gguf}) is gone; load that file again (or the model by name) to convert it anew"
+        )
+    if on_progress is not None:
+        on_progress(0.0, "reading the GGUF file's 4-bit weights")
+    return write_q4_file(gguf, folder, str(source.get("quantize", "q8")))
+
+
+def codes_droppable(folder: Path) -> bool:
+    """Whether the folder's 4-bit weights can be written again from their GGUF file (so a start
+    that needs none of them may drop them)."""
+    source = read_json_object(folder / SOURCE_FILE)
+    return bool(source) and Path(str(source.get("gguf", ""))).is_file()
 
 
 def _q4_file_current(path: Path) -> bool:

@@ -13,7 +13,7 @@ import torch
 
 import numpy as np
 
-from kspec.engine.models.quantized import GROUP, CpuLinear, Q4Codes, Q4Q8Term, Q8HeadEmbedding, Q8Q8Term, eight_bit_codes
+from kspec.engine.models.quantized import GROUP, CpuLinear, Q4Codes, Q4Q8Term, Q8Q8Term, TiledEmbedding, eight_bit_codes
 from kspec.engine.models.gguf_blocks import q8_0 as gguf_q8_0
 from kspec.engine.models.resolve import cache_root
 from kspec.engine.models.cpu_profile import VNNI_ISA
@@ -152,7 +152,7 @@ def test_an_embedding_tied_to_the_8bit_head_looks_rows_up_in_its_codes() -> None
     terms = gguf_q8_0(blocks)
     table = sum(t.dequantize() for t in terms)  # [V, D] float32, the file's d q
     head = Q8Q8Term(*eight_bit_codes(terms), matmul8)  # type: ignore[misc]
-    embedding = Q8HeadEmbedding(head)
+    embedding = TiledEmbedding([head])
     tokens = torch.tensor([[3, 18, 0], [16, 7, 15]])  # [B, T]: both tiles, first and last lanes
     got = embedding(tokens)  # [B, T, D]
     assert got.shape == (2, 3, 64) and got.dtype == torch.float32 and embedding.num_embeddings == 19

@@ -39,7 +39,7 @@ from kspec.engine.models.cpu_profile import CpuFacts
 from kspec.engine.models.gguf_blocks import DECODERS
 from kspec.engine.models.gguf_blocks import q8_0 as gguf_q8_0
 from kspec.engine.models.quantized import (
-    GROUP, TERM_SEPARATOR, CpuLinear, Int4Embedding, PackedCodes, Q4Codes, Q8HeadEmbedding, Q8Q8Term, int4_kernel_available, load_q4,
+    GROUP, TERM_SEPARATOR, CpuLinear, Int4Embedding, PackedCodes, Q4Codes, Q8Q8Term, TiledEmbedding, int4_kernel_available, load_q4,
     save_q4, weight_terms,
 )
 from kspec.engine.models.transformer import Transformer
@@ -204,7 +204,8 @@ def test_fast_path_logits_within_tolerance(kernel: str, family: str, path: FastP
 @needs_int4
 def test_4bit_only_path_keeps_no_float_weights() -> None:
     """cpu_weights 4bit: no dense copy anywhere, the (tied) embedding and head from the 4-bit
-    table; its lookups exact, every logit within the fast path's tolerance, far fewer bytes."""
+    table; its lookups exact (the head's kernel form holds s and m in float16, which these do not
+    fit: the table's own 4-bit terms), every logit within the fast path's tolerance, far fewer bytes."""
     reference, codes = _quantized_tied_model(seed=7)
     fast = to_fast_path(copy.deepcopy(reference), codes, FastPath(keep_dense=False))
     linears = [m for m in fast.modules() if isinstance(m, CpuLinear)]
@@ -374,7 +375,7 @@ def test_a_table_tied_to_an_8bit_head_is_looked_up_in_the_heads_codes() -> None:
     codes = {**codes, f"{name}{TERM_SEPARATOR}hi": high, f"{name}{TERM_SEPARATOR}lo": low}
     fast = to_fast_path(copy.deepcopy(reference), codes, FastPath(keep_dense=False, int4_kernel="kspec"))
     assert [type(t) for t in fast.lm_head.terms] == [Q8Q8Term]
-    assert isinstance(fast.model.embed_tokens, Q8HeadEmbedding) and "embedding from the head's 8-bit codes" in describe(fast)
+    assert isinstance(fast.model.embed_tokens, TiledEmbedding) and "embedding from the head's 8-bit codes" in describe(fast)
     assert fast.head_cost is not None and fast.head_cost.max_rows is None  # a row's logits the same in any call: looked ahead
     tokens = torch.arange(60).view(3, 20) * 13 % table.shape[0]
     with torch.inference_mode():

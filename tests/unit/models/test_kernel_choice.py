@@ -19,7 +19,7 @@ from kspec.engine.models.cpu_fast import FastPath, measured_path
 from kspec.engine.models.cpu_profile import CpuFacts
 from kspec.engine.models.kernel_choice import ChoiceCache, KernelChoice, crossover, decide
 from kspec.engine.models.quantized import Q4File, int4_kernel_available
-from kspec.engine.models.resolve import resolve_model
+from kspec.engine.models.resolve import codes_file, resolve_model
 
 DENSE = "dense bfloat16"
 
@@ -81,7 +81,7 @@ def test_the_trial_times_a_real_models_layer_once_and_later_starts_take_the_cach
     real_measure = cpu_fast.measure
     monkeypatch.setattr(cpu_fast, "measure", lambda *args: calls.append(1) or (real_measure(*args)[0], 1.0))  # as on a quiet machine
     cache = ChoiceCache(tmp_path / "choice.json")
-    with Q4File(folder / "q4.safetensors") as codes:
+    with Q4File(codes_file(folder)) as codes:
         path, choice = measured_path(codes, FastPath(), cache, "key")
         assert choice is not None and calls == [1]
         names = set(choice.times_ms)
@@ -134,7 +134,7 @@ def test_a_choice_measured_while_other_work_competed_serves_that_start_only(smal
     shares = [0.4, 1.0]
     monkeypatch.setattr(cpu_fast, "measure", lambda *args: (real_measure(*args)[0], shares.pop(0)))
     cache = ChoiceCache(tmp_path / "choice.json")
-    with Q4File(folder / "q4.safetensors") as codes:
+    with Q4File(codes_file(folder)) as codes:
         busy = measured_path(codes, FastPath(), cache, "key")[1]
         assert busy is not None and not busy.quiet and "this start only" in busy.why and cache.get("key") is None
         quiet = measured_path(codes, FastPath(), cache, "key")[1]
