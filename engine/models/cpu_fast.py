@@ -258,11 +258,10 @@ def to_fast_path(
         def forms_of(terms: list[Q4Codes]) -> list[torch.nn.Module]:
             return list(CpuLinear([], terms, None, int4_max_rows, dense_dtype, q4q8_matmul=q4q8, q8q8_matmul=q8q8, q5q8_matmul=q5q8).terms)
 
-        own = [] if model.args.tie_embeddings or q4q8 is None or store is None else kept(embed_name, embed_name)
-        embedding = _coded_embedding(model, codes, store, own, forms_of if q4q8 is not None else None)
+        embedding = _coded_embedding(model, codes, store, forms, forms_of if q4q8 is not None else None)
         model.model.embed_tokens = embedding or model.model.embed_tokens
-        if q4q8 is not None and embedding is not None and not (model.args.tie_embeddings and isinstance(embedding, TiledEmbedding)):
-            built[embed_name] = embedding  # type: ignore[assignment]  # kept with the forms (a tied head's are the head's)
+        if q4q8 is not None and embedding is not None:
+            built[embed_name] = embedding  # type: ignore[assignment]  # kept with the forms (tied: the head's, stored once)
     if store_file is not None and store is None:
         coded = [key for key, module in built.items() if not _dense_parts(module)]
         table = isinstance(model.model.embed_tokens, (TiledEmbedding, Int4Embedding)) and q4q8 is not None
@@ -280,25 +279,24 @@ def _dense_parts(module: torch.nn.Module) -> bool:
 
 
 def _coded_embedding(
-    model: Transformer, codes: Mapping[str, Q4Codes], store: TiledStore | None, own: list[TiledTerm],
+    model: Transformer, codes: Mapping[str, Q4Codes], store: TiledStore | None, forms: Mapping[str, Callable[..., torch.Tensor] | None],
     forms_of: Callable[[list[Q4Codes]], list[torch.nn.Module]] | None,
 ) -> torch.nn.Module | None:  # fmt: skip
-    """The embedding table in codes instead of float weights, where it has them: read in kernel
-    forms (the head's where tied to it, no table of its own; else its own, built by `forms_of`,
-    kspec's kernel's) where those hold the file's weights exactly (their float16 s and m are the
-    file's: Q8_0, Q4_0, Q5_x tables); else as its 4-bit terms, exact. A `store` keeps what its build
-    chose: the table's 4-bit terms, or its own forms (`own`), or neither where tied to the head's.
-    None where the table has no codes."""
+    """The embedding table in codes instead of float weights, where it has them: as a `store` kept
+    it (its 4-bit terms or its kernel forms), else read in kernel forms (the head's where tied to
+    it, no table of its own; else its own, built by `forms_of`, kspec's kernel's) where those hold
+    the file's weights exactly (their float16 s and m are the file's: Q8_0, Q4_0, Q5_x tables),
+    else as its 4-bit terms, exact. None where the table has no codes."""
     embed_name = "model.embed_tokens.weight"
     if store is not None and (packed := store.packed(embed_name)):
         return Int4Embedding(packed, model.dtype)
-    tied = model.args.tie_embeddings
-    if store is not None:
-        candidates = list(model.lm_head.terms) if tied else own
+    if store is not None and (kept := store.terms(embed_name, forms)):
+        return TiledEmbedding(kept, model.dtype)
+    if model.args.tie_embeddings:
+        candidates = list(model.lm_head.terms)
     else:
-        candidates = list(model.lm_head.terms) if tied else forms_of(terms) if forms_of and (terms := weight_terms(codes, embed_name)) else []
-    exact = store is not None or all(getattr(t, "exact_params", False) for t in candidates)
-    if candidates and exact and all(isinstance(t, TiledTerm) for t in candidates):
+        candidates = forms_of(terms) if forms_of is not None and (terms := weight_terms(codes, embed_name)) else []
+    if candidates and all(isinstance(t, TiledTerm) and t.exact_params for t in candidates):
         return TiledEmbedding(candidates, model.dtype)  # type: ignore[arg-type]
     return _int4_embedding(codes, embed_name, model.dtype)
 
