@@ -24,7 +24,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip 2>/dev/null
   # constraints.txt holds the tested versions (scripts/lock.py writes it), torch==2.13.0
   # among them: the configured index / find-links give its CPU build; see README for CUDA.
-  .venv/bin/python -m pip install --quiet -c constraints.txt -e ".$extras"
+  # setuptools notes every editable install ("Editable installation": folders named like the
+  # package could shadow it); kspec maps its package to this folder on purpose, so the note is not shown
+  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install --quiet -c constraints.txt -e ".$extras"
   echo "$want" > "$stamp"
 fi
 # Models: each pulled once into the user cache and checked against its sha256; present ones are kept.
