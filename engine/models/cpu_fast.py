@@ -263,14 +263,28 @@ def to_fast_path(
         if q4q8 is not None and embedding is not None:
             built[embed_name] = embedding  # type: ignore[assignment]  # kept with the forms (tied: the head's, stored once)
     if store_file is not None and store is None:
-        coded = [key for key, module in built.items() if not _dense_parts(module)]
-        table = isinstance(model.model.embed_tokens, (TiledEmbedding, Int4Embedding)) and q4q8 is not None
-        weights = [name for key in coded for name in stands_for.get(key, [])] + [embed_name] * table
-        TiledStore.save(store_file, built, weights, complete=table and len(coded) == len(built))
+        _keep(model, store_file, built, stands_for, forms)
     model.native_steps = NativeSteps.for_model(model, lambda: cpu_layers.load(cache_root())) if path.native_steps else None
     model.prompt_kv_dtype = path.resolved_prompt_kv(model.native_steps)
     model.head_cost = _head_cost(model.lm_head, isa)
     return model
+
+
+def _keep(
+    model: Transformer, store_file: Path, built: Mapping[str, torch.nn.Module], stands_for: Mapping[str, list[str]],
+    forms: Mapping[str, Callable[..., torch.Tensor] | None],
+) -> None:  # fmt: skip
+    """Keep the kernel forms just built (`built`, by key, each standing for the weights
+    `stands_for` names) in `store_file`, complete where every one is a kernel form and the table
+    is coded; the table is then looked up in the kept file (mapped: only the rows looked up become
+    resident) instead of the memory it was built in."""
+    embed_name = "model.embed_tokens.weight"
+    coded = [key for key, module in built.items() if not _dense_parts(module)]
+    table = embed_name in built
+    weights = [name for key in coded for name in stands_for.get(key, [])] + [embed_name] * table
+    TiledStore.save(store_file, built, weights, complete=table and len(coded) == len(built))  # type: ignore[arg-type]
+    if table and (saved := TiledStore.open(store_file)) is not None:
+        model.model.embed_tokens = _coded_embedding(model, {}, saved, forms, None) or model.model.embed_tokens
 
 
 def _dense_parts(module: torch.nn.Module) -> bool:
