@@ -94,7 +94,9 @@ def _check(case: str, padded_rows: list[int] | None = None, prefix_dtype: torch.
     branch_v = torch.randn(k, kv_heads, capacity, dim, generator=generator)
     after = [n + new for n in before]
     layout = BranchLayout.build(after, new, torch.float32, "cpu")
-    want = reference_bifurcated_attention(q, prefix_k.float(), prefix_v.float(), branch_k, branch_v, torch.tensor(after))  # [k, H, T, D]
+    # the reference in float64: the exact softmax, not another float32 summation order (BLAS's varies with its threads)
+    exact = (t.double() for t in (q, prefix_k, prefix_v, branch_k, branch_v))
+    want = reference_bifurcated_attention(*exact, torch.tensor(after)).float()  # type: ignore[call-arg]  # [k, H, T, D]
     queries = q.transpose(1, 2).reshape(k * new, heads, dim)  # [R, H, D]: row b T + t
     want_rows = want.transpose(1, 2).reshape(k * new, heads * dim)
     if padded_rows is not None:
