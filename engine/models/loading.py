@@ -75,11 +75,12 @@ def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCall
     report = on_progress or (lambda fraction, message: None)
     resolved = resolve_model(spec, config.progress, lambda f, m: report(0.8 * f, m), config.quantize)
     report(0.8, f"loading {resolved.name}")
+    loading: ProgressCallback = lambda fraction, message: report(0.8, message)  # noqa: E731  # codes read again, as part of loading
     compute = Compute.choose(config)
     if compute.fast_cpu:
-        model = _load_fast_path(resolved.folder, compute.dtype, FastPath.for_weights(**config.cpu_fast_path()), config)
+        model = _load_fast_path(resolved.folder, compute.dtype, FastPath.for_weights(**config.cpu_fast_path()), config, loading)
     else:
-        codes_file(resolved.folder)  # dropped 4-bit weights are read again: the other paths dequantize them
+        codes_file(resolved.folder, loading)  # dropped 4-bit weights are read again: the other paths dequantize them
         model = load_transformer(resolved.folder, compute.dtype, config.device)
     tokenizer = Tokenizer.from_folder(resolved.folder, model.args.eos_token_ids)
     gc.collect()  # the conversion's and the tokenizer's reading leave reference cycles (0.5B: ~90 MB)
@@ -91,7 +92,7 @@ def load_model(spec: str | None, config: EngineConfig, on_progress: ProgressCall
     return LoadedModel(model, tokenizer, resolved.name, resolved.folder)
 
 
-def _load_fast_path(folder: Path, dtype: torch.dtype, path: FastPath, config: EngineConfig) -> Transformer:
+def _load_fast_path(folder: Path, dtype: torch.dtype, path: FastPath, config: EngineConfig, report: ProgressCallback) -> Transformer:
     """The CPU fast path's model, with the 4-bit weights of a converted Q4 GGUF where the folder
     has them. Without a dense copy, the float weights that 4-bit codes stand in for are never
     read: the load peaks at the model it keeps, not at the float32 model (869 -> 621 MB for the
@@ -110,7 +111,7 @@ def _load_fast_path(folder: Path, dtype: torch.dtype, path: FastPath, config: En
     key = identity_key(choice_identity(q4_file.parent, path))
     if (model := _from_store(folder, dtype, cached_path(path, cache, key), q4_file.parent)) is not None:
         return model
-    with _codes(folder, q4_file, from_gguf) as codes:
+    with _codes(folder, q4_file, from_gguf, report) as codes:
         q4_file = codes.path
         path, choice = measured_path(codes, path, cache, key)
         skip = frozenset() if path.resolved_keep_dense() else frozenset(name.split(TERM_SEPARATOR)[0] for name in codes)
@@ -127,15 +128,15 @@ def _load_fast_path(folder: Path, dtype: torch.dtype, path: FastPath, config: En
     return model
 
 
-def _codes(folder: Path, q4_file: Path, from_gguf: bool) -> Q4File:
+def _codes(folder: Path, q4_file: Path, from_gguf: bool, report: ProgressCallback) -> Q4File:
     """The model's 4-bit codes, opened; a converted GGUF's written again from the file where they
-    were dropped (also by another start, between the check and the opening)."""
+    were dropped (also by another start, between the check and the opening), told to `report`."""
     if not from_gguf:
         return Q4File(q4_file)
     try:
-        return Q4File(codes_file(folder) or q4_file)
+        return Q4File(codes_file(folder, report) or q4_file)
     except FileNotFoundError:
-        return Q4File(codes_file(folder) or q4_file)
+        return Q4File(codes_file(folder, report) or q4_file)
 
 
 def _from_store(folder: Path, dtype: torch.dtype, cached: tuple[FastPath, KernelChoice | None] | None, codes_folder: Path) -> Transformer | None:

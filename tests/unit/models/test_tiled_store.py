@@ -65,8 +65,10 @@ def test_a_second_start_maps_every_form_and_reads_no_codes(small_gguf: Path, tmp
         again = load_model(str(gguf), config)
         torch.testing.assert_close(_logits(again, tokens), want, atol=0, rtol=0)
         assert again.compute == first.compute
-    reference = load_model(str(gguf), EngineConfig(progress=False, fit_to_machine=False, dtype="float32"))
+    told: list[tuple[float, str]] = []
+    reference = load_model(str(gguf), EngineConfig(progress=False, fit_to_machine=False, dtype="float32"), lambda f, m: told.append((f, m)))
     assert len(list(cache.rglob(Q4_FILE))) == 1  # written again from the GGUF file for the float32 path
+    assert (0.8, "reading the GGUF file's 4-bit weights") in told  # an editor's progress shows it, not going back
     assert float((_logits(reference, tokens) - want).abs().max()) <= 0.1 * float(want.abs().max())  # the 8-bit activations aside
 
 
