@@ -50,6 +50,9 @@ from kspec.kernels import cpu_layers
 from kspec.kernels.cpu_cap import CPU_VARIABLE
 
 
+EMBED_NAME = "model.embed_tokens.weight"  # the embedding table's weight (tied: the head's too)
+
+
 @dataclass(frozen=True)
 class FastPath:
     int4_max_rows: int | None = None  # 4-bit kernel up to this many rows per matmul, the dense copy above; None: INT4_MAX_ROWS
@@ -238,8 +241,7 @@ def to_fast_path(
             mlp.fuse(linear("mlp.gate_proj", "mlp.up_proj"), linear("mlp.down_proj"))
         else:
             mlp.c_fc, mlp.c_proj = linear("mlp.c_fc"), linear("mlp.c_proj")
-    embed_name = "model.embed_tokens.weight"
-    head_name = embed_name if model.args.tie_embeddings else "lm_head.weight"
+    head_name = EMBED_NAME if model.args.tie_embeddings else "lm_head.weight"
     head_tiled = kept("lm_head") if model.args.tie_embeddings else kept("lm_head", head_name)  # a tied table: 8-bit, read by the embedding too
     head_terms = None if head_tiled else weight_terms(codes, head_name) if int4_kernel_available() else None
     head = model.lm_head
@@ -261,7 +263,7 @@ def to_fast_path(
         embedding = _coded_embedding(model, codes, store, forms, forms_of if q4q8 is not None else None)
         model.model.embed_tokens = embedding or model.model.embed_tokens
         if q4q8 is not None and embedding is not None:
-            built[embed_name] = embedding  # type: ignore[assignment]  # kept with the forms (tied: the head's, stored once)
+            built[EMBED_NAME] = embedding  # type: ignore[assignment]  # kept with the forms (tied: the head's, stored once)
     if store_file is not None and store is None:
         _keep(model, store_file, built, stands_for, forms)
     model.native_steps = NativeSteps.for_model(model, lambda: cpu_layers.load(cache_root())) if path.native_steps else None
@@ -278,10 +280,9 @@ def _keep(
     `stands_for` names) in `store_file`, complete where every one is a kernel form and the table
     is coded; the table is then looked up in the kept file (mapped: only the rows looked up become
     resident) instead of the memory it was built in."""
-    embed_name = "model.embed_tokens.weight"
     coded = [key for key, module in built.items() if not _dense_parts(module)]
-    table = embed_name in built
-    weights = [name for key in coded for name in stands_for.get(key, [])] + [embed_name] * table
+    table = EMBED_NAME in built
+    weights = [name for key in coded for name in stands_for.get(key, [])] + [EMBED_NAME] * table
     TiledStore.save(store_file, built, weights, complete=table and len(coded) == len(built))  # type: ignore[arg-type]
     if table and (saved := TiledStore.open(store_file)) is not None:
         model.model.embed_tokens = _coded_embedding(model, {}, saved, forms, None) or model.model.embed_tokens
@@ -301,18 +302,17 @@ def _coded_embedding(
     it, no table of its own; else its own, built by `forms_of`, kspec's kernel's) where those hold
     the file's weights exactly (their float16 s and m are the file's: Q8_0, Q4_0, Q5_x tables),
     else as its 4-bit terms, exact. None where the table has no codes."""
-    embed_name = "model.embed_tokens.weight"
-    if store is not None and (packed := store.packed(embed_name)):
+    if store is not None and (packed := store.packed(EMBED_NAME)):
         return Int4Embedding(packed, model.dtype)
-    if store is not None and (kept := store.terms(embed_name, forms)):
+    if store is not None and (kept := store.terms(EMBED_NAME, forms)):
         return TiledEmbedding(kept, model.dtype)
     if model.args.tie_embeddings:
         candidates = list(model.lm_head.terms)
     else:
-        candidates = forms_of(terms) if forms_of is not None and (terms := weight_terms(codes, embed_name)) else []
+        candidates = forms_of(terms) if forms_of is not None and (terms := weight_terms(codes, EMBED_NAME)) else []
     if candidates and all(isinstance(t, TiledTerm) and t.exact_params for t in candidates):
         return TiledEmbedding(candidates, model.dtype)  # type: ignore[arg-type]
-    return _int4_embedding(codes, embed_name, model.dtype)
+    return _int4_embedding(codes, EMBED_NAME, model.dtype)
 
 
 def _int4_embedding(codes: Mapping[str, Q4Codes], name: str, dtype: torch.dtype) -> Int4Embedding | None:

@@ -95,10 +95,10 @@ def codes_file(folder: Path, on_progress: ProgressCallback | None = None) -> Pat
     path = folder / Q4_FILE
     if _q4_file_current(path):
         return path
-    source = read_json_object(folder / SOURCE_FILE)
-    if not source:
+    source = _recorded_source(folder)
+    if source is None:
         return path if path.is_file() else None
-    gguf = Path(str(source.get("gguf", "")))
+    gguf, quantize = source
     if not gguf.is_file():
         raise ModelLoadError(
             f"{folder}: its 4-bit weights were dropped once kspec's kernel forms were kept, and the GGUF file they "
@@ -106,14 +106,21 @@ def codes_file(folder: Path, on_progress: ProgressCallback | None = None) -> Pat
         )
     if on_progress is not None:
         on_progress(0.0, "reading the GGUF file's 4-bit weights")
-    return write_q4_file(gguf, folder, str(source.get("quantize", "q8")))
+    return write_q4_file(gguf, folder, quantize)
 
 
 def codes_droppable(folder: Path) -> bool:
     """Whether the folder's 4-bit weights can be written again from their GGUF file (so a start
     that needs none of them may drop them)."""
+    source = _recorded_source(folder)
+    return source is not None and source[0].is_file()
+
+
+def _recorded_source(folder: Path) -> tuple[Path, str] | None:
+    """The GGUF file a folder was converted from and its float matrices' quantization (`gguf_folder`
+    records them); None for a folder that records none."""
     source = read_json_object(folder / SOURCE_FILE)
-    return bool(source) and Path(str(source.get("gguf", ""))).is_file()
+    return (Path(str(source.get("gguf", ""))), str(source.get("quantize", "q8"))) if source else None
 
 
 def _q4_file_current(path: Path) -> bool:
