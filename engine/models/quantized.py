@@ -288,11 +288,18 @@ Q4Q8Matmul = Callable[[Tensor, Tensor, Tensor], Tensor]  # kernels/cpu_layers.py
 Q4Q8_TILE = 16  # weight rows (outputs) the kernel stores interleaved, one per lane (csrc/q4_q8_matmul.cpp)
 
 
+def symmetric_zero(bits: int) -> float:
+    """m / s of a symmetric weight in the `bits`-bit form (Q4_0, Q5_0, Q8_0: codes centred on
+    2^(bits - 1)), which the kernel implies where params hold s alone (csrc/q4q8/layout.h kSymmetricZero)."""
+    return -float(1 << (bits - 1))
+
+
 class TiledTerm(nn.Module):
     """A matrix for kspec's kernel (csrc/q4_q8_matmul.cpp), in tiles of 16 weight rows:
     x [M, K] -> x W^T [M, N] float32, the activations quantized to 8 bits per block of 32 by the
     kernel. Holds the form's codes and its float16 parameters [N/16, K/32, 2, 16] (a block's s
-    of the tile's outputs, then their m); the subclasses lay out the codes."""
+    of the tile's outputs, then their m), or [N/16, K/32, 1, 16] where every m is
+    symmetric_zero(bits) s (a symmetric weight: the file's own bytes); the subclasses lay out the codes."""
 
     bits: int  # a weight's code: 4, 5, 6 or 8
 
@@ -302,7 +309,9 @@ class TiledTerm(nn.Module):
         rows, blocks = scale.shape
         exact = torch.stack([scale, minimum], dim=1).float()  # [N, 2, K/32]
         params = exact.to(torch.float16)
-        self._hold(codes, params.view(rows // Q4Q8_TILE, Q4Q8_TILE, 2, blocks).permute(0, 3, 2, 1).contiguous(), out_features, matmul)
+        pairs = params.view(rows // Q4Q8_TILE, Q4Q8_TILE, 2, blocks).permute(0, 3, 2, 1)  # [N/16, K/32, 2, 16]
+        symmetric = self.bits != 6 and torch.equal(pairs[:, :, 1].float(), symmetric_zero(self.bits) * pairs[:, :, 0].float())
+        self._hold(codes, (pairs[:, :, :1] if symmetric else pairs).contiguous(), out_features, matmul)
         self.exact_params = bool(torch.equal(params.float(), exact))  # float16 held every s and m as given
 
     def _hold(self, codes: Tensor, params: Tensor, out_features: int, matmul: Q4Q8Matmul) -> None:
@@ -747,7 +756,9 @@ class TiledEmbedding(nn.Module):
 def tiled_rows(term: TiledTerm, rows: Tensor) -> Tensor:
     """Weight rows `rows` [M] of a kernel form as float32 [M, K]."""
     tile, lane = rows // Q4Q8_TILE, rows % Q4Q8_TILE
-    params = term.params[tile, :, :, lane].float()  # [M, K/32, 2]: s, m (6-bit: s of each half block)
+    params = term.params[tile, :, :, lane].float()  # [M, K/32, 2]: s, m (6-bit: s of each half block), or [M, K/32, 1]: s
+    if params.shape[-1] == 1:  # a symmetric form's m
+        params = torch.cat([params, symmetric_zero(term.bits) * params], dim=-1)
     if isinstance(term, Q8Q8Term):
         u = term.codes[tile, :, :, lane, :].reshape(len(rows), -1, GROUP).float()  # [M, K/32, 32]: register j holds weights 4j ..
         return (u * params[..., 0:1] + params[..., 1:2]).flatten(1)

@@ -29,7 +29,7 @@ from kspec.engine.models.quantized import (
 )
 
 FORMS: dict[str, type[TiledTerm]] = {form.__name__: form for form in (Q4Q8Term, Q8Q8Term, Q5Q8Term, Q6Q8Term)}
-STORE_FORMAT = "kspec-tiled-v2"  # v2: the embedding table's form (or 4-bit terms) and the weights a store stands for
+STORE_FORMAT = "kspec-tiled-v3"  # v2: the embedding table's form (or 4-bit terms) and the weights a store stands for; v3: symmetric forms' s alone
 PACKED = "Int4Embedding"  # a table's 4-bit terms as Int4Embedding holds them
 
 

@@ -23,6 +23,10 @@
 // groups this replaced spent as many float instructions as integer ones (measured on Zen 4:
 // docs/measurements/zen4.md, "The 4-bit matmul in tiles of 16 outputs").
 //
+// A symmetric weight (GGUF Q4_0, Q5_0, Q8_0: one d a block, codes centred, m = -2^(bits - 1) d) keeps
+// its s alone, params [N/16, K/32, 1, 16]: the file's own bytes a weight (4.5, 5.5 and 8.5 bits where
+// the pairs take 5, 6 and 9), each tile's pairs made again in cache (matmul_form).
+//
 // The 8-bit form (q8_q8_matmul: a GGUF Q8_0 weight, w = d q with q in -127..127, the default
 // model's tied head) is the same loop over whole-byte codes u = q + 128 in 0..255:
 //
@@ -120,38 +124,57 @@ std::tuple<Tensor, Quantized> prepare(const Tensor& x, const Tensor& codes, cons
         : Bits == 5 ? "codes must be [N/16, K/32, 5, 16, 4] uint8, contiguous"
         : Bits == 6 ? "codes must be [N/16, K/32, 6, 16, 4] uint8, contiguous"
                     : "codes must be [N/16, K/32, 8, 16, 4] uint8, contiguous");
+  const int64_t param_rows = params.dim() == 4 ? params.size(2) : 0;  // 2: s then m; 1: a symmetric form's s
   check(params.scalar_type() == at::kHalf && params.is_contiguous() && params.dim() == 4 &&
-            params.size(0) == codes.size(0) && params.size(1) == k / kBlock && params.size(2) == 2 && params.size(3) == kTile,
-        "params must be [N/16, K/32, 2, 16] float16, contiguous");
+            params.size(0) == codes.size(0) && params.size(1) == k / kBlock && (param_rows == 2 || (param_rows == 1 && Bits != 6)) &&
+            params.size(3) == kTile,
+        Bits == 6 ? "params must be [N/16, K/32, 2, 16] float16, contiguous"
+                  : "params must be [N/16, K/32, 2, 16] or, for a symmetric form, [N/16, K/32, 1, 16] float16, contiguous");
   Tensor y = at::empty({rows, n}, x.options());
   if (rows == 0 || n == 0) return {y, Quantized{}};
   return {y, quantize_rows(x.data_ptr<float>(), rows, k)};
 }
 
-// Any form: y [M, N] from x and the weights in the form's layout, tiles of 16 outputs split
-// between the threads (the VNNI loop where built, else the AVX2 one, else the scalar one)
+// Tiles t0 .. t1 - 1 of any form, every row (the VNNI loop where built, AMX's for groups of 16 rows
+// where Linux lets this process use its tiles, else the AVX2 loop, else the scalar one)
+template <int Bits>
+void dot_tiles(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t0,
+               int64_t t1, float* y, int64_t ldy) {
+#if KSPEC_Q4Q8_AMX
+  if (rows >= kAmxRows && amx_ready())
+    dot_range_amx<Bits>(q, rows, codes, params, k, t0, t1, y, ldy);
+  else
+    dot_range_vnni<Bits>(q, 0, rows, codes, params, k, t0, t1, y, ldy);
+#elif KSPEC_Q4Q8_VNNI
+  dot_range_vnni<Bits>(q, 0, rows, codes, params, k, t0, t1, y, ldy);
+#elif KSPEC_Q4Q8_AVX2
+  for (int64_t t = t0; t < t1; ++t) dot_tile_avx2<Bits>(q, rows, codes, params, k, t, y, ldy);
+#else
+  for (int64_t t = t0; t < t1; ++t) dot_tile_scalar<Bits>(q, rows, codes, params, k, t, y, ldy);
+#endif
+}
+
+// Any form: y [M, N] from x and the weights in the form's layout, tiles of 16 outputs split between
+// the threads. A symmetric form's params (its s alone: m = kSymmetricZero<Bits> s, layout.h) become a
+// tile's s and m pairs in a scratch that stays in cache, one tile at a time, so that every loop reads
+// the pairs it always reads and gives the same bits, while memory gives only the s.
 template <int Bits>
 Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params) {
   const Tensor x = x_in.contiguous();
   auto [y, q] = prepare<Bits>(x, codes, params);
-  const int64_t rows = y.size(0), k = x.size(1), n = y.size(1);
+  const int64_t rows = y.size(0), k = x.size(1), n = y.size(1), blocks = k / kBlock;
   if (rows == 0 || n == 0) return y;
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const c10::Half* pp = params.data_ptr<c10::Half>();
   float* yp = y.template data_ptr<float>();
+  const bool symmetric = params.size(2) == 1;
   at::parallel_for(0, n / kTile, 2, [&](int64_t t0, int64_t t1) {
-#if KSPEC_Q4Q8_AMX
-    if (rows >= kAmxRows && amx_ready())
-      dot_range_amx<Bits>(q, rows, cp, pp, k, t0, t1, yp, n);
-    else
-      dot_range_vnni<Bits>(q, 0, rows, cp, pp, k, t0, t1, yp, n);
-#elif KSPEC_Q4Q8_VNNI
-    dot_range_vnni<Bits>(q, 0, rows, cp, pp, k, t0, t1, yp, n);
-#elif KSPEC_Q4Q8_AVX2
-    for (int64_t t = t0; t < t1; ++t) dot_tile_avx2<Bits>(q, rows, cp, pp, k, t, yp, n);
-#else
-    for (int64_t t = t0; t < t1; ++t) dot_tile_scalar<Bits>(q, rows, cp, pp, k, t, yp, n);
-#endif
+    if (!symmetric) return dot_tiles<Bits>(q, rows, cp, pp, k, t0, t1, yp, n);
+    auto pairs = uninitialized<c10::Half>(blocks * kParamsPerBlock);  // [blocks, 2, 16]
+    for (int64_t t = t0; t < t1; ++t) {
+      symmetric_pairs<Bits>(pp + t * blocks * kTile, blocks, pairs.get());
+      dot_tiles<Bits>(q, rows, cp + t * blocks * kTileBytes<Bits>, pairs.get(), k, 0, 1, yp + t * kTile, n);
+    }
   });
   return y;
 }

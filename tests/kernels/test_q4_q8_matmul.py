@@ -13,7 +13,7 @@ import torch
 
 import numpy as np
 
-from kspec.engine.models.quantized import GROUP, CpuLinear, Q4Codes, Q4Q8Term, Q8Q8Term, TiledEmbedding, eight_bit_codes
+from kspec.engine.models.quantized import GROUP, CpuLinear, Q4Codes, Q4Q8Term, Q8Q8Term, TiledEmbedding, eight_bit_codes, symmetric_zero, tiled_rows
 from kspec.engine.models.gguf_blocks import q8_0 as gguf_q8_0
 from kspec.engine.models.resolve import cache_root
 from kspec.engine.models.cpu_profile import VNNI_ISA
@@ -287,3 +287,50 @@ def test_the_build_multiplies_on_amx_where_the_cpu_has_it() -> None:
     native = not os.environ.get(cpu_layers.MARCH_VARIABLE) and not os.environ.get(CPU_VARIABLE)
     amx_rows = cpu_layers.matmul_amx_rows(cache_root())
     assert amx_rows == (16 if native and {"amx_tile", "amx_int8", "avx512_vnni"} <= _cpu_flags() else 0)
+
+
+@needs_matmul8
+@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("rows", [1, 3, 9, 16, 17, 40])  # one row's chains, the VNNI loop's passes, AMX's groups and remainders
+def test_a_symmetric_forms_scales_alone_give_the_pairs_bits(bits: int, rows: int) -> None:
+    """Params [N/16, K/32, 1, 16] (s alone) multiply as the pairs [.., 2, 16] with m = -2^(bits - 1) s,
+    bit for bit, on every loop a row count picks."""
+    n, k = 48, 1536
+    generator = torch.Generator().manual_seed(bits * 10 + rows)
+    codes = torch.randint(0, 256, (n // 16, k // GROUP, bits, 16, 4), generator=generator, dtype=torch.uint8)
+    scales = ((torch.rand(n // 16, k // GROUP, 1, 16, generator=generator) - 0.5) * 0.02).half()
+    pairs = torch.cat([scales, (symmetric_zero(bits) * scales.float()).half()], dim=2)
+    assert torch.equal(pairs[:, :, 1].float(), symmetric_zero(bits) * scales[:, :, 0].float())  # exact in float16
+    x = torch.randn(rows, k, generator=generator) * 3
+    x[0, :GROUP] = 0.0  # an all-zero block: d = 0
+    assert torch.equal(FORM_OPS[bits](x, codes, scales), FORM_OPS[bits](x, codes, pairs))
+
+
+@needs_matmul8
+def test_the_6bit_forms_params_are_never_one_scale_a_block() -> None:
+    codes = torch.zeros(1, 2, 6, 16, 4, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match=r"\[N/16, K/32, 2, 16\]"):
+        FORM_OPS[6](torch.randn(1, 64), codes, torch.ones(1, 2, 1, 16, dtype=torch.float16))
+
+
+@needs_matmul8
+@pytest.mark.parametrize(("kind", "bits_per_weight"), [("Q4_0", 4.5), ("Q5_0", 5.5), ("Q8_0", 8.5)])
+def test_a_symmetric_gguf_weight_is_held_in_the_files_own_bytes(kind: str, bits_per_weight: float) -> None:
+    """Q4_0, Q5_0 and Q8_0 weights (one d a block, codes centred) keep their s alone: the kernel reads
+    the file's bits a weight, and multiplies and looks rows up as the file's d (q - zero)."""
+    from gguf import GGMLQuantizationType, quants
+
+    from kspec.engine.models.gguf_blocks import tensor_terms
+
+    n, k = 40, 256  # 40 rows: the last tile padded (its s 0, symmetric too)
+    weight = np.random.default_rng(7).standard_normal((n, k)).astype(np.float32)
+    data = quants.quantize(weight, GGMLQuantizationType[kind])
+    file_weights = torch.from_numpy(quants.dequantize(data, GGMLQuantizationType[kind]).reshape(n, k).astype(np.float32))
+    kernels = dict(q4q8_matmul=matmul, q8q8_matmul=matmul8, q5q8_matmul=matmul5)
+    (term,) = CpuLinear([], tensor_terms(data, kind, (n, k)), None, 1 << 20, **kernels).terms
+    assert term.params.shape == (3, k // GROUP, 1, 16)
+    assert term.nbytes * 8 == pytest.approx(bits_per_weight * 48 * k)  # 48 rows: 3 tiles of 16
+    torch.testing.assert_close(tiled_rows(term, torch.arange(n)), file_weights, atol=0, rtol=0)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(1))
+    bound = (x.abs().view(5, -1, GROUP).amax(-1) / 254).repeat_interleave(GROUP, -1).double() @ file_weights.abs().double().t()
+    assert bool(((term(x) - x.double() @ file_weights.double().t()).abs() <= bound + 1e-5).all())

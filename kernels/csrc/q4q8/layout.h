@@ -42,6 +42,40 @@ constexpr int64_t kTileRegisters = kTileBytes<Bits> / 64;  // 4, 5, 6 or 8
 // The 6-bit form's codes are centred: w = s (u - 32), one s per half block (weights 0 .. 15, 16 .. 31)
 constexpr int32_t kSixBitZero = 32;
 
+// A symmetric form holds its s alone (GGUF Q4_0, Q5_0 and Q8_0: codes centred on 2^(bits - 1), w = d (q - 8),
+// d (q - 16), d (u - 128)): m = -2^(bits - 1) s, exact in float16 (a power of two times a float16)
+template <int Bits>
+constexpr float kSymmetricZero = -static_cast<float>(1 << (Bits - 1));
+
+// A symmetric form's s [blocks, 16] as the pairs every loop reads [blocks, 2, 16]: s, then m (never the
+// 6-bit form's: its params are two scales, q4_q8_matmul.cpp prepare)
+template <int Bits>
+inline void symmetric_pairs(const c10::Half* scales, int64_t blocks, c10::Half* pairs) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const c10::Half* s = scales + b * kTile;
+    c10::Half* out = pairs + b * kParamsPerBlock;
+#if KSPEC_Q4Q8_VNNI
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+    const __m512 m = _mm512_mul_ps(_mm512_cvtph_ps(bits), _mm512_set1_ps(kSymmetricZero<Bits>));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bits);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kTile), _mm512_cvtps_ph(m, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif KSPEC_Q4Q8_AVX2
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 8 * h));
+      const __m256 m = _mm256_mul_ps(_mm256_cvtph_ps(bits), _mm256_set1_ps(kSymmetricZero<Bits>));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8 * h), bits);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + kTile + 8 * h), _mm256_cvtps_ph(m, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+#else
+    for (int64_t n = 0; n < kTile; ++n) {
+      out[n] = s[n];
+      out[kTile + n] = c10::Half(kSymmetricZero<Bits> * static_cast<float>(s[n]));
+    }
+#endif
+  }
+}
+
 // Bit `plane` (4: the fifth, 5: the sixth) of register j's codes (weights 4j .. 4j + 3 of each
 // output) of a 5- or 6-bit tile's block, as a 64-bit mask: bit 4 n + i for output n's weight 4j + i
 inline uint64_t high_bits(const uint8_t* block_codes, int plane, int64_t j) {
