@@ -526,9 +526,9 @@ Tensor branch_layers(const c10::intrusive_ptr<LoopModel>& model, const Tensor& x
   const int64_t D = s.head_dim, half = D / 2, qkv_width = (heads + 2 * kv_heads) * D;
   const float eps = static_cast<float>(m.eps);
 
-  // The weights' kernel decides the matmuls' activations: float16 params are kspec's 4-bit x
-  // 8-bit kernel (float32 in and out), bfloat16 scales PyTorch's int4 one (bfloat16).
-  const bool float_matmul = m.qkv_scales[0].scalar_type() == at::kHalf;
+  // The weights' kernel decides the matmuls' activations: bfloat16 scales are PyTorch's int4 kernel's
+  // (bfloat16), any other params kspec's 4-bit x 8-bit kernel's (float32 in and out).
+  const bool float_matmul = m.qkv_scales[0].scalar_type() != at::kBFloat16;
   auto run = [&]<typename Act>() {
     Tensor x = x_in.contiguous().clone();  // [R, dim] the residual stream
     Tensor normed = at::empty({s.rows, s.dim}, x.options().dtype(act_type<Act>));  // [R, dim]

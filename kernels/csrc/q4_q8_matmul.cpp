@@ -25,7 +25,9 @@
 //
 // A symmetric weight (GGUF Q4_0, Q5_0, Q8_0: one d a block, codes centred, m = -2^(bits - 1) d) keeps
 // its s alone, params [N/16, K/32, 1, 16]: the file's own bytes a weight (4.5, 5.5 and 8.5 bits where
-// the pairs take 5, 6 and 9), each tile's pairs made again in cache (matmul_form).
+// the pairs take 5, 6 and 9), each tile's pairs made again in cache (matmul_form). A GGUF Q4_K weight
+// keeps its own super-blocks' d, dmin and 6-bit sc, mn (params [N/16, K/256, 256] uint8, q4q8/layout.h):
+// 4.5 bits a weight where the pairs take 5.
 //
 // The 8-bit form (q8_q8_matmul: a GGUF Q8_0 weight, w = d q with q in -127..127, the default
 // model's tied head) is the same loop over whole-byte codes u = q + 128 in 0..255:
@@ -124,12 +126,18 @@ std::tuple<Tensor, Quantized> prepare(const Tensor& x, const Tensor& codes, cons
         : Bits == 5 ? "codes must be [N/16, K/32, 5, 16, 4] uint8, contiguous"
         : Bits == 6 ? "codes must be [N/16, K/32, 6, 16, 4] uint8, contiguous"
                     : "codes must be [N/16, K/32, 8, 16, 4] uint8, contiguous");
-  const int64_t param_rows = params.dim() == 4 ? params.size(2) : 0;  // 2: s then m; 1: a symmetric form's s
-  check(params.scalar_type() == at::kHalf && params.is_contiguous() && params.dim() == 4 &&
-            params.size(0) == codes.size(0) && params.size(1) == k / kBlock && (param_rows == 2 || (param_rows == 1 && Bits != 6)) &&
-            params.size(3) == kTile,
-        Bits == 6 ? "params must be [N/16, K/32, 2, 16] float16, contiguous"
-                  : "params must be [N/16, K/32, 2, 16] or, for a symmetric form, [N/16, K/32, 1, 16] float16, contiguous");
+  if (Bits == 4 && params.scalar_type() == at::kByte) {  // the Q4_K form (layout.h)
+    check(k % (kSuperBlocks * kBlock) == 0 && params.is_contiguous() && params.dim() == 3 && params.size(0) == codes.size(0) &&
+              params.size(1) == k / (kSuperBlocks * kBlock) && params.size(2) == kQ4KSuperBytes,
+          "Q4_K params must be [N/16, K/256, 256] uint8, contiguous");
+  } else {
+    const int64_t param_rows = params.dim() == 4 ? params.size(2) : 0;  // 2: s then m; 1: a symmetric form's s
+    check(params.scalar_type() == at::kHalf && params.is_contiguous() && params.dim() == 4 &&
+              params.size(0) == codes.size(0) && params.size(1) == k / kBlock && (param_rows == 2 || (param_rows == 1 && Bits != 6)) &&
+              params.size(3) == kTile,
+          Bits == 6 ? "params must be [N/16, K/32, 2, 16] float16, contiguous"
+                    : "params must be [N/16, K/32, 2, 16] or, for a symmetric form, [N/16, K/32, 1, 16] float16, contiguous");
+  }
   Tensor y = at::empty({rows, n}, x.options());
   if (rows == 0 || n == 0) return {y, Quantized{}};
   return {y, quantize_rows(x.data_ptr<float>(), rows, k)};
@@ -155,9 +163,10 @@ void dot_tiles(const Quantized& q, int64_t rows, const uint8_t* codes, const c10
 }
 
 // Any form: y [M, N] from x and the weights in the form's layout, tiles of 16 outputs split between
-// the threads. A symmetric form's params (its s alone: m = kSymmetricZero<Bits> s, layout.h) become a
-// tile's s and m pairs in a scratch that stays in cache, one tile at a time, so that every loop reads
-// the pairs it always reads and gives the same bits, while memory gives only the s.
+// the threads. Params that are not the pairs (a symmetric form's s alone: m = kSymmetricZero<Bits> s;
+// the Q4_K form's own, layout.h) become a tile's s and m pairs in a scratch that stays in cache, one
+// tile at a time, so that every loop reads the pairs it always reads and gives the same bits, while
+// memory gives only the file's bytes.
 template <int Bits>
 Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params) {
   const Tensor x = x_in.contiguous();
@@ -165,14 +174,18 @@ Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params
   const int64_t rows = y.size(0), k = x.size(1), n = y.size(1), blocks = k / kBlock;
   if (rows == 0 || n == 0) return y;
   const uint8_t* cp = codes.data_ptr<uint8_t>();
-  const c10::Half* pp = params.data_ptr<c10::Half>();
   float* yp = y.template data_ptr<float>();
-  const bool symmetric = params.size(2) == 1;
+  const bool q4_k = params.scalar_type() == at::kByte, pairs_given = !q4_k && params.size(2) == 2;
+  const c10::Half* pp = q4_k ? nullptr : params.data_ptr<c10::Half>();
+  const uint8_t* kp = q4_k ? params.data_ptr<uint8_t>() : nullptr;
   at::parallel_for(0, n / kTile, 2, [&](int64_t t0, int64_t t1) {
-    if (!symmetric) return dot_tiles<Bits>(q, rows, cp, pp, k, t0, t1, yp, n);
+    if (pairs_given) return dot_tiles<Bits>(q, rows, cp, pp, k, t0, t1, yp, n);
     auto pairs = uninitialized<c10::Half>(blocks * kParamsPerBlock);  // [blocks, 2, 16]
     for (int64_t t = t0; t < t1; ++t) {
-      symmetric_pairs<Bits>(pp + t * blocks * kTile, blocks, pairs.get());
+      if (q4_k)
+        q4_k_pairs(kp + t * (blocks / kSuperBlocks) * kQ4KSuperBytes, blocks, pairs.get());
+      else
+        symmetric_pairs<Bits>(pp + t * blocks * kTile, blocks, pairs.get());
       dot_tiles<Bits>(q, rows, cp + t * blocks * kTileBytes<Bits>, pairs.get(), k, 0, 1, yp + t * kTile, n);
     }
   });
@@ -181,7 +194,8 @@ Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params
 
 }  // namespace
 
-// x [M, K] float32, codes [N/16, K/32, 4, 16, 4] uint8, params [N/16, K/32, 2, 16] float16 -> y [M, N] float32
+// x [M, K] float32, codes [N/16, K/32, 4, 16, 4] uint8, params [N/16, K/32, 2, 16] float16 (or a symmetric
+// form's [N/16, K/32, 1, 16], or the Q4_K form's [N/16, K/256, 256] uint8) -> y [M, N] float32
 Tensor q4_q8_matmul(const Tensor& x, const Tensor& codes, const Tensor& params) { return matmul_form<4>(x, codes, params); }
 
 // x [M, K] float32, codes [N/16, K/32, 8, 16, 4] uint8 (q + 128), params [N/16, K/32, 2, 16] float16 -> y [M, N] float32

@@ -76,6 +76,65 @@ inline void symmetric_pairs(const c10::Half* scales, int64_t blocks, c10::Half* 
   }
 }
 
+// The Q4_K form: the 4-bit form's codes with a GGUF Q4_K weight's own parameters, per tile and super-block
+// of 8 blocks (256 weights) 256 bytes [N/16, K/256, 256]: the 16 outputs' d (float16), their dmin, then
+// per block j the low 4 bits of its 6-bit sc and mn (a byte an output: sc low, mn high, [8, 16]), then the
+// high 2 bits of both (four bits an output and block, blocks 2i and 2i + 1 in a byte's low and high
+// nibble: sc's 2 bits, then mn's, [4, 16]). 4.5 bits a weight, the file's own; s = d sc and m = -dmin mn.
+constexpr int64_t kSuperBlocks = 8;  // blocks of 32 a super-block
+constexpr int64_t kQ4KSuperBytes = 256;
+constexpr int64_t kQ4KLowAt = 4 * kTile, kQ4KHighAt = kQ4KLowAt + kSuperBlocks * kTile;
+
+// A Q4_K form's parameters of one tile [blocks / 8, 256] as the pairs every loop reads [blocks, 2, 16]:
+// s = float16(d sc), m = float16(-dmin mn) (the products exact in float32, rounded once)
+inline void q4_k_pairs(const uint8_t* params, int64_t blocks, c10::Half* pairs) {
+  for (int64_t sb = 0; sb < blocks / kSuperBlocks; ++sb) {
+    const uint8_t* p = params + sb * kQ4KSuperBytes;
+    const c10::Half* d = reinterpret_cast<const c10::Half*>(p);
+    const c10::Half* dmin = d + kTile;
+    for (int64_t j = 0; j < kSuperBlocks; ++j) {
+      const uint8_t* low = p + kQ4KLowAt + j * kTile;
+      const uint8_t* high = p + kQ4KHighAt + (j / 2) * kTile;
+      const int shift = 4 * static_cast<int>(j % 2);
+      c10::Half* out = pairs + (sb * kSuperBlocks + j) * kParamsPerBlock;
+#if KSPEC_Q4Q8_AVX2
+      const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(low));
+      const __m128i hi = _mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(high)), shift);
+      const __m128i three = _mm_set1_epi8(3), fifteen = _mm_set1_epi8(15);
+      const __m128i sc = _mm_or_si128(_mm_and_si128(lo, fifteen), _mm_slli_epi16(_mm_and_si128(hi, three), 4));  // [16] bytes
+      const __m128i mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lo, 4), fifteen), _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(hi, 2), three), 4));
+      constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+#if KSPEC_Q4Q8_VNNI
+      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
+      const __m512 dminv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dmin)));
+      const __m512 s = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
+      const __m512 m = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), dminv), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtps_ph(s, kRound));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kTile), _mm512_cvtps_ph(m, kRound));
+#else
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {  // outputs 8 h .. 8 h + 7
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + 8 * h)));
+        const __m256 dminv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dmin + 8 * h)));
+        const __m128i sc_h = h == 0 ? sc : _mm_srli_si128(sc, 8), mn_h = h == 0 ? mn : _mm_srli_si128(mn, 8);
+        const __m256 s = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc_h)));
+        const __m256 m = _mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), dminv), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn_h)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8 * h), _mm256_cvtps_ph(s, kRound));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + kTile + 8 * h), _mm256_cvtps_ph(m, kRound));
+      }
+#endif
+#else
+      for (int64_t n = 0; n < kTile; ++n) {
+        const int h = (high[n] >> shift) & 15;
+        const float sc = static_cast<float>((low[n] & 15) | ((h & 3) << 4)), mn = static_cast<float>((low[n] >> 4) | ((h >> 2) << 4));
+        out[n] = c10::Half(static_cast<float>(d[n]) * sc);
+        out[kTile + n] = c10::Half(-static_cast<float>(dmin[n]) * mn);
+      }
+#endif
+    }
+  }
+}
+
 // Bit `plane` (4: the fifth, 5: the sixth) of register j's codes (weights 4j .. 4j + 3 of each
 // output) of a 5- or 6-bit tile's block, as a 64-bit mask: bit 4 n + i for output n's weight 4j + i
 inline uint64_t high_bits(const uint8_t* block_codes, int plane, int64_t j) {
