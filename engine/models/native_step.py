@@ -51,7 +51,7 @@ class LayerWeights:
     input_norm: list[Tensor]  # [dim] float32
     input_norm_bias: list[Tensor]  # [dim] float32 per layer (StarCoder2's LayerNorm), or empty (RMSNorm)
     qkv_packed: list[Tensor]  # the 4-bit kernel's layout of q|k|v (PyTorch's int4 one or kspec's)
-    qkv_scales: list[Tensor]  # its group parameters: [dim/32, (H + 2 Hkv) D, 2] bfloat16 or float16 params
+    qkv_scales: list[Tensor]  # its group parameters: [dim/32, (H + 2 Hkv) D, 2] bfloat16, or kspec's params (any form's)
     qkv_bias: list[Tensor]  # [(H + 2 Hkv) D] float32 per layer, or empty
     q_norm: list[Tensor]  # [D] float32 per layer (Qwen3's per-head norms, before rotary), or empty
     k_norm: list[Tensor]
@@ -102,7 +102,7 @@ class NativeSteps:
                 return None
             parts.append((norms, linears))
         terms = [[_term_tensors(m.terms[0]) for m in linears] for _, linears in parts]
-        if len({t[0][1].dtype for t in terms}) != 1:  # the loop takes one kernel for every matmul
+        if len({t[0][1].dtype == torch.bfloat16 for t in terms}) != 1:  # the loop takes one kernel for every matmul (bfloat16: PyTorch's)
             return None
         biases = [[linears[i].bias for _, linears in parts] for i in range(4)]  # per projection, per layer
         if any(any(b is None for b in layers) and not all(b is None for b in layers) for layers in biases):

@@ -144,10 +144,11 @@ std::tuple<Tensor, Quantized> prepare(const Tensor& x, const Tensor& codes, cons
 }
 
 // Tiles t0 .. t1 - 1 of any form, every row (the VNNI loop where built, AMX's for groups of 16 rows
-// where Linux lets this process use its tiles, else the AVX2 loop, else the scalar one)
-template <int Bits>
-void dot_tiles(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t0,
-               int64_t t1, float* y, int64_t ldy) {
+// where Linux lets this process use its tiles, else the AVX2 loop, else the scalar one: these two read
+// pairs only)
+template <int Bits, typename P>
+void dot_tiles(const Quantized& q, int64_t rows, const uint8_t* codes, P params, int64_t k, int64_t t0, int64_t t1, float* y,
+               int64_t ldy) {
 #if KSPEC_Q4Q8_AMX
   if (rows >= kAmxRows && amx_ready())
     dot_range_amx<Bits>(q, rows, codes, params, k, t0, t1, y, ldy);
@@ -156,38 +157,47 @@ void dot_tiles(const Quantized& q, int64_t rows, const uint8_t* codes, const c10
 #elif KSPEC_Q4Q8_VNNI
   dot_range_vnni<Bits>(q, 0, rows, codes, params, k, t0, t1, y, ldy);
 #elif KSPEC_Q4Q8_AVX2
-  for (int64_t t = t0; t < t1; ++t) dot_tile_avx2<Bits>(q, rows, codes, params, k, t, y, ldy);
+  for (int64_t t = t0; t < t1; ++t) dot_tile_avx2<Bits>(q, rows, codes, params.data, k, t, y, ldy);
 #else
-  for (int64_t t = t0; t < t1; ++t) dot_tile_scalar<Bits>(q, rows, codes, params, k, t, y, ldy);
+  for (int64_t t = t0; t < t1; ++t) dot_tile_scalar<Bits>(q, rows, codes, params.data, k, t, y, ldy);
+#endif
+}
+
+// Tiles t0 .. t1 - 1 with params other than pairs: as they are on a VNNI build; elsewhere each tile's
+// pairs made in a scratch that stays in cache (the same bits: layout.h as_pairs)
+template <int Bits, typename P>
+void dot_tiles_of(const Quantized& q, int64_t rows, const uint8_t* codes, P params, int64_t k, int64_t t0, int64_t t1, float* y,
+                  int64_t ldy) {
+#if KSPEC_Q4Q8_VNNI
+  dot_tiles<Bits>(q, rows, codes, params, k, t0, t1, y, ldy);
+#else
+  const int64_t blocks = k / kBlock;
+  auto pairs = uninitialized<c10::Half>(blocks * kParamsPerBlock);  // [blocks, 2, 16]
+  for (int64_t t = t0; t < t1; ++t) {
+    as_pairs<Bits>(params, blocks, t, pairs.get());
+    dot_tiles<Bits>(q, rows, codes + t * blocks * kTileBytes<Bits>, PairParams{pairs.get()}, k, 0, 1, y + t * kTile, ldy);
+  }
 #endif
 }
 
 // Any form: y [M, N] from x and the weights in the form's layout, tiles of 16 outputs split between
-// the threads. Params that are not the pairs (a symmetric form's s alone: m = kSymmetricZero<Bits> s;
-// the Q4_K form's own, layout.h) become a tile's s and m pairs in a scratch that stays in cache, one
-// tile at a time, so that every loop reads the pairs it always reads and gives the same bits, while
-// memory gives only the file's bytes.
+// the threads; params the pairs, a symmetric form's s alone or the Q4_K form's own (layout.h)
 template <int Bits>
 Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params) {
   const Tensor x = x_in.contiguous();
   auto [y, q] = prepare<Bits>(x, codes, params);
-  const int64_t rows = y.size(0), k = x.size(1), n = y.size(1), blocks = k / kBlock;
+  const int64_t rows = y.size(0), k = x.size(1), n = y.size(1);
   if (rows == 0 || n == 0) return y;
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   float* yp = y.template data_ptr<float>();
-  const bool q4_k = params.scalar_type() == at::kByte, pairs_given = !q4_k && params.size(2) == 2;
-  const c10::Half* pp = q4_k ? nullptr : params.data_ptr<c10::Half>();
-  const uint8_t* kp = q4_k ? params.data_ptr<uint8_t>() : nullptr;
+  const bool q4_k = params.scalar_type() == at::kByte, symmetric = !q4_k && params.size(2) == 1;
   at::parallel_for(0, n / kTile, 2, [&](int64_t t0, int64_t t1) {
-    if (pairs_given) return dot_tiles<Bits>(q, rows, cp, pp, k, t0, t1, yp, n);
-    auto pairs = uninitialized<c10::Half>(blocks * kParamsPerBlock);  // [blocks, 2, 16]
-    for (int64_t t = t0; t < t1; ++t) {
-      if (q4_k)
-        q4_k_pairs(kp + t * (blocks / kSuperBlocks) * kQ4KSuperBytes, blocks, pairs.get());
-      else
-        symmetric_pairs<Bits>(pp + t * blocks * kTile, blocks, pairs.get());
-      dot_tiles<Bits>(q, rows, cp + t * blocks * kTileBytes<Bits>, pairs.get(), k, 0, 1, yp + t * kTile, n);
-    }
+    if (q4_k)
+      dot_tiles_of<Bits>(q, rows, cp, Q4KParams{params.data_ptr<uint8_t>()}, k, t0, t1, yp, n);
+    else if (symmetric)
+      dot_tiles_of<Bits>(q, rows, cp, SymmetricParams{params.data_ptr<c10::Half>()}, k, t0, t1, yp, n);
+    else
+      dot_tiles<Bits>(q, rows, cp, PairParams{params.data_ptr<c10::Half>()}, k, t0, t1, yp, n);
   });
   return y;
 }

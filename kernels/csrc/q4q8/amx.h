@@ -122,13 +122,13 @@ inline void multiply_block(const int8_t* a, int64_t k, const uint8_t* b_rows, in
 }
 
 // acc[r] += block b's scaled sums, in the VNNI loop's order (the 6-bit form's halves less 32 sum a)
-template <int Bits>
-inline void scale_block(const Quantized& q, int64_t r0, int64_t blocks, int64_t b, const c10::Half* tp,
-                        const int32_t* sums, __m512* acc) {
+template <int Bits, typename P>
+inline void scale_block(const Quantized& q, int64_t r0, int64_t blocks, int64_t t, int64_t b, P params, const int32_t* sums,
+                        __m512* acc) {
   const float* xd = q.scale.get() + r0 * blocks;                // [kAmxRows, blocks]
   const float* xs = minimum_sums<Bits>(q).get() + r0 * blocks;  // [kAmxRows, blocks]
-  const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp)));
-  const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + kTile)));
+  __m512 scales, mins;
+  block_params<Bits>(params, blocks, t, b, scales, mins);
 #pragma GCC unroll 16
   for (int r = 0; r < kAmxRows; ++r) {
     const __m512 d = _mm512_set1_ps(xd[r * blocks + b]);
@@ -147,15 +147,13 @@ inline void scale_block(const Quantized& q, int64_t r0, int64_t blocks, int64_t 
 // One tile's 16 outputs x kAmxRows rows from r0, over every block; the tiles configured.
 // Pipelined: block b's codes are unpacked a block ahead (their stores done before the tile loads
 // them) and its sums scaled a block behind (the tiles' stores done before the vector loads)
-template <int Bits>
-void dot_tile_amx(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
-                  float* y, int64_t ldy) {
+template <int Bits, typename P>
+void dot_tile_amx(const Quantized& q, int64_t r0, const uint8_t* codes, P params, int64_t k, int64_t t, float* y, int64_t ldy) {
   static_assert(Bits == 4 || Bits == 5 || Bits == 6 || Bits == 8);
   constexpr int64_t kSums = (Bits == 6 ? 2 : 1) * kAmxRows * kTile;
   const int64_t blocks = k / kBlock;
   const int8_t* a0 = q.a.get() + r0 * k;
   const uint8_t* tile_codes = codes + t * blocks * kTileBytes<Bits>;  // [blocks, registers, 16, 4]
-  const c10::Half* tile_params = params + t * blocks * kParamsPerBlock;  // [blocks, 2, 16]
   alignas(64) uint8_t unpacked[2][8 * 64];  // [parity, 8, 16, 4]
   alignas(64) int32_t sums[2][kSums];       // [parity, halves, kAmxRows, 16]
   __m512 acc[kAmxRows];
@@ -165,7 +163,7 @@ void dot_tile_amx(const Quantized& q, int64_t r0, const uint8_t* codes, const c1
   for (int64_t b = 0; b < blocks; ++b) {
     const int parity = static_cast<int>(b & 1);
     const uint8_t* tc = tile_codes + b * kTileBytes<Bits>;
-    prefetch_block<Bits>(tc, tile_params + b * kParamsPerBlock, kPrefetchBlocks);
+    prefetch_ahead<Bits>(tc, params, blocks, t, b);
     const uint8_t* b_rows = Bits == 8 ? tc : unpacked[parity];
     if (parity == 0)
       multiply_block<Bits, 0>(a0 + b * kBlock, k, b_rows, sums[0], kAmxRows * kTile);
@@ -173,9 +171,9 @@ void dot_tile_amx(const Quantized& q, int64_t r0, const uint8_t* codes, const c1
       multiply_block<Bits, 1>(a0 + b * kBlock, k, b_rows, sums[1], kAmxRows * kTile);
     if constexpr (Bits != 8)
       if (b + 1 < blocks) unpack_block<Bits>(tc + kTileBytes<Bits>, unpacked[parity ^ 1]);
-    if (b > 0) scale_block<Bits>(q, r0, blocks, b - 1, tile_params + (b - 1) * kParamsPerBlock, sums[parity ^ 1], acc);
+    if (b > 0) scale_block<Bits>(q, r0, blocks, t, b - 1, params, sums[parity ^ 1], acc);
   }
-  scale_block<Bits>(q, r0, blocks, blocks - 1, tile_params + (blocks - 1) * kParamsPerBlock, sums[(blocks - 1) & 1], acc);
+  scale_block<Bits>(q, r0, blocks, t, blocks - 1, params, sums[(blocks - 1) & 1], acc);
 #pragma GCC unroll 16
   for (int r = 0; r < kAmxRows; ++r) _mm512_storeu_ps(y + (r0 + r) * ldy + t * kTile, acc[r]);
 }
@@ -183,9 +181,9 @@ void dot_tile_amx(const Quantized& q, int64_t r0, const uint8_t* codes, const c1
 // Every row of tiles t0 .. t1 - 1, a tile at a time: its groups of 16 rows on AMX, then the fewer than
 // 16 left over on the VNNI loop while the tile's codes are still in cache (row groups outside the tile
 // loop read the weights from memory once per group: 17 rows cost 1.3x 16 rows, docs/measurements/amx-draft-budget.md)
-template <int Bits>
-void dot_range_amx(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
-                   int64_t t0, int64_t t1, float* y, int64_t ldy) {
+template <int Bits, typename P>
+void dot_range_amx(const Quantized& q, int64_t rows, const uint8_t* codes, P params, int64_t k, int64_t t0, int64_t t1,
+                   float* y, int64_t ldy) {
   const int64_t tile_rows = rows / kAmxRows * kAmxRows;
   configure_tiles<Bits>();
   for (int64_t t = t0; t < t1; ++t) {

@@ -63,6 +63,44 @@ inline __m512 add_scaled_halves(__m512 acc, __m512 s0, __m512 s1, __m512 d, __m5
   return _mm512_fmadd_ps(d, halves_sum, acc);
 }
 
+// Tile t's block b's s and m (16 outputs each) from the pairs, ...
+template <int Bits>
+inline void block_params(PairParams p, int64_t blocks, int64_t t, int64_t b, __m512& s, __m512& m) {
+  const c10::Half* tp = p.data + (t * blocks + b) * kParamsPerBlock;  // [2, 16]
+  s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp)));
+  m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + kTile)));
+}
+
+// ... a symmetric form's s alone (m = -2^(bits - 1) s: exact, as the pairs hold it) ...
+template <int Bits>
+inline void block_params(SymmetricParams p, int64_t blocks, int64_t t, int64_t b, __m512& s, __m512& m) {
+  s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.data + (t * blocks + b) * kTile)));
+  m = _mm512_mul_ps(s, _mm512_set1_ps(kSymmetricZero<Bits>));
+}
+
+// ... or the Q4_K form's super-block: float16(d sc), float16(-dmin mn), as the pairs hold them
+inline __m512 rounded_to_half(__m512 x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, kRoundHalf)); }
+
+template <int Bits>
+inline void block_params(Q4KParams p, int64_t blocks, int64_t t, int64_t b, __m512& s, __m512& m) {
+  const uint8_t* super = p.data + (t * (blocks / kSuperBlocks) + b / kSuperBlocks) * kQ4KSuperBytes;
+  __m128i sc, mn;
+  q4_k_codes(super, b % kSuperBlocks, sc, mn);
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super)));
+  const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 2 * kTile)));
+  s = rounded_to_half(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc))));
+  m = rounded_to_half(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), dmin), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn))));
+}
+
+// Ask for the code lines and the params of the block kPrefetchBlocks after tile t's block b
+template <int Bits, typename P>
+inline void prefetch_ahead(const uint8_t* block_codes, P params, int64_t blocks, int64_t t, int64_t b) {
+#pragma GCC unroll 8
+  for (int line = 0; line < kTileRegisters<Bits>; ++line)
+    _mm_prefetch(reinterpret_cast<const char*>(block_codes + kPrefetchBlocks * kTileBytes<Bits> + 64 * line), _MM_HINT_T0);
+  _mm_prefetch(static_cast<const char*>(params_of(params, blocks, t, b + kPrefetchBlocks)), _MM_HINT_T0);
+}
+
 // AVX-512 VNNI: T tiles (16 T outputs) x R rows. A block's codes unpack into 8 registers per
 // tile (weights 4j .. 4j + 3 of each output in its lane), used by every row; a row's 8 broadcast
 // groups of four activations serve every tile. Per row, tile and block: 8 vpdpbusd into a fresh
@@ -71,9 +109,8 @@ inline __m512 add_scaled_halves(__m512 acc, __m512 s0, __m512 s1, __m512 d, __m5
 // chain of 8 dependent vpdpbusd. The 6-bit form always keeps two sums, one per half block (its
 // weights 0 .. 15 and 16 .. 31 have scales of their own): y += d (s0 (dot0 - 32 a0) + s1 (dot1 - 32 a1)),
 // a0 and a1 the halves' sums of a, each half's sum started at -32 a (integers until one conversion).
-template <int Bits, int T, int R>
-void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k,
-                    int64_t t0, float* y, int64_t ldy) {
+template <int Bits, int T, int R, typename P>
+void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, P params, int64_t k, int64_t t0, float* y, int64_t ldy) {
   static_assert(T >= 1 && T <= 4 && R >= 1 && R <= kMaxRows && (Bits == 4 || Bits == 5 || Bits == 6 || Bits == 8));
   constexpr bool kHalves = Bits == 6;
   constexpr int kChains = kHalves || T * R <= 2 ? 2 : 1;
@@ -92,11 +129,9 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
 #pragma GCC unroll 4
     for (int t = 0; t < T; ++t) {
       const uint8_t* tc = codes + ((t0 + t) * blocks + b) * kTileBytes<Bits>;  // [registers, 16, 4]
-      const c10::Half* tp = params + ((t0 + t) * blocks + b) * kParamsPerBlock;  // [2, 16]
-      prefetch_block<Bits>(tc, tp, kPrefetchBlocks);
+      prefetch_ahead<Bits>(tc, params, blocks, t0 + t, b);
       unpack_codes<Bits>(tc, w[t]);
-      scales[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp)));
-      mins[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + kTile)));
+      block_params<Bits>(params, blocks, t0 + t, b, scales[t], mins[t]);
     }
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
@@ -138,9 +173,9 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, const 
 }
 
 // Rows first .. rows - 1 of tiles t0 .. t0 + T - 1, R_MAX rows at a time
-template <int Bits, int T, int RMax>
-void dot_rows_vnni(const Quantized& q, int64_t first, int64_t rows, const uint8_t* codes, const c10::Half* params,
-                   int64_t k, int64_t t0, float* y, int64_t ldy) {
+template <int Bits, int T, int RMax, typename P>
+void dot_rows_vnni(const Quantized& q, int64_t first, int64_t rows, const uint8_t* codes, P params, int64_t k, int64_t t0,
+                   float* y, int64_t ldy) {
   int64_t r = first;
   for (; r + RMax <= rows; r += RMax) dot_tiles_vnni<Bits, T, RMax>(q, r, codes, params, k, t0, y, ldy);
   switch (rows - r) {
@@ -163,9 +198,9 @@ void dot_rows_vnni(const Quantized& q, int64_t first, int64_t rows, const uint8_
 // measured: two tiles at a time at one or two rows 1.1-1.3x slower); the 6-bit form over 12, its
 // costlier unpacking shared by more rows (Zen 4, a 53760 x 1536 weight against the 8-bit form of the
 // same weight: 0.98x at 12 rows and 0.94x at 16 over 8 rows, 1.13x and 1.07x over 12)
-template <int Bits>
-void dot_range_vnni(const Quantized& q, int64_t first, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
-                    int64_t t0, int64_t t1, float* y, int64_t ldy) {
+template <int Bits, typename P>
+void dot_range_vnni(const Quantized& q, int64_t first, int64_t rows, const uint8_t* codes, P params, int64_t k, int64_t t0,
+                    int64_t t1, float* y, int64_t ldy) {
   constexpr int kRows = Bits == 6 ? kMaxRows : 8;
   for (int64_t t = t0; t < t1; ++t) dot_rows_vnni<Bits, 1, kRows>(q, first, rows, codes, params, k, t, y, ldy);
 }
