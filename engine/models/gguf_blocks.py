@@ -21,8 +21,9 @@ as two 4-bit terms, `eight_bit_terms`), and a 6-bit one with a scale per 16 weig
 
 The kernel then stores s and m as float16 (quantized.py `TiledTerm`), which rounds the K-types'
 products d sc (up to 17 significant bits) by <= 2^-11 relative: far below the 4-bit step. It reads
-the file's own bytes a weight for Q4_0, Q5_0 and Q8_0 (their s alone: m is implied) and Q4_K (its
-super-blocks' d, dmin and 6-bit sc, mn, recovered exactly from s and m: `q4_k_params`).
+the file's own bytes a weight for Q4_0, Q5_0 and Q8_0 (their s alone: m is implied); Q4_K's s, m
+pairs take 5 bits a weight where the file's super-blocks take 4.5 (docs/measurements/amx-file-bytes.md:
+decoding its 6-bit scales per block cost more than the bytes saved).
 """
 
 from __future__ import annotations

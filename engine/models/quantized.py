@@ -294,63 +294,12 @@ def symmetric_zero(bits: int) -> float:
     return -float(1 << (bits - 1))
 
 
-SUPER_BLOCKS = 8  # blocks of 32 in a GGUF K-type super-block (256 weights)
-SIX_BIT_TOP = 63  # a K-type's largest 6-bit sub-block scale or minimum: llama.cpp scales each super-block's to it
-
-
-def _six_bit_factors(values: Tensor) -> tuple[Tensor, Tensor] | None:
-    """values [N, S, 8] >= 0 as float16 f [N, S] times 6-bit integers q [N, S, 8], exactly in float32
-    (f the largest value / 63, as llama.cpp's K-types have it), or None where they are not."""
-    top = values.amax(-1)  # [N, S]
-    factor = top / SIX_BIT_TOP
-    q = (values / torch.where(factor > 0, factor, 1)[..., None]).round()
-    exact = (values >= 0).all() and (q <= SIX_BIT_TOP).all() and torch.equal(factor[..., None] * q, values)
-    return (factor, q.to(torch.uint8)) if exact and torch.equal(factor.half().float(), factor) else None
-
-
-def q4_k_params(scale: Tensor, minimum: Tensor) -> Tensor | None:
-    """A 4-bit weight's s, m [N (a multiple of 16), K/32] float32 as the kernel's Q4_K form
-    [N/16, K/256, 256] uint8 (csrc/q4q8/layout.h: per tile and super-block the outputs' float16 d
-    and dmin, then each block's 6-bit sc and mn) where they are a GGUF Q4_K weight's, s = d sc and
-    m = -dmin mn exactly; else None. 4.5 bits a weight with the codes, where the pairs take 5."""
-    rows, blocks = scale.shape
-    if blocks % SUPER_BLOCKS or rows % Q4Q8_TILE:
-        return None
-    scales, mins = _six_bit_factors(scale.float().view(rows, -1, SUPER_BLOCKS)), _six_bit_factors(-minimum.float().view(rows, -1, SUPER_BLOCKS))
-    if scales is None or mins is None:
-        return None
-    tiles, supers = rows // Q4Q8_TILE, blocks // SUPER_BLOCKS
-    per_tile = lambda t: t.view(tiles, Q4Q8_TILE, supers, *t.shape[2:]).movedim(1, -1)  # noqa: E731  [N, S, ...] -> [N/16, S, ..., 16]
-    (d, sc), (dmin, mn) = scales, mins
-    head = torch.cat([per_tile(d.half()), per_tile(dmin.half())], dim=-1).contiguous().view(torch.uint8)  # [N/16, S, 64]
-    sc, mn = per_tile(sc), per_tile(mn)  # [N/16, S, 8, 16]
-    low = (sc & 15) | ((mn & 15) << 4)  # [N/16, S, 8, 16]
-    high = (sc >> 4) | ((mn >> 4) << 2)  # [N/16, S, 8, 16]: 4 bits each
-    paired = high[:, :, 0::2] | (high[:, :, 1::2] << 4)  # [N/16, S, 4, 16]: blocks 2i, 2i + 1 in a byte's nibbles
-    return torch.cat([head, low.flatten(2), paired.flatten(2)], dim=-1).contiguous()
-
-
-def q4_k_pairs(params: Tensor) -> Tensor:
-    """The Q4_K form's params [..., K/256, 256] uint8 -> the pairs the kernel makes of them [..., K/32,
-    2, 16] float16: s = d sc, m = -dmin mn, each rounded once to float16."""
-    lead, supers = params.shape[:-2], params.shape[-2]
-    d = params[..., : 2 * Q4Q8_TILE].contiguous().view(torch.float16).float()[..., None, :]  # [..., S, 1, 16]
-    dmin = params[..., 2 * Q4Q8_TILE : 4 * Q4Q8_TILE].contiguous().view(torch.float16).float()[..., None, :]
-    low = params[..., 64:192].unflatten(-1, (SUPER_BLOCKS, Q4Q8_TILE)).int()  # [..., S, 8, 16]
-    paired = params[..., 192:].unflatten(-1, (SUPER_BLOCKS // 2, Q4Q8_TILE)).int()  # [..., S, 4, 16]
-    high = torch.stack([paired & 15, paired >> 4], dim=-2).flatten(-3, -2)  # [..., S, 8, 16]
-    sc, mn = (low & 15) | ((high & 3) << 4), (low >> 4) | ((high >> 2) << 4)
-    pairs = torch.stack([(d * sc).half(), (-dmin * mn).half()], dim=-2)  # [..., S, 8, 2, 16]
-    return pairs.reshape(*lead, supers * SUPER_BLOCKS, 2, Q4Q8_TILE)
-
-
 class TiledTerm(nn.Module):
     """A matrix for kspec's kernel (csrc/q4_q8_matmul.cpp), in tiles of 16 weight rows:
     x [M, K] -> x W^T [M, N] float32, the activations quantized to 8 bits per block of 32 by the
     kernel. Holds the form's codes and its float16 parameters [N/16, K/32, 2, 16] (a block's s
     of the tile's outputs, then their m), or [N/16, K/32, 1, 16] where every m is
-    symmetric_zero(bits) s (a symmetric weight: the file's own bytes), or a Q4_K weight's own
-    (q4_k_params); the subclasses lay out the codes."""
+    symmetric_zero(bits) s (a symmetric weight: the file's own bytes); the subclasses lay out the codes."""
 
     bits: int  # a weight's code: 4, 5, 6 or 8
 
@@ -408,9 +357,6 @@ class Q4Q8Term(TiledTerm):
     def __init__(self, codes: Q4Codes, matmul: Q4Q8Matmul):
         per_block, scale, zero = _tile_blocks(codes.codes, codes.scale, codes.zero, 0)  # [N/16, 16, K/32, 32]
         super().__init__(_bit_planes_layout(per_block, 4), scale, zero - 8 * scale, codes.shape[0], matmul)
-        q4_k = q4_k_params(scale, zero - 8 * scale)
-        if q4_k is not None:  # a Q4_K weight: its own super-blocks' parameters
-            self.params = q4_k
 
 
 EIGHT_BIT_ZERO_SHIFT = 136  # (h - 8) 16 s + (l - 8) s = s u - 136 s: the low term's zero is m + 136 s
@@ -810,10 +756,7 @@ class TiledEmbedding(nn.Module):
 def tiled_rows(term: TiledTerm, rows: Tensor) -> Tensor:
     """Weight rows `rows` [M] of a kernel form as float32 [M, K]."""
     tile, lane = rows // Q4Q8_TILE, rows % Q4Q8_TILE
-    if term.params.dtype == torch.uint8:  # the Q4_K form's
-        params = q4_k_pairs(term.params[tile])[torch.arange(len(rows)), :, :, lane].float()  # [M, K/32, 2]
-    else:
-        params = term.params[tile, :, :, lane].float()  # [M, K/32, 2]: s, m (6-bit: s of each half block), or [M, K/32, 1]: s
+    params = term.params[tile, :, :, lane].float()  # [M, K/32, 2]: s, m (6-bit: s of each half block), or [M, K/32, 1]: s
     if params.shape[-1] == 1:  # a symmetric form's m
         params = torch.cat([params, symmetric_zero(term.bits) * params], dim=-1)
     if isinstance(term, Q8Q8Term):

@@ -25,9 +25,8 @@
 //
 // A symmetric weight (GGUF Q4_0, Q5_0, Q8_0: one d a block, codes centred, m = -2^(bits - 1) d) keeps
 // its s alone, params [N/16, K/32, 1, 16]: the file's own bytes a weight (4.5, 5.5 and 8.5 bits where
-// the pairs take 5, 6 and 9), each tile's pairs made again in cache (matmul_form). A GGUF Q4_K weight
-// keeps its own super-blocks' d, dmin and 6-bit sc, mn (params [N/16, K/256, 256] uint8, q4q8/layout.h):
-// 4.5 bits a weight where the pairs take 5.
+// the pairs take 5, 6 and 9): the VNNI and AMX loops take m = -2^(bits - 1) s as they go, the AVX2 and
+// generic ones the pairs made again per tile in cache (matmul_form).
 //
 // The 8-bit form (q8_q8_matmul: a GGUF Q8_0 weight, w = d q with q in -127..127, the default
 // model's tied head) is the same loop over whole-byte codes u = q + 128 in 0..255:
@@ -126,18 +125,12 @@ std::tuple<Tensor, Quantized> prepare(const Tensor& x, const Tensor& codes, cons
         : Bits == 5 ? "codes must be [N/16, K/32, 5, 16, 4] uint8, contiguous"
         : Bits == 6 ? "codes must be [N/16, K/32, 6, 16, 4] uint8, contiguous"
                     : "codes must be [N/16, K/32, 8, 16, 4] uint8, contiguous");
-  if (Bits == 4 && params.scalar_type() == at::kByte) {  // the Q4_K form (layout.h)
-    check(k % (kSuperBlocks * kBlock) == 0 && params.is_contiguous() && params.dim() == 3 && params.size(0) == codes.size(0) &&
-              params.size(1) == k / (kSuperBlocks * kBlock) && params.size(2) == kQ4KSuperBytes,
-          "Q4_K params must be [N/16, K/256, 256] uint8, contiguous");
-  } else {
-    const int64_t param_rows = params.dim() == 4 ? params.size(2) : 0;  // 2: s then m; 1: a symmetric form's s
-    check(params.scalar_type() == at::kHalf && params.is_contiguous() && params.dim() == 4 &&
-              params.size(0) == codes.size(0) && params.size(1) == k / kBlock && (param_rows == 2 || (param_rows == 1 && Bits != 6)) &&
-              params.size(3) == kTile,
-          Bits == 6 ? "params must be [N/16, K/32, 2, 16] float16, contiguous"
-                    : "params must be [N/16, K/32, 2, 16] or, for a symmetric form, [N/16, K/32, 1, 16] float16, contiguous");
-  }
+  const int64_t param_rows = params.dim() == 4 ? params.size(2) : 0;  // 2: s then m; 1: a symmetric form's s
+  check(params.scalar_type() == at::kHalf && params.is_contiguous() && params.dim() == 4 &&
+            params.size(0) == codes.size(0) && params.size(1) == k / kBlock && (param_rows == 2 || (param_rows == 1 && Bits != 6)) &&
+            params.size(3) == kTile,
+        Bits == 6 ? "params must be [N/16, K/32, 2, 16] float16, contiguous"
+                  : "params must be [N/16, K/32, 2, 16] or, for a symmetric form, [N/16, K/32, 1, 16] float16, contiguous");
   Tensor y = at::empty({rows, n}, x.options());
   if (rows == 0 || n == 0) return {y, Quantized{}};
   return {y, quantize_rows(x.data_ptr<float>(), rows, k)};
@@ -181,7 +174,7 @@ void dot_tiles_of(const Quantized& q, int64_t rows, const uint8_t* codes, P para
 }
 
 // Any form: y [M, N] from x and the weights in the form's layout, tiles of 16 outputs split between
-// the threads; params the pairs, a symmetric form's s alone or the Q4_K form's own (layout.h)
+// the threads; params the pairs or a symmetric form's s alone (layout.h)
 template <int Bits>
 Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params) {
   const Tensor x = x_in.contiguous();
@@ -190,14 +183,13 @@ Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params
   if (rows == 0 || n == 0) return y;
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   float* yp = y.template data_ptr<float>();
-  const bool q4_k = params.scalar_type() == at::kByte, symmetric = !q4_k && params.size(2) == 1;
+  const c10::Half* pp = params.data_ptr<c10::Half>();
+  const bool symmetric = params.size(2) == 1;
   at::parallel_for(0, n / kTile, 2, [&](int64_t t0, int64_t t1) {
-    if (q4_k)
-      dot_tiles_of<Bits>(q, rows, cp, Q4KParams{params.data_ptr<uint8_t>()}, k, t0, t1, yp, n);
-    else if (symmetric)
-      dot_tiles_of<Bits>(q, rows, cp, SymmetricParams{params.data_ptr<c10::Half>()}, k, t0, t1, yp, n);
+    if (symmetric)
+      dot_tiles_of<Bits>(q, rows, cp, SymmetricParams{pp}, k, t0, t1, yp, n);
     else
-      dot_tiles<Bits>(q, rows, cp, PairParams{params.data_ptr<c10::Half>()}, k, t0, t1, yp, n);
+      dot_tiles<Bits>(q, rows, cp, PairParams{pp}, k, t0, t1, yp, n);
   });
   return y;
 }
@@ -205,7 +197,7 @@ Tensor matmul_form(const Tensor& x_in, const Tensor& codes, const Tensor& params
 }  // namespace
 
 // x [M, K] float32, codes [N/16, K/32, 4, 16, 4] uint8, params [N/16, K/32, 2, 16] float16 (or a symmetric
-// form's [N/16, K/32, 1, 16], or the Q4_K form's [N/16, K/256, 256] uint8) -> y [M, N] float32
+// form's [N/16, K/32, 1, 16]) -> y [M, N] float32
 Tensor q4_q8_matmul(const Tensor& x, const Tensor& codes, const Tensor& params) { return matmul_form<4>(x, codes, params); }
 
 // x [M, K] float32, codes [N/16, K/32, 8, 16, 4] uint8 (q + 128), params [N/16, K/32, 2, 16] float16 -> y [M, N] float32

@@ -335,35 +335,3 @@ def test_a_symmetric_gguf_weight_is_held_in_the_files_own_bytes(kind: str, bits_
     bound = (x.abs().view(5, -1, GROUP).amax(-1) / 254).repeat_interleave(GROUP, -1).double() @ file_weights.abs().double().t()
     assert bool(((term(x) - x.double() @ file_weights.double().t()).abs() <= bound + 1e-5).all())
 
-
-@pytest.mark.parametrize("rows", [1, 3, 9, 16, 17, 40])
-def test_a_q4_k_weight_is_held_in_the_files_own_bytes_and_multiplies_as_its_pairs(rows: int) -> None:
-    """A GGUF Q4_K weight keeps its super-blocks' d, dmin and 6-bit sc, mn (4.5 bits a weight with the
-    codes, where s, m pairs took 5): the kernel makes the pairs float16(d sc), float16(-dmin mn) of
-    them in cache and gives the pairs form's bits; rows looked up are the pairs form's too."""
-    from kspec.engine.models.gguf_blocks import tensor_terms
-    from kspec.engine.models.gguf_encode import encode
-    from kspec.engine.models.quantized import q4_k_pairs
-
-    n, k = 40, 512
-    weight = np.random.default_rng(rows).standard_normal((n, k)).astype(np.float32) * 0.02
-    weight[1] += 0.05  # a row with no negative weights: its mins 0
-    (codes,) = tensor_terms(encode(weight, "Q4_K"), "Q4_K", (n, k))
-    term = Q4Q8Term(codes, matmul)  # type: ignore[arg-type]
-    assert term.params.dtype == torch.uint8 and term.params.shape == (3, k // 256, 256)
-    assert term.nbytes * 8 == 4.5 * 48 * k  # 48 rows: 3 tiles of 16
-    pairs = Q4Q8Term.from_layout(term.codes, q4_k_pairs(term.params).contiguous(), n, matmul)  # type: ignore[arg-type]
-    scale, minimum = codes.scale, codes.zero - 8 * codes.scale  # [N, K/32] float32: d sc, -dmin mn
-    assert torch.equal(pairs.params[:, :, 0].transpose(1, 2).reshape(48, -1)[:n], scale.half())
-    assert torch.equal(pairs.params[:, :, 1].transpose(1, 2).reshape(48, -1)[:n], minimum.half())
-    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * 3
-    x[0, :GROUP] = 0.0  # an all-zero block: d = 0
-    assert torch.equal(term(x), pairs(x))
-    assert torch.equal(tiled_rows(term, torch.arange(n)), tiled_rows(pairs, torch.arange(n)))
-
-
-def test_a_4bit_weight_that_is_not_q4_k_keeps_its_pairs() -> None:
-    codes = _codes(32, 512, seed=9)  # s, m float16 values with no float16 d and 6-bit sc behind them
-    assert Q4Q8Term(codes, matmul).params.dtype == torch.float16  # type: ignore[arg-type]
-    with pytest.raises(RuntimeError, match=r"\[N/16, K/256, 256\]"):
-        FORM_OPS[4](torch.randn(1, 512), Q4Q8Term(codes, matmul).codes, torch.zeros(2, 1, 256, dtype=torch.uint8))  # type: ignore[arg-type]

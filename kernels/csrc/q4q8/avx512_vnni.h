@@ -71,25 +71,11 @@ inline void block_params(PairParams p, int64_t blocks, int64_t t, int64_t b, __m
   m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + kTile)));
 }
 
-// ... a symmetric form's s alone (m = -2^(bits - 1) s: exact, as the pairs hold it) ...
+// ... or a symmetric form's s alone (m = -2^(bits - 1) s: exact, as the pairs hold it)
 template <int Bits>
 inline void block_params(SymmetricParams p, int64_t blocks, int64_t t, int64_t b, __m512& s, __m512& m) {
   s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.data + (t * blocks + b) * kTile)));
   m = _mm512_mul_ps(s, _mm512_set1_ps(kSymmetricZero<Bits>));
-}
-
-// ... or the Q4_K form's super-block: float16(d sc), float16(-dmin mn), as the pairs hold them
-inline __m512 rounded_to_half(__m512 x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, kRoundHalf)); }
-
-template <int Bits>
-inline void block_params(Q4KParams p, int64_t blocks, int64_t t, int64_t b, __m512& s, __m512& m) {
-  const uint8_t* super = p.data + (t * (blocks / kSuperBlocks) + b / kSuperBlocks) * kQ4KSuperBytes;
-  __m128i sc, mn;
-  q4_k_codes(super, b % kSuperBlocks, sc, mn);
-  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super)));
-  const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 2 * kTile)));
-  s = rounded_to_half(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc))));
-  m = rounded_to_half(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), dmin), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn))));
 }
 
 // Ask for the code lines and the params of the block kPrefetchBlocks after tile t's block b

@@ -47,17 +47,7 @@ constexpr int32_t kSixBitZero = 32;
 template <int Bits>
 constexpr float kSymmetricZero = -static_cast<float>(1 << (Bits - 1));
 
-// The Q4_K form: the 4-bit form's codes with a GGUF Q4_K weight's own parameters, per tile and super-block
-// of 8 blocks (256 weights) 256 bytes [N/16, K/256, 256]: the 16 outputs' d (float16), their dmin, then
-// per block j the low 4 bits of its 6-bit sc and mn (a byte an output: sc low, mn high, [8, 16]), then the
-// high 2 bits of both (four bits an output and block, blocks 2i and 2i + 1 in a byte's low and high
-// nibble: sc's 2 bits, then mn's, [4, 16]). 4.5 bits a weight, the file's own; s = d sc and m = -dmin mn,
-// each rounded once to float16, as the pairs of the same weight hold them.
-constexpr int64_t kSuperBlocks = 8;  // blocks of 32 a super-block
-constexpr int64_t kQ4KSuperBytes = 256;
-constexpr int64_t kQ4KLowAt = 4 * kTile, kQ4KHighAt = kQ4KLowAt + kSuperBlocks * kTile;
-
-// Where the loops find a block's s and m: the pairs, a symmetric form's s alone, or the Q4_K form's own.
+// Where the loops find a block's s and m: the pairs or a symmetric form's s alone.
 // The VNNI and AMX loops read each as they go (avx512_vnni.h block_params); the AVX2 and generic loops
 // read pairs, made per tile in a scratch that stays in cache (q4_q8_matmul.cpp matmul_form)
 struct PairParams {  // [tiles, blocks, 2, 16] float16: s, then m
@@ -66,32 +56,16 @@ struct PairParams {  // [tiles, blocks, 2, 16] float16: s, then m
 struct SymmetricParams {  // [tiles, blocks, 1, 16] float16: s
   const c10::Half* data;
 };
-struct Q4KParams {  // [tiles, blocks / 8, 256]
-  const uint8_t* data;
-};
 
 // The bytes holding tile t's block b's params (for a prefetch)
 inline const void* params_of(PairParams p, int64_t blocks, int64_t t, int64_t b) { return p.data + (t * blocks + b) * kParamsPerBlock; }
 inline const void* params_of(SymmetricParams p, int64_t blocks, int64_t t, int64_t b) { return p.data + (t * blocks + b) * kTile; }
-inline const void* params_of(Q4KParams p, int64_t blocks, int64_t t, int64_t b) {
-  return p.data + (t * (blocks / kSuperBlocks) + b / kSuperBlocks) * kQ4KSuperBytes + (b % kSuperBlocks) * (kQ4KSuperBytes / kSuperBlocks);
-}
 
-// A Q4_K super-block's block j: its 16 outputs' 6-bit sc and mn as bytes
 #if KSPEC_Q4Q8_AVX2
-inline void q4_k_codes(const uint8_t* super, int64_t j, __m128i& sc, __m128i& mn) {
-  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(super + kQ4KLowAt + j * kTile));
-  const __m128i hi = _mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(super + kQ4KHighAt + (j / 2) * kTile)),
-                                    4 * static_cast<int>(j % 2));
-  const __m128i three = _mm_set1_epi8(3), fifteen = _mm_set1_epi8(15);
-  sc = _mm_or_si128(_mm_and_si128(lo, fifteen), _mm_slli_epi16(_mm_and_si128(hi, three), 4));
-  mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lo, 4), fifteen), _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(hi, 2), three), 4));
-}
-
 constexpr int kRoundHalf = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;  // float32 -> float16: to nearest even
 #endif
 
-// Tile t's params as the pairs the AVX2 and generic loops read [blocks, 2, 16]: a symmetric form's
+// Tile t's params as the pairs the AVX2 and generic loops read [blocks, 2, 16] (a symmetric form's)
 template <int Bits>
 inline void as_pairs(SymmetricParams params, int64_t blocks, int64_t t, c10::Half* pairs) {
   for (int64_t b = 0; b < blocks; ++b) {
@@ -109,41 +83,6 @@ inline void as_pairs(SymmetricParams params, int64_t blocks, int64_t t, c10::Hal
     for (int64_t n = 0; n < kTile; ++n) {
       out[n] = s[n];
       out[kTile + n] = c10::Half(kSymmetricZero<Bits> * static_cast<float>(s[n]));
-    }
-#endif
-  }
-}
-
-// ... and the Q4_K form's: s = float16(d sc), m = float16(-dmin mn) (the products exact in float32)
-template <int Bits>
-inline void as_pairs(Q4KParams params, int64_t blocks, int64_t t, c10::Half* pairs) {
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* super = static_cast<const uint8_t*>(params_of(params, blocks, t, b - b % kSuperBlocks));
-    const c10::Half* d = reinterpret_cast<const c10::Half*>(super);
-    const c10::Half* dmin = d + kTile;
-    c10::Half* out = pairs + b * kParamsPerBlock;
-#if KSPEC_Q4Q8_AVX2
-    __m128i sc, mn;
-    q4_k_codes(super, b % kSuperBlocks, sc, mn);
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {  // outputs 8 h .. 8 h + 7
-      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + 8 * h)));
-      const __m256 dminv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dmin + 8 * h)));
-      const __m128i sc_h = h == 0 ? sc : _mm_srli_si128(sc, 8), mn_h = h == 0 ? mn : _mm_srli_si128(mn, 8);
-      const __m256 s = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc_h)));
-      const __m256 m = _mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), dminv), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn_h)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8 * h), _mm256_cvtps_ph(s, kRoundHalf));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + kTile + 8 * h), _mm256_cvtps_ph(m, kRoundHalf));
-    }
-#else
-    const uint8_t* low = super + kQ4KLowAt + (b % kSuperBlocks) * kTile;
-    const uint8_t* high = super + kQ4KHighAt + (b % kSuperBlocks / 2) * kTile;
-    const int shift = 4 * static_cast<int>(b % 2);
-    for (int64_t n = 0; n < kTile; ++n) {
-      const int h = (high[n] >> shift) & 15;
-      const float sc = static_cast<float>((low[n] & 15) | ((h & 3) << 4)), mn = static_cast<float>((low[n] >> 4) | ((h >> 2) << 4));
-      out[n] = c10::Half(static_cast<float>(d[n]) * sc);
-      out[kTile + n] = c10::Half(-static_cast<float>(dmin[n]) * mn);
     }
 #endif
   }
