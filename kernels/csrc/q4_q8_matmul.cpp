@@ -137,7 +137,7 @@ std::tuple<Tensor, Quantized> prepare(const Tensor& x, const Tensor& codes, cons
 }
 
 // Tiles t0 .. t1 - 1 of any form, every row (the VNNI loop where built, AMX's for groups of 16 rows
-// where Linux lets this process use its tiles, else the AVX2 loop, else the scalar one: these two read
+// where Linux lets this process use its tiles, else the AVX2 loop, else the scalar one, which reads
 // pairs only)
 template <int Bits, typename P>
 void dot_tiles(const Quantized& q, int64_t rows, const uint8_t* codes, P params, int64_t k, int64_t t0, int64_t t1, float* y,
@@ -150,18 +150,18 @@ void dot_tiles(const Quantized& q, int64_t rows, const uint8_t* codes, P params,
 #elif KSPEC_Q4Q8_VNNI
   dot_range_vnni<Bits>(q, 0, rows, codes, params, k, t0, t1, y, ldy);
 #elif KSPEC_Q4Q8_AVX2
-  for (int64_t t = t0; t < t1; ++t) dot_tile_avx2<Bits>(q, rows, codes, params.data, k, t, y, ldy);
+  for (int64_t t = t0; t < t1; ++t) dot_tile_avx2<Bits>(q, rows, codes, params, k, t, y, ldy);
 #else
   for (int64_t t = t0; t < t1; ++t) dot_tile_scalar<Bits>(q, rows, codes, params.data, k, t, y, ldy);
 #endif
 }
 
-// Tiles t0 .. t1 - 1 with params other than pairs: as they are on a VNNI build; elsewhere each tile's
-// pairs made in a scratch that stays in cache (the same bits: layout.h as_pairs)
+// Tiles t0 .. t1 - 1 with params other than pairs: as they are on a vector build; on a generic one each
+// tile's pairs made in a scratch that stays in cache (the same bits: layout.h as_pairs)
 template <int Bits, typename P>
 void dot_tiles_of(const Quantized& q, int64_t rows, const uint8_t* codes, P params, int64_t k, int64_t t0, int64_t t1, float* y,
                   int64_t ldy) {
-#if KSPEC_Q4Q8_VNNI
+#if KSPEC_Q4Q8_AVX2
   dot_tiles<Bits>(q, rows, codes, params, k, t0, t1, y, ldy);
 #else
   const int64_t blocks = k / kBlock;

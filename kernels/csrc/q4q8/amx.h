@@ -163,7 +163,7 @@ void dot_tile_amx(const Quantized& q, int64_t r0, const uint8_t* codes, P params
   for (int64_t b = 0; b < blocks; ++b) {
     const int parity = static_cast<int>(b & 1);
     const uint8_t* tc = tile_codes + b * kTileBytes<Bits>;
-    prefetch_ahead<Bits>(tc, params, blocks, t, b);
+    prefetch_block<Bits>(tc, params, blocks, t, b, kPrefetchBlocks);
     const uint8_t* b_rows = Bits == 8 ? tc : unpacked[parity];
     if (parity == 0)
       multiply_block<Bits, 0>(a0 + b * kBlock, k, b_rows, sums[0], kAmxRows * kTile);

@@ -7,6 +7,21 @@
 #if KSPEC_Q4Q8_AVX2 && !KSPEC_Q4Q8_VNNI
 namespace {
 
+// Tile t's block b's s and m of outputs 8 half .. 8 half + 7, from the pairs, ...
+template <int Bits>
+inline void half_params(PairParams p, int64_t blocks, int64_t t, int64_t b, int half, __m256& s, __m256& m) {
+  const c10::Half* tp = p.data + (t * blocks + b) * kParamsPerBlock + 8 * half;  // s at 0, m at 16
+  s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp)));
+  m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + kTile)));
+}
+
+// ... or a symmetric form's s alone (m = -2^(bits - 1) s: exact, as the pairs hold it)
+template <int Bits>
+inline void half_params(SymmetricParams p, int64_t blocks, int64_t t, int64_t b, int half, __m256& s, __m256& m) {
+  s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.data + (t * blocks + b) * kTile + 8 * half)));
+  m = _mm256_mul_ps(s, _mm256_set1_ps(kSymmetricZero<Bits>));
+}
+
 // One 4-bit block's share of 8 outputs for one row: the block's int16 pair sums (maddubs) to
 // int32 dots, then acc + s d dot + m sum_x
 inline __m256 add_block_avx2(__m256 acc, __m256i pairs, __m256 scales, __m256 mins, float d, float sum_x) {
@@ -18,9 +33,9 @@ inline __m256 add_block_avx2(__m256 acc, __m256i pairs, __m256 scales, __m256 mi
 // four 64-byte registers) x R rows. maddubs of the unsigned codes and 4 broadcast signed
 // activations gives two int16 pair sums per lane (2 * 15 * 127); the block's 8 of them add in
 // int16 without saturating (8 * 3810 < 2^15), then one madd with ones makes each output's int32 dot.
-template <int R>
-void dot_half_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
-                   int half, float* y, int64_t ldy) {
+template <int R, typename P>
+void dot_half_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P params, int64_t k, int64_t t, int half, float* y,
+                   int64_t ldy) {
   const int64_t blocks = k / kBlock;
   const float* xd = q.scale.get() + r0 * blocks;  // [R, blocks]
   const float* xs = q.sum.get() + r0 * blocks;    // [R, blocks]
@@ -30,16 +45,14 @@ void dot_half_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block_codes = codes + (t * blocks + b) * kTileBytes<4>;    // [4, 16, 4]
-    const c10::Half* block_params = params + (t * blocks + b) * kParamsPerBlock;  // [2, 16]
-    if (half == 0) prefetch_block<4>(block_codes, block_params, kPrefetchBlocksAvx2);  // half 1 finds them cached
-    const uint8_t* tc = block_codes + 32 * half;    // 4 x 32 bytes, 64 apart
-    const c10::Half* tp = block_params + 8 * half;  // s at 0, m at 16
+    const uint8_t* block_codes = codes + (t * blocks + b) * kTileBytes<4>;  // [4, 16, 4]
+    if (half == 0) prefetch_block<4>(block_codes, params, blocks, t, b, kPrefetchBlocksAvx2);  // half 1 finds them cached
+    const uint8_t* tc = block_codes + 32 * half;  // 4 x 32 bytes, 64 apart
     __m256i packed[4];
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) packed[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tc + 64 * p));
-    const __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp)));
-    const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + kTile)));
+    __m256 scales, mins;
+    half_params<4>(params, blocks, t, b, half, scales, mins);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const int8_t* a = a0 + r * k + b * kBlock;
@@ -64,9 +77,8 @@ void dot_half_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c
 // halves (Zen 3, the 120 projections against half tiles: 1.33x at one row, 1.37x at two; in pairs
 // of rows 1.16x at four but 0.99x at eight and 0.84x at forty, where the half tiles' unpacked codes
 // serve 4 rows from registers)
-template <int R>
-void dot_full_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
-                   float* y, int64_t ldy) {
+template <int R, typename P>
+void dot_full_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P params, int64_t k, int64_t t, float* y, int64_t ldy) {
   const int64_t blocks = k / kBlock;
   const float* xd = q.scale.get() + r0 * blocks;  // [R, blocks]
   const float* xs = q.sum.get() + r0 * blocks;    // [R, blocks]
@@ -76,15 +88,11 @@ void dot_full_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c
 #pragma GCC unroll 2
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* tc = codes + (t * blocks + b) * kTileBytes<4>;    // [4, 16, 4]
-    const c10::Half* tp = params + (t * blocks + b) * kParamsPerBlock;  // [2, 16]
-    prefetch_block<4>(tc, tp, kPrefetchBlocksAvx2);
+    const uint8_t* tc = codes + (t * blocks + b) * kTileBytes<4>;  // [4, 16, 4]
+    prefetch_block<4>(tc, params, blocks, t, b, kPrefetchBlocksAvx2);
     __m256 scales[2], mins[2];
 #pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      scales[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + 8 * h)));
-      mins[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + kTile + 8 * h)));
-    }
+    for (int h = 0; h < 2; ++h) half_params<4>(params, blocks, t, b, h, scales[h], mins[h]);
 #pragma GCC unroll 2
     for (int r = 0; r < R; ++r) {
       const int8_t* a = a0 + r * k + b * kBlock;
@@ -130,13 +138,13 @@ struct UnpackedBlock {  // one block of a tile, 8-bit codes [8, 16, 4] (weights 
 
 // Blocks b0 .. b0 + n - 1 of tile t into scratch: register p's low nibbles become register p,
 // its high nibbles register p + 4 (weights 16 + 4p .. 16 + 4p + 3, which meet activations 4 (p + 4))
-inline void unpack_tile_avx2(const uint8_t* codes, const c10::Half* params, int64_t blocks, int64_t t, int64_t b0,
-                             int64_t n, UnpackedBlock* scratch) {
+template <typename P>
+inline void unpack_tile_avx2(const uint8_t* codes, P params, int64_t blocks, int64_t t, int64_t b0, int64_t n,
+                             UnpackedBlock* scratch) {
   const __m256i low_mask = _mm256_set1_epi8(0x0F);
   for (int64_t i = 0; i < n; ++i) {
-    const uint8_t* tc = codes + (t * blocks + b0 + i) * kTileBytes<4>;      // [4, 16, 4]
-    const c10::Half* tp = params + (t * blocks + b0 + i) * kParamsPerBlock;  // [2, 16]
-    prefetch_block<4>(tc, tp, kPrefetchBlocksAvx2);
+    const uint8_t* tc = codes + (t * blocks + b0 + i) * kTileBytes<4>;  // [4, 16, 4]
+    prefetch_block<4>(tc, params, blocks, t, b0 + i, kPrefetchBlocksAvx2);
     UnpackedBlock& u = scratch[i];
 #pragma GCC unroll 8
     for (int h = 0; h < 8; ++h) {  // 32-byte pieces: register h / 2, half h % 2
@@ -148,8 +156,10 @@ inline void unpack_tile_avx2(const uint8_t* codes, const c10::Half* params, int6
     }
 #pragma GCC unroll 2
     for (int half = 0; half < 2; ++half) {
-      _mm256_store_ps(u.scales + 8 * half, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + 8 * half))));
-      _mm256_store_ps(u.mins + 8 * half, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + kTile + 8 * half))));
+      __m256 scales, mins;
+      half_params<4>(params, blocks, t, b0 + i, half, scales, mins);
+      _mm256_store_ps(u.scales + 8 * half, scales);
+      _mm256_store_ps(u.mins + 8 * half, mins);
     }
   }
 }
@@ -210,8 +220,9 @@ inline void dot_unpacked_rows_avx2(int64_t rows, const Quantized& q, int64_t r0,
 // Tile t, every row: its codes kUnpackedChunk blocks at a time into the scratch, then the rows
 // in as few groups of at most kUnpackedRows as cover them, their sizes differing by at most one
 // (8 rows as 4 + 4, not 6 + 2: a group of few rows loads the codes for few maddubs)
-void dot_tile_unpacked_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k,
-                            int64_t t, float* y, int64_t ldy) {
+template <typename P>
+void dot_tile_unpacked_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, P params, int64_t k, int64_t t, float* y,
+                            int64_t ldy) {
   const int64_t blocks = k / kBlock;
   const int64_t groups = (rows + kUnpackedRows - 1) / kUnpackedRows, base = rows / groups, larger = rows % groups;
   UnpackedBlock scratch[kUnpackedChunk];
@@ -237,9 +248,9 @@ void dot_tile_unpacked_avx2(const Quantized& q, int64_t rows, const uint8_t* cod
 // (m = -128 s exactly), and carries the minimum of any other weight in this form (Q5_x and Q6_K
 // where no 5-bit loop is built). Zen 3, the default model's head against its two 4-bit terms
 // (docs/measurements/zen3-avx2.md).
-template <int R>
-void dot_half_q8_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
-                      int half, float* y, int64_t ldy) {
+template <int R, typename P>
+void dot_half_q8_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P params, int64_t k, int64_t t, int half, float* y,
+                      int64_t ldy) {
   const int64_t blocks = k / kBlock;
   const float* xd = q.scale.get() + r0 * blocks;  // [R, blocks]
   const int8_t* a0 = q.a.get() + r0 * k;
@@ -249,15 +260,14 @@ void dot_half_q8_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, cons
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block_codes = codes + (t * blocks + b) * kTileBytes<8>;    // [8, 16, 4]
-    const c10::Half* block_params = params + (t * blocks + b) * kParamsPerBlock;  // [2, 16]
-    if (half == 0) prefetch_block<8>(block_codes, block_params, kPrefetchBlocksAvx2);  // half 1 finds them cached
+    const uint8_t* block_codes = codes + (t * blocks + b) * kTileBytes<8>;  // [8, 16, 4]
+    if (half == 0) prefetch_block<8>(block_codes, params, blocks, t, b, kPrefetchBlocksAvx2);  // half 1 finds them cached
     __m256i signed_codes[8];
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j)
       signed_codes[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block_codes + 64 * j + 32 * half)), flip);
-    const __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block_params + 8 * half)));
-    const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block_params + kTile + 8 * half)));
+    __m256 scales, mins;
+    half_params<8>(params, blocks, t, b, half, scales, mins);
     const __m256 shift = _mm256_fmadd_ps(scales, _mm256_set1_ps(128.f), mins);  // m + 128 s: 0 for Q8_0
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
@@ -294,9 +304,9 @@ inline __m256i bytes_of_bits_avx2(uint32_t bits, __m256i value) {
 // 2 * 63 * 127, two registers of them add without saturating, then madd with ones makes int32 dots.
 // 5-bit: y += s d dot + m d sum a (as the 8-bit form); 6-bit: two dots, one per half block, each
 // started at -32 times its half's sum of a, y += d (s0 dot0 + s1 dot1) (q4_q8_matmul.cpp).
-template <int Bits, int R>
-void dot_half_masked_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k,
-                          int64_t t, int half, float* y, int64_t ldy) {
+template <int Bits, int R, typename P>
+void dot_half_masked_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P params, int64_t k, int64_t t, int half,
+                          float* y, int64_t ldy) {
   static_assert(Bits == 5 || Bits == 6);
   constexpr int kDots = Bits == 6 ? 2 : 1;
   const int64_t blocks = k / kBlock;
@@ -309,9 +319,8 @@ void dot_half_masked_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, 
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block_codes = codes + (t * blocks + b) * kTileBytes<Bits>;    // [Bits, 16, 4]
-    const c10::Half* block_params = params + (t * blocks + b) * kParamsPerBlock;  // [2, 16]
-    if (half == 0) prefetch_block<Bits>(block_codes, block_params, kPrefetchBlocksAvx2);  // half 1 finds them cached
+    const uint8_t* block_codes = codes + (t * blocks + b) * kTileBytes<Bits>;  // [Bits, 16, 4]
+    if (half == 0) prefetch_block<Bits>(block_codes, params, blocks, t, b, kPrefetchBlocksAvx2);  // half 1 finds them cached
     __m256i w[8];
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
@@ -326,8 +335,8 @@ void dot_half_masked_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, 
       for (int j = 0; j < 8; ++j)
         w[j] = _mm256_or_si256(w[j], bytes_of_bits_avx2(static_cast<uint32_t>(high_bits(block_codes, plane, j) >> (32 * half)), value));
     }
-    const __m256 first = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block_params + 8 * half)));
-    const __m256 second = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block_params + kTile + 8 * half)));
+    __m256 first, second;
+    half_params<Bits>(params, blocks, t, b, half, first, second);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const int8_t* a = a0 + r * k + b * kBlock;
@@ -358,9 +367,9 @@ void dot_half_masked_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, 
 }
 
 // Half a tile of any form, R rows
-template <int Bits, int R>
-void dot_half_form_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
-                        int half, float* y, int64_t ldy) {
+template <int Bits, int R, typename P>
+void dot_half_form_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P params, int64_t k, int64_t t, int half,
+                        float* y, int64_t ldy) {
   if constexpr (Bits == 4) dot_half_avx2<R>(q, r0, codes, params, k, t, half, y, ldy);
   else if constexpr (Bits == 8) dot_half_q8_avx2<R>(q, r0, codes, params, k, t, half, y, ldy);
   else dot_half_masked_avx2<Bits, R>(q, r0, codes, params, k, t, half, y, ldy);
@@ -368,9 +377,9 @@ void dot_half_form_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, co
 
 // Tile t, every row: for 4-bit codes a whole tile at one or two rows, the unpacked scratch from
 // kUnpackedFromRows rows, else 4 rows at a time per half tile, then the rest
-template <int Bits>
-void dot_tile_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, const c10::Half* params, int64_t k, int64_t t,
-                   float* y, int64_t ldy) {
+template <int Bits, typename P>
+void dot_tile_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, P params, int64_t k, int64_t t, float* y,
+                   int64_t ldy) {
   if (Bits == 4 && rows >= kUnpackedFromRows) {
     dot_tile_unpacked_avx2(q, rows, codes, params, k, t, y, ldy);
     return;

@@ -78,15 +78,6 @@ inline void block_params(SymmetricParams p, int64_t blocks, int64_t t, int64_t b
   m = _mm512_mul_ps(s, _mm512_set1_ps(kSymmetricZero<Bits>));
 }
 
-// Ask for the code lines and the params of the block kPrefetchBlocks after tile t's block b
-template <int Bits, typename P>
-inline void prefetch_ahead(const uint8_t* block_codes, P params, int64_t blocks, int64_t t, int64_t b) {
-#pragma GCC unroll 8
-  for (int line = 0; line < kTileRegisters<Bits>; ++line)
-    _mm_prefetch(reinterpret_cast<const char*>(block_codes + kPrefetchBlocks * kTileBytes<Bits> + 64 * line), _MM_HINT_T0);
-  _mm_prefetch(static_cast<const char*>(params_of(params, blocks, t, b + kPrefetchBlocks)), _MM_HINT_T0);
-}
-
 // AVX-512 VNNI: T tiles (16 T outputs) x R rows. A block's codes unpack into 8 registers per
 // tile (weights 4j .. 4j + 3 of each output in its lane), used by every row; a row's 8 broadcast
 // groups of four activations serve every tile. Per row, tile and block: 8 vpdpbusd into a fresh
@@ -115,7 +106,7 @@ void dot_tiles_vnni(const Quantized& q, int64_t r0, const uint8_t* codes, P para
 #pragma GCC unroll 4
     for (int t = 0; t < T; ++t) {
       const uint8_t* tc = codes + ((t0 + t) * blocks + b) * kTileBytes<Bits>;  // [registers, 16, 4]
-      prefetch_ahead<Bits>(tc, params, blocks, t0 + t, b);
+      prefetch_block<Bits>(tc, params, blocks, t0 + t, b, kPrefetchBlocks);
       unpack_codes<Bits>(tc, w[t]);
       block_params<Bits>(params, blocks, t0 + t, b, scales[t], mins[t]);
     }

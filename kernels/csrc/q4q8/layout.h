@@ -47,9 +47,9 @@ constexpr int32_t kSixBitZero = 32;
 template <int Bits>
 constexpr float kSymmetricZero = -static_cast<float>(1 << (Bits - 1));
 
-// Where the loops find a block's s and m: the pairs or a symmetric form's s alone.
-// The VNNI and AMX loops read each as they go (avx512_vnni.h block_params); the AVX2 and generic loops
-// read pairs, made per tile in a scratch that stays in cache (q4_q8_matmul.cpp matmul_form)
+// Where the loops find a block's s and m: the pairs or a symmetric form's s alone. The vector loops
+// read each as they go (avx512_vnni.h block_params, avx2.h half_params); the generic loop reads pairs,
+// made per tile in a scratch (as_pairs, q4_q8_matmul.cpp dot_tiles_of)
 struct PairParams {  // [tiles, blocks, 2, 16] float16: s, then m
   const c10::Half* data;
 };
@@ -62,29 +62,26 @@ inline const void* params_of(PairParams p, int64_t blocks, int64_t t, int64_t b)
 inline const void* params_of(SymmetricParams p, int64_t blocks, int64_t t, int64_t b) { return p.data + (t * blocks + b) * kTile; }
 
 #if KSPEC_Q4Q8_AVX2
-constexpr int kRoundHalf = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;  // float32 -> float16: to nearest even
+// Ask for the code lines and the params of the block `ahead` blocks after tile t's block b (its codes at block_codes)
+template <int Bits, typename P>
+inline void prefetch_block(const uint8_t* block_codes, P params, int64_t blocks, int64_t t, int64_t b, int64_t ahead) {
+#pragma GCC unroll 8
+  for (int line = 0; line < kTileRegisters<Bits>; ++line)
+    _mm_prefetch(reinterpret_cast<const char*>(block_codes + ahead * kTileBytes<Bits> + 64 * line), _MM_HINT_T0);
+  _mm_prefetch(static_cast<const char*>(params_of(params, blocks, t, b + ahead)), _MM_HINT_T0);
+}
 #endif
 
-// Tile t's params as the pairs the AVX2 and generic loops read [blocks, 2, 16] (a symmetric form's)
+// Tile t's params as the pairs the generic loop reads [blocks, 2, 16] (a symmetric form's)
 template <int Bits>
 inline void as_pairs(SymmetricParams params, int64_t blocks, int64_t t, c10::Half* pairs) {
   for (int64_t b = 0; b < blocks; ++b) {
     const c10::Half* s = params.data + (t * blocks + b) * kTile;
     c10::Half* out = pairs + b * kParamsPerBlock;
-#if KSPEC_Q4Q8_AVX2
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 8 * h));
-      const __m256 m = _mm256_mul_ps(_mm256_cvtph_ps(bits), _mm256_set1_ps(kSymmetricZero<Bits>));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8 * h), bits);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + kTile + 8 * h), _mm256_cvtps_ph(m, kRoundHalf));
-    }
-#else
     for (int64_t n = 0; n < kTile; ++n) {
       out[n] = s[n];
       out[kTile + n] = c10::Half(kSymmetricZero<Bits> * static_cast<float>(s[n]));
     }
-#endif
   }
 }
 
@@ -95,17 +92,6 @@ inline uint64_t high_bits(const uint8_t* block_codes, int plane, int64_t j) {
   std::memcpy(&mask, block_codes + plane * 64 + 8 * j, sizeof mask);
   return mask;
 }
-
-#if KSPEC_Q4Q8_AVX2
-// Ask for the code lines and the params of the block `ahead` blocks after this one of a tile
-template <int Bits>
-inline void prefetch_block(const uint8_t* block_codes, const c10::Half* block_params, int64_t ahead) {
-#pragma GCC unroll 8
-  for (int line = 0; line < kTileRegisters<Bits>; ++line)
-    _mm_prefetch(reinterpret_cast<const char*>(block_codes + ahead * kTileBytes<Bits> + 64 * line), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(block_params + ahead * kParamsPerBlock), _MM_HINT_T0);
-}
-#endif
 
 // An array of n values left uninitialized (every element is written before it is read)
 template <typename T>
