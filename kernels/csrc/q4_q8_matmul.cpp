@@ -25,8 +25,8 @@
 //
 // A symmetric weight (GGUF Q4_0, Q5_0, Q8_0: one d a block, codes centred, m = -2^(bits - 1) d) keeps
 // its s alone, params [N/16, K/32, 1, 16]: the file's own bytes a weight (4.5, 5.5 and 8.5 bits where
-// the pairs take 5, 6 and 9): the VNNI and AMX loops take m = -2^(bits - 1) s as they go, the AVX2 and
-// generic ones the pairs made again per tile in cache (matmul_form).
+// the pairs take 5, 6 and 9): the vector loops take m = -2^(bits - 1) s as they read s, the generic one
+// the pairs made again per tile in a scratch (dot_tiles_of); every loop gives the pairs' bits.
 //
 // The 8-bit form (q8_q8_matmul: a GGUF Q8_0 weight, w = d q with q in -127..127, the default
 // model's tied head) is the same loop over whole-byte codes u = q + 128 in 0..255:
