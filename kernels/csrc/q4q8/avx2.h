@@ -10,7 +10,7 @@ namespace {
 // Tile t's block b's s and m of outputs 8 half .. 8 half + 7, from the pairs, ...
 template <int Bits>
 inline void half_params(PairParams p, int64_t blocks, int64_t t, int64_t b, int half, __m256& s, __m256& m) {
-  const c10::Half* tp = p.data + (t * blocks + b) * kParamsPerBlock + 8 * half;  // s at 0, m at 16
+  const c10::Half* tp = params_of(p, blocks, t, b) + 8 * half;  // s at 0, m at 16
   s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp)));
   m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tp + kTile)));
 }
@@ -18,7 +18,7 @@ inline void half_params(PairParams p, int64_t blocks, int64_t t, int64_t b, int 
 // ... or a symmetric form's s alone (m = -2^(bits - 1) s: exact, as the pairs hold it)
 template <int Bits>
 inline void half_params(SymmetricParams p, int64_t blocks, int64_t t, int64_t b, int half, __m256& s, __m256& m) {
-  s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.data + (t * blocks + b) * kTile + 8 * half)));
+  s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(params_of(p, blocks, t, b) + 8 * half)));
   m = _mm256_mul_ps(s, _mm256_set1_ps(kSymmetricZero<Bits>));
 }
 

@@ -66,7 +66,7 @@ inline __m512 add_scaled_halves(__m512 acc, __m512 s0, __m512 s1, __m512 d, __m5
 // Tile t's block b's s and m (16 outputs each) from the pairs, ...
 template <int Bits>
 inline void block_params(PairParams p, int64_t blocks, int64_t t, int64_t b, __m512& s, __m512& m) {
-  const c10::Half* tp = p.data + (t * blocks + b) * kParamsPerBlock;  // [2, 16]
+  const c10::Half* tp = params_of(p, blocks, t, b);  // [2, 16]
   s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp)));
   m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + kTile)));
 }
@@ -74,7 +74,7 @@ inline void block_params(PairParams p, int64_t blocks, int64_t t, int64_t b, __m
 // ... or a symmetric form's s alone (m = -2^(bits - 1) s: exact, as the pairs hold it)
 template <int Bits>
 inline void block_params(SymmetricParams p, int64_t blocks, int64_t t, int64_t b, __m512& s, __m512& m) {
-  s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.data + (t * blocks + b) * kTile)));
+  s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(params_of(p, blocks, t, b))));
   m = _mm512_mul_ps(s, _mm512_set1_ps(kSymmetricZero<Bits>));
 }
 

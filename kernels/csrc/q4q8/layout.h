@@ -57,9 +57,9 @@ struct SymmetricParams {  // [tiles, blocks, 1, 16] float16: s
   const c10::Half* data;
 };
 
-// The bytes holding tile t's block b's params (for a prefetch)
-inline const void* params_of(PairParams p, int64_t blocks, int64_t t, int64_t b) { return p.data + (t * blocks + b) * kParamsPerBlock; }
-inline const void* params_of(SymmetricParams p, int64_t blocks, int64_t t, int64_t b) { return p.data + (t * blocks + b) * kTile; }
+// Tile t's block b's params: its s (then, for pairs, its m 16 values on)
+inline const c10::Half* params_of(PairParams p, int64_t blocks, int64_t t, int64_t b) { return p.data + (t * blocks + b) * kParamsPerBlock; }
+inline const c10::Half* params_of(SymmetricParams p, int64_t blocks, int64_t t, int64_t b) { return p.data + (t * blocks + b) * kTile; }
 
 #if KSPEC_Q4Q8_AVX2
 // Ask for the code lines and the params of the block `ahead` blocks after tile t's block b (its codes at block_codes)
@@ -68,7 +68,7 @@ inline void prefetch_block(const uint8_t* block_codes, P params, int64_t blocks,
 #pragma GCC unroll 8
   for (int line = 0; line < kTileRegisters<Bits>; ++line)
     _mm_prefetch(reinterpret_cast<const char*>(block_codes + ahead * kTileBytes<Bits> + 64 * line), _MM_HINT_T0);
-  _mm_prefetch(static_cast<const char*>(params_of(params, blocks, t, b + ahead)), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(params_of(params, blocks, t, b + ahead)), _MM_HINT_T0);
 }
 #endif
 
@@ -76,7 +76,7 @@ inline void prefetch_block(const uint8_t* block_codes, P params, int64_t blocks,
 template <int Bits>
 inline void as_pairs(SymmetricParams params, int64_t blocks, int64_t t, c10::Half* pairs) {
   for (int64_t b = 0; b < blocks; ++b) {
-    const c10::Half* s = params.data + (t * blocks + b) * kTile;
+    const c10::Half* s = params_of(params, blocks, t, b);
     c10::Half* out = pairs + b * kParamsPerBlock;
     for (int64_t n = 0; n < kTile; ++n) {
       out[n] = s[n];
