@@ -267,10 +267,11 @@ FORM_OPS = {bits: getattr(torch.ops.kspec, f"q{bits}_q8_matmul") for bits in (4,
 
 @needs_matmul8
 @pytest.mark.parametrize("bits", [4, 5, 6, 8])
-@pytest.mark.parametrize("rows", [16, 17, 31, 40])  # groups of 16 (AMX where built) and the VNNI loop's remainders
+@pytest.mark.parametrize("rows", [7, 9, 16, 17, 31, 40])  # AMX's groups of 16, the VNNI loop's remainders, AVX2's groups of 3 to 6
 def test_rows_multiplied_together_are_the_rows_alone_bit_for_bit(bits: int, rows: int) -> None:
-    """The loops a row count picks (AMX's groups of 16, the VNNI loop's 8 or 12 a pass, one row's
-    two chains) add the same exact integer sums and scale them in one order: the same float32 bits."""
+    """The loops a row count picks (AMX's groups of 16, the VNNI loop's 8 or 12 a pass, AVX2's
+    unpacked scratch in groups of 3 to 6 rows, one row's two chains) add the same exact integer
+    sums and scale them in one order: the same float32 bits."""
     n, k = 48, 1536
     generator = torch.Generator().manual_seed(bits * 100 + rows)
     codes = torch.randint(0, 256, (n // 16, k // GROUP, bits, 16, 4), generator=generator, dtype=torch.uint8)

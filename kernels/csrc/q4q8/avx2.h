@@ -2,6 +2,8 @@
 // register); an AVX-512 VNNI build uses avx512_vnni.h instead.
 #pragma once
 
+#include <type_traits>
+
 #include "layout.h"
 
 #if KSPEC_Q4Q8_AVX2 && !KSPEC_Q4Q8_VNNI
@@ -22,11 +24,29 @@ inline void half_params(SymmetricParams p, int64_t blocks, int64_t t, int64_t b,
   m = _mm256_mul_ps(s, _mm256_set1_ps(kSymmetricZero<Bits>));
 }
 
-// One 4-bit block's share of 8 outputs for one row: the block's int16 pair sums (maddubs) to
-// int32 dots, then acc + s d dot + m sum_x
+// One block's share of 8 outputs for one row from its int32 dots: acc + s d dot + m sum_x (the 4- and
+// 5-bit forms; every loop of them scales a block in this order, so that they give the same bits)
+inline __m256 add_dot_avx2(__m256 acc, __m256i dot, __m256 scales, __m256 mins, float d, float sum_x) {
+  return _mm256_fmadd_ps(_mm256_mul_ps(scales, _mm256_set1_ps(d)), _mm256_cvtepi32_ps(dot), _mm256_fmadd_ps(mins, _mm256_set1_ps(sum_x), acc));
+}
+
+// ... from the 4-bit form's int16 pair sums (maddubs)
 inline __m256 add_block_avx2(__m256 acc, __m256i pairs, __m256 scales, __m256 mins, float d, float sum_x) {
-  const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-  return _mm256_fmadd_ps(_mm256_mul_ps(scales, _mm256_set1_ps(d)), dot, _mm256_fmadd_ps(mins, _mm256_set1_ps(sum_x), acc));
+  return add_dot_avx2(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)), scales, mins, d, sum_x);
+}
+
+// The 6-bit form's: acc + d (s0 dot0 + s1 dot1), each dot less 32 times its half's sum of a
+inline __m256 add_halves_avx2(__m256 acc, __m256 s0, __m256 s1, float d, __m256i dot0, __m256i dot1) {
+  const __m256 both = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(dot0), _mm256_mul_ps(s1, _mm256_cvtepi32_ps(dot1)));
+  return _mm256_fmadd_ps(_mm256_set1_ps(d), both, acc);
+}
+
+// The 8-bit form's: acc + s d (q . a), then + (m + 128 s) d sum a, which a symmetric form's m = -128 s
+// makes 0 (left out: the same value)
+template <bool Symmetric>
+inline __m256 add_q8_dot_avx2(__m256 acc, __m256i dot, __m256 scales, __m256 shift, float d, float code_sum) {
+  acc = _mm256_fmadd_ps(_mm256_mul_ps(scales, _mm256_set1_ps(d)), _mm256_cvtepi32_ps(dot), acc);
+  return Symmetric ? acc : _mm256_fmadd_ps(shift, _mm256_set1_ps(code_sum), acc);
 }
 
 // AVX2, 4-bit codes: half a tile (8 outputs, the low or high 32 bytes of each of the block's
@@ -119,120 +139,238 @@ void dot_full_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P param
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(y + (r0 + r) * ldy + t * kTile + 8 * h, acc[r][h]);
 }
 
-// AVX2, 4-bit codes, many rows: a tile's codes for a run of blocks unpacked once into 8-bit
-// codes (and its float16 s and m into float32) in a scratch that stays in L1, then every row
-// reads them from there. The unpacking (3 instructions per 32 codes) and the registers that held
-// unpacked codes across rows were what bounded the half tiles at 4 and more rows; from the
-// scratch a code register is a plain load, so R rows x both halves of the tile take their
-// maddubs back to back: per block and row 16 maddubs and 16 adds for 16 outputs, then the float
-// fold of each half (madd, cvt, mul, 2 fma).
-constexpr int64_t kUnpackedChunk = 8;  // blocks unpacked at a time: 8 x 640 bytes of scratch
-constexpr int64_t kUnpackedRows = 6;   // rows at a time: 12 int16 sums, 2 codes and a broadcast in 16 registers
-constexpr int64_t kUnpackedFromRows = 5;  // fewer rows keep the half tiles (Zen 3: equal at 3 and 4 rows, 1.03x slower at 5)
+// 32 bytes, byte i `value` where bit i of `bits` is set, else 0 (a 5/6-bit form's bit plane of half a
+// tile's register: bit 4 n + i is output n's weight 4j + i)
+inline __m256i bytes_of_bits_avx2(uint32_t bits, __m256i value) {
+  const __m256i select = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);  // mask byte i / 8 to byte i
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);  // bit i % 8 of it
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(bits)), select);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), value);
+}
 
-struct UnpackedBlock {  // one block of a tile, 8-bit codes [8, 16, 4] (weights 4j .. 4j + 3 in register j) and its params
-  alignas(64) uint8_t codes[8][kTile * 4];
-  alignas(64) float scales[kTile];
-  alignas(64) float mins[kTile];
+// AVX2, many rows, every form: a tile's codes for a run of blocks unpacked once into 8-bit codes
+// (and its float16 params into float32) in a scratch that stays in L1, then every row reads them
+// from there. Unpacking (3 instructions per 32 4-bit codes, 5 more a bit plane for 5 and 6 bits,
+// the sign flips for 8) and the registers that held unpacked codes across rows were what bounded the
+// half tiles at 4 and more rows; from the scratch a code register is a plain load, so R rows x both
+// halves of the tile take their maddubs back to back.
+constexpr int64_t kUnpackedChunk = 8;     // blocks unpacked at a time: 8 x 640 (4-bit) .. 1152 (8-bit) bytes of scratch
+constexpr int64_t kUnpackedFromRows = 5;  // fewer rows keep the half tiles (Zen 3, 4-bit: equal at 3 and 4 rows, 1.03x slower at 5)
+
+// Rows at a time: the 4/5/6-bit forms' 12 int16 sums (the 8-bit form's int32 ones), 2 codes and a
+// broadcast in 16 registers
+constexpr int64_t kUnpackedRows = 6;
+
+// Registers whose maddubs add in int16 without saturating before a madd makes int32 sums:
+// 8 x 2 x 15 x 127, 4 x 2 x 31 x 127, 2 x 2 x 63 x 127 < 2^15 (the 8-bit form's |q| x |a|, 2 x 128 x 127, one)
+template <int Bits>
+constexpr int kInt16Registers = Bits == 4 ? 8 : Bits == 5 ? 4 : Bits == 6 ? 2 : 1;
+
+template <int Bits>
+struct UnpackedBlock {  // one block of a tile: 8-bit codes [8, 16, 4] (weights 4j .. 4j + 3 in register j) and its params
+  alignas(64) uint8_t codes[8][kTile * 4];                  // the unsigned codes; the 8-bit form's |q|
+  alignas(64) int8_t signs[Bits == 8 ? 8 : 1][kTile * 4];  // the 8-bit form's q, whose signs its activations take
+  alignas(64) float scales[kTile];                          // s (6-bit: s of weights 0 .. 15)
+  alignas(64) float mins[kTile];                            // m (6-bit: s of weights 16 .. 31; 8-bit: m + 128 s)
 };
 
-// Blocks b0 .. b0 + n - 1 of tile t into scratch: register p's low nibbles become register p,
-// its high nibbles register p + 4 (weights 16 + 4p .. 16 + 4p + 3, which meet activations 4 (p + 4))
-template <typename P>
-inline void unpack_tile_avx2(const uint8_t* codes, P params, int64_t blocks, int64_t t, int64_t b0, int64_t n,
-                             UnpackedBlock* scratch) {
-  const __m256i low_mask = _mm256_set1_epi8(0x0F);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint8_t* tc = codes + (t * blocks + b0 + i) * kTileBytes<4>;  // [4, 16, 4]
-    prefetch_block<4>(tc, params, blocks, t, b0 + i, kPrefetchBlocksAvx2);
-    UnpackedBlock& u = scratch[i];
+// Half `half` of a block's codes as 8 registers of unsigned codes (the 8-bit form's |q|, its q to `signs`)
+template <int Bits>
+inline void unpack_half_avx2(const uint8_t* block_codes, int half, __m256i* w, int8_t (*signs)[kTile * 4]) {
+  if constexpr (Bits == 8) {
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
 #pragma GCC unroll 8
-    for (int h = 0; h < 8; ++h) {  // 32-byte pieces: register h / 2, half h % 2
-      const int p = h / 2, half = h % 2;
-      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tc + 64 * p + 32 * half));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[p] + 32 * half), _mm256_and_si256(packed, low_mask));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[p + 4] + 32 * half),
-                         _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask));
+    for (int j = 0; j < 8; ++j) {
+      const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block_codes + 64 * j + 32 * half)), flip);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(signs[j] + 32 * half), q);
+      w[j] = _mm256_sign_epi8(q, q);  // |q| <= 128 as an unsigned byte
+    }
+  } else {
+    const __m256i low_mask = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block_codes + 64 * p + 32 * half));
+      w[p] = _mm256_and_si256(packed, low_mask);                           // weights 4p ..
+      w[p + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);  // weights 16 + 4p ..
     }
 #pragma GCC unroll 2
-    for (int half = 0; half < 2; ++half) {
-      __m256 scales, mins;
-      half_params<4>(params, blocks, t, b0 + i, half, scales, mins);
-      _mm256_store_ps(u.scales + 8 * half, scales);
-      _mm256_store_ps(u.mins + 8 * half, mins);
+    for (int plane = 4; plane < Bits; ++plane) {
+      const __m256i value = _mm256_set1_epi8(static_cast<char>(1 << plane));
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j)
+        w[j] = _mm256_or_si256(w[j], bytes_of_bits_avx2(static_cast<uint32_t>(high_bits(block_codes, plane, j) >> (32 * half)), value));
     }
   }
 }
 
-// R rows from r0 of tile t over the n unpacked blocks from b0, added to y's 16 outputs of each
-// row (zeroed before the first chunk). Only the R x 2 int16 sums live in registers through a
-// block, so that two loaded code registers serve all R rows; the float fold goes to y (in L1).
-template <int R>
-void dot_unpacked_avx2(const Quantized& q, int64_t r0, const UnpackedBlock* scratch, int64_t b0, int64_t n, int64_t k,
+// Blocks b0 .. b0 + n - 1 of tile t into scratch
+template <int Bits, typename P>
+inline void unpack_tile_avx2(const uint8_t* codes, P params, int64_t blocks, int64_t t, int64_t b0, int64_t n,
+                             UnpackedBlock<Bits>* scratch) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* tc = codes + (t * blocks + b0 + i) * kTileBytes<Bits>;  // [registers, 16, 4]
+    prefetch_block<Bits>(tc, params, blocks, t, b0 + i, kPrefetchBlocksAvx2);
+    UnpackedBlock<Bits>& u = scratch[i];
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; ++half) {
+      __m256i w[8];
+      unpack_half_avx2<Bits>(tc, half, w, u.signs);
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[j] + 32 * half), w[j]);
+      __m256 scales, mins;
+      half_params<Bits>(params, blocks, t, b0 + i, half, scales, mins);
+      _mm256_store_ps(u.scales + 8 * half, scales);
+      _mm256_store_ps(u.mins + 8 * half, Bits == 8 ? _mm256_fmadd_ps(scales, _mm256_set1_ps(128.f), mins) : mins);
+    }
+  }
+}
+
+// The 4-, 5- and 6-bit forms: R rows from r0 of tile t over the n unpacked blocks from b0, added to
+// y's 16 outputs of each row (zeroed before the first chunk). Only the R x 2 int16 sums live in
+// registers through a run of kInt16Registers code registers, so that two loaded code registers serve
+// all R rows; their int32 sums (the 6-bit form's one per half block, started at -32 its sum of a)
+// and the float fold (as the half tiles': add_block_avx2, the 6-bit form's halves) go through L1.
+template <int Bits, int R>
+void dot_unpacked_avx2(const Quantized& q, int64_t r0, const UnpackedBlock<Bits>* scratch, int64_t b0, int64_t n, int64_t k,
                        int64_t t, float* y, int64_t ldy) {
+  static_assert(Bits == 4 || Bits == 5 || Bits == 6);
+  constexpr int kDots = Bits == 6 ? 2 : 1;
+  constexpr int kRuns = 8 / kInt16Registers<Bits>;
   const int64_t blocks = k / kBlock;
-  const float* xd = q.scale.get() + r0 * blocks;  // [R, blocks]
-  const float* xs = q.sum.get() + r0 * blocks;    // [R, blocks]
+  const float* xd = q.scale.get() + r0 * blocks;                // [R, blocks]
+  const float* xs = minimum_sums<Bits>(q).get() + r0 * blocks;  // [R, blocks]
+  const int32_t* halves = q.half_sums.get() + 2 * r0 * blocks;  // [R, blocks, 2]
   const int8_t* a0 = q.a.get() + r0 * k;
+  const __m256i ones = _mm256_set1_epi16(1);
   float* y0 = y + r0 * ldy + t * kTile;
   for (int64_t i = 0; i < n; ++i) {
-    const UnpackedBlock& u = scratch[i];
+    const UnpackedBlock<Bits>& u = scratch[i];
     const int64_t b = b0 + i;
-    __m256i pairs[R][2];
+    __m256i dots[R][2][kDots];  // int32
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+      for (int c = 0; c < kDots; ++c)
+        dots[r][0][c] = dots[r][1][c] = Bits == 6 ? _mm256_set1_epi32(-kSixBitZero * halves[2 * (r * blocks + b) + c]) : _mm256_setzero_si256();
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-      const __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j]));
-      const __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j] + 32));
+    for (int run = 0; run < kRuns; ++run) {
+      __m256i pairs[R][2];  // int16
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        __m256i x = _mm256_set1_epi32(four_bytes(a0 + r * k + b * kBlock + 4 * j));
-        keep_in_register(x);
-        pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_maddubs_epi16(c0, x));
-        pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_maddubs_epi16(c1, x));
-        keep_in_registers(pairs[r][0], pairs[r][1]);
+      for (int r = 0; r < R; ++r) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int jj = 0; jj < kInt16Registers<Bits>; ++jj) {
+        const int j = run * kInt16Registers<Bits> + jj;
+        const __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j]));
+        const __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j] + 32));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          __m256i x = _mm256_set1_epi32(four_bytes(a0 + r * k + b * kBlock + 4 * j));
+          keep_in_register(x);
+          pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_maddubs_epi16(c0, x));
+          pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_maddubs_epi16(c1, x));
+          keep_in_registers(pairs[r][0], pairs[r][1]);
+        }
       }
+      const int c = Bits == 6 ? run * kInt16Registers<Bits> / 4 : 0;  // the 6-bit form's half block
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) dots[r][h][c] = _mm256_add_epi32(dots[r][h][c], _mm256_madd_epi16(pairs[r][h], ones));
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         float* out = y0 + r * ldy + 8 * h;
-        _mm256_storeu_ps(out, add_block_avx2(_mm256_loadu_ps(out), pairs[r][h], _mm256_load_ps(u.scales + 8 * h),
-                                             _mm256_load_ps(u.mins + 8 * h), xd[r * blocks + b], xs[r * blocks + b]));
+        const __m256 first = _mm256_load_ps(u.scales + 8 * h), second = _mm256_load_ps(u.mins + 8 * h);
+        _mm256_storeu_ps(out, Bits == 6 ? add_halves_avx2(_mm256_loadu_ps(out), first, second, xd[r * blocks + b], dots[r][h][0], dots[r][h][kDots - 1])
+                                        : add_dot_avx2(_mm256_loadu_ps(out), dots[r][h][0], first, second, xd[r * blocks + b], xs[r * blocks + b]));
+      }
+  }
+}
+
+// The 8-bit form: as above, each activation register taking the sign of the codes (dot_half_q8_avx2's
+// arithmetic) and each maddubs made int32 at once; the symmetric form's m + 128 s is 0
+template <int R, bool Symmetric>
+void dot_unpacked_q8_avx2(const Quantized& q, int64_t r0, const UnpackedBlock<8>* scratch, int64_t b0, int64_t n, int64_t k,
+                          int64_t t, float* y, int64_t ldy) {
+  const int64_t blocks = k / kBlock;
+  const float* xd = q.scale.get() + r0 * blocks;  // [R, blocks]
+  const float* cs = q.code_sum.get() + r0 * blocks;  // [R, blocks]
+  const int8_t* a0 = q.a.get() + r0 * k;
+  const __m256i ones = _mm256_set1_epi16(1);
+  float* y0 = y + r0 * ldy + t * kTile;
+  for (int64_t i = 0; i < n; ++i) {
+    const UnpackedBlock<8>& u = scratch[i];
+    const int64_t b = b0 + i;
+    __m256i dots[R][2];  // int32
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) dots[r][0] = dots[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j]));
+      const __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j] + 32));
+      const __m256i s0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.signs[j]));
+      const __m256i s1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.signs[j] + 32));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256i x = _mm256_set1_epi32(four_bytes(a0 + r * k + b * kBlock + 4 * j));
+        dots[r][0] = _mm256_add_epi32(dots[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(c0, _mm256_sign_epi8(x, s0)), ones));
+        dots[r][1] = _mm256_add_epi32(dots[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(c1, _mm256_sign_epi8(x, s1)), ones));
+        keep_in_registers(dots[r][0], dots[r][1]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        float* out = y0 + r * ldy + 8 * h;
+        _mm256_storeu_ps(out, add_q8_dot_avx2<Symmetric>(_mm256_loadu_ps(out), dots[r][h], _mm256_load_ps(u.scales + 8 * h),
+                                                         _mm256_load_ps(u.mins + 8 * h), xd[r * blocks + b], cs[r * blocks + b]));
       }
   }
 }
 
 // A group of 3 .. kUnpackedRows rows from r0 (kUnpackedFromRows or more rows split evenly into
-// groups of at most 6 leave at least 3 in each)
-inline void dot_unpacked_rows_avx2(int64_t rows, const Quantized& q, int64_t r0, const UnpackedBlock* scratch, int64_t b0,
+// groups of at most that many leave at least 3 in each)
+template <int Bits, typename P>
+inline void dot_unpacked_rows_avx2(int64_t rows, const Quantized& q, int64_t r0, const UnpackedBlock<Bits>* scratch, int64_t b0,
                                    int64_t n, int64_t k, int64_t t, float* y, int64_t ldy) {
-  switch (rows) {
-    case 6: dot_unpacked_avx2<6>(q, r0, scratch, b0, n, k, t, y, ldy); break;
-    case 5: dot_unpacked_avx2<5>(q, r0, scratch, b0, n, k, t, y, ldy); break;
-    case 4: dot_unpacked_avx2<4>(q, r0, scratch, b0, n, k, t, y, ldy); break;
-    default: dot_unpacked_avx2<3>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+  if constexpr (Bits == 8) {
+    constexpr bool kSymmetric = std::is_same_v<P, SymmetricParams>;
+    switch (rows) {
+      case 6: dot_unpacked_q8_avx2<6, kSymmetric>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+      case 5: dot_unpacked_q8_avx2<5, kSymmetric>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+      case 4: dot_unpacked_q8_avx2<4, kSymmetric>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+      default: dot_unpacked_q8_avx2<3, kSymmetric>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+    }
+  } else {
+    switch (rows) {
+      case 6: dot_unpacked_avx2<Bits, 6>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+      case 5: dot_unpacked_avx2<Bits, 5>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+      case 4: dot_unpacked_avx2<Bits, 4>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+      default: dot_unpacked_avx2<Bits, 3>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+    }
   }
 }
 
 // Tile t, every row: its codes kUnpackedChunk blocks at a time into the scratch, then the rows
 // in as few groups of at most kUnpackedRows as cover them, their sizes differing by at most one
 // (8 rows as 4 + 4, not 6 + 2: a group of few rows loads the codes for few maddubs)
-template <typename P>
+template <int Bits, typename P>
 void dot_tile_unpacked_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, P params, int64_t k, int64_t t, float* y,
                             int64_t ldy) {
   const int64_t blocks = k / kBlock;
   const int64_t groups = (rows + kUnpackedRows - 1) / kUnpackedRows, base = rows / groups, larger = rows % groups;
-  UnpackedBlock scratch[kUnpackedChunk];
+  UnpackedBlock<Bits> scratch[kUnpackedChunk];
   for (int64_t r = 0; r < rows; ++r) std::memset(y + r * ldy + t * kTile, 0, kTile * sizeof(float));
   for (int64_t b0 = 0; b0 < blocks; b0 += kUnpackedChunk) {
     const int64_t n = std::min(kUnpackedChunk, blocks - b0);
-    unpack_tile_avx2(codes, params, blocks, t, b0, n, scratch);
+    unpack_tile_avx2<Bits>(codes, params, blocks, t, b0, n, scratch);
     for (int64_t g = 0, r = 0; g < groups; ++g) {
       const int64_t group_rows = base + (g < larger ? 1 : 0);
-      dot_unpacked_rows_avx2(group_rows, q, r, scratch, b0, n, k, t, y, ldy);
+      dot_unpacked_rows_avx2<Bits, P>(group_rows, q, r, scratch, b0, n, k, t, y, ldy);
       r += group_rows;
     }
   }
@@ -280,22 +418,12 @@ void dot_half_q8_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P pa
         dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, signed_x), ones));
         keep_in_register(dot);
       }
-      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(scales, _mm256_set1_ps(xd[r * blocks + b])), _mm256_cvtepi32_ps(dot), acc[r]);
-      acc[r] = _mm256_fmadd_ps(shift, _mm256_set1_ps(q.code_sum[(r0 + r) * blocks + b]), acc[r]);
+      acc[r] = add_q8_dot_avx2<std::is_same_v<P, SymmetricParams>>(acc[r], dot, scales, shift, xd[r * blocks + b],
+                                                                  q.code_sum[(r0 + r) * blocks + b]);
     }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * ldy + t * kTile + 8 * half, acc[r]);
-}
-
-// 32 bytes, byte i `value` where bit i of `bits` is set, else 0 (a 5/6-bit form's bit plane of half a
-// tile's register: bit 4 n + i is output n's weight 4j + i)
-inline __m256i bytes_of_bits_avx2(uint32_t bits, __m256i value) {
-  const __m256i select = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);  // mask byte i / 8 to byte i
-  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);  // bit i % 8 of it
-  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(bits)), select);
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), value);
 }
 
 // AVX2, 5- or 6-bit codes: half a tile (8 outputs) x R rows. A block's codes unpack once into 8
@@ -352,14 +480,10 @@ void dot_half_masked_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, 
         dots[c] = _mm256_add_epi32(dots[c], _mm256_madd_epi16(pairs, ones));
         keep_in_register(dots[c]);
       }
-      const __m256 d = _mm256_set1_ps(xd[r * blocks + b]);
-      if constexpr (Bits == 6) {  // first: s of weights 0 .. 15, second: s of 16 .. 31
-        const __m256 both = _mm256_fmadd_ps(first, _mm256_cvtepi32_ps(dots[0]), _mm256_mul_ps(second, _mm256_cvtepi32_ps(dots[1])));
-        acc[r] = _mm256_fmadd_ps(d, both, acc[r]);
-      } else {  // first: s, second: m
-        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(first, d), _mm256_cvtepi32_ps(dots[0]),
-                                 _mm256_fmadd_ps(second, _mm256_set1_ps(xs[r * blocks + b]), acc[r]));
-      }
+      if constexpr (Bits == 6)  // first: s of weights 0 .. 15, second: s of 16 .. 31
+        acc[r] = add_halves_avx2(acc[r], first, second, xd[r * blocks + b], dots[0], dots[kDots - 1]);
+      else  // first: s, second: m
+        acc[r] = add_dot_avx2(acc[r], dots[0], first, second, xd[r * blocks + b], xs[r * blocks + b]);
     }
   }
 #pragma GCC unroll 4
@@ -375,13 +499,13 @@ void dot_half_form_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P 
   else dot_half_masked_avx2<Bits, R>(q, r0, codes, params, k, t, half, y, ldy);
 }
 
-// Tile t, every row: for 4-bit codes a whole tile at one or two rows, the unpacked scratch from
-// kUnpackedFromRows rows, else 4 rows at a time per half tile, then the rest
+// Tile t, every row: the unpacked scratch from kUnpackedFromRows rows; below, for 4-bit codes a whole
+// tile at one or two rows, else 4 rows at a time per half tile, then the rest
 template <int Bits, typename P>
 void dot_tile_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, P params, int64_t k, int64_t t, float* y,
                    int64_t ldy) {
-  if (Bits == 4 && rows >= kUnpackedFromRows) {
-    dot_tile_unpacked_avx2(q, rows, codes, params, k, t, y, ldy);
+  if (rows >= kUnpackedFromRows) {
+    dot_tile_unpacked_avx2<Bits>(q, rows, codes, params, k, t, y, ldy);
     return;
   }
   if (Bits == 4 && rows <= 2) {
