@@ -442,7 +442,7 @@ void dot_half_masked_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, 
   const float* xs = q.code_sum.get() + r0 * blocks;    // [R, blocks]
   const int32_t* halves = q.half_sums.get() + 2 * r0 * blocks;  // [R, blocks, 2]
   const int8_t* a0 = q.a.get() + r0 * k;
-  const __m256i low_mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -450,19 +450,7 @@ void dot_half_masked_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, 
     const uint8_t* block_codes = codes + (t * blocks + b) * kTileBytes<Bits>;  // [Bits, 16, 4]
     if (half == 0) prefetch_block<Bits>(block_codes, params, blocks, t, b, kPrefetchBlocksAvx2);  // half 1 finds them cached
     __m256i w[8];
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p) {
-      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block_codes + 64 * p + 32 * half));
-      w[p] = _mm256_and_si256(packed, low_mask);                           // weights 4p ..
-      w[p + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);  // weights 16 + 4p ..
-    }
-#pragma GCC unroll 2
-    for (int plane = 4; plane < Bits; ++plane) {
-      const __m256i value = _mm256_set1_epi8(static_cast<char>(1 << plane));
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j)
-        w[j] = _mm256_or_si256(w[j], bytes_of_bits_avx2(static_cast<uint32_t>(high_bits(block_codes, plane, j) >> (32 * half)), value));
-    }
+    unpack_half_avx2<Bits>(block_codes, half, w, nullptr);
     __m256 first, second;
     half_params<Bits>(params, blocks, t, b, half, first, second);
 #pragma GCC unroll 4
