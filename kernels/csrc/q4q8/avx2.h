@@ -156,7 +156,12 @@ inline __m256i bytes_of_bits_avx2(uint32_t bits, __m256i value) {
 // half tiles at 4 and more rows; from the scratch a code register is a plain load, so R rows x both
 // halves of the tile take their maddubs back to back.
 constexpr int64_t kUnpackedChunk = 8;     // blocks unpacked at a time: 8 x 640 (4-bit) .. 1152 (8-bit) bytes of scratch
-constexpr int64_t kUnpackedFromRows = 5;  // fewer rows keep the half tiles (Zen 3, 4-bit: equal at 3 and 4 rows, 1.03x slower at 5)
+
+// Rows from which a form takes the scratch; fewer keep the half tiles (Zen 3, 4-bit: equal at 3 and 4
+// rows, 1.03x slower at 5; Zen 4, one form's op against its half tiles, medians over 8 alternated
+// processes: 6-bit 1.08-1.11x at 1 to 4 rows, 5-bit 1.06-1.10x at 3 and 4 rows but 0.95-0.97x at one)
+template <int Bits>
+constexpr int64_t kUnpackedFromRows = Bits == 6 ? 1 : Bits == 5 ? 3 : 5;
 
 // Rows at a time: the 4/5/6-bit forms' 12 int16 sums (the 8-bit form's int32 ones), 2 codes and a
 // broadcast in 16 registers
@@ -332,8 +337,8 @@ void dot_unpacked_q8_avx2(const Quantized& q, int64_t r0, const UnpackedBlock<8>
   }
 }
 
-// A group of 3 .. kUnpackedRows rows from r0 (kUnpackedFromRows or more rows split evenly into
-// groups of at most that many leave at least 3 in each)
+// A group of rows from r0: 3 or more rows split evenly into groups of at most kUnpackedRows leave
+// at least 3 in each; the 5- and 6-bit forms take fewer rows too (kUnpackedFromRows), in one group
 template <int Bits, typename P>
 inline void dot_unpacked_rows_avx2(int64_t rows, const Quantized& q, int64_t r0, const UnpackedBlock<Bits>* scratch, int64_t b0,
                                    int64_t n, int64_t k, int64_t t, float* y, int64_t ldy) {
@@ -350,7 +355,9 @@ inline void dot_unpacked_rows_avx2(int64_t rows, const Quantized& q, int64_t r0,
       case 6: dot_unpacked_avx2<Bits, 6>(q, r0, scratch, b0, n, k, t, y, ldy); break;
       case 5: dot_unpacked_avx2<Bits, 5>(q, r0, scratch, b0, n, k, t, y, ldy); break;
       case 4: dot_unpacked_avx2<Bits, 4>(q, r0, scratch, b0, n, k, t, y, ldy); break;
-      default: dot_unpacked_avx2<Bits, 3>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+      case 3: dot_unpacked_avx2<Bits, 3>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+      case 2: dot_unpacked_avx2<Bits, 2>(q, r0, scratch, b0, n, k, t, y, ldy); break;
+      default: dot_unpacked_avx2<Bits, 1>(q, r0, scratch, b0, n, k, t, y, ldy); break;
     }
   }
 }
@@ -487,12 +494,12 @@ void dot_half_form_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P 
   else dot_half_masked_avx2<Bits, R>(q, r0, codes, params, k, t, half, y, ldy);
 }
 
-// Tile t, every row: the unpacked scratch from kUnpackedFromRows rows; below, for 4-bit codes a whole
+// Tile t, every row: the unpacked scratch from kUnpackedFromRows<Bits> rows; below, for 4-bit codes a whole
 // tile at one or two rows, else 4 rows at a time per half tile, then the rest
 template <int Bits, typename P>
 void dot_tile_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, P params, int64_t k, int64_t t, float* y,
                    int64_t ldy) {
-  if (rows >= kUnpackedFromRows) {
+  if (rows >= kUnpackedFromRows<Bits>) {
     dot_tile_unpacked_avx2<Bits>(q, rows, codes, params, k, t, y, ldy);
     return;
   }
