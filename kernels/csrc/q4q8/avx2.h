@@ -155,7 +155,7 @@ inline __m256i bytes_of_bits_avx2(uint32_t bits, __m256i value) {
 // the sign flips for 8) and the registers that held unpacked codes across rows were what bounded the
 // half tiles at 4 and more rows; from the scratch a code register is a plain load, so R rows x both
 // halves of the tile take their maddubs back to back.
-constexpr int64_t kUnpackedChunk = 8;     // blocks unpacked at a time: 8 x 640 (4-bit) .. 1152 (8-bit) bytes of scratch
+constexpr int64_t kUnpackedChunk = 8;     // blocks unpacked at a time: 8 x 704 (4-6 bits) or 1152 (8-bit) bytes of scratch
 
 // Rows from which a form takes the scratch; fewer keep the half tiles (Zen 3, 4-bit: equal at 3 and 4
 // rows, 1.03x slower at 5; Zen 4, one form's op against its half tiles, medians over 8 alternated
