@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import platform
 from pathlib import Path
@@ -39,6 +40,8 @@ MARCH_VARIABLE = "KSPEC_MARCH"
 # The sources include per-ISA headers (csrc/simd.h, csrc/q4q8/*.h); torch's build versions a
 # library by its .cpp files and flags only, so a digest of every file under csrc goes in as a flag
 CSRC = Path(__file__).with_name("csrc")
+LIBRARY = "kspec_branch_layers"  # torch's builder names a fresh process's build {LIBRARY}.so
+BUILT_STAMP = "built.json"  # the flags of the build that finished in the folder
 
 
 def sources_digest() -> str:
@@ -103,17 +106,35 @@ def _built(cache_dir: Path) -> tuple[bool, str]:
         return False, "this PyTorch has no int4 CPU kernel"
     if _registered():  # built under another cache folder in this process: a second copy's ops would abort
         return True, ""
+    folder = build_folder(cache_dir)
+    flags = [*build_flags(), f"-DKSPEC_CSRC_DIGEST={sources_digest()}"]
+    if _load_built(folder, flags):
+        return True, ""
     try:
         from torch.utils.cpp_extension import load as build
 
-        folder = build_folder(cache_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        build("kspec_branch_layers", [str(source) for source in SOURCES], extra_cflags=[*build_flags(), f"-DKSPEC_CSRC_DIGEST={sources_digest()}"],
-              build_directory=str(folder), is_python_module=False, verbose=False)  # fmt: skip
+        (folder / BUILT_STAMP).unlink(missing_ok=True)  # a build cut short leaves no stamp on a partial library
+        build(LIBRARY, [str(source) for source in SOURCES], extra_cflags=flags, build_directory=str(folder), is_python_module=False, verbose=False)
+        (folder / BUILT_STAMP).write_text(json.dumps(flags))
         return True, ""
     except Exception as exc:  # no compiler, headers or ninja: the PyTorch ops serve instead
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return False, f"kspec's C++ CPU ops could not be built ({first_line[:300]})"
+
+
+def _load_built(folder: Path, flags: list[str]) -> bool:
+    """Load the library a finished build left in `folder` for these very flags (the sources' digest
+    among them) without asking torch's builder: importing it (setuptools) and its up-to-date check
+    cost ~0.17 s of every start. False where there is none, or it does not load: then it is built."""
+    library, stamp = folder / f"{LIBRARY}.so", folder / BUILT_STAMP
+    try:
+        if not library.is_file() or json.loads(stamp.read_text()) != flags:
+            return False
+        torch.ops.load_library(str(library))
+    except (OSError, ValueError, RuntimeError):
+        return False
+    return True
 
 
 def _registered() -> bool:

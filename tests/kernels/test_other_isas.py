@@ -62,6 +62,12 @@ def test_the_kernels_of_an_older_instruction_set(march: str, isa: str, needs: se
     if "could not be built" in built.stdout and not _can_build():
         pytest.skip(built.stdout.strip())
     assert built.stdout.strip().splitlines()[-1] == isa, built.stdout + built.stderr
+    again = subprocess.run(
+        [sys.executable, "-c", "import sys; from kspec.engine.models.resolve import cache_root; from kspec.kernels import cpu_layers; "
+         "print(cpu_layers.matmul_isa(cache_root()), 'torch.utils.cpp_extension' in sys.modules)"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert again.stdout.split()[-2:] == [isa, "False"], again.stdout + again.stderr  # a later start loads the finished build as it is
     tests = [str(HERE / "test_q4_q8_matmul.py"), str(HERE / "test_branch_attention.py"), *(str(MODELS / name) for name in model_tests)]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *tests],
@@ -69,3 +75,24 @@ def test_the_kernels_of_an_older_instruction_set(march: str, isa: str, needs: se
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1].replace("1 skipped", ""), run.stdout[-500:]
+
+
+def test_a_build_is_loaded_as_it_is_only_where_its_stamp_names_these_flags(tmp_path: Path) -> None:
+    """The stamp a finished build leaves vouches for its library: no stamp (a build cut short), a stamp
+    of another flag set (other sources, another -march) or a library that does not load means building
+    (False), never a stale load; the library this machine built, stamped with these flags, loads."""
+    if cpu_layers.load_matmul(cache_root()) is None:
+        pytest.skip(cpu_layers.unavailable_reason(cache_root()))
+    library = tmp_path / f"{cpu_layers.LIBRARY}.so"
+    shutil.copyfile(cpu_layers.build_folder(cache_root()) / library.name, library)
+    probe = (
+        "import json, sys; from pathlib import Path; from kspec.kernels import cpu_layers; "
+        "folder = Path(sys.argv[1]); flags = cpu_layers.build_flags(); stamp = folder / cpu_layers.BUILT_STAMP; "
+        "print(cpu_layers._load_built(folder, flags)); stamp.write_text(json.dumps([*flags, '-DKSPEC_CSRC_DIGEST=0'])); "
+        "print(cpu_layers._load_built(folder, [*flags, '-DKSPEC_CSRC_DIGEST=1'])); "
+        "print(cpu_layers._load_built(folder, [*flags, '-DKSPEC_CSRC_DIGEST=0']), cpu_layers._registered())"
+    )  # a fresh process: this one has the ops already, and a second copy's would abort
+    run = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert run.stdout.split() == ["False", "False", "True", "True"], run.stdout + run.stderr
+    library.write_bytes(b"not a library")
+    assert not cpu_layers._load_built(tmp_path, [*cpu_layers.build_flags(), "-DKSPEC_CSRC_DIGEST=0"])
