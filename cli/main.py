@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 from kspec.engine.api import MAX_K, MAX_NEW_TOKENS
 from kspec.engine.errors import KspecError
@@ -18,6 +18,9 @@ from kspec.cli.logs import add_log_level, configure_logging
 from kspec.cli.models import add_models_parser, run_models
 from kspec.engine.config import add_flags
 from kspec.engine.version import version
+
+if TYPE_CHECKING:
+    from kspec.engine.completion import CompletionEngine
 
 
 def _generation_args(parser: argparse.ArgumentParser) -> None:
@@ -208,13 +211,13 @@ def run_complete(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from kspec.engine.api import CompletionRequest
-    from kspec.engine.completion import CompletionEngine
+    from kspec.engine.serve.runner import default_engine_factory
     from kspec.cli.location import read_location
 
     fields = _request_fields(args)
     context = read_location(args.location)  # validate the file before loading a model
     loading = time.perf_counter()
-    engine = CompletionEngine.load(engine_config(args))
+    engine = cast("CompletionEngine", default_engine_factory(engine_config(args), lambda fraction, message: None))
     load_s = time.perf_counter() - loading
     fitted = engine.defaults.prompt_tokens if engine.defaults is not None else None
     gathered = None if args.no_context else _file_context(context.path, context.prefix, context.suffix, fitted)

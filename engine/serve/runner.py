@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -99,9 +100,22 @@ EngineFactory = Callable[["EngineConfig", ProgressCallback], Engine]
 
 
 def default_engine_factory(config: "EngineConfig", on_progress: ProgressCallback) -> Engine:
-    from kspec.engine.completion import CompletionEngine
+    """The engine, loaded, with Python's cyclic collector off meanwhile: the first load imports torch
+    and kspec's engine, ~1M objects that live as long as the process, and full collections scanned
+    them again and again (~0.1 s of a start). Once imported they are frozen out of every later
+    collection, so the load's own one (engine/models/loading.py) scans only what the load made."""
+    first = "kspec.engine.completion" not in sys.modules
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        from kspec.engine.completion import CompletionEngine
 
-    return CompletionEngine.load(config, on_progress)
+        if first:
+            gc.freeze()
+        return CompletionEngine.load(config, on_progress)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 @dataclass
