@@ -130,12 +130,12 @@ class CompletionEngine:
     def fit_to_machine(self, cache: FitCache | None = None) -> MachineDefaults:
         """Measure this machine (or take what `cache` holds for this engine here) and choose
         the defaults a typist needs (`machine_fit`). A timing taken while other work competed
-        for the cores serves this engine but is not cached: the next start measures again."""
+        for the cores is kept for an hour (`BUSY_MAX_AGE_S`), then a start measures again."""
         key = identity_key(self.fit_identity())
         timing = cache.get(key) if cache is not None else None
         if timing is None:
             timing = self.measure_machine()
-            if cache is not None and timing.quiet:
+            if cache is not None:
                 cache.put(key, timing)
         self.defaults = choose_defaults(timing, self.config.prompt_tokens)
         model = self.target.model

@@ -45,12 +45,15 @@ class StampedEntries(Generic[T]):
     """Values kept by key with the time they were put, one JSON file {key: {"at": unix time,
     "value": ...}}, replaced whole (never half written), each value through `encode` / `decode`
     (which raises ValueError for what is not one). A missing, unreadable or foreign file, an entry
-    older than `max_age_s` or one that does not decode is a miss, never an error; the newest
-    `entries` are kept."""
+    older than `max_age_s` (or than `max_age_of` its value, where given) or one that does not decode
+    is a miss, never an error; the newest `entries` are kept."""
 
-    def __init__(self, path: Path, max_age_s: float, entries: int, decode: Callable[[Any], T], encode: Callable[[T], Any]):
+    def __init__(
+        self, path: Path, max_age_s: float, entries: int, decode: Callable[[Any], T], encode: Callable[[T], Any],
+        max_age_of: Callable[[T], float] | None = None,
+    ):  # fmt: skip
         self.path, self.max_age_s, self.entries = path, max_age_s, entries
-        self._decode, self._encode = decode, encode
+        self._decode, self._encode, self._max_age_of = decode, encode, max_age_of
 
     def get(self, key: str, now: float | None = None) -> T | None:
         """The value put for `key`, or None."""
@@ -59,9 +62,10 @@ class StampedEntries(Generic[T]):
         if not isinstance(entry, dict) or not isinstance(entry.get("at"), (int, float)) or not 0 <= now - entry["at"] < self.max_age_s:
             return None
         try:
-            return None if entry.get("value") is None else self._decode(entry["value"])
+            value = None if entry.get("value") is None else self._decode(entry["value"])
         except ValueError:
             return None
+        return value if value is None or self._max_age_of is None or now - entry["at"] < self._max_age_of(value) else None
 
     def put(self, key: str, value: T, now: float | None = None) -> None:
         """Best effort: a file that cannot be written costs a later reader a miss, nothing else."""

@@ -23,7 +23,8 @@ prefill chunks stay in the prefix cache). Measured by `kspec bench keystroke` on
 CPU: 1500 ms (~1200 tokens there) answered 35 % of the typed keystrokes, 500 ms 50 %.
 
 The timing is kept (`FitCache`) by what it depends on — the model's files, the engine's
-settings, this machine, torch and its threads, kspec's version — for `FIT_CACHE_MAX_AGE_S`:
+settings, this machine, torch and its threads, kspec's version — for `FIT_CACHE_MAX_AGE_S` (one
+taken while other work competed for `BUSY_MAX_AGE_S`):
 an engine started again (a daemon after a crash, a new editor) does not time itself again.
 """
 
@@ -35,7 +36,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from kspec.engine.config import PROMPT_TOKENS_RANGE
 from kspec.engine.json_file import StampedEntries
@@ -50,12 +51,26 @@ K_CHOICES = (4, 3, 2)
 MIN_K = 2
 MAX_TOKENS_RANGE = (16, 64)
 COLD_PROMPT_MS = 500.0
-FIT_CACHE_MAX_AGE_S = 7 * 24 * 3600.0  # then measured again (a timing taken while the machine was busy does not stay for good)
+FIT_CACHE_MAX_AGE_S = 7 * 24 * 3600.0  # then measured again
+BUSY_MAX_AGE_S = 3600.0  # a timing taken while other work competed (not `quiet`) is reused this long, then measured again
 FIT_CACHE_ENTRIES = 32  # the most recent ones are kept
 TIMING_METHOD = 3  # part of the cache key: raised when what `measure_machine` times changes (2: a keystroke types a word; 3: the head's calls)
 FIT_CACHE_FILE = "machine-fit.json"  # in the cache folder (engine/models/resolve.py cache_root)
 QUIET_CPU_SHARE = 0.75  # of the CPU time its threads could have had, a measurement that got less competed with
-# other work and is not cached (2-core Zen 5: 0.77-1.0 quiet, 0.57-0.70 beside one busy process; round 5 vs 10-43 ms)
+# other work and is kept for BUSY_MAX_AGE_S only: a busy machine measures at a later start, not at every one (2-core Zen 5: 0.77-1.0 quiet, 0.57-0.70 beside one busy process; round 5 vs 10-43 ms)
+
+
+class Timed(Protocol):
+    """A measurement that knows whether other work competed for the cores while it was taken."""
+
+    @property
+    def quiet(self) -> bool: ...
+
+
+def kept_s(measurement: Timed, max_age_s: float) -> float:
+    """How long a cached measurement is reused: `max_age_s`, or `BUSY_MAX_AGE_S` at most where other
+    work competed while it was taken."""
+    return max_age_s if measurement.quiet else min(max_age_s, BUSY_MAX_AGE_S)
 
 
 def usable_cores() -> int | None:
@@ -128,7 +143,7 @@ class FitCache(StampedEntries[MachineTiming]):
     foreign or old; the engine then measures, as without a cache."""
 
     def __init__(self, path: Path, max_age_s: float = FIT_CACHE_MAX_AGE_S, entries: int = FIT_CACHE_ENTRIES):
-        super().__init__(path, max_age_s, entries, MachineTiming.from_dict, MachineTiming.to_dict)
+        super().__init__(path, max_age_s, entries, MachineTiming.from_dict, MachineTiming.to_dict, lambda timing: kept_s(timing, max_age_s))
 
 
 @dataclass(frozen=True)

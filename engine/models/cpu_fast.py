@@ -174,7 +174,7 @@ def measured_path(codes: Mapping[str, Q4Codes], path: FastPath, cache: ChoiceCac
         fits = dense_dtype is not None and (room is None or MEMORY_HEADROOM * dense_bytes(codes, dense_dtype) <= room)
         dense = dense_name(dense_dtype) if dense_dtype is not None else None
         choice = decide(times, list(kernels), dense, prior, fits, share, layer_loop=path.native_steps)
-        if cache is not None and choice.quiet:  # a busy moment's times serve this start only
+        if cache is not None:  # a busy moment's times for an hour only (ChoiceCache)
             cache.put(key, choice)
     return _with_choice(path, choice), choice
 

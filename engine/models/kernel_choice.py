@@ -24,7 +24,7 @@ from torch import nn
 
 from kspec.engine.json_file import StampedEntries
 from kspec.engine.models.cpu_profile import LOOP_KERNEL
-from kspec.engine.machine_fit import QUIET_CPU_SHARE, cpu_share, median_call_ms
+from kspec.engine.machine_fit import BUSY_MAX_AGE_S, QUIET_CPU_SHARE, cpu_share, kept_s, median_call_ms
 from kspec.engine.models.quantized import TERM_SEPARATOR, CpuLinear, Q4Codes, fused_linear, weight_shape, weight_terms
 
 TRIAL_ROWS = (1, 4, 20, 64)  # one suggestion, k branches, k x (gamma + 1) verification, a prefill chunk
@@ -53,7 +53,7 @@ class KernelChoice:
     int4_max_rows: int  # the 4-bit kernel up to this many rows, the dense copy above (where kept)
     times_ms: Times = field(default_factory=dict)
     why: str = ""
-    cpu_share: float = 1.0  # of the cores the measurement had (below QUIET_CPU_SHARE: not cached)
+    cpu_share: float = 1.0  # of the cores the measurement had (below QUIET_CPU_SHARE: kept for BUSY_MAX_AGE_S only)
 
     @property
     def quiet(self) -> bool:
@@ -86,7 +86,7 @@ def decide(
     def round_ms(name: str) -> float:
         return sum(times[name][rows] for rows in DECODE_ROWS)
 
-    busy = "" if share >= QUIET_CPU_SHARE else f" (measured with {share:.0%} of the cores: this start only)"
+    busy = "" if share >= QUIET_CPU_SHARE else f" (measured with {share:.0%} of the cores: measured again after {BUSY_MAX_AGE_S / 3600:g} h)"
     fastest = min(kernels, key=round_ms)
     kernel = prior if prior in kernels and round_ms(prior) <= PRIOR_TIE * round_ms(fastest) else fastest  # type: ignore[assignment]
     why = [f"{name} {round_ms(name):.2f} ms" for name in kernels]
@@ -201,4 +201,4 @@ class ChoiceCache(StampedEntries[KernelChoice]):
     """Choices measured before, by key; a bad entry is a miss."""
 
     def __init__(self, path: Path, max_age_s: float = CHOICE_MAX_AGE_S, entries: int = CHOICE_ENTRIES):
-        super().__init__(path, max_age_s, entries, KernelChoice.from_dict, KernelChoice.to_dict)
+        super().__init__(path, max_age_s, entries, KernelChoice.from_dict, KernelChoice.to_dict, lambda choice: kept_s(choice, max_age_s))

@@ -15,6 +15,7 @@ import pytest
 from kspec.engine import machine_fit
 from kspec.engine.json_file import identity_key
 from kspec.engine.machine_fit import (
+    BUSY_MAX_AGE_S,
     FIRST_ANSWER_RANGE_MS,
     MAX_TOKENS_RANGE,
     MIN_K,
@@ -226,16 +227,25 @@ def test_fitting_again_takes_the_cached_timing_until_what_it_depends_on_changes(
     assert len(measured) == 5
 
 
-def test_a_timing_taken_while_other_work_competed_serves_this_start_but_is_not_kept(random_engine, tmp_path: Path, monkeypatch):
+def test_a_timing_taken_while_other_work_competed_is_reused_for_an_hour_then_measured_again(random_engine, tmp_path: Path, monkeypatch):
     monkeypatch.setattr(random_engine, "defaults", None)
     busy = replace(TIMING, round_ms={k: 3 * ms for k, ms in TIMING.round_ms.items()}, cpu_share=0.6)
     measured: list[MachineTiming] = [busy, TIMING]
     monkeypatch.setattr(random_engine, "measure_machine", lambda: measured.pop(0))
     cache = FitCache(tmp_path / "fit.json")
     assert random_engine.fit_to_machine(cache) == choose_defaults(busy)  # this start lives with what it measured
-    assert random_engine.fit_to_machine(cache) == choose_defaults(TIMING)  # the next one measured again, quiet
-    assert random_engine.fit_to_machine(cache) == choose_defaults(TIMING) and not measured  # and that one is kept
+    assert random_engine.fit_to_machine(cache) == choose_defaults(busy) and measured == [TIMING]  # a start within the hour too
+    _age_entries(cache.path, BUSY_MAX_AGE_S + 1)
+    assert random_engine.fit_to_machine(cache) == choose_defaults(TIMING) and not measured  # after it: measured again, quiet
+    _age_entries(cache.path, BUSY_MAX_AGE_S + 1)
+    assert random_engine.fit_to_machine(cache) == choose_defaults(TIMING)  # and a quiet one is kept for FIT_CACHE_MAX_AGE_S
     assert not busy.quiet and TIMING.quiet
+
+
+def _age_entries(path: Path, seconds: float) -> None:
+    """Every entry of a cache file `seconds` older, as if put that long ago."""
+    entries = json.loads(path.read_text())
+    path.write_text(json.dumps({key: {**entry, "at": entry["at"] - seconds} for key, entry in entries.items()}))
 
 
 def test_the_engine_s_own_measurement_says_what_share_of_the_cores_it_had(random_engine):

@@ -8,12 +8,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from kspec.engine.config import EngineConfig
+from kspec.engine.machine_fit import BUSY_MAX_AGE_S
 from kspec.engine.models import cpu_fast, kernel_choice
 from kspec.engine.models.cpu_fast import FastPath, measured_path
 from kspec.engine.models.cpu_profile import CpuFacts
@@ -128,7 +130,7 @@ def test_the_kspec_command_holds_pytorch_to_kspec_cpu():
 
 
 @pytest.mark.skipif(not int4_kernel_available(), reason="this PyTorch has no int4 CPU kernel")
-def test_a_choice_measured_while_other_work_competed_serves_that_start_only(small_gguf, tmp_path: Path, monkeypatch):
+def test_a_choice_measured_while_other_work_competed_is_reused_for_an_hour_only(small_gguf, tmp_path: Path, monkeypatch):
     folder = resolve_model(str(small_gguf), progress=False).folder
     real_measure = cpu_fast.measure
     shares = [0.4, 1.0]
@@ -136,6 +138,9 @@ def test_a_choice_measured_while_other_work_competed_serves_that_start_only(smal
     cache = ChoiceCache(tmp_path / "choice.json")
     with Q4File(codes_file(folder)) as codes:
         busy = measured_path(codes, FastPath(), cache, "key")[1]
-        assert busy is not None and not busy.quiet and "this start only" in busy.why and cache.get("key") is None
+        assert busy is not None and not busy.quiet and "measured again after 1 h" in busy.why and cache.get("key") == busy
+        assert cache.get("key", now=time.time() + BUSY_MAX_AGE_S + 1) is None  # then a start measures again
+        entries = json.loads(cache.path.read_text())
+        cache.path.write_text(json.dumps({key: {**entry, "at": entry["at"] - BUSY_MAX_AGE_S - 1} for key, entry in entries.items()}))
         quiet = measured_path(codes, FastPath(), cache, "key")[1]
         assert quiet is not None and quiet.quiet and cache.get("key") == quiet and not shares
