@@ -433,21 +433,19 @@ void dot_half_q8_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P pa
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * ldy + t * kTile + 8 * half, acc[r]);
 }
 
-// AVX2, 5- or 6-bit codes: half a tile (8 outputs) x R rows. A block's codes unpack once into 8
-// registers of unsigned codes (the nibbles, then each bit plane's mask spread to bytes and or'ed in),
-// used by every row: maddubs against 4 broadcast activations gives int16 pair sums of at most
-// 2 * 63 * 127, two registers of them add without saturating, then madd with ones makes int32 dots.
-// 5-bit: y += s d dot + m d sum a (as the 8-bit form); 6-bit: two dots, one per half block, each
-// started at -32 times its half's sum of a, y += d (s0 dot0 + s1 dot1) (q4_q8_matmul.cpp).
-template <int Bits, int R, typename P>
-void dot_half_masked_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P params, int64_t k, int64_t t, int half,
-                          float* y, int64_t ldy) {
-  static_assert(Bits == 5 || Bits == 6);
-  constexpr int kDots = Bits == 6 ? 2 : 1;
+// AVX2, 5-bit codes below kUnpackedFromRows<5> rows: half a tile (8 outputs) x R rows. A block's
+// codes unpack once into 8 registers of unsigned codes (the nibbles, then the bit plane's mask spread
+// to bytes and or'ed in), used by every row: maddubs against 4 broadcast activations gives int16
+// pair sums of at most 2 * 31 * 127, two registers of them add without saturating, then madd with
+// ones makes int32 dots; y += s d dot + m d sum a (as the 8-bit form). The 6-bit form takes the
+// unpacked scratch at every row count.
+template <int R, typename P>
+void dot_half_q5_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P params, int64_t k, int64_t t, int half,
+                      float* y, int64_t ldy) {
+  constexpr int Bits = 5;
   const int64_t blocks = k / kBlock;
   const float* xd = q.scale.get() + r0 * blocks;       // [R, blocks]
   const float* xs = q.code_sum.get() + r0 * blocks;    // [R, blocks]
-  const int32_t* halves = q.half_sums.get() + 2 * r0 * blocks;  // [R, blocks, 2]
   const int8_t* a0 = q.a.get() + r0 * k;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
@@ -458,64 +456,64 @@ void dot_half_masked_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, 
     if (half == 0) prefetch_block<Bits>(block_codes, params, blocks, t, b, kPrefetchBlocksAvx2);  // half 1 finds them cached
     __m256i w[8];
     unpack_half_avx2<Bits>(block_codes, half, w, nullptr);
-    __m256 first, second;
-    half_params<Bits>(params, blocks, t, b, half, first, second);
+    __m256 scale, min;
+    half_params<Bits>(params, blocks, t, b, half, scale, min);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const int8_t* a = a0 + r * k + b * kBlock;
-      __m256i dots[kDots];
-#pragma GCC unroll 2
-      for (int c = 0; c < kDots; ++c)
-        dots[c] = Bits == 6 ? _mm256_set1_epi32(-kSixBitZero * halves[2 * (r * blocks + b) + c]) : _mm256_setzero_si256();
+      __m256i dot = _mm256_setzero_si256();
 #pragma GCC unroll 4
       for (int g = 0; g < 4; ++g) {  // registers 2g, 2g + 1: weights 8g .. 8g + 7
         const __m256i x0 = _mm256_set1_epi32(four_bytes(a + 8 * g)), x1 = _mm256_set1_epi32(four_bytes(a + 8 * g + 4));
         const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * g], x0), _mm256_maddubs_epi16(w[2 * g + 1], x1));
-        const int c = Bits == 6 ? g / 2 : 0;
-        dots[c] = _mm256_add_epi32(dots[c], _mm256_madd_epi16(pairs, ones));
-        keep_in_register(dots[c]);
+        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
+        keep_in_register(dot);
       }
-      if constexpr (Bits == 6)  // first: s of weights 0 .. 15, second: s of 16 .. 31
-        acc[r] = add_halves_avx2(acc[r], first, second, xd[r * blocks + b], dots[0], dots[kDots - 1]);
-      else  // first: s, second: m
-        acc[r] = add_dot_avx2(acc[r], dots[0], first, second, xd[r * blocks + b], xs[r * blocks + b]);
+      acc[r] = add_dot_avx2(acc[r], dot, scale, min, xd[r * blocks + b], xs[r * blocks + b]);
     }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * ldy + t * kTile + 8 * half, acc[r]);
 }
 
-// Half a tile of any form, R rows
+// Half a tile of the 4-, 5- or 8-bit form, R rows
 template <int Bits, int R, typename P>
 void dot_half_form_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P params, int64_t k, int64_t t, int half,
                         float* y, int64_t ldy) {
   if constexpr (Bits == 4) dot_half_avx2<R>(q, r0, codes, params, k, t, half, y, ldy);
   else if constexpr (Bits == 8) dot_half_q8_avx2<R>(q, r0, codes, params, k, t, half, y, ldy);
-  else dot_half_masked_avx2<Bits, R>(q, r0, codes, params, k, t, half, y, ldy);
+  else {
+    static_assert(Bits == 5);
+    dot_half_q5_avx2<R>(q, r0, codes, params, k, t, half, y, ldy);
+  }
 }
 
-// Tile t, every row: the unpacked scratch from kUnpackedFromRows<Bits> rows; below, for 4-bit codes a whole
-// tile at one or two rows, else 4 rows at a time per half tile, then the rest
+// Tile t, every row: the unpacked scratch from kUnpackedFromRows<Bits> rows (the 6-bit form's from 1:
+// it has no half tiles); below, for 4-bit codes a whole tile at one or two rows, else 4 rows at a
+// time per half tile, then the rest
 template <int Bits, typename P>
 void dot_tile_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, P params, int64_t k, int64_t t, float* y,
                    int64_t ldy) {
-  if (rows >= kUnpackedFromRows<Bits>) {
+  static_assert(Bits != 6 || kUnpackedFromRows<6> == 1);
+  if (Bits == 6 || rows >= kUnpackedFromRows<Bits>) {
     dot_tile_unpacked_avx2<Bits>(q, rows, codes, params, k, t, y, ldy);
     return;
   }
-  if (Bits == 4 && rows <= 2) {
-    if (rows == 2) dot_full_avx2<2>(q, 0, codes, params, k, t, y, ldy);
-    else dot_full_avx2<1>(q, 0, codes, params, k, t, y, ldy);
-    return;
-  }
-  for (int half = 0; half < 2; ++half) {
-    int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) dot_half_form_avx2<Bits, 4>(q, r, codes, params, k, t, half, y, ldy);
-    switch (rows - r) {
-      case 3: dot_half_form_avx2<Bits, 3>(q, r, codes, params, k, t, half, y, ldy); break;
-      case 2: dot_half_form_avx2<Bits, 2>(q, r, codes, params, k, t, half, y, ldy); break;
-      case 1: dot_half_form_avx2<Bits, 1>(q, r, codes, params, k, t, half, y, ldy); break;
-      default: break;
+  if constexpr (Bits != 6) {
+    if (Bits == 4 && rows <= 2) {
+      if (rows == 2) dot_full_avx2<2>(q, 0, codes, params, k, t, y, ldy);
+      else dot_full_avx2<1>(q, 0, codes, params, k, t, y, ldy);
+      return;
+    }
+    for (int half = 0; half < 2; ++half) {
+      int64_t r = 0;
+      for (; r + 4 <= rows; r += 4) dot_half_form_avx2<Bits, 4>(q, r, codes, params, k, t, half, y, ldy);
+      switch (rows - r) {
+        case 3: dot_half_form_avx2<Bits, 3>(q, r, codes, params, k, t, half, y, ldy); break;
+        case 2: dot_half_form_avx2<Bits, 2>(q, r, codes, params, k, t, half, y, ldy); break;
+        case 1: dot_half_form_avx2<Bits, 1>(q, r, codes, params, k, t, half, y, ldy); break;
+        default: break;
+      }
     }
   }
 }
