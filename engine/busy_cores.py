@@ -1,8 +1,14 @@
 """Threads that fit the cores that are free: when another process takes one of a laptop's cores,
 a round split over every core waits for the thread that shares its core (each parallel region
-ends at a barrier), and a keystroke's prefill took 1.7-3.7 s instead of ~50 ms. The engine
-notices it by its own decode rounds, slower than the machine's fitted round, tries one thread
-fewer, and keeps it only where its rounds are faster; now and then it tries the core again.
+ends at a barrier), and a keystroke's prefill took 1.7-3.7 s instead of ~50 ms (Zen 4, 2 cores,
+one spinning: a fresh 233-token prompt 7.98 s on 2 threads, 0.88 s on one). Two signals:
+
+- the system's own count (`OtherProcesses`: /proc/stat less this process's CPU time): where other
+  processes used most of a core since the engine last looked (`TAKEN_CORE`), before any round, the
+  engine runs with the cores that are left, so a prefill that starts on a busy machine starts on
+  them; where they use next to nothing (`FREE_CORE`), every core again;
+- its own decode rounds, slower than the machine's fitted round: it tries one thread fewer, and
+  keeps it only where its rounds are faster; now and then it tries the core again.
 
 Only decode rounds are compared (their cost is mostly the weights read once), and only with rounds
 of their own size: a round that verifies k rows of drafts computes several times the tokens of one
@@ -16,16 +22,57 @@ the count: then nothing here runs.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 ROUNDS_PER_VERDICT = 6  # decode rounds of one size class timed before a thread count is judged (their median)
 SLOW_FACTOR = 1.5  # rounds this much slower than that class's pace mean a core is taken
 RETRY_S = 15.0  # on fewer threads, try one more again after this long (the other process may be gone)
 TRIAL_ROUNDS = 4 * ROUNDS_PER_VERDICT  # a trial that met no round of the class it is compared on by then goes back
+LOOK_S = 0.25  # the least time between two looks at what other processes used (10 ms ticks: 4 % of a core)
+TAKEN_CORE = 0.6  # of a core, used by other processes since the last look: that core is taken
+FREE_CORE = 0.25  # at most this much of every core: the cores are free again
+
+
+class OtherProcesses:
+    """Cores the other processes on this process's CPUs used between two calls of `since_last()`:
+    their busy time in /proc/stat (user, nice, system, irq, softirq, steal) less this process's own
+    (/proc/self/stat), over the wall time. None on the first call and where the system does not
+    say (not Linux). `read` returns a /proc file's text (tests give their own)."""
+
+    def __init__(self, read: Callable[[str], str] = lambda path: Path(path).read_text(), clock: Callable[[], float] = time.monotonic):
+        self._read, self._clock = read, clock
+        self._cpus = {f"cpu{cpu}" for cpu in os.sched_getaffinity(0)} if hasattr(os, "sched_getaffinity") else None
+        self._ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._last: tuple[float, int, int] | None = None  # (when, ticks busy on our CPUs, our ticks)
+
+    def since_last(self) -> float | None:
+        try:
+            now, busy, own = self._clock(), self._busy_ticks(), self._own_ticks()
+        except (OSError, ValueError, IndexError):
+            return None
+        last, self._last = self._last, (now, busy, own)
+        if last is None or now <= last[0]:
+            return None
+        return max(0.0, (busy - last[1] - (own - last[2])) / self._ticks / (now - last[0]))
+
+    def _busy_ticks(self) -> int:
+        total = 0
+        for line in self._read("/proc/stat").splitlines():
+            name, *fields = line.split()
+            if name.startswith("cpu") and name != "cpu" and (self._cpus is None or name in self._cpus):
+                user, nice, system, _idle, _iowait, irq, softirq, steal = (int(field) for field in fields[:8])
+                total += user + nice + system + irq + softirq + steal
+        return total
+
+    def _own_ticks(self) -> int:
+        fields = self._read("/proc/self/stat").rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5), counted after the name
 
 
 def size_class(tokens: int) -> int:
@@ -61,9 +108,13 @@ class CoreGovernor:
         fitted_round: Callable[[], tuple[float, int] | None],
         set_threads: Callable[[int], None],
         clock: Callable[[], float] = time.perf_counter,
+        others: Callable[[], float | None] = lambda: None,
     ):
+        """`others`: the cores other processes used since its last call (`OtherProcesses.since_last`), or None."""
         self.full = self.threads = threads
-        self._fitted, self._set, self._clock = fitted_round, set_threads, clock
+        self._fitted, self._set, self._clock, self._others = fitted_round, set_threads, clock, others
+        self._others()  # the first look's starting point
+        self._looked = clock()  # when `others` was last asked
         self._times: dict[int, list[float]] = {}  # size class -> ms of its decode rounds at the current count
         self._pace: dict[int, float] = {}  # size class -> its fastest median on every core
         self._trial: _Trial | None = None
@@ -73,6 +124,7 @@ class CoreGovernor:
 
     @contextmanager
     def round(self, decode_only: bool) -> Iterator[RoundShape]:
+        self._look()
         started, shape = self._clock(), RoundShape()
         yield shape
         if not decode_only or shape.tokens <= 0:
@@ -87,6 +139,20 @@ class CoreGovernor:
             self._judge(size, statistics.median(times))
         if self._trial is not None and self._trial.rounds >= TRIAL_ROUNDS:
             self._end_trial(self._trial, False, f"{self._trial.threads} threads: no rounds like those it is compared on")
+
+    def _look(self) -> None:
+        """Before a round: the cores other processes took since the last look, where the system says."""
+        now = self._clock()
+        if now - self._looked < LOOK_S:
+            return
+        self._looked, used = now, self._others()
+        if used is None:
+            return
+        free = max(1, min(self.full, self.full - int(used + 1 - TAKEN_CORE)))  # a core taken from TAKEN_CORE of one
+        if free < self.threads or (self.threads < self.full and used <= FREE_CORE * self.full):
+            threads = free if free < self.threads else self.full
+            self._trial, self._times = None, {}
+            self._settle(threads, f"other processes used {used:.2f} cores: {threads} threads")
 
     def _judge(self, size: int, median_ms: float) -> None:
         trial, now = self._trial, self._clock()

@@ -16,7 +16,7 @@ import torch
 from kspec.engine.api import CancelToken, CompletionRequest, CompletionResult
 from kspec.engine.batching import BatchConfig, ContinuousBatcher
 from kspec.engine.waiting_line import WaitingLine
-from kspec.engine.busy_cores import CoreGovernor
+from kspec.engine.busy_cores import CoreGovernor, OtherProcesses
 from kspec.engine.cache.prefix_cache import PrefixCache, PrefixCacheConfig
 from kspec.engine.config import FIT_NEUTRAL_FIELDS, EngineConfig
 from kspec.engine.decode.speculative import DraftBudget, DraftPayoffs
@@ -74,8 +74,9 @@ class CompletionEngine:
         self.defaults: MachineDefaults | None = None  # set by fit_to_machine()
         # the thread count follows the free cores, unless the user pinned it (or on a GPU)
         self.cores = None if config.threads or config.device != "cpu" else CoreGovernor(
-            THREADS_AT_IMPORT, lambda: (self.defaults.round_ms, self.defaults.k) if self.defaults is not None else None, torch.set_num_threads
-        )
+            THREADS_AT_IMPORT, lambda: (self.defaults.round_ms, self.defaults.k) if self.defaults is not None else None, torch.set_num_threads,
+            others=OtherProcesses().since_last,
+        )  # fmt: skip
         if self.cores is not None:
             torch.set_num_threads(THREADS_AT_IMPORT)
 

@@ -1,12 +1,14 @@
 """The thread count follows the free cores (engine/busy_cores.py), on a fake clock: rounds
 slower than the fitted one try a thread fewer, kept only where faster; later the core is tried
-again; prefill rounds are not judged; rounds of another size are not compared with each other."""
+again; prefill rounds are not judged; rounds of another size are not compared with each other;
+where the system says other processes took a core, the next round (a prefill's too) leaves it to
+them, and takes it back once they no longer use it. `OtherProcesses` on /proc texts of our own."""
 
 from __future__ import annotations
 
 import pytest
 
-from kspec.engine.busy_cores import RETRY_S, ROUNDS_PER_VERDICT, TRIAL_ROUNDS, CoreGovernor, size_class
+from kspec.engine.busy_cores import LOOK_S, RETRY_S, ROUNDS_PER_VERDICT, TRIAL_ROUNDS, CoreGovernor, OtherProcesses, size_class
 
 FITTED_MS = 10.0
 
@@ -20,7 +22,8 @@ class Machine:
 
     def __init__(self, round_ms: dict[int, float], large_ms: dict[int, float] | None = None):
         self.now, self.round_ms, self.large_ms, self.set_to = 0.0, round_ms, large_ms or {}, []
-        self.governor = CoreGovernor(2, lambda: (FITTED_MS, SMALL), self.set_to.append, clock=lambda: self.now)
+        self.others: float | None = None  # what the system says other processes used (None: it says nothing)
+        self.governor = CoreGovernor(2, lambda: (FITTED_MS, SMALL), self.set_to.append, clock=lambda: self.now, others=lambda: self.others)
 
     def rounds(self, count: int, decode_only: bool = True, tokens: int = SMALL) -> None:
         for _ in range(count):
@@ -111,3 +114,47 @@ def test_an_engine_starts_on_the_processs_threads_not_on_what_an_earlier_engines
         assert torch.get_num_threads() == THREADS_AT_IMPORT
     finally:
         torch.set_num_threads(THREADS_AT_IMPORT)
+
+
+def test_a_core_the_system_says_is_taken_is_left_from_the_next_round_a_prefill_s_too():
+    machine = Machine({2: 60.0, 1: 18.0})
+    machine.others = 0.98  # a process spinning on one of the two cores
+    machine.now += LOOK_S
+    machine.rounds(1, decode_only=False)  # no decode round timed yet: the system's count alone
+    assert machine.governor.threads == 1 and machine.set_to == [1]
+    assert "other processes used 0.98 cores" in machine.governor.changes[-1][1]
+    machine.now += RETRY_S
+    machine.rounds(2 * ROUNDS_PER_VERDICT)  # a trial of 2 threads comes back at once: the core is still taken
+    assert machine.governor.threads == 1
+    machine.others = 0.05  # it ended
+    machine.now += LOOK_S
+    machine.rounds(1, decode_only=False)
+    assert machine.governor.threads == 2 and machine.set_to[-1] == 2
+
+
+def test_a_little_use_by_other_processes_takes_no_core():
+    machine = Machine({2: 10.0, 1: 18.0})
+    for used in (0.3, 0.55, None):  # an editor typing, a language server parsing; or a system that does not say
+        machine.others = used
+        machine.now += LOOK_S
+        machine.rounds(ROUNDS_PER_VERDICT)
+    assert machine.governor.threads == 2 and machine.set_to == []
+
+
+def test_other_processes_cpu_time_is_the_systems_busy_time_less_this_processs_own():
+    """Two looks 0.5 s apart on a 2-CPU machine (100 ticks a second): the CPUs were busy 120 ticks
+    (user, nice, system, irq, softirq and steal; idle and iowait are not), this process used 30 of them."""
+    texts = {
+        "/proc/stat": "cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 100 0 20 500 5 0 0 0 0 0\ncpu1 50 0 10 600 0 0 0 0 0 0\nintr 1 2 3\n",
+        "/proc/self/stat": "4242 (python (a name) x) S 1 2 3 4 5 6 7 8 9 10 40 10 0 0 20 0",
+    }
+    clock = [10.0]
+    others = OtherProcesses(read=texts.__getitem__, clock=lambda: clock[0])
+    others._cpus, others._ticks = {"cpu0", "cpu1"}, 100  # the machine of the texts above
+    assert others.since_last() is None  # a first look: nothing to compare with
+    texts["/proc/stat"] = "cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 170 0 30 520 9 0 5 0 0 0\ncpu1 80 2 10 660 0 0 0 3 0 0\n"
+    texts["/proc/self/stat"] = "4242 (python (a name) x) S 1 2 3 4 5 6 7 8 9 10 60 20 0 0 20 0"
+    clock[0] = 10.5
+    assert others.since_last() == pytest.approx((120 - 30) / 100 / 0.5)  # 1.8 cores
+    silent = OtherProcesses(read=lambda path: "")  # a system that says nothing: no count, ever
+    assert silent.since_last() is None and silent.since_last() is None
