@@ -1,7 +1,7 @@
 """Threads that fit the cores that are free: when another process takes one of a laptop's cores,
 a round split over every core waits for the thread that shares its core (each parallel region
 ends at a barrier), and a keystroke's prefill took 1.7-3.7 s instead of ~50 ms (Zen 4, 2 cores,
-one spinning: a fresh 233-token prompt 7.98 s on 2 threads, 0.88 s on one). Two signals:
+one spinning: a fresh 233-token prompt's prefill 1.6 s on 2 threads, 0.89 s on one). Two signals:
 
 - the system's own count (`OtherProcesses`: /proc/stat less this process's CPU time): where other
   processes used most of a core since the engine last looked (`TAKEN_CORE`), before any round, the
