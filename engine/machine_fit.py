@@ -57,7 +57,8 @@ FIT_CACHE_ENTRIES = 32  # the most recent ones are kept
 TIMING_METHOD = 3  # part of the cache key: raised when what `measure_machine` times changes (2: a keystroke types a word; 3: the head's calls)
 FIT_CACHE_FILE = "machine-fit.json"  # in the cache folder (engine/models/resolve.py cache_root)
 QUIET_CPU_SHARE = 0.75  # of the CPU time its threads could have had, a measurement that got less competed with
-# other work and is kept for BUSY_MAX_AGE_S only: a busy machine measures at a later start, not at every one (2-core Zen 5: 0.77-1.0 quiet, 0.57-0.70 beside one busy process; round 5 vs 10-43 ms)
+# other work and is kept for BUSY_MAX_AGE_S only: a busy machine measures at a later start, not at every one
+# (2-core Zen 5: 0.77-1.0 quiet, 0.57-0.70 beside one busy process; round 5 vs 10-43 ms)
 
 
 class Timed(Protocol):

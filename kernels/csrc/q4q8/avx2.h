@@ -494,8 +494,8 @@ void dot_half_form_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P 
 template <int Bits, typename P>
 void dot_tile_avx2(const Quantized& q, int64_t rows, const uint8_t* codes, P params, int64_t k, int64_t t, float* y,
                    int64_t ldy) {
-  static_assert(Bits != 6 || kUnpackedFromRows<6> == 1);
-  if (Bits == 6 || rows >= kUnpackedFromRows<Bits>) {
+  static_assert(kUnpackedFromRows<6> == 1);  // so no 6-bit rows are left for the half tiles below
+  if (rows >= kUnpackedFromRows<Bits>) {
     dot_tile_unpacked_avx2<Bits>(q, rows, codes, params, k, t, y, ldy);
     return;
   }
