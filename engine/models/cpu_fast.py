@@ -31,7 +31,7 @@ import torch
 
 from kspec.engine.config import CPU_INT4, CPU_KERNELS, CPU_KV, CPU_WEIGHTS, check_choice
 from kspec.engine.models.cpu_profile import (
-    HEAD_COST_PRIOR, INT4_KERNELS, INT4_MAX_ROWS, Q5Q8_ISAS, Q6Q8_ISAS, Q8Q8_ISAS, CpuFacts, dense_pays, profile_for,
+    HEAD_COST_PRIOR, INT4_KERNELS, INT4_MAX_ROWS, CpuFacts, dense_pays, kernel_forms, profile_for,
 )
 from kspec.engine.models.quantized import (
     Q4_FORMAT, CpuLinear, Int4Embedding, Q4Codes, Q6Q8Term, Q8Q8Term, TiledEmbedding, TiledTerm, cat_six_bit, fused_linear, int4_kernel_available,
@@ -128,9 +128,9 @@ def _kernel_matmuls(kernel: str) -> tuple[Callable[..., torch.Tensor] | None, ..
     q4q8 = cpu_layers.load_matmul(cache_root())
     if q4q8 is None:
         return None
-    isa = cpu_layers.matmul_isa(cache_root())
-    q8q8 = cpu_layers.load_q8_matmul(cache_root()) if isa in Q8Q8_ISAS else None
-    return q4q8, q8q8, cpu_layers.load_q5_matmul(cache_root()) if isa in Q5Q8_ISAS else None
+    forms = kernel_forms(cpu_layers.matmul_isa(cache_root()))
+    q8q8 = cpu_layers.load_q8_matmul(cache_root()) if "q8" in forms else None
+    return q4q8, q8q8, cpu_layers.load_q5_matmul(cache_root()) if "q5" in forms else None
 
 
 def choice_identity(codes_folder: Path, path: FastPath) -> dict[str, Any]:
@@ -192,7 +192,8 @@ def kernel_store(codes_folder: Path | None, path: FastPath) -> tuple[Path | None
     kernel, or no folder), and the store there (None: none yet, or unreadable)."""
     if codes_folder is None or (kernel := _kernel_matmuls(path.resolved_int4_kernel())) is None or kernel[0] is None:
         return None, None
-    store_file = store_path(codes_folder, cpu_layers.matmul_isa(cache_root()))
+    isa = cpu_layers.matmul_isa(cache_root())
+    store_file = store_path(codes_folder, isa, kernel_forms(isa))
     return store_file, TiledStore.open(store_file)
 
 
@@ -209,7 +210,7 @@ def to_fast_path(
     dense_dtype, keep_dense, int4_max_rows = path.resolved_dense_dtype(), path.resolved_keep_dense(), path.resolved_int4_max_rows()
     q4q8, q8q8, q5q8 = _kernel_matmuls(path.resolved_int4_kernel()) or (None, None, None)  # all None: PyTorch's
     isa = cpu_layers.matmul_isa(cache_root()) if q4q8 is not None else None
-    q6q8 = cpu_layers.load_q6_matmul(cache_root()) if isa in Q6Q8_ISAS else None
+    q6q8 = cpu_layers.load_q6_matmul(cache_root()) if "q6" in kernel_forms(isa) else None
     store_file, opened = kernel_store(codes_folder, path) if store is None else (None, store)
     store = store or opened
     forms = {"Q4Q8Term": q4q8, "Q8Q8Term": q8q8, "Q5Q8Term": q5q8, "Q6Q8Term": q6q8}

@@ -156,6 +156,12 @@ Q8Q8_ISAS = (VNNI_ISA, "avx2")
 Q5Q8_ISAS = (VNNI_ISA, "avx2")
 Q6Q8_ISAS = (VNNI_ISA,)
 
+
+def kernel_forms(isa: str | None) -> tuple[str, ...]:
+    """The forms beside the 4-bit one that kspec's kernel runs on a build for `isa` (what the
+    weights are laid out in depends on them: tiled_store.store_path)."""
+    return tuple(name for name, isas in (("q8", Q8Q8_ISAS), ("q5", Q5Q8_ISAS), ("q6", Q6Q8_ISAS)) if isa in isas)
+
 # One call of the head on kspec's kernel (a row's logits do not depend on the others in the call),
 # (ms a call, ms a row): the prior of engine/models/head_cost.py's HeadCost until the machine fit
 # times the model's own head. The default 0.5B's 8-bit head on Intel AMX (VNNI build): 5.3 ms at 1

@@ -423,26 +423,25 @@ def _tile_blocks(codes: Tensor, scale: Tensor, minimum: Tensor, pad_code: int) -
 def _bit_planes_layout(per_block: Tensor, bits: int) -> Tensor:
     """Codes [N/16, 16, K/32, 32] below 2^bits (4, 5 or 6) -> the 4/5/6-bit forms' layout [N/16,
     K/32, bits, 16, 4]: the low 4 bits as a GGUF block's bytes (weight j low, j + 16 high), register
-    p each output's bytes 4p .. 4p + 3; then for each higher bit a 64-byte register of eight 64-bit
-    masks, mask j's bit 4 n + i that bit of output n's weight 4j + i."""
+    p each output's bytes 4p .. 4p + 3; then for each higher bit a 64-byte register whose byte
+    4 n + i holds in bit j that bit of output n's weight 4j + i (csrc/q4q8/layout.h high_bits)."""
     tiles, _, blocks, _ = per_block.shape
     low = per_block & 0x0F
     nibbles = low[..., :16] | (low[..., 16:] << 4)  # weight j low, j + 16 high (GGUF's bytes)
     registers = [nibbles.view(tiles, Q4Q8_TILE, blocks, 4, 4).permute(0, 2, 3, 1, 4)]  # [N/16, K/32, 4, 16, 4]
-    weights = (1 << torch.arange(8, dtype=torch.uint8)).view(1, 1, 1, 1, 8)
+    weights = (1 << torch.arange(8, dtype=torch.uint8)).view(1, 1, 1, 1, 8)  # bit j
     for plane in range(4, bits):
-        bit = ((per_block >> plane) & 1).view(tiles, Q4Q8_TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # [N/16, K/32, 8 (j), 16 (n), 4 (i)]
-        per_byte = bit.reshape(tiles, blocks, 8, 8, 8)  # [..., j, byte, bit]: bit 4 n + i of mask j
-        registers.append((per_byte * weights).sum(-1, dtype=torch.uint8).view(tiles, blocks, 1, Q4Q8_TILE, 4))  # 64 bytes a block
+        bit = ((per_block >> plane) & 1).view(tiles, Q4Q8_TILE, blocks, 8, 4).permute(0, 2, 1, 4, 3)  # [N/16, K/32, 16 (n), 4 (i), 8 (j)]
+        registers.append((bit * weights).sum(-1, dtype=torch.uint8).view(tiles, blocks, 1, Q4Q8_TILE, 4))  # 64 bytes a block
     return torch.cat(registers, dim=2).contiguous()
 
 
 class Q5Q8Term(TiledTerm):
     """One matrix of 5-bit codes (w = s u + m, u in 0..31: GGUF Q5_0 / Q5_1 / Q5_K weights) for
     the kernel's 5-bit form (q5_q8_matmul): the 8-bit form's arithmetic over 5 bits a weight (its
-    codes' low 4 bits laid out as Q4Q8Term's, then for each block a 64-byte register of eight
-    64-bit masks, mask j's bit 4 n + i the fifth bit of output n's weight 4j + i). Rows are padded
-    to a multiple of 16."""
+    codes' low 4 bits laid out as Q4Q8Term's, then for each block a 64-byte register whose byte
+    4 n + i holds in bit j the fifth bit of output n's weight 4j + i). Rows are padded to a
+    multiple of 16."""
 
     bits = 5  # a weight's code
 
@@ -505,8 +504,8 @@ def cat_six_bit(parts: Sequence[SixBitCodes]) -> SixBitCodes:
 
 class Q6Q8Term(TiledTerm):
     """One matrix of 6-bit codes (`SixBitCodes`: a GGUF Q6_K weight, exactly) for the kernel's
-    6-bit form (q6_q8_matmul): codes laid out as Q5Q8Term's with a second mask register for the
-    sixth bits, and each block's two scales (weights 0 .. 15, 16 .. 31) in the s and m slots of
+    6-bit form (q6_q8_matmul): codes laid out as Q5Q8Term's with a second register for the sixth
+    bits, and each block's two scales (weights 0 .. 15, 16 .. 31) in the s and m slots of
     the params. Rows are padded to a multiple of 16."""
 
     bits = 6  # a weight's code
@@ -764,11 +763,9 @@ def tiled_rows(term: TiledTerm, rows: Tensor) -> Tensor:
         return (u * params[..., 0:1] + params[..., 1:2]).flatten(1)
     nibbles = term.codes[tile, :, :4, lane, :]  # [M, K/32, 4 (p), 4 (i)]: weight 4p + i low, 16 + 4p + i high
     u = torch.cat([(nibbles & 0x0F).flatten(2), (nibbles >> 4).flatten(2)], dim=-1).to(torch.int32)  # [M, K/32, 32]
-    pair, shift = (lane // 2).view(-1, 1, 1), (4 * (lane % 2)).view(-1, 1, 1)  # bit 4 n + i of a mask: byte n / 2, bit 4 (n % 2) + i
     for plane in range(4, term.bits):  # the nibble registers, then one register per higher bit
-        masks = term.codes[tile, :, plane].reshape(len(rows), -1, 8, 8).to(torch.int32)  # [M, K/32, 8 (j), 8 (byte)]
-        fours = (masks.gather(-1, pair.unsqueeze(-1).expand(-1, masks.shape[1], 8, 1)).squeeze(-1) >> shift) & 0x0F  # [M, K/32, 8]
-        plane_bits = (fours.unsqueeze(-1) >> torch.arange(4)) & 1  # [M, K/32, 8 (j), 4 (i)]: weight 4j + i
+        bits = term.codes[tile, :, plane, lane, :].to(torch.int32)  # [M, K/32, 4 (i)]: bit j that of weight 4j + i
+        plane_bits = (bits.unsqueeze(-2) >> torch.arange(8).view(8, 1)) & 1  # [M, K/32, 8 (j), 4 (i)]
         u += plane_bits.flatten(2) << plane
     if isinstance(term, Q6Q8Term):
         halves = (u.float() - SIX_BIT_ZERO).view(len(rows), -1, 2, HALF)  # [M, K/32, 2, 16]

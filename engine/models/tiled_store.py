@@ -4,8 +4,8 @@ to them, and memory-mapped by later starts: no unpacking, no relayout, no copy a
 
 One file per converted model and kernel build (`store_path`), named by what its layout depends
 on: the folder of 4-bit codes it was built from (a converted GGUF's is named by the file's sha256)
-and their format, the build's instruction set and the source of the module that lays the codes
-out. A store that holds every weight the codes stood for (`complete`: each projection, the head and
+and their format, the build's instruction set and the forms it runs, and the source of the module
+that lays the codes out. A store that holds every weight the codes stood for (`complete`: each projection, the head and
 the embedding table in a kernel form) serves a start alone, and the 4-bit codes it was built from
 may then be dropped (loading.py). A file that cannot be read is a miss: the load converts, as
 without one, and writes it again.
@@ -33,10 +33,11 @@ STORE_FORMAT = "kspec-tiled-v3"  # v2: the embedding table's form (or 4-bit term
 PACKED = "Int4Embedding"  # a table's 4-bit terms as Int4Embedding holds them
 
 
-def store_path(codes_folder: Path, isa: str) -> Path:
-    """Where the forms built from the 4-bit codes in `codes_folder` by a build for `isa` are kept."""
+def store_path(codes_folder: Path, isa: str, forms: Iterable[str]) -> Path:
+    """Where the forms built from the 4-bit codes in `codes_folder` by a build for `isa` that runs
+    `forms` (cpu_profile.kernel_forms) are kept."""
     layout_source = inspect.getsource(quantized)  # the forms' classes and the helpers that lay them out
-    identity = json.dumps([STORE_FORMAT, Q4_FORMAT, codes_folder.resolve().name, isa, layout_source])
+    identity = json.dumps([STORE_FORMAT, Q4_FORMAT, codes_folder.resolve().name, isa, sorted(forms), layout_source])
     return codes_folder / f"tiled-{isa}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt"
 
 

@@ -139,19 +139,9 @@ void dot_full_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P param
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(y + (r0 + r) * ldy + t * kTile + 8 * h, acc[r][h]);
 }
 
-// 32 bytes, byte i `value` where bit i of `bits` is set, else 0 (a 5/6-bit form's bit plane of half a
-// tile's register: bit 4 n + i is output n's weight 4j + i)
-inline __m256i bytes_of_bits_avx2(uint32_t bits, __m256i value) {
-  const __m256i select = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);  // mask byte i / 8 to byte i
-  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);  // bit i % 8 of it
-  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(bits)), select);
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), value);
-}
-
 // AVX2, many rows, every form: a tile's codes for a run of blocks unpacked once into 8-bit codes
 // (and its float16 params into float32) in a scratch that stays in L1, then every row reads them
-// from there. Unpacking (3 instructions per 32 4-bit codes, 5 more a bit plane for 5 and 6 bits,
+// from there. Unpacking (3 instructions per 32 4-bit codes, 3 more a bit plane for 5 and 6 bits,
 // the sign flips for 8) and the registers that held unpacked codes across rows were what bounded the
 // half tiles at 4 and more rows; from the scratch a code register is a plain load, so R rows x both
 // halves of the tile take their maddubs back to back.
@@ -200,11 +190,14 @@ inline void unpack_half_avx2(const uint8_t* block_codes, int half, __m256i* w, i
       w[p + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);  // weights 16 + 4p ..
     }
 #pragma GCC unroll 2
-    for (int plane = 4; plane < Bits; ++plane) {
+    for (int plane = 4; plane < Bits; ++plane) {  // register j's bit from bit j of the plane's bytes
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(high_bits(block_codes, plane) + 32 * half));
       const __m256i value = _mm256_set1_epi8(static_cast<char>(1 << plane));
 #pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j)
-        w[j] = _mm256_or_si256(w[j], bytes_of_bits_avx2(static_cast<uint32_t>(high_bits(block_codes, plane, j) >> (32 * half)), value));
+      for (int j = 0; j < 8; ++j) {  // 16-bit shifts by at most 5 leave bit `plane` of each byte within its byte
+        const __m256i moved = plane >= j ? _mm256_slli_epi16(bits, plane - j) : _mm256_srli_epi16(bits, j - plane);
+        w[j] = _mm256_or_si256(w[j], _mm256_and_si256(moved, value));
+      }
     }
   }
 }
@@ -434,8 +427,8 @@ void dot_half_q8_avx2(const Quantized& q, int64_t r0, const uint8_t* codes, P pa
 }
 
 // AVX2, 5-bit codes below kUnpackedFromRows<5> rows: half a tile (8 outputs) x R rows. A block's
-// codes unpack once into 8 registers of unsigned codes (the nibbles, then the bit plane's mask spread
-// to bytes and or'ed in), used by every row: maddubs against 4 broadcast activations gives int16
+// codes unpack once into 8 registers of unsigned codes (the nibbles, then the fifth bits shifted
+// into place and or'ed in), used by every row: maddubs against 4 broadcast activations gives int16
 // pair sums of at most 2 * 31 * 127, two registers of them add without saturating, then madd with
 // ones makes int32 dots; y += s d dot + m d sum a (as the 8-bit form). The 6-bit form takes the
 // unpacked scratch at every row count.

@@ -42,10 +42,12 @@ inline void unpack_codes(const uint8_t* tc, __m512i* w) {
       w[p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);  // weights 16 + 4p ..
     }
 #pragma GCC unroll 2
-    for (int plane = 4; plane < Bits; ++plane) {  // 5/6-bit: 2^plane where the plane's mask says
+    for (int plane = 4; plane < Bits; ++plane) {  // 5/6-bit: 2^plane in register j where bit j of the plane's bytes says
+      const __m512i bits = _mm512_loadu_si512(high_bits(tc, plane));
       const __m512i value = _mm512_set1_epi8(static_cast<char>(1 << plane));
 #pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) w[j] = _mm512_mask_add_epi8(w[j], _cvtu64_mask64(high_bits(tc, plane, j)), w[j], value);
+      for (int j = 0; j < 8; ++j)
+        w[j] = _mm512_mask_add_epi8(w[j], _mm512_test_epi8_mask(bits, _mm512_set1_epi8(static_cast<char>(1 << j))), w[j], value);
     }
   }
 }

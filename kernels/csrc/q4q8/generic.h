@@ -56,8 +56,8 @@ void dot_tile_scalar(const Quantized& q, int64_t rows, const uint8_t* codes, con
               const int bit = static_cast<int>(4 * n + i);
               int32_t low = code & 0x0F, high = code >> 4;
               for (int plane = 4; plane < Bits; ++plane) {
-                low += (1 << plane) * static_cast<int32_t>((high_bits(tc, plane, j) >> bit) & 1);
-                high += (1 << plane) * static_cast<int32_t>((high_bits(tc, plane, j + 4) >> bit) & 1);
+                low += (1 << plane) * ((high_bits(tc, plane)[bit] >> j) & 1);
+                high += (1 << plane) * ((high_bits(tc, plane)[bit] >> (j + 4)) & 1);
               }
               dot[0] += low * a[4 * j + i];
               dot[1] += high * a[16 + 4 * j + i];

@@ -85,13 +85,10 @@ inline void as_pairs(SymmetricParams params, int64_t blocks, int64_t t, c10::Hal
   }
 }
 
-// Bit `plane` (4: the fifth, 5: the sixth) of register j's codes (weights 4j .. 4j + 3 of each
-// output) of a 5- or 6-bit tile's block, as a 64-bit mask: bit 4 n + i for output n's weight 4j + i
-inline uint64_t high_bits(const uint8_t* block_codes, int plane, int64_t j) {
-  uint64_t mask;
-  std::memcpy(&mask, block_codes + plane * 64 + 8 * j, sizeof mask);
-  return mask;
-}
+// A 5- or 6-bit tile's block's bit `plane` (4: the fifth, 5: the sixth) of every code: 64 bytes after
+// the nibbles' registers, byte b's bit j that bit of register j's byte b (output b / 4's weight
+// 4j + b % 4), so that one shift and one mask put it in place in every byte of register j at once
+inline const uint8_t* high_bits(const uint8_t* block_codes, int plane) { return block_codes + plane * 64; }
 
 // An array of n values left uninitialized (every element is written before it is read)
 template <typename T>
