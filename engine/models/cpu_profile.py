@@ -148,10 +148,14 @@ INT4_MAX_ROWS = {
 # on Zen 3 (the head, one 8-bit term vs two 4-bit ones): 1.12x at 1 row, 1.28x at 4, 1.34x at 8,
 # 1.36x at 40. The 5- and 6-bit forms against the 8-bit form of the same codes (a 53760 x 1536
 # weight, a -march=haswell build on Zen 4): 5-bit 1.43x at 1 row, 1.34x at 4, 1.19x at 20; 6-bit
-# 1.18x at 1 row, 1.10x at 4, but 0.95x at 8 and 0.85x at 20 (its two bit planes spread to bytes
-# again for every 4 rows). In the models' decode step (KSPEC_CPU=avx2, both forms in one process):
-# the 0.5B with its Q5_0 weights 5-bit 1.08x at k = 1 and 4, 1.05x verifying 40 rows; the 1.5B with
-# its Q6_K ones 6-bit 0.97x at k = 1, 0.91x at 40 rows: AVX2 keeps Q6_K 8-bit.
+# 1.18x at 1 row, 1.10x at 4, but 0.95x at 8 and 0.85x at 20. In the models' decode step
+# (KSPEC_CPU=avx2, both forms in one process): the 0.5B with its Q5_0 weights 5-bit 1.08x at k = 1
+# and 4, 1.05x verifying 40 rows; the 1.5B with its Q6_K ones 6-bit 0.97x at k = 1, 0.91x at 40 rows.
+# With the higher bits byte-aligned (a shift and a mask a register; 6-bit 1.55x faster at 1 row,
+# 1.28x at 4 than with the old bit planes) the 1.5B's 6-bit head is faster at 20 rows (38.6-40.5
+# vs 48-49 ms) but slower at 4 (13.6-13.9 vs 12.2-13.1), and beside llama.cpp the 8-bit form stays
+# ahead (kspec bench peer, AVX2 both sides: 6-bit 1.21x / 1.45x, 8-bit 1.30x / 1.48x): AVX2 keeps
+# Q6_K 8-bit (docs/measurements/zen4-byte-aligned-bits.md).
 Q8Q8_ISAS = (VNNI_ISA, "avx2")
 Q5Q8_ISAS = (VNNI_ISA, "avx2")
 Q6Q8_ISAS = (VNNI_ISA,)
