@@ -8,7 +8,8 @@ one spinning: a fresh 233-token prompt's prefill 1.6 s on 2 threads, 0.89 s on o
   engine runs with the cores that are left, so a prefill that starts on a busy machine starts on
   them; where they use next to nothing (`FREE_CORE`), every core again;
 - its own decode rounds, slower than the machine's fitted round: it tries one thread fewer, and
-  keeps it only where its rounds are faster; now and then it tries the core again.
+  keeps it only where its rounds are faster; now and then it tries the core again, unless the
+  system's count says the core is still taken.
 
 Only decode rounds are compared (their cost is mostly the weights read once), and only with rounds
 of their own size: a round that verifies k rows of drafts computes several times the tokens of one
@@ -120,6 +121,7 @@ class CoreGovernor:
         self._trial: _Trial | None = None
         self._since = clock()  # when the current count was settled
         self._calm_until = 0.0  # no trial before this (a trial just failed)
+        self._others_hold = False  # the last look said other processes hold at least one core
         self.changes: list[tuple[int, str]] = []  # (threads, why), newest last: for the status and tests
 
     @contextmanager
@@ -149,6 +151,7 @@ class CoreGovernor:
         if used is None:
             return
         free = max(1, min(self.full, self.full - int(used + 1 - TAKEN_CORE)))  # a core taken from TAKEN_CORE of one
+        self._others_hold = free < self.full
         if free < self.threads or (self.threads < self.full and used <= FREE_CORE * self.full):
             threads = free if free < self.threads else self.full
             self._trial, self._times = None, {}
@@ -169,7 +172,7 @@ class CoreGovernor:
             return
         if self.threads > 1 and pace is not None and median_ms > SLOW_FACTOR * pace:
             self._try(self.threads - 1, size, median_ms)
-        elif self.threads < self.full and now - self._since >= RETRY_S:
+        elif self.threads < self.full and now - self._since >= RETRY_S and not self._others_hold:
             self._try(self.threads + 1, size, median_ms)
 
     def _try(self, threads: int, size: int, against: float) -> None:

@@ -2,7 +2,7 @@
 slower than the fitted one try a thread fewer, kept only where faster; later the core is tried
 again; prefill rounds are not judged; rounds of another size are not compared with each other;
 where the system says other processes took a core, the next round (a prefill's too) leaves it to
-them, and takes it back once they no longer use it. `OtherProcesses` on /proc texts of our own."""
+them, tries it again only once they no longer use it, and then takes it back. `OtherProcesses` on /proc texts of our own."""
 
 from __future__ import annotations
 
@@ -124,8 +124,8 @@ def test_a_core_the_system_says_is_taken_is_left_from_the_next_round_a_prefill_s
     assert machine.governor.threads == 1 and machine.set_to == [1]
     assert "other processes used 0.98 cores" in machine.governor.changes[-1][1]
     machine.now += RETRY_S
-    machine.rounds(2 * ROUNDS_PER_VERDICT)  # a trial of 2 threads comes back at once: the core is still taken
-    assert machine.governor.threads == 1
+    machine.rounds(2 * ROUNDS_PER_VERDICT)  # no trial of 2 threads: the system says the core is still taken
+    assert machine.governor.threads == 1 and machine.set_to == [1]
     machine.others = 0.05  # it ended
     machine.now += LOOK_S
     machine.rounds(1, decode_only=False)
