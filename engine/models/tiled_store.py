@@ -5,9 +5,9 @@ to them, and memory-mapped by later starts: no unpacking, no relayout, no copy a
 One file per converted model and kernel build (`store_path`), named by what its layout depends
 on: the folder of 4-bit codes it was built from (a converted GGUF's is named by the file's sha256)
 and their format, the build's instruction set and the forms it runs, and the source of the module
-that lays the codes out. A store that holds every weight the codes stood for (`complete`: each projection, the head and
-the embedding table in a kernel form) serves a start alone, and the 4-bit codes it was built from
-may then be dropped (loading.py). A file that cannot be read is a miss: the load converts, as
+that lays the codes out. A store that holds every weight the codes stood for (`complete`: each
+projection, the head and the embedding table in a kernel form) serves a start alone, and the 4-bit
+codes it was built from may then be dropped (loading.py). A file that cannot be read is a miss: the load converts, as
 without one, and writes it again.
 """
 

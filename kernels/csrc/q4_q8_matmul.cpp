@@ -43,11 +43,12 @@
 // The 5-bit form (q5_q8_matmul: GGUF Q5_0 / Q5_1 / Q5_K weights, codes u in 0..31) is the 8-bit
 // form's arithmetic over 5 bits a weight: codes [N/16, K/32, 5, 16, 4] uint8, registers 0..3 the
 // low 4 bits as the 4-bit form holds its codes, register 4's byte 4 n + i holding in bit j the
-// fifth bit of output n's weight 4j + i. The loops unpack the nibbles as the 4-bit form does and
-// or in register 4 shifted by 4 - j and masked to bit 4 (two instructions per register, the
-// AVX2 ones a half register at a time): 320 bytes a tile and block where the 8-bit form reads 512.
-// Vectorized for AVX-512 VNNI and AVX2; a build without either runs the scalar loop, and kspec keeps such
-// weights in the 8-bit form there (engine/models/cpu_profile.py Q5Q8_ISAS).
+// fifth bit of output n's weight 4j + i. The loops unpack the nibbles as the 4-bit form does, then
+// register j's fifth bits: AVX2 shifts register 4 by 4 - j, masks bit 4 and ors it in (three
+// instructions, a half register at a time), VNNI tests bit j into a byte mask and adds 16 where it
+// is set (two): 320 bytes a tile and block where the 8-bit form reads 512. Vectorized for AVX-512
+// VNNI and AVX2; a build without either runs the scalar loop, and kspec keeps such weights in the
+// 8-bit form there (engine/models/cpu_profile.py Q5Q8_ISAS).
 //
 // The 6-bit form (q6_q8_matmul: GGUF Q6_K weights, w = d sc (q - 32) with a scale sc per 16
 // weights) holds the file's codes u = q in 0..63 and two scales a block, s0 = d sc of weights 0 .. 15

@@ -87,7 +87,8 @@ inline void as_pairs(SymmetricParams params, int64_t blocks, int64_t t, c10::Hal
 
 // A 5- or 6-bit tile's block's bit `plane` (4: the fifth, 5: the sixth) of every code: 64 bytes after
 // the nibbles' registers, byte b's bit j that bit of register j's byte b (output b / 4's weight
-// 4j + b % 4), so that one shift and one mask put it in place in every byte of register j at once
+// 4j + b % 4), so that a loop takes it for every byte of register j at once (AVX2: a shift
+// and a mask put it in place; AVX-512: a test of bit j makes the byte mask)
 inline const uint8_t* high_bits(const uint8_t* block_codes, int plane) { return block_codes + plane * 64; }
 
 // An array of n values left uninitialized (every element is written before it is read)
