@@ -97,7 +97,7 @@ void check(bool ok, const char* what) { TORCH_CHECK(ok, "kspec q4_q8_matmul: ", 
 
 constexpr int64_t kQuantizeGrain = 256;  // blocks per thread's share: below, one thread quantizes
 
-// x [rows, k] float32 as 8-bit blocks of 32 (the VNNI build's loop where built, else the generic one)
+// x [rows, k] float32 as 8-bit blocks of 32 (the VNNI or AVX2 build's loop where built, else the generic one)
 Quantized quantize_rows(const float* x, int64_t rows, int64_t k) {
   const int64_t blocks = rows * (k / kBlock);
   Quantized q{uninitialized<int8_t>(rows * k), uninitialized<float>(blocks), uninitialized<float>(blocks),
@@ -106,6 +106,8 @@ Quantized quantize_rows(const float* x, int64_t rows, int64_t k) {
     for (int64_t i = i0; i < i1; ++i) {
 #if KSPEC_Q4Q8_VNNI
       quantize_block_vnni(x + i * kBlock, q.a.get() + i * kBlock, q.scale[i], q.sum[i], q.code_sum[i], q.half_sums.get() + 2 * i);
+#elif KSPEC_Q4Q8_AVX2
+      quantize_block_avx2(x + i * kBlock, q.a.get() + i * kBlock, q.scale[i], q.sum[i], q.code_sum[i], q.half_sums.get() + 2 * i);
 #else
       quantize_block_scalar(x + i * kBlock, q.a.get() + i * kBlock, q.scale[i], q.sum[i], q.code_sum[i], q.half_sums.get() + 2 * i);
 #endif

@@ -9,6 +9,49 @@
 #if KSPEC_Q4Q8_AVX2 && !KSPEC_Q4Q8_VNNI
 namespace {
 
+// The sum (the max) of a register's 8 lanes
+inline float sum_lanes(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+inline float max_lanes(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline int32_t sum_lanes(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
+// One block of 32 activations as generic.h's quantize_block_scalar makes it (a = round(x / d) to
+// nearest even, d = max|x| / 127; the same a, d and sums of a; the sum of x in another order), four
+// registers at a time instead of the compiler's scalar loop for the rounding (2 % of a 4-row step)
+inline void quantize_block_avx2(const float* xb, int8_t* ab, float& d, float& total, float& code_sum, int32_t* halves) {
+  __m256 x[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) x[i] = _mm256_loadu_ps(xb + 8 * i);
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 amax = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(x[0], magnitude), _mm256_and_ps(x[1], magnitude)),
+                                    _mm256_max_ps(_mm256_and_ps(x[2], magnitude), _mm256_and_ps(x[3], magnitude)));
+  total = sum_lanes(_mm256_add_ps(_mm256_add_ps(x[0], x[1]), _mm256_add_ps(x[2], x[3])));
+  d = max_lanes(amax) / 127.f;
+  const __m256 inv = _mm256_set1_ps(d > 0.f ? 1.f / d : 0.f);
+  __m256i a[4];  // int32, |a| <= 127
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) a[i] = _mm256_cvtps_epi32(_mm256_mul_ps(x[i], inv));  // to nearest even (MXCSR's default)
+  // int32 -> int16 -> int8, each pack interleaving 128-bit lanes; the permute puts them back in order
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(a[0], a[1]), _mm256_packs_epi32(a[2], a[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(ab), _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  halves[0] = sum_lanes(_mm256_add_epi32(a[0], a[1]));
+  halves[1] = sum_lanes(_mm256_add_epi32(a[2], a[3]));
+  code_sum = d * static_cast<float>(halves[0] + halves[1]);
+}
+
 // Tile t's block b's s and m of outputs 8 half .. 8 half + 7, from the pairs, ...
 template <int Bits>
 inline void half_params(PairParams p, int64_t blocks, int64_t t, int64_t b, int half, __m256& s, __m256& m) {

@@ -1,6 +1,6 @@
-// The generic loops: the activations' quantization in plain C++ (the compiler vectorizes it; every
-// build but AVX-512 VNNI's runs it), and every form's dot one sum at a time, what a build without
-// a vector loop for a form runs (correct, slow).
+// The generic loops: the activations' quantization in plain C++ (what a build without AVX2 runs;
+// AVX2's and AVX-512 VNNI's make the same codes, avx2.h, avx512_vnni.h), and every form's dot one
+// sum at a time, what a build without a vector loop for a form runs (correct, slow).
 #pragma once
 
 #include "layout.h"
