@@ -62,9 +62,7 @@ inline void score_rows64(const float* q, const float* keys, int64_t stride, int6
   for (; j < n; ++j) {
     __m256 acc = _mm256_mul_ps(qv[0], _mm256_loadu_ps(keys + j * stride));
     for (int v = 1; v < 8; ++v) acc = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(keys + j * stride + 8 * v), acc);
-    const __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    scores[j] = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+    scores[j] = sum_lanes(acc);
   }
 }
 

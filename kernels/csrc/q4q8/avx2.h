@@ -9,25 +9,6 @@
 #if KSPEC_Q4Q8_AVX2 && !KSPEC_Q4Q8_VNNI
 namespace {
 
-// The sum (the max) of a register's 8 lanes
-inline float sum_lanes(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-inline float max_lanes(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-
-inline int32_t sum_lanes(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
-}
-
 // One block of 32 activations as generic.h's quantize_block_scalar makes it (a = round(x / d) to
 // nearest even, d = max|x| / 127; the same a, d and sums of a; the sum of x in another order), four
 // registers at a time instead of the compiler's scalar loop for the rounding (2 % of a 4-row step)
