@@ -36,7 +36,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 from kspec.engine.config import PROMPT_TOKENS_RANGE
 from kspec.engine.json_file import StampedEntries
@@ -72,6 +72,16 @@ def kept_s(measurement: Timed, max_age_s: float) -> float:
     """How long a cached measurement is reused: `max_age_s`, or `BUSY_MAX_AGE_S` at most where other
     work competed while it was taken."""
     return max_age_s if measurement.quiet else min(max_age_s, BUSY_MAX_AGE_S)
+
+
+TimedT = TypeVar("TimedT", bound=Timed)
+
+
+class TimedEntries(StampedEntries[TimedT]):
+    """Measurements kept by key, each reused for `kept_s` of it (a busy machine's for less)."""
+
+    def __init__(self, path: Path, max_age_s: float, entries: int, decode: Callable[[Any], TimedT], encode: Callable[[TimedT], Any]):
+        super().__init__(path, max_age_s, entries, decode, encode, lambda measurement: kept_s(measurement, max_age_s))
 
 
 def usable_cores() -> int | None:
@@ -139,12 +149,12 @@ class MachineTiming:
             raise ValueError(f"not a machine timing: {exc}") from exc
 
 
-class FitCache(StampedEntries[MachineTiming]):
+class FitCache(TimedEntries[MachineTiming]):
     """Timings measured before: a miss, never an error, where the file is missing, unreadable,
     foreign or old; the engine then measures, as without a cache."""
 
     def __init__(self, path: Path, max_age_s: float = FIT_CACHE_MAX_AGE_S, entries: int = FIT_CACHE_ENTRIES):
-        super().__init__(path, max_age_s, entries, MachineTiming.from_dict, MachineTiming.to_dict, lambda timing: kept_s(timing, max_age_s))
+        super().__init__(path, max_age_s, entries, MachineTiming.from_dict, MachineTiming.to_dict)
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from kspec.engine.json_file import StampedEntries
 from kspec.engine.models.cpu_profile import LOOP_KERNEL
-from kspec.engine.machine_fit import BUSY_MAX_AGE_S, QUIET_CPU_SHARE, cpu_share, kept_s, median_call_ms
+from kspec.engine.machine_fit import BUSY_MAX_AGE_S, QUIET_CPU_SHARE, TimedEntries, cpu_share, median_call_ms
 from kspec.engine.models.quantized import TERM_SEPARATOR, CpuLinear, Q4Codes, fused_linear, weight_shape, weight_terms
 
 TRIAL_ROWS = (1, 4, 20, 64)  # one suggestion, k branches, k x (gamma + 1) verification, a prefill chunk
@@ -197,8 +196,8 @@ def available_bytes() -> int | None:
     return None
 
 
-class ChoiceCache(StampedEntries[KernelChoice]):
+class ChoiceCache(TimedEntries[KernelChoice]):
     """Choices measured before, by key; a bad entry is a miss."""
 
     def __init__(self, path: Path, max_age_s: float = CHOICE_MAX_AGE_S, entries: int = CHOICE_ENTRIES):
-        super().__init__(path, max_age_s, entries, KernelChoice.from_dict, KernelChoice.to_dict, lambda choice: kept_s(choice, max_age_s))
+        super().__init__(path, max_age_s, entries, KernelChoice.from_dict, KernelChoice.to_dict)
