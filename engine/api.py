@@ -31,6 +31,7 @@ MAX_CONTEXT_CHARS = 1 << 20  # characters of extra context per request, all piec
 # machine fit prefills cold in its time, and a warm keystroke's decode rounds read no more KV than
 # without context.
 CONTEXT_SHARE = 0.5
+SUFFIX_SHARE = 0.25  # of the prompt's token budget, the text after the cursor (a model with FIM tokens) at most
 MAX_MEMBER_MODULES = 64  # modules whose member names a request carries
 MAX_MEMBER_NAMES = 4096  # member names per request, all modules together
 

@@ -188,6 +188,12 @@ class CompletionEngine:
             return self.defaults.prompt_tokens
         return self.config.prompt_tokens or PROMPT_TOKENS_RANGE[1]
 
+    @property
+    def suffix_tokens(self) -> int | None:
+        """The machine's defaults' cap on the text after the cursor (what a keystroke re-reads in
+        about `machine_fit.SUFFIX_REREAD_MS`); not fitted: none (the prompt budget's share)."""
+        return self.defaults.suffix_tokens if self.defaults is not None else None
+
     def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult:
         """One request on its own (the CLI, `kspec eval`): a batch of one, run to the end."""
         outcome: list[tuple[CompletionResult | None, BaseException | None]] = []

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar
 
+from kspec.engine.api import SUFFIX_SHARE
 from kspec.engine.config import PROMPT_TOKENS_RANGE
 from kspec.engine.json_file import StampedEntries
 
@@ -51,6 +52,15 @@ K_CHOICES = (4, 3, 2)
 MIN_K = 2
 MAX_TOKENS_RANGE = (16, 64)
 COLD_PROMPT_MS = 500.0
+# The text after the cursor follows the text before it in the prompt (FIM's prefix-suffix-middle
+# order), so every keystroke the typeahead cache cannot answer prefills it again: at most what
+# prefills in this time, never fewer than SUFFIX_TOKENS_MIN (three or four lines), within the
+# prompt's SUFFIX_SHARE; a pinned prompt budget keeps the whole share. Zen 4, default 0.5B, fitted
+# 384-token prompt (docs/measurements/zen4-suffix-reread.md): typing replay p95 322-382 ms with 96
+# suffix tokens, 245-249 ms with 48, 197-225 ms with 32; `kspec bench quality` (56 holes) with 48:
+# top-1 exact one hole more, any of 4 one fewer; with 32 any of 4 four fewer on whole files.
+SUFFIX_REREAD_MS = 150.0
+SUFFIX_TOKENS_MIN = 48
 FIT_CACHE_MAX_AGE_S = 7 * 24 * 3600.0  # then measured again
 BUSY_MAX_AGE_S = 3600.0  # a timing taken while other work competed (not `quiet`) is reused this long, then measured again
 FIT_CACHE_ENTRIES = 32  # the most recent ones are kept
@@ -166,6 +176,7 @@ class MachineDefaults:
     prefill_ms_per_token: float
     keystroke_ms: float
     prompt_tokens: int
+    suffix_tokens: int  # of the prompt's, the text after the cursor at most
 
     def to_dict(self) -> dict[str, float]:
         return {name: float(value) for name, value in asdict(self).items()}
@@ -199,7 +210,10 @@ def choose_defaults(timing: MachineTiming, pinned_prompt_tokens: int | None = No
     max_tokens = min(MAX_TOKENS_RANGE[1], max(MAX_TOKENS_RANGE[0], tokens))
     fits = COLD_PROMPT_MS / timing.prefill_ms_per_token if timing.prefill_ms_per_token > 0 else PROMPT_TOKENS_RANGE[1]
     prompt_tokens = pinned_prompt_tokens or int(min(PROMPT_TOKENS_RANGE[1], max(PROMPT_TOKENS_RANGE[0], fits)))
+    suffix_tokens = int(prompt_tokens * SUFFIX_SHARE)
+    if pinned_prompt_tokens is None and timing.prefill_ms_per_token > 0:
+        suffix_tokens = min(suffix_tokens, max(SUFFIX_TOKENS_MIN, int(SUFFIX_REREAD_MS / timing.prefill_ms_per_token)))
     return MachineDefaults(
         k, max_tokens, round(first), round(round_ms, 2), round(timing.prefill_ms_per_token, 3), round(timing.keystroke_ms, 2),
-        prompt_tokens,
+        prompt_tokens, suffix_tokens,
     )  # fmt: skip

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kspec.engine.api import CONTEXT_SHARE, ContextFile
+from kspec.engine.api import CONTEXT_SHARE, SUFFIX_SHARE, ContextFile
 from kspec.engine.context_prompt import context_block
 from kspec.engine.decode.healing import split_for_healing
 from kspec.engine.models.tokenizer import Tokenizer
@@ -19,8 +19,9 @@ CHARS_PER_TOKEN_BOUND = 8  # no tokenizer here averages more; used to pre-cut te
 @dataclass(frozen=True)
 class PromptBudget:
     max_tokens: int = 1536
-    suffix_share: float = 0.25  # of max_tokens, when the model has FIM tokens
+    suffix_share: float = SUFFIX_SHARE  # of max_tokens, when the model has FIM tokens
     context_share: float = CONTEXT_SHARE  # other files' context before the file's text: at most this share of max_tokens
+    suffix_tokens: int | None = None  # and at most this many (the machine fit's: machine_fit.SUFFIX_REREAD_MS)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 16:
@@ -29,6 +30,14 @@ class PromptBudget:
             raise ValueError(f"suffix_share must be in [0, 1), got {self.suffix_share}")
         if not 0.0 <= self.context_share <= 1.0:
             raise ValueError(f"context_share must be in [0, 1], got {self.context_share}")
+        if self.suffix_tokens is not None and self.suffix_tokens < 0:
+            raise ValueError(f"suffix_tokens must be >= 0, got {self.suffix_tokens}")
+
+    @property
+    def suffix_budget(self) -> int:
+        """Tokens of the text after the cursor, at most."""
+        share = int(self.max_tokens * self.suffix_share)
+        return share if self.suffix_tokens is None else min(share, self.suffix_tokens)
 
 
 @dataclass(frozen=True)
@@ -152,8 +161,7 @@ def build_prompt(
     block = context_block(tokenizer, context, path, language, int(budget.max_tokens * budget.context_share))
     suffix_ids: list[int] = []
     if fim is not None:
-        suffix_budget = int(budget.max_tokens * budget.suffix_share)
-        suffix_ids = _head_tokens(tokenizer, suffix, suffix_budget) if suffix_budget else []
+        suffix_ids = _head_tokens(tokenizer, suffix, budget.suffix_budget) if budget.suffix_budget else []
     prefix_ids = _stable_tail_tokens(tokenizer, prefix, budget.max_tokens - len(block.ids) - len(suffix_ids) - 3, starts, block.ids)
     prefix_ids, healed_text = split_for_healing(tokenizer, prefix_ids)
     extra = {"context_tokens": len(block.ids), "context_files": block.files}

@@ -70,6 +70,11 @@ class EngineParts(Protocol):
         """The prompt's token budget (the configured one, or less where the machine is slow)."""
         ...
 
+    @property
+    def suffix_tokens(self) -> int | None:
+        """Of that budget, the text after the cursor's at most (None: the budget's share)."""
+        ...
+
 
 def validate_request(request: CompletionRequest) -> None:
     for name in ("prefix", "suffix", "language", "path"):
@@ -199,7 +204,7 @@ def prepare(
     receives the other files' context that went into the prompt (tokens, pieces)."""
     tokenizer, model = parts.target.tokenizer, parts.target.model
     prompt = build_prompt(
-        tokenizer, request.prefix, request.suffix, PromptBudget(parts.prompt_tokens), parts.prompt_starts,
+        tokenizer, request.prefix, request.suffix, PromptBudget(parts.prompt_tokens, suffix_tokens=parts.suffix_tokens), parts.prompt_starts,
         request.context, request.path, request.language,
     )  # fmt: skip
     if noted is not None and request.context:

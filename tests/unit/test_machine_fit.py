@@ -28,8 +28,11 @@ from kspec.engine.machine_fit import (
     FIRST_WORD_TOKENS,
     COLD_PROMPT_MS,
     PROMPT_TOKENS_RANGE,
+    SUFFIX_REREAD_MS,
+    SUFFIX_TOKENS_MIN,
     TOKENS_PER_ROUND,
 )
+from kspec.engine.api import SUFFIX_SHARE
 
 
 def test_a_fast_machine_gets_four_alternatives_and_an_early_first_answer():
@@ -64,6 +67,22 @@ def test_choices_get_no_worse_as_the_machine_gets_faster():
             assert chosen.k >= previous.k and chosen.max_tokens >= previous.max_tokens
             assert chosen.first_answer_ms <= previous.first_answer_ms
         previous = chosen
+
+
+def test_the_suffix_is_what_a_keystroke_prefills_again_in_its_time():
+    """FIM's prefix-suffix-middle order puts the text after the cursor after the text typed into:
+    a keystroke the typeahead cache misses prefills the suffix again, so the fit caps it at what
+    prefills in SUFFIX_REREAD_MS, a few lines at least, and never above the prompt's share."""
+    def suffix(per_token_ms: float, pinned: int | None = None) -> tuple[int, int]:
+        chosen = choose_defaults(MachineTiming({2: 20.0, 4: 25.0}, prefill_ms_per_token=per_token_ms, keystroke_ms=30.0), pinned)
+        return chosen.suffix_tokens, chosen.prompt_tokens
+
+    tokens, prompt = suffix(3.0)  # Zen 4's 0.5B: ~50 tokens of a 384-token prompt's 96
+    assert tokens == int(SUFFIX_REREAD_MS / 3.0) < int(prompt * SUFFIX_SHARE)
+    assert suffix(20.0)[0] == SUFFIX_TOKENS_MIN  # a slow machine still sees the lines below
+    tokens, prompt = suffix(0.1)  # a fast one: the whole share
+    assert tokens == int(prompt * SUFFIX_SHARE)
+    assert suffix(3.0, pinned=1000) == (int(1000 * SUFFIX_SHARE), 1000)  # a pinned budget keeps its share
 
 
 def test_timing_is_validated():
@@ -117,8 +136,9 @@ def test_the_engine_measures_itself(random_llama_dir, tmp_path, monkeypatch):
     steered = replace(config, steer_branches=0, steer_member_branches=1, constrain_member_names=False, steer_past_indent=False)
     assert CompletionEngine.load(steered).defaults == engine.defaults
     # a pinned prompt budget is the fitted engine's, with the same timing
-    pinned = CompletionEngine.load(replace(config, prompt_tokens=engine.defaults.prompt_tokens + 7))
-    assert pinned.defaults == replace(engine.defaults, prompt_tokens=engine.defaults.prompt_tokens + 7)
+    pinned_tokens = engine.defaults.prompt_tokens + 7
+    pinned = CompletionEngine.load(replace(config, prompt_tokens=pinned_tokens))
+    assert pinned.defaults == replace(engine.defaults, prompt_tokens=pinned_tokens, suffix_tokens=int(pinned_tokens * SUFFIX_SHARE))
     assert pinned.prompt_tokens == engine.defaults.prompt_tokens + 7
     with pytest.raises(AssertionError, match="measured the machine again"):
         CompletionEngine.load(replace(config, gamma=config.gamma + 1))  # one that changes a round's cost does not
@@ -133,8 +153,8 @@ def test_the_prompt_budget_is_what_a_cold_prefill_does_in_its_time():
     crawling_timing = MachineTiming({2: 900.0, 4: 1200.0}, prefill_ms_per_token=50.0, keystroke_ms=400.0)
     crawling = choose_defaults(crawling_timing)
     assert crawling.prompt_tokens == PROMPT_TOKENS_RANGE[0]
-    # EngineConfig.prompt_tokens pins the budget, and only the budget
-    assert choose_defaults(crawling_timing, 2000) == replace(crawling, prompt_tokens=2000)
+    # EngineConfig.prompt_tokens pins the budget (its suffix keeps the whole share), and only the budget
+    assert choose_defaults(crawling_timing, 2000) == replace(crawling, prompt_tokens=2000, suffix_tokens=int(2000 * SUFFIX_SHARE))
 
 
 def test_the_engine_cuts_prompts_to_the_fitted_budget(random_engine):

@@ -48,6 +48,23 @@ def test_fim_prompt_in_psm_order(fim_tokenizer: Tokenizer):
     assert fim_tokenizer.decode(prompt.ids[suffix_at + 1 : -1]) == "\n\nprint(f(1))\n"
 
 
+def test_the_suffix_takes_its_share_or_its_cap_whichever_is_less(fim_tokenizer: Tokenizer):
+    fim = fim_tokenizer.fim
+    assert fim is not None
+    prefix, suffix = "def f(x):\n    return ", "".join(f"print(f({i}))\n" for i in range(200))
+
+    def suffix_ids(budget: PromptBudget) -> list[int]:
+        ids = build_prompt(fim_tokenizer, prefix, suffix, budget).ids
+        return ids[ids.index(fim.suffix) + 1 : -1]
+
+    assert len(suffix_ids(PromptBudget(256))) == 64  # its share, a quarter
+    capped = suffix_ids(PromptBudget(256, suffix_tokens=20))
+    assert len(capped) == 20 and suffix.startswith(fim_tokenizer.decode(capped))  # the text right after the cursor
+    assert len(suffix_ids(PromptBudget(256, suffix_tokens=100))) == 64
+    with pytest.raises(ValueError):
+        PromptBudget(256, suffix_tokens=-1)
+
+
 def test_budget_keeps_the_end_of_the_prefix(tokenizer: Tokenizer):
     prefix = "".join(f"line_{i} = {i}\n" for i in range(500))
     prompt = build_prompt(tokenizer, prefix, "", PromptBudget(100))
