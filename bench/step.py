@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+import msgspec
 import torch
 from torch import nn
 
@@ -238,7 +239,7 @@ def bench_step(
         "generated_per_branch": GENERATED,
         "repeats": repeats,
         "paths": {path: target.compute for path, target in loaded.items()},
-        "kernel_choice": {path: t.model.kernel_choice.to_dict() for path, t in loaded.items() if t.model.kernel_choice is not None},
+        "kernel_choice": {path: msgspec.to_builtins(t.model.kernel_choice) for path, t in loaded.items() if t.model.kernel_choice is not None},
         "memory_bandwidth_gb_s": round(bandwidth / 1e9, 2),
         "resident_weights_mb": {path: round(resident_bytes(t.model) / 2**20, 1) for path, t in loaded.items()},
         "cases": rows,

@@ -36,7 +36,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Callable, Protocol, TypeVar
 
 from kspec.engine.api import SUFFIX_SHARE
 from kspec.engine.config import PROMPT_TOKENS_RANGE
@@ -90,8 +90,8 @@ TimedT = TypeVar("TimedT", bound=Timed)
 class TimedEntries(StampedEntries[TimedT]):
     """Measurements kept by key, each reused for `kept_s` of it (a busy machine's for less)."""
 
-    def __init__(self, path: Path, max_age_s: float, entries: int, decode: Callable[[Any], TimedT], encode: Callable[[TimedT], Any]):
-        super().__init__(path, max_age_s, entries, decode, encode, lambda measurement: kept_s(measurement, max_age_s))
+    def __init__(self, path: Path, max_age_s: float, entries: int, kind: type[TimedT]):
+        super().__init__(path, max_age_s, entries, kind, lambda measurement: kept_s(measurement, max_age_s))
 
 
 def usable_cores() -> int | None:
@@ -143,28 +143,13 @@ class MachineTiming:
         if any(rows < 1 or not ms > 0 for rows, ms in self.head_ms.items()):
             raise ValueError(f"head times need rows >= 1 and ms > 0, got {self.head_ms}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"round_ms": {str(k): ms for k, ms in self.round_ms.items()}, "prefill_ms_per_token": self.prefill_ms_per_token,
-                "keystroke_ms": self.keystroke_ms, "cpu_share": self.cpu_share,
-                "head_ms": {str(rows): ms for rows, ms in self.head_ms.items()}}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, data: Any) -> "MachineTiming":
-        """Raises ValueError (also for a wrong shape or type) when `data` is no timing."""
-        try:
-            rounds = {int(k): float(ms) for k, ms in data["round_ms"].items()}
-            head = {int(rows): float(ms) for rows, ms in data.get("head_ms", {}).items()}
-            return cls(rounds, float(data["prefill_ms_per_token"]), float(data["keystroke_ms"]), float(data.get("cpu_share", 1.0)), head)
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"not a machine timing: {exc}") from exc
-
 
 class FitCache(TimedEntries[MachineTiming]):
     """Timings measured before: a miss, never an error, where the file is missing, unreadable,
     foreign or old; the engine then measures, as without a cache."""
 
     def __init__(self, path: Path, max_age_s: float = FIT_CACHE_MAX_AGE_S, entries: int = FIT_CACHE_ENTRIES):
-        super().__init__(path, max_age_s, entries, MachineTiming.from_dict, MachineTiming.to_dict)
+        super().__init__(path, max_age_s, entries, MachineTiming)
 
 
 @dataclass(frozen=True)

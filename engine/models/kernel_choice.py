@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Literal, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -47,7 +47,7 @@ Times = dict[str, dict[int, float]]  # candidate -> rows -> ms of the layer's pr
 class KernelChoice:
     """The measured choice and the times behind it."""
 
-    int4_kernel: str  # "kspec" or "torch"
+    int4_kernel: Literal["kspec", "torch"]
     keep_dense: bool
     int4_max_rows: int  # the 4-bit kernel up to this many rows, the dense copy above (where kept)
     times_ms: Times = field(default_factory=dict)
@@ -57,23 +57,6 @@ class KernelChoice:
     @property
     def quiet(self) -> bool:
         return self.cpu_share >= QUIET_CPU_SHARE
-
-    def to_dict(self) -> dict[str, Any]:
-        times = {name: {str(rows): ms for rows, ms in by_rows.items()} for name, by_rows in self.times_ms.items()}
-        return {"int4_kernel": self.int4_kernel, "keep_dense": self.keep_dense, "int4_max_rows": self.int4_max_rows,
-                "times_ms": times, "why": self.why, "cpu_share": self.cpu_share}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, data: Any) -> "KernelChoice":
-        """Raises ValueError where `data` is no choice."""
-        try:
-            times = {str(name): {int(rows): float(ms) for rows, ms in by_rows.items()} for name, by_rows in data["times_ms"].items()}
-            kernel, keep, limit = data["int4_kernel"], data["keep_dense"], data["int4_max_rows"]
-        except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise ValueError(f"not a kernel choice: {exc}") from exc
-        if kernel not in ("kspec", "torch") or not isinstance(keep, bool) or not isinstance(limit, int):
-            raise ValueError(f"not a kernel choice: {data!r}")
-        return cls(kernel, keep, limit, times, str(data.get("why", "")), float(data.get("cpu_share", 1.0)))
 
 
 def decide(
@@ -200,4 +183,4 @@ class ChoiceCache(TimedEntries[KernelChoice]):
     """Choices measured before, by key; a bad entry is a miss."""
 
     def __init__(self, path: Path, max_age_s: float = CHOICE_MAX_AGE_S, entries: int = CHOICE_ENTRIES):
-        super().__init__(path, max_age_s, entries, KernelChoice.from_dict, KernelChoice.to_dict)
+        super().__init__(path, max_age_s, entries, KernelChoice)

@@ -199,8 +199,11 @@ def test_a_stale_or_unreadable_fit_is_measured_again(tmp_path: Path):
     assert cache.get("a", now=1099.0) == TIMING
     assert cache.get("a", now=1100.0) is None  # too old: the machine may be another now
     assert cache.get("a", now=999.0) is None  # from the future: a clock that jumped
-    for text in ("{not json", "[1, 2]", json.dumps({"a": {"at": 1000.0, "timing": {"round_ms": {"2": -1.0}}}}),
-                 json.dumps({"a": {"at": "yesterday", "timing": TIMING.to_dict()}}), json.dumps({"a": {"at": 1000.0}})):  # fmt: skip
+    cache.put("a", TIMING, now=1000.0)
+    good = json.loads(path.read_text())["a"]["value"]
+    for text in ("{not json", "[1, 2]", json.dumps({"a": {"at": 1000.0, "value": {**good, "round_ms": {"2": -1.0}}}}),
+                 json.dumps({"a": {"at": 1000.0, "value": {**good, "round_ms": {"two": 1.0}}}}),
+                 json.dumps({"a": {"at": "yesterday", "value": good}}), json.dumps({"a": {"at": 1000.0}})):  # fmt: skip
         path.write_text(text)
         assert cache.get("a", now=1001.0) is None
         cache.put("b", TIMING, now=1001.0)  # a foreign file is replaced, not a failure
@@ -268,10 +271,16 @@ def _age_entries(path: Path, seconds: float) -> None:
     path.write_text(json.dumps({key: {**entry, "at": entry["at"] - seconds} for key, entry in entries.items()}))
 
 
-def test_the_engine_s_own_measurement_says_what_share_of_the_cores_it_had(random_engine):
+def _through_cache(timing: MachineTiming, folder: Path) -> MachineTiming | None:
+    cache = FitCache(folder / "round-trip.json")
+    cache.put("a", timing)
+    return cache.get("a")
+
+
+def test_the_engine_s_own_measurement_says_what_share_of_the_cores_it_had(random_engine, tmp_path: Path):
     timing = random_engine.measure_machine()
     assert 0 < timing.cpu_share <= (os.cpu_count() or 1)  # CPU time over wall time and threads: a share, not seconds
-    assert MachineTiming.from_dict(timing.to_dict()) == timing
+    assert _through_cache(timing, tmp_path) == timing
 
 
 def test_the_cache_key_is_the_identity_s_content_not_its_order():
@@ -286,7 +295,7 @@ def test_the_fit_times_a_head_on_kspecs_kernel_and_its_cost_replaces_the_prior(r
     assert random_engine.measure_machine().head_ms == {}  # a float32 head (its rows may round by their call): not timed
     monkeypatch.setattr(model, "head_cost", HeadCost(call_ms=5.0, row_ms=0.3, max_rows=24))  # the CPU profile's prior
     timing = random_engine.measure_machine()
-    assert sorted(timing.head_ms) == sorted(TIMED_ROWS) and MachineTiming.from_dict(timing.to_dict()) == timing
+    assert sorted(timing.head_ms) == sorted(TIMED_ROWS) and _through_cache(timing, tmp_path) == timing
     cache = FitCache(tmp_path / "fit.json")
     monkeypatch.setattr(random_engine, "measure_machine", lambda: replace(TIMING, head_ms={1: 6.0, 16: 9.0}))
     random_engine.fit_to_machine(cache)

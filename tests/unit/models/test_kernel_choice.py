@@ -19,7 +19,7 @@ from kspec.engine.machine_fit import BUSY_MAX_AGE_S
 from kspec.engine.models import cpu_fast, kernel_choice
 from kspec.engine.models.cpu_fast import FastPath, measured_path
 from kspec.engine.models.cpu_profile import CpuFacts
-from kspec.engine.models.kernel_choice import ChoiceCache, KernelChoice, crossover, decide
+from kspec.engine.models.kernel_choice import ChoiceCache, crossover, decide
 from kspec.engine.models.quantized import Q4File, int4_kernel_available
 from kspec.engine.models.resolve import codes_file, resolve_model
 
@@ -70,10 +70,12 @@ def test_a_choice_survives_its_cache_and_a_bad_entry_is_a_miss(tmp_path: Path):
     cache = ChoiceCache(tmp_path / "choice.json")
     cache.put("a", choice)
     assert ChoiceCache(tmp_path / "choice.json").get("a") == choice and cache.get("b") is None
-    (tmp_path / "choice.json").write_text(json.dumps({"a": {"at": 1e12, "value": {"int4_kernel": "cuda"}}}))
-    assert cache.get("a") is None
-    with pytest.raises(ValueError, match="not a kernel choice"):
-        KernelChoice.from_dict({"int4_kernel": "kspec", "keep_dense": 1, "int4_max_rows": 4, "times_ms": {}})
+    stored = json.loads((tmp_path / "choice.json").read_text())["a"]
+    for wrong in ({"int4_kernel": "cuda"}, {"keep_dense": 1}, {"times_ms": {"torch": {"four": 1.0}}}):
+        (tmp_path / "choice.json").write_text(json.dumps({"a": {**stored, "value": {**stored["value"], **wrong}}}))
+        assert cache.get("a") is None, wrong
+    (tmp_path / "choice.json").write_text(json.dumps({"a": stored}))
+    assert cache.get("a") == choice
 
 
 @pytest.mark.skipif(not int4_kernel_available(), reason="this PyTorch has no int4 CPU kernel")
