@@ -43,7 +43,7 @@ def test_installed_kspec_hides_the_folder_names(tmp_path: Path) -> None:
     assert out.split() == ["kernels", "False", "engine", "False", "lsp_server", "False"]
 
 
-# --- what the distribution declares (issue 17) ---------------------------------------
+# --- what the distribution declares ---------------------------------------
 
 import ast  # noqa: E402
 import tomllib  # noqa: E402

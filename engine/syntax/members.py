@@ -1,4 +1,4 @@
-"""The names a cursor right after `module.` can go on with (issues 41 and 42).
+"""The names a cursor right after `module.` can go on with.
 
 Where the text before the cursor ends with a qualifier the file reaches a module by (`nodes.`,
 `nodes.Con`: `ModuleMembers` from the context gatherer) the module's member names are what the

@@ -425,7 +425,7 @@ def test_status_and_checkhealth_report_server_engine_and_features(nvim: Nvim):
     assert f"server command: {kspec_bin_from(nvim)} lsp ($VIRTUAL_ENV)" in report
     assert "engine: ready" in report
     assert "inline completion yes" in report
-    # the server's pid (issue 16, 8: was "client 1 (pid ?)")
+    # the server's pid, not "client 1 (pid ?)"
     pid = re.search(r"client \d+: kspec lsp pid (\d+)", report)
     assert pid, report
     assert b"kspec" in Path(f"/proc/{pid.group(1)}/cmdline").read_bytes()
@@ -647,7 +647,7 @@ def test_a_missing_kspec_is_reported_once_and_the_buffer_keeps_its_highlighting(
 def test_next_after_typing_into_the_suggestion_asks_for_k_at_the_typed_text(nvim: Nvim):
     """Typed into the shown alternative until no other goes on with it, one is left; Alt+]
     asks at the text as typed, the server tops the alternatives up to k (the one shown
-    first, issue 56's `return wi|`) and the step is taken over them."""
+    first, as at `return wi|`) and the step is taken over them."""
     fresh_comment_line(nvim)
     items = wait_ghost(nvim)["items"]
     first_line = items[0].split("\n")[0]

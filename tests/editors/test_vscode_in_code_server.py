@@ -1,5 +1,5 @@
 """kspec's .vsix in a real VS Code: code-server in headless Chromium, driven by Playwright as a
-user would (issue 40 item 3). The status item goes loading -> ready, ghost text shows after a
+user would. The status item goes loading -> ready, ghost text shows after a
 pause, Alt+] cycles through the alternatives, Tab accepts. Screenshots and the figures land in
 test-artifacts/vscode-e2e/. Runs where scripts/setup-vscode-e2e.sh installed the tools."""
 

@@ -1,5 +1,5 @@
 """kspec's .vsix in a real VS Code (code-server in headless Chromium, Playwright typing as a user)
-with the real default model, Qwen2.5-Coder-0.5B Q4_K_M, as a user meets it (issue 56 item 6).
+with the real default model, Qwen2.5-Coder-0.5B Q4_K_M, as a user meets it.
 Pauses at several places of three files (examples/demo.py, a Python class, a small JS file);
 the screen (the ghost text in the DOM, the status item's aria-label, screenshots) says:
 

@@ -1,4 +1,4 @@
-"""What an editor shows between "ready" and a suggestion (issue 16), against the real `kspec lsp`:
+"""What an editor shows between "ready" and a suggestion, against the real `kspec lsp`:
 
 - the body after a line that opens a block, and the rest of a signature being written,
   instead of an empty answer (an OpenAI-compatible fake engine gives the model's text:

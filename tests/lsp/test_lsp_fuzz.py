@@ -1,10 +1,10 @@
-"""A seeded, bounded fuzz of the real `kspec lsp` (issue 15): thousands of messages of every
+"""A seeded, bounded fuzz of the real `kspec lsp`: thousands of messages of every
 kind a sloppy or hostile client sends (deep nesting, broken framing, wrong types, lone
 surrogates, edits outside documents, cancels, unknown methods, oversized messages,
 responses reusing the ids of the client's own requests, model changes) mixed with valid
 traffic. The server must not exit, must answer every well-formed request, must
 never answer "internal error" (-32603, a bug) or log a traceback, and must still complete
-at the end, and its memory stays within 1.5 times its peak with one engine (issue 43)."""
+at the end, and its memory stays within 1.5 times its peak with one engine."""
 
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ async def test_fuzzed_messages_never_kill_silence_or_break_the_server(model_dir:
         internal = [a for a in server.answers.values() if a.get("error", {}).get("code") == -32603]
         assert not internal, internal[:3]
         peak = _peak_kb(server.process.pid)
-        assert peak <= 1.5 * idle_peak, f"peak {peak / 1024:.0f} MB, {idle_peak / 1024:.0f} MB with one engine (issue 43: replaced engines all loaded)"
+        assert peak <= 1.5 * idle_peak, f"peak {peak / 1024:.0f} MB, {idle_peak / 1024:.0f} MB with one engine (replaced engines still loaded?)"
 
         # Still useful: reset the settings, open a document, get a completion.
         server.notify("workspace/didChangeConfiguration", {"settings": {"kspec": SETTINGS}})

@@ -50,7 +50,7 @@ async def test_tcp_refuses_a_client_without_the_token(model_dir: Path, tmp_path:
         writer.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
         reply = await asyncio.wait_for(reader.read(), 30)  # the answer, then the connection is closed
         assert b'"code": -32001' in reply and b"lspToken" in reply
-        assert process.returncode is None  # the server waits on for its client (issue 43: it exited 1)
+        assert process.returncode is None  # the server waits on for its client, it does not exit
         writer.close()
     finally:
         if process.returncode is None:

@@ -1,4 +1,4 @@
-"""`kspec lsp` against hostile or sloppy input, end to end (issue 15): deep nesting, broken
+"""`kspec lsp` against hostile or sloppy input, end to end: deep nesting, broken
 framing, notifications that must not pile up, and settings changes while requests wait."""
 
 from __future__ import annotations

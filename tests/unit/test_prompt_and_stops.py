@@ -94,7 +94,7 @@ def test_healing_bias_allows_only_agreeing_tokens(tokenizer: Tokenizer):
         ("x = foo(", ")\n", StopRule(single_line=True)),
         ("def f():\n    ", "\n", StopRule(block_mode=True, block_indent=4)),
         ("def f():\n", "", StopRule(block_mode=True)),
-        # the end of a line that opens a block: the body below it (issue 16)
+        # the end of a line that opens a block: the body below it
         ("for item in items:", "\n", StopRule(block_mode=True, block_indent=1)),
         ("def f(items):\n    for item in items:", "\n    return 0\n", StopRule(block_mode=True, block_indent=5)),
         ("if (ready) {", "\n}\n", StopRule(block_mode=True, block_indent=1)),

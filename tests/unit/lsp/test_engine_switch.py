@@ -1,4 +1,4 @@
-"""Settings that switch engines (issue 43): a daemon client closed before it connects
+"""Settings that switch engines: a daemon client closed before it connects
 answers EngineUnavailable, never an assertion; in-process engines replaced in a storm
 load one at a time, the older load abandoned, and the last one chosen answers."""
 

@@ -1,5 +1,5 @@
 """pygls' log lines carry message bodies in their arguments: hidden unless debugLog, and
-the line still reads as a sentence (issue 43: a literal `%s [arguments hidden; ...]`)."""
+the line still reads as a sentence (not a literal `%s [arguments hidden; ...]`)."""
 
 from __future__ import annotations
 

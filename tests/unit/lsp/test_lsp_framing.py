@@ -49,7 +49,7 @@ def test_chunk_reader_over_a_pipe() -> None:
         assert list(read_frames(ChunkReader.from_stream(stream))) == [Body(b'{"x": "\xc3\xa9"}')]  # type: ignore[arg-type]
 
 
-# --- a wrong Content-Length or stray bytes cost only the messages they touch (issue 15) ---
+# --- a wrong Content-Length or stray bytes cost only the messages they touch ---
 
 A, B = b'{"id": 1}', b'{"id": 2}'
 

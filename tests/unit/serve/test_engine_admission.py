@@ -1,4 +1,4 @@
-"""A network engine before the token is shown (issue 15): small budgets, a bounded number
+"""A network engine before the token is shown: small budgets, a bounded number
 of waiting connections, bad bodies answered (400), never a dropped connection."""
 
 from __future__ import annotations

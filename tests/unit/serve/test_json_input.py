@@ -1,4 +1,4 @@
-"""The one parser of JSON from outside: every failure is a JsonInputError (issue 15)."""
+"""The one parser of JSON from outside: every failure is a JsonInputError."""
 
 from __future__ import annotations
 

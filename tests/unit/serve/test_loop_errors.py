@@ -1,5 +1,5 @@
-"""Under fd exhaustion asyncio reports every failed accept() with a traceback (issue 43:
-a burst of 80); the daemon's loop says it once per burst, with the count."""
+"""Under fd exhaustion asyncio reports every failed accept() with a traceback (a
+burst of 80); the daemon's loop says it once per burst, with the count."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """After `module.`: the member names some branches start with, and the names ranking counts as
-undefined (engine/syntax/members.py, postprocess's `members`), issues 41 and 42."""
+undefined (engine/syntax/members.py, postprocess's `members`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What the hole must bind, as forced starts (engine/syntax/needs.py, issue 42)."""
+"""What the hole must bind, as forced starts (engine/syntax/needs.py)."""
 
 from __future__ import annotations
 

@@ -252,7 +252,7 @@ def test_a_line_the_code_needs_twice_is_no_repeat() -> None:
 
 # A call whose arguments the model puts on the next lines: the line rule ends the branch at that
 # newline, leaving `Message(` open, and the alternative used to be dropped (an empty answer for a
-# cross-file hole, `return _adapters.Message(` + newline, issue 42). The name alone fills the hole.
+# cross-file hole, `return _adapters.Message(` + newline). The name alone fills the hole.
 _CALL_PREFIX = "from . import _adapters\n\n\nclass Dist:\n    def metadata(self, text):\n        return _adapters."
 _CALL_SUFFIX = "\n\n    def name(self):\n        return 1\n"
 
