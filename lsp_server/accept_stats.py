@@ -16,9 +16,10 @@ ACCEPT_COMMAND = "kspec.accepted"
 MAX_RANK = 32  # ranks above are counted at this one (k is at most 32)
 
 
-def item_command(rank: int, language: str, text: str) -> lsp.Command:
-    """The command of the item at `rank` (0 = the first shown)."""
-    return lsp.Command(title="kspec: suggestion accepted", command=ACCEPT_COMMAND, arguments=[{"rank": rank, "language": language, "length": len(text)}])
+def item_command(rank: int, language: str, length: int) -> lsp.Command:
+    """The command of the item at `rank` (0 = the first shown) whose text is `length` characters:
+    it is given the length alone, so no text can reach the tally."""
+    return lsp.Command(title="kspec: suggestion accepted", command=ACCEPT_COMMAND, arguments=[{"rank": rank, "language": language, "length": length}])
 
 
 @dataclass

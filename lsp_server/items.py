@@ -26,7 +26,7 @@ def edit_range(query: Query, text: str, encoding: str) -> lsp.Range:
 def inline_items(query: Query, alternatives: list[Completion], encoding: str) -> list[lsp.InlineCompletionItem]:
     language = query.document.language_id
     return [
-        lsp.InlineCompletionItem(insert_text=text, range=edit_range(query, text, encoding), command=item_command(rank, language, text))
+        lsp.InlineCompletionItem(insert_text=text, range=edit_range(query, text, encoding), command=item_command(rank, language, len(text)))
         for rank, text in enumerate(alternative.text for alternative in alternatives)
     ]
 
@@ -45,7 +45,7 @@ def completion_items(query: Query, alternatives: list[Completion], encoding: str
             preselect=index == 0,
             insert_text_format=lsp.InsertTextFormat.PlainText,
             text_edit=lsp.TextEdit(range=edit_range(query, text, encoding), new_text=text),
-            command=item_command(index, language, text),
+            command=item_command(index, language, len(text)),
         )
         for index, text in enumerate(alternative.text for alternative in alternatives)
     ]

@@ -52,7 +52,7 @@ class SelectedItem:
                 end=lsp.Position(line=self.line, character=units_from_column(self.body, end, encoding)),
             )
             whole = self.text + text
-            items.append(lsp.InlineCompletionItem(insert_text=whole, range=edit, command=item_command(rank, language, whole)))
+            items.append(lsp.InlineCompletionItem(insert_text=whole, range=edit, command=item_command(rank, language, len(whole))))
         return items
 
     def keeps_name(self, text: str) -> bool:

@@ -41,7 +41,7 @@ DAEMON = ("--engine", "daemon", "--engine-idle-timeout", "60")
 GOALS = {"transfers": 20, "files": 40, "queues": 1, "result_shapes": 4}  # issue 55
 # Goals not reached yet: the measured counts, as ceilings a longer path fails (docs/keystroke-path.md)
 CEILINGS = {
-    "transfers": 38,  # goal 20: not reached
+    "transfers": 37,  # goal 20: not reached
     "files": 66,  # goal 40: not reached
     "crossings": 5,  # no goal: 3 down (reader thread, socket, engine thread), 2 up
 }
