@@ -22,7 +22,7 @@ from kspec.engine.syntax.pynames import module_names
 from kspec.engine.syntax.rank import (
     RankConfig, Ranked, Signals, best_first, dedupe_key, first_line_key, normalized_logprob, score,
 )
-from kspec.engine.syntax.trim import END, Cut, before_open_call, drop_truncated_line, find_cut, finalize, under_block_opener
+from kspec.engine.syntax.trim import END, Cut, before_open_call, drop_truncated_line, find_cut, finalize, under_block_opener, without_stutter
 from kspec.engine.syntax.memo import request_memo
 from kspec.engine.syntax.window import EndBalance, crop, end_balance
 
@@ -126,6 +126,7 @@ def trim_and_check(request: Analysis, candidate: Completion, config: Postprocess
     completion = candidate.text
     if candidate.finish_reason in TRUNCATED:
         completion = drop_truncated_line(completion)
+    completion = without_stutter(ctx.line_prefix, completion)
     balance = request.end_balance(completion)
     completion = completion[: balance.keep]
     cut = find_cut(ctx, completion, final=True) or Cut(len(completion), END)

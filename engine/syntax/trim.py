@@ -15,8 +15,9 @@ Whatever the unit, the cut also comes earlier: before a closing bracket the comp
 not open when the suffix already closes it (unless the same line opens one in its place,
 as `} else {` does); where the completion starts repeating the suffix (its next line at
 the same indentation, or the rest of the cursor line); at a dedent below the cursor's
-block. A last line cut off by the token budget is dropped first. A unit's indentation is
-that of its first line of code (not of a leading comment).
+block. A last line cut off by the token budget is dropped first, and a copy of the name the cursor is in
+or follows, written again at the start, goes (`without_stutter`). A unit's indentation is that of
+its first line of code (not of a leading comment).
 
 This module is lexical (see lexer.py) and pure: `find_cut` is what both trimming and the
 early-stop hook use. Whether the result parses is checked by checks.py; postprocess.py
@@ -43,6 +44,9 @@ INLINE_REASONS = frozenset({BRACKET, REPEAT_INLINE, STRING_END})
 # A C-family line that ends in one of these continues on the next line.
 _C_CONTINUATION = frozenset(",([{=+-*/%&|^<>?.:!")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The name the cursor is in or follows, with its qualifiers (`users.`, `os.path.jo`, `retu`)
+_NAME_AT_CURSOR = re.compile(r"(?<![\w$.])(?:[A-Za-z_$][\w$]*\.)*[A-Za-z_$][\w$]*\.?$")
+MIN_STUTTER = 3  # shorter names repeat in real words (`b` + `box` is `bbox`)
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,17 @@ def drop_truncated_line(completion: str) -> str:
     if newline < 0 or not completion[:newline].strip():
         return completion
     return completion[: newline + 1]
+
+
+def without_stutter(line_prefix: str, completion: str) -> str:
+    """`completion` less a copy of the name at the end of `line_prefix` that it starts with: a
+    model that writes the name again instead of going on (`users.` + `users.find(u)` ->
+    `find(u)`, `retu` + `return x` -> `rn x`, `get` + `get_value()` -> `_value()`); names of
+    `MIN_STUTTER` characters or more."""
+    found = _NAME_AT_CURSOR.search(line_prefix)
+    if found is None or len(found.group(0)) < MIN_STUTTER or not completion.startswith(found.group(0)):
+        return completion
+    return completion[found.end() - found.start() :]
 
 
 def find_cut(ctx: CursorContext, completion: str, *, final: bool = True) -> Cut | None:
@@ -101,6 +116,7 @@ def trim(ctx: CursorContext, completion: str, *, truncated: bool = False) -> str
     """The trimmed completion, or None when nothing worth showing is left."""
     if truncated:
         completion = drop_truncated_line(completion)
+    completion = without_stutter(ctx.line_prefix, completion)
     cut = find_cut(ctx, completion, final=True) or Cut(len(completion), END)
     return finalize(ctx, completion, cut)
 

@@ -296,3 +296,38 @@ def test_a_moved_body_keeps_its_own_nesting_and_the_files_unit() -> None:
     assert under_block_opener(prefix, ctx, "    print(x)") is None  # already under the opener
     assert under_block_opener("x = 1\n", build_context("x = 1\n", "", "python"), "y = 2") is None  # no opener above
     assert under_block_opener("a {\n", build_context("a {\n", "", "javascript"), "b();") is None  # braces decide there
+
+
+# --------------------------------------------------------------------------- the name at the cursor written again
+
+_USERS_PREFIX = "interface User { email: string; }\n\nfunction find(users: User[], email: string) {\n  return users."
+_USERS_SUFFIX = "\n}\n"
+
+
+@pytest.mark.parametrize(
+    ("line_prefix", "written", "kept"),
+    [
+        ("  return users.", "users.find(u)", "find(u)"),
+        ("        retu", "return x", "rn x"),
+        ("x = get", "get_value()", "_value()"),
+        ("a = os.path.jo", "os.path.join(a)", "in(a)"),
+        ("  self.", "self.a = 1", "a = 1"),
+        ("x = b", "box", "box"),  # shorter than MIN_STUTTER: `bbox` is a word
+        ("p = node.next.", "next.val", "next.val"),  # a part of the chain again is code (`node.next.next`)
+        ("x = (users.", "find(u)", "find(u)"),  # no copy: as written
+        ("y = 1 + ", "1", "1"),  # no name at the cursor
+    ],
+)
+def test_a_copy_of_the_name_at_the_cursor_goes(line_prefix: str, written: str, kept: str) -> None:
+    from kspec.engine.syntax.trim import without_stutter
+
+    assert without_stutter(line_prefix, written) == kept
+
+
+def test_an_alternative_that_writes_the_qualifier_again_joins_the_one_that_does_not() -> None:
+    candidates = [
+        Completion("find(u => u.email === email);", logprob=-1.0, n_tokens=8, finish_reason="stop"),
+        Completion("users.find(u => u.email === email);", logprob=-4.0, n_tokens=9, finish_reason="stop"),
+    ]
+    shown = postprocess(_USERS_PREFIX, _USERS_SUFFIX, "typescript", candidates)
+    assert [c.text for c in shown] == ["find(u => u.email === email);"]  # was: also `users.users.find(...)`
