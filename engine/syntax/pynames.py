@@ -80,11 +80,11 @@ class OutsideNames:
         bound: set[str] = set()
         wildcard = False
         for match in _BINDING.finditer(code):
-            names = {word for part in match.groups()[1:] if part for word in _CODE_WORD.findall(part)}
+            named, params, imported = _binding_names(match)
             wildcard = wildcard or (match.group("imported") or "").strip() == "*"
-            bound |= names
+            bound |= named | params | imported
             if match.start() not in in_scope:  # at module level, but a function's parameters are its own
-                binds |= names - set(_CODE_WORD.findall(match.group("params") or ""))
+                binds |= named | imported
         return cls(frozenset(binds) - pyscope.KEYWORDS, words, frozenset(bound) - pyscope.KEYWORDS, wildcard)
 
 
@@ -109,6 +109,36 @@ _HEADER_LINE = re.compile(
     r"^([ \t]*)(?=\S)(?:((async[ \t]+def|def|class)\b|(?:if|elif|else|for|while|with|try|except|finally|async|match|case)\b)?)",
     re.MULTILINE,
 )
+_PARAMETER_NAME = re.compile(r"[ \t\n]*\**[ \t\n]*([A-Za-z_]\w*)")
+
+
+def _binding_names(match: re.Match[str]) -> tuple[set[str], set[str], set[str]]:
+    """What one `_BINDING` match binds: (the function, class or targets it names, the function's
+    parameters, the names an import binds). A parameter is the first name of each top-level
+    part of the list (`b: t.Any = f(x)` binds `b`; `t`, `f` and `x` are read); an import binds
+    its aliases and the first part of each dotted path (`import os.path as p, sys` -> p, sys)."""
+    named = {word for index in (2, 4, 5, 7, 8) if (part := match.group(index)) for word in _CODE_WORD.findall(part)}
+    params: set[str] = set()
+    depth, start, text = 0, 0, match.group("params") or ""
+    for at, char in enumerate(text + ","):
+        depth += (char in "([{") - (char in ")]}")
+        if char == "," and (depth <= 0 or at == len(text)):  # the list's end closes its last part
+            if found := _PARAMETER_NAME.match(text, start, at):
+                params.add(found.group(1))
+            start = at + 1
+    return named, params, set(imported_names(match.group("imported") or ""))
+
+
+def imported_names(names: str) -> list[str]:
+    """The names `a.b as c, d` (what follows `import`) binds: c, d."""
+    bound = []
+    for part in names.strip("() \t").split(","):
+        words = part.split()
+        if words and words[0] != "*":
+            bound.append(words[-1] if len(words) == 3 and words[1] == "as" else words[0].split(".")[0])
+    return bound
+
+
 _FROM_IMPORT_PATH = re.compile(r"^([ \t]*)from[ \t]+\S+[ \t]+import", re.MULTILINE)
 _TARGETS = r"\(?\w+(?:[ \t]*,[ \t]*\w+)*\)?"  # `x`, `a, b`, `(a, b)`
 _BINDING = re.compile(
@@ -216,10 +246,7 @@ def module_names(text: str) -> frozenset[str]:
     for match in _MODULE_NAMES.finditer(text):
         defined, assigned, imported, from_import = match.groups()
         names.update(name for name in (defined, assigned) if name)
-        for part in (imported or from_import or "").strip("() \t").split(","):
-            words = part.split()
-            if words:
-                names.add(words[-1] if len(words) == 3 and words[1] == "as" else words[0].split(".")[0])
+        names.update(imported_names(imported or from_import or ""))
     return frozenset(names)
 
 

@@ -264,6 +264,7 @@ def test_outside_names_read_lexically() -> None:
     found = OutsideNames.of(text, lex(text, SPECS["python"]).tokens, 0, len(text))
     assert found.binds >= {"P", "os", "LIMIT", "helper", "Box"} and not found.binds & {"a", "rest", "key", "kw", "local"}
     assert found.bound >= {"a", "rest", "kw", "local", "i", "j", "handle", "size"}
+    assert not found.bound & {"Pickler", "path"}  # an alias binds, the name it renames does not; `import os.path` binds `os`
     assert "pickle" not in found.reads and not found.reads & {"not_a_name", "nor_this", "path"}
     assert {"handle", "LIMIT", "open"} <= found.reads and not found.wildcard
     assert OutsideNames.of("from os import *\n", [], 0, 16).wildcard
@@ -271,6 +272,30 @@ def test_outside_names_read_lexically() -> None:
     guarded = "try:\n    import json\nexcept ImportError:\n    json = None\nif True:\n    def helper():\n        inner = 1\n"
     found = OutsideNames.of(guarded, lex(guarded, SPECS["python"]).tokens, 0, len(guarded))
     assert {"json", "helper"} <= found.binds and "inner" not in found.binds
+
+
+ANNOTATED = '''class Option:
+    def __init__(
+        self,
+        type: types.ParamType[t.Any] | None = None,
+        default: t.Callable[[t.Any, int], t.Any] = make(x, y),
+    ) -> None:
+        self.type = type
+
+    def convert(self, value):
+        return '''
+
+
+def test_names_a_parameters_annotation_or_default_reads_are_no_parameters() -> None:
+    """click's core.py: `__init__(self, type: types.ParamType[t.Any] | None = None)` above the method
+    the checks parse binds `self`, `type` and `default`; `t`, `types` and `make` are read there (imported
+    above the window), so an alternative that reads them is not blamed (it was, twice: "bound only
+    inside other functions")."""
+    checker = Checker(ANNOTATED, "\n", "python")
+    assert checker.window_prefix.lstrip("\n").startswith("    def convert(self, value):")  # __init__ is read lexically
+    assert checker.check("t.cast(types.ParamType[t.Any], make(value))").undefined_names == ()
+    found = checker.check("default(value)")  # the parameters are still __init__'s own
+    assert found.undefined_names == found.certainly_undefined == ("default",)
 
 
 WRITERS = '''class Reader:
