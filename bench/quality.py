@@ -88,6 +88,7 @@ from kspec.engine.syntax.checks import python_parses
 from kspec.engine.syntax.hole_errors import error_nodes
 from kspec.engine.syntax.languages import SPECS, new_parser
 from kspec.engine.syntax.lexer import lex, unmatched_openers
+from kspec.engine.syntax.pynames import outside_names
 from kspec.engine.syntax.rank import dedupe_key
 from kspec.engine.syntax.window import MAX_AFTER, MAX_BEFORE
 
@@ -166,6 +167,14 @@ class Window:
     suffix: str
     starts_in: str  # where the window's first character is: code, line-start, string, comment, bracket
     ends_in: str  # the same for the character after its last one ("end": the file's end)
+    outside_names: tuple[str, ...] = ()  # Python: what the file binds outside it, as the language server sends it
+
+
+def window_of(hole: Hole, start: int, end: int, starts_in: str, ends_in: str) -> Window:
+    """The window (hole.prefix + hole.suffix)[start:end] around the hole's cursor."""
+    text = hole.prefix + hole.suffix
+    outside = outside_names(text, start, end) if hole.language == "python" else ()
+    return Window(text[start : len(hole.prefix)], text[len(hole.prefix) : end], starts_in, ends_in, outside)
 
 
 def request_options(config: Any) -> dict[str, Any]:
@@ -337,9 +346,7 @@ def cut_window(hole: Hole, config: QualityBenchConfig) -> Window:
     after = rng.randint(0, min(len(hole.suffix), config.window_after))
     text = hole.prefix + hole.suffix
     start, end = len(hole.prefix) - before, len(hole.prefix) + after
-    return Window(
-        hole.prefix[start:], hole.suffix[:after], _place(text, start, hole.language), _place(text, end, hole.language)
-    )
+    return window_of(hole, start, end, _place(text, start, hole.language), _place(text, end, hole.language))
 
 
 # ------------------------------------------------------------------------------- judging
@@ -519,15 +526,13 @@ def widen(candidates: list[Completion], k: int) -> list[Completion]:
     return out
 
 
-def _time_postprocess(
-    prefix: str, suffix: str, language: str, candidates: list[Completion], repeats: int
-) -> tuple[float, float]:
+def _time_postprocess(window: Window, language: str, candidates: list[Completion], repeats: int) -> tuple[float, float]:
     """(wall, CPU time of this thread) in ms, each the least over `repeats` runs."""
     wall = cpu = float("inf")
     for _ in range(repeats):
         forget_requests()
         started, started_cpu = time.perf_counter(), time.thread_time()
-        rank_alternatives(prefix, suffix, language, candidates)
+        ranked_texts(window, language, candidates)
         cpu = min(cpu, (time.thread_time() - started_cpu) * 1000)
         wall = min(wall, (time.perf_counter() - started) * 1000)
     return wall, cpu
@@ -546,15 +551,16 @@ class _Variant:
         return {"raw": self.raw.summary(), "trimmed": self.trimmed.summary()}
 
 
-Shown = Callable[[str, str, str, list[Completion]], list[str]]  # (prefix, suffix, language, alternatives) -> what is shown
+Shown = Callable[[Window, str, list[Completion]], list[str]]  # (window, language, alternatives) -> what is shown
 
 
-def ranked_texts(prefix: str, suffix: str, language: str, candidates: list[Completion]) -> list[str]:
+def ranked_texts(window: Window, language: str, candidates: list[Completion]) -> list[str]:
     """kspec's post-processing: trimmed, checked, deduplicated, ranked."""
-    return [r.completion.text for r in rank_alternatives(prefix, suffix, language, candidates)]
+    ranked = rank_alternatives(window.prefix, window.suffix, language, candidates, outside=frozenset(window.outside_names))
+    return [r.completion.text for r in ranked]
 
 
-def first_lines(prefix: str, suffix: str, language: str, candidates: list[Completion]) -> list[str]:
+def first_lines(window: Window, language: str, candidates: list[Completion]) -> list[str]:
     """Each answer's first line with something on it (llama.vim's accept-a-line): a peer's "trimmed"."""
     out = []
     for candidate in candidates:
@@ -565,19 +571,19 @@ def first_lines(prefix: str, suffix: str, language: str, candidates: list[Comple
 
 
 def _score_case(
-    judge: Judge, prefix: str, suffix: str, candidates: list[Completion], variant: _Variant,
+    judge: Judge, window: Window, candidates: list[Completion], variant: _Variant,
     config: QualityBenchConfig, timing: bool, shown_by: Shown = ranked_texts,
 ) -> list[str]:
     """Post-process one answer, add it to both columns; -> the shown texts."""
     language = judge.hole.language
-    shown = shown_by(prefix, suffix, language, candidates)
+    shown = shown_by(window, language, candidates)
     raw_texts = [c.text for c in candidates]
     raw_top1_parses = bool(raw_texts) and judge.raw_parses(raw_texts[0])
     variant.raw.add(judge, raw_texts, raw_top1_parses)
     variant.trimmed.add(judge, shown, raw_top1_parses)
     if timing and candidates and shown_by is ranked_texts:
-        variant.trimmed.postprocess_ms.append(_time_postprocess(prefix, suffix, language, candidates, config.timing_repeats)[0])
-        wall, cpu = _time_postprocess(prefix, suffix, language, widen(candidates, config.timing_k), config.timing_repeats)
+        variant.trimmed.postprocess_ms.append(_time_postprocess(window, language, candidates, config.timing_repeats)[0])
+        wall, cpu = _time_postprocess(window, language, widen(candidates, config.timing_k), config.timing_repeats)
         variant.trimmed.postprocess_k8_ms.append(wall)
         variant.trimmed.postprocess_k8_cpu_ms.append(cpu)
     return shown
@@ -619,14 +625,14 @@ def run_quality_bench(
             request = CompletionRequest(
                 prefix=window.prefix, suffix=window.suffix, language=hole.language, k=config.k,
                 max_tokens=config.max_tokens, deadline_ms=config.deadline_ms, raw=True, request_id=hole.id,
-                **request_options(config),
+                outside_names=window.outside_names, **request_options(config),
             )
             started = time.perf_counter()
             result = engine.complete(request)
             engine_ms.append((time.perf_counter() - started) * 1000)
             steered += result.timing_ms.get("steered", 0.0) > 0
             candidates = list(result.completions)  # raw: untrimmed, post-processed here by each variant
-            shown = _score_case(judge, window.prefix, window.suffix, candidates, variants[name], config, timing=True, shown_by=shown_by)
+            shown = _score_case(judge, window, candidates, variants[name], config, timing=True, shown_by=shown_by)
             if name == "windowed":
                 key = f"{window.starts_in}/{window.ends_in}"
                 starts[key] = starts.get(key, 0) + 1
@@ -706,7 +712,9 @@ def replay_quality_bench(
         candidates = _distinct([
             Completion(text, logprob=logprob, n_tokens=n_tokens, finish_reason=reason) for text, logprob, n_tokens, reason in case["raw"]
         ])
-        _score_case(judge, case["prefix"], case["suffix"], candidates, variants[case["variant"]], config, timing)
+        start, end = len(hole.prefix) - len(case["prefix"]), len(hole.prefix) + len(case["suffix"])
+        window = window_of(hole, start, end, case["starts_in"], case["ends_in"])
+        _score_case(judge, window, candidates, variants[case["variant"]], config, timing)
         if case["variant"] == "windowed":
             key = f"{case['starts_in']}/{case['ends_in']}"
             starts[key] = starts.get(key, 0) + 1

@@ -136,10 +136,15 @@ class CompletionRequest:
     # and checks see only the file, and so that the prompt's stable start stays put
     context: tuple[ContextFile, ...] = ()
     members: tuple[ModuleMembers, ...] = ()  # the member names of the modules the file imports (context gatherer)
+    # Python: the names the file binds at module level outside `prefix` and `suffix` (imports, functions,
+    # classes, globals: `pynames.module_names`), from an editor that sends a window of a longer file;
+    # the checks take them as defined (an alternative reading `json` imported above the window is not blamed)
+    outside_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.stop, tuple):  # a list from JSON or msgpack
-            object.__setattr__(self, "stop", tuple(self.stop))
+        for name in ("stop", "outside_names"):
+            if not isinstance(getattr(self, name), tuple):  # a list from JSON or msgpack
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "context", ContextFile.parse_all(self.context))  # maps from JSON; the limits in any case
         object.__setattr__(self, "members", ModuleMembers.parse_all(self.members))
 

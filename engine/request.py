@@ -154,7 +154,7 @@ def steering_starts(
     if members is not None:
         starts, steering = list(members.rests), SteeringConfig(config.steer_member_branches, config.steer_min_logprob)
     elif config.steer_branches and language is not None:
-        needs = hole_needs(request.prefix, request.suffix, language)
+        needs = hole_needs(request.prefix, request.suffix, language, frozenset(request.outside_names))
         starts, steering = binding_starts(needs, headers=config.steer_block_headers), binding
         if starts and needs.header and config.steer_block_headers:  # only a header fills the hole: all branches but the first start with one
             steering = SteeringConfig(max(config.steer_branches, request.k - 1), config.steer_min_logprob)
@@ -328,7 +328,9 @@ class ActiveCompletion:
             if b.text
         ]
         members = member_names(request.prefix, request.members)
-        completions = postprocess(request.prefix, request.suffix, self.language, candidates, raw=request.raw, members=members)
+        completions = postprocess(
+            request.prefix, request.suffix, self.language, candidates, raw=request.raw, members=members, outside=frozenset(request.outside_names)
+        )
         partial = False
         if interim and not request.raw:
             completions, partial = with_first_lines_so_far(request.prefix, request.suffix, self.language, completions, candidates)

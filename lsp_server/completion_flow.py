@@ -467,6 +467,7 @@ def engine_request(query: Query, choice: Callable[[str, Any], Any], early_answer
         raw=settings.raw,
         context=query.extra,
         members=query.members,
+        outside_names=context.outside_names,
     )
 
 

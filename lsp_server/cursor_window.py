@@ -1,13 +1,17 @@
-"""The cursor's context for the engine: prefix and suffix under character budgets.
+"""The cursor's context for the engine: prefix and suffix under character budgets, and for
+Python the names the file binds at module level outside them.
 
-Only the lines around the cursor are read, so a huge document costs no more than a
-small one (apart from `offset`, one sum over the line lengths before the cursor).
+Only the lines around the cursor are joined, so a huge document costs little more than a
+small one (apart from `offset`, one sum over the line lengths before the cursor, and a Python
+file's module-level names: one line-anchored regex over the rest of the file, ~3 ms for 300 KB).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kspec.engine.syntax.languages import detect_language
+from kspec.engine.syntax.pynames import outside_names
 from kspec.engine.syntax.window import MAX_AFTER, MAX_BEFORE
 from kspec.lsp_server.documents import Cursor, Document, line_body
 
@@ -29,6 +33,7 @@ class EditorContext:
     line_suffix: str  # the rest of the cursor's line, without its terminator
     offset: int  # code points before the cursor in the document
     length: int  # code points in the document
+    outside_names: tuple[str, ...] = ()  # Python: what the file binds at module level outside prefix and suffix
 
 
 def editor_context(document: Document, cursor: Cursor, budgets: Budgets) -> EditorContext:
@@ -51,12 +56,17 @@ def editor_context(document: Document, cursor: Cursor, budgets: Budgets) -> Edit
         size += len(lines[line])
         line += 1
     suffix = "".join(pieces)[: budgets.suffix_chars]
+    offset = document.offset(cursor)
+    outside: tuple[str, ...] = ()
+    if len(prefix) + len(suffix) < document.length and detect_language(document.language_id, document.uri) == "python":
+        outside = outside_names(document.text, offset - len(prefix), offset + len(suffix))
     return EditorContext(
         prefix=prefix,
         suffix=suffix,
         line_suffix=line_body(current)[cursor.column :],
-        offset=document.offset(cursor),
+        offset=offset,
         length=document.length,
+        outside_names=outside,
     )
 
 

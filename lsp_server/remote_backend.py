@@ -177,7 +177,7 @@ class OpenAIEngine:
             if text:
                 candidates.append(Completion(text, logprob=-1e-3 * rank, n_tokens=0, finish_reason=reason))  # the server's order breaks ties
         language = detect_language(request.language, request.path)
-        completions = postprocess(request.prefix, request.suffix, language, candidates, raw=request.raw)
+        completions = postprocess(request.prefix, request.suffix, language, candidates, raw=request.raw, outside=frozenset(request.outside_names))
         return CompletionResult(completions, str((reply or {}).get("model") or self._model), {})
 
     def close(self) -> None:

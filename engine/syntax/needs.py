@@ -50,9 +50,10 @@ class HoleNeeds:
     modules: frozenset[str] = frozenset()  # Python: needed names of standard-library modules the suffix reads as `name.x`
 
 
-def hole_needs(prefix: str, suffix: str, language: str | None) -> HoleNeeds:
-    """The hole's needs, from the same window analysis post-processing uses (memoized per request)."""
-    found = analysis(prefix, suffix, language)
+def hole_needs(prefix: str, suffix: str, language: str | None, outside: frozenset[str] = frozenset()) -> HoleNeeds:
+    """The hole's needs, from the same window analysis post-processing uses (memoized per request;
+    `outside`: as `postprocess` takes it)."""
+    found = analysis(prefix, suffix, language, outside)
     names = found.checker.needed_names()
     ctx = found.ctx
     typed = ctx.line_prefix.strip()

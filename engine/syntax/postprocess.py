@@ -91,14 +91,15 @@ class Analysis:
 
 
 @request_memo
-def analysis(prefix: str, suffix: str, language: str | None) -> Analysis:
-    """The analysis of the window `crop` keeps around the cursor (`language`: canonical or None)."""
+def analysis(prefix: str, suffix: str, language: str | None, outside: frozenset[str] = frozenset()) -> Analysis:
+    """The analysis of the window `crop` keeps around the cursor (`language`: canonical or None);
+    `outside`: names the file binds outside `prefix` and `suffix` (`CompletionRequest.outside_names`)."""
     start, end = crop(prefix, suffix)
-    above: frozenset[str] = frozenset()
+    above = outside
     if start > 0 and language == "python":
-        above = module_names(prefix[:start])
+        above |= module_names(prefix[:start])
     elif start > 0 and language in jsnames.LANGUAGES:
-        above = jsnames.words(prefix[:start])
+        above |= jsnames.words(prefix[:start])
     return Analysis(prefix[start:], suffix[:end], language, above)
 
 
@@ -199,11 +200,12 @@ def header_for_suffix(ctx: CursorContext, completion: str) -> int | None:
 def rank_alternatives(
     prefix: str, suffix: str, language: str | None, candidates: list[Completion], *,
     raw: bool = False, config: PostprocessConfig = DEFAULT_CONFIG, members: MemberNames | None = None,
+    outside: frozenset[str] = frozenset(),
 ) -> list[Ranked]:
     """`postprocess` with the checks kept (for benchmarks and debugging)."""
     if raw:
         return _raw(candidates)
-    request = analysis(prefix, suffix, normalize_language(language))
+    request = analysis(prefix, suffix, normalize_language(language), outside)
     writing_at_end = not request.suffix.strip()
     groups: dict[str, list[Ranked]] = {}  # dedupe key -> the trimmed alternatives with that text, not scored yet
     first_lines: dict[str, int] = {}  # first-line key -> trimmed alternatives that start with it
@@ -259,6 +261,7 @@ def _raw(candidates: list[Completion]) -> list[Ranked]:
 def postprocess(
     prefix: str, suffix: str, language: str | None, candidates: list[Completion], *,
     raw: bool = False, config: PostprocessConfig = DEFAULT_CONFIG, members: MemberNames | None = None,
+    outside: frozenset[str] = frozenset(),
 ) -> list[Completion]:
     """Trim, check, deduplicate and rank `candidates` (decoding's alternatives, their `score` not set
     yet); best first, each with its trimmed text and its score.
@@ -276,6 +279,8 @@ def postprocess(
     another alternative leaves it whole; and unless `config.drop_wrong_binding` is off, those
     that assign a name nothing reads where the suffix needs another one bound.
     `members`: where the cursor follows `module.` of an imported module, its names: an
-    alternative that writes another counts one more undefined name.
+    alternative that writes another counts one more undefined name. `outside`: the names the
+    file binds outside `prefix` and `suffix` (`CompletionRequest.outside_names`), taken as defined.
     """
-    return [r.completion for r in rank_alternatives(prefix, suffix, language, candidates, raw=raw, config=config, members=members)]
+    ranked = rank_alternatives(prefix, suffix, language, candidates, raw=raw, config=config, members=members, outside=outside)
+    return [r.completion for r in ranked]

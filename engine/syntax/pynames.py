@@ -250,6 +250,18 @@ def module_names(text: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def outside_names(text: str, start: int, end: int) -> tuple[str, ...]:
+    """`CompletionRequest.outside_names` for a window text[start:end] of a Python file: the names
+    the rest of it binds at module level (`module_names`; a line the window cuts counts whole),
+    sorted; () when the window holds all of it."""
+    if start <= 0 and end >= len(text):
+        return ()
+    first_line_end = start if text[start - 1 : start] == "\n" else text.find("\n", start)  # the window's first line begins outside when cut
+    before = (text if first_line_end < 0 else text[:first_line_end]) if start > 0 else ""
+    after = text[text.rfind("\n", 0, end) + 1 :] if end < len(text) else ""
+    return tuple(sorted(module_names(before + "\n" + after)))
+
+
 def code_words(source: bytes, root: tree_sitter.Node, start: int, end: int) -> set[str]:
     """Identifier-like words in source[start:end] outside strings, comments, attribute names and
     `from ... import` module paths."""

@@ -79,6 +79,25 @@ def test_context_at_document_edges() -> None:
     assert editor_context(document, Cursor(1, 1), Budgets(10, 0)).suffix == ""
 
 
+def test_a_python_windows_context_names_what_the_file_binds_outside_it() -> None:
+    """A window of a long file: the imports at its top and a function defined below the window go
+    with the request (`outside_names`), a module-level name inside the window does not, and
+    neither does a function's local; a line the prefix's budget cut counts as outside (its
+    start is), and so does one the suffix's budget cut (its end is). Another language sends none."""
+    body = "".join(f"    x{i} = {i}\n" for i in range(40))
+    text = (
+        "import json\nfrom os import path as p\n\ndef helper(a):\n    hidden = a\n" + "def long():\n" + body
+        + "CUT_LINE = 1\nINSIDE = 2\ndef here():\n    return \n\n" + "def later():\n" + body + "LATER = 3\n"
+    )
+    lines = text.split("\n")
+    cursor = Cursor(lines.index("    return "), 11)
+    context = editor_context(Document.create("file:///big.py", "python", 1, text), cursor, Budgets(prefix_chars=40, suffix_chars=8))
+    assert context.prefix.startswith("E = 1\nINSIDE") and context.suffix == "\n\ndef la"
+    assert context.outside_names == ("CUT_LINE", "LATER", "helper", "json", "later", "long", "p")
+    assert editor_context(Document.create("file:///big.js", "javascript", 1, text), cursor, Budgets(40, 30)).outside_names == ()
+    assert editor_context(Document.create("file:///small.py", "python", 1, text), cursor, Budgets(10**6, 10**6)).outside_names == ()
+
+
 def test_binary_context() -> None:
     document = Document.create("file:///t", "python", 1, "PK\x03\x04\x00\x00junk")
     assert looks_binary(editor_context(document, Cursor(0, 3), Budgets(10, 10)))

@@ -108,3 +108,19 @@ async def test_decoding_on_is_busy_and_the_final_answer_keeps_the_ghost() -> Non
     assert statuses[-1]["activity"] == "idle" and statuses[-1]["decoding"] == []
     assert statuses[-1]["alternatives"] == {"count": 3, "k": 3}
     assert notes[-1] == ("$/kspec/suggestionsUpdated", {"uri": URI, "version": 3, "final": True})
+
+
+@pytest.mark.asyncio
+async def test_the_engine_is_told_what_the_file_binds_outside_the_window() -> None:
+    """A cursor far below the imports: the request carries the names the window leaves out."""
+    report = StatusReport(lambda status: None, dict)
+    report.status = Status("ready", "ready")
+    engine = GrowingEngine([], ranked(("json.dumps(v)", -0.5)))
+    engine.release.set()
+    flow = CompletionFlow(TypeaheadCache(), report, lambda: engine, lambda method, params: None, lambda: set())
+    settings = Settings(k=3, debounce_ms=0.0, prefix_chars=40)
+    text = "import json\n\n" + "".join(f"v{i} = {i}\n" for i in range(20)) + "print(\n"
+    shown = await flow.suggest(make_query(text, 22, 6, settings), debounce=False)
+    assert texts(shown) == ["json.dumps(v)"]
+    # the 40 characters before the cursor hold `v17` to `v19` and the end of `v16`'s line
+    assert engine.requests[0].outside_names == ("json", *sorted(f"v{i}" for i in range(17)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -177,10 +178,10 @@ def test_kspec_beside_a_peer_on_the_same_holes() -> None:
 
 
 def test_a_peers_first_line_is_what_accept_a_line_takes() -> None:
-    from kspec.bench.quality import first_lines
+    from kspec.bench.quality import Window, first_lines
 
     texts = ["\n    x = 1\n    y = 2\n", "z = 3", "   \n"]
-    assert first_lines("", "", "python", [Completion(t, logprob=0.0, n_tokens=1) for t in texts]) == ["\n    x = 1\n", "z = 3"]
+    assert first_lines(Window("", "", "line-start", "end"), "python", [Completion(t, logprob=0.0, n_tokens=1) for t in texts]) == ["\n    x = 1\n", "z = 3"]
 
 
 def test_the_peer_is_asked_as_llama_vim_asks() -> None:
@@ -189,3 +190,14 @@ def test_the_peer_is_asked_as_llama_vim_asks() -> None:
     body = infill_body("import os\n\ndef f(x):\n    return os.pa", "\n\nf(1)\n", 48)
     assert body["input_prefix"] == "import os\n\ndef f(x):\n" and body["prompt"] == "    return os.pa"
     assert body["input_suffix"] == "\n\nf(1)\n" and body["n_indent"] == 4 and body["n_predict"] == 48 and body["temperature"] == 0
+
+
+def test_a_window_carries_what_the_file_binds_outside_it_as_the_language_server_sends_it() -> None:
+    from kspec.bench.quality import Hole, window_of
+
+    prefix, suffix = "import json\n\ndef f(x):\n    return ", "\n\n\ndef g():\n    pass\n"
+    hole = Hole("h", "stdlib", "python", prefix, suffix, "json.dumps(x)", "line")
+    start, end = prefix.index("def f"), len(prefix) + 1
+    window = window_of(hole, start, end, "code", "code")
+    assert (window.prefix, window.suffix, window.outside_names) == (prefix[start:], "\n", ("g", "json"))
+    assert window_of(replace(hole, language="javascript"), start, end, "code", "code").outside_names == ()

@@ -369,3 +369,20 @@ def test_module_level_names_are_known_when_the_text_starts_with_blank_lines(lead
     assert checker.check("print(is_palindrome('aba'))\n").undefined_names == ()
     assert checker.check("def is_palindrome(s):").undefined_names == ()
     assert checker.check("print(is_anagram('aba'))\n").undefined_names == ("is_anagram",)
+
+
+def test_names_the_file_binds_outside_the_window_are_known_when_the_editor_sends_them() -> None:
+    """An editor sends a window of a long file and the names its rest binds at module level
+    (`CompletionRequest.outside_names`): `json`, imported at the top, is then no undefined name,
+    and `render`, defined below the window, is nothing the hole must define."""
+    from kspec.engine.syntax import hole_needs, postprocess
+
+    prefix, suffix = "def save(record, out):\n    text = ", "\n    out.write(render(text))\n"
+    candidates = [Completion("json.dumps(record)", logprob=-1.0, n_tokens=4, finish_reason="stop")]
+    alone = rank_alternatives(prefix, suffix, "python", candidates)
+    assert alone[0].check.undefined_names == ("json",)
+    told = rank_alternatives(prefix, suffix, "python", candidates, outside=frozenset({"json", "render"}))
+    assert told[0].check.undefined_names == () and told[0].completion.score > alone[0].completion.score
+    assert [c.text for c in postprocess(prefix, suffix, "python", candidates, outside=frozenset({"json"}))] == ["json.dumps(record)"]
+    assert hole_needs(prefix, suffix, "python").names == ("render",)
+    assert hole_needs(prefix, suffix, "python", frozenset({"render"})).names == ()
