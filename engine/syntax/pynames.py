@@ -109,6 +109,7 @@ _HEADER_LINE = re.compile(
     r"^([ \t]*)(?=\S)(?:((async[ \t]+def|def|class)\b|(?:if|elif|else|for|while|with|try|except|finally|async|match|case)\b)?)",
     re.MULTILINE,
 )
+_NAMED = ("function", "cls", "loop", "alias", "targets")  # `_BINDING`'s groups whose words it binds
 _PARAMETER_NAME = re.compile(r"[ \t\n]*\**[ \t\n]*([A-Za-z_]\w*)")
 
 
@@ -117,7 +118,7 @@ def _binding_names(match: re.Match[str]) -> tuple[set[str], set[str], set[str]]:
     parameters, the names an import binds). A parameter is the first name of each top-level
     part of the list (`b: t.Any = f(x)` binds `b`; `t`, `f` and `x` are read); an import binds
     its aliases and the first part of each dotted path (`import os.path as p, sys` -> p, sys)."""
-    named = {word for index in (2, 4, 5, 7, 8) if (part := match.group(index)) for word in _CODE_WORD.findall(part)}
+    named = {word for group in _NAMED for word in _CODE_WORD.findall(match.group(group) or "")}
     params: set[str] = set()
     depth, start, text = 0, 0, match.group("params") or ""
     for at, char in enumerate(text + ","):
@@ -143,12 +144,12 @@ _FROM_IMPORT_PATH = re.compile(r"^([ \t]*)from[ \t]+\S+[ \t]+import", re.MULTILI
 _TARGETS = r"\(?\w+(?:[ \t]*,[ \t]*\w+)*\)?"  # `x`, `a, b`, `(a, b)`
 _BINDING = re.compile(
     r"^(?P<indent>[ \t]*)(?:"
-    r"(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\((?P<params>[^)]*)"  # a function and its parameters
-    r"|class[ \t]+(\w+)"  # a class
-    r"|(?:async[ \t]+)?for[ \t]+(" + _TARGETS + r")"  # loop targets
+    r"(?:async[ \t]+)?def[ \t]+(?P<function>\w+)[ \t]*\((?P<params>[^)]*)"  # a function and its parameters
+    r"|class[ \t]+(?P<cls>\w+)"  # a class
+    r"|(?:async[ \t]+)?for[ \t]+(?P<loop>" + _TARGETS + r")"  # loop targets
     r"|(?:import|from[ \t]+\S+[ \t]+import)[ \t]+\(?(?P<imported>[^\n#)]*)"  # imported names (and `as` aliases)
-    r"|(?:with|except)\b[^\n]*?[ \t]as[ \t]+(\w+)"  # with / except ... as
-    r"|(" + _TARGETS + r")[ \t]*(?::[^=\n]*)?[-+*/%&|^@]?=(?!=)"  # assignment targets
+    r"|(?:with|except)\b[^\n]*?[ \t]as[ \t]+(?P<alias>\w+)"  # with / except ... as
+    r"|(?P<targets>" + _TARGETS + r")[ \t]*(?::[^=\n]*)?[-+*/%&|^@]?=(?!=)"  # assignment targets
     r")",
     re.MULTILINE,
 )
